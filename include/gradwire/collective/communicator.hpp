@@ -1,0 +1,70 @@
+// A rank's handle for collectives: its transport, the operation sequence, timeouts and reusable scratch.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "../concepts.hpp"
+#include "../tensor/aligned_buffer.hpp"
+#include "../timeouts.hpp"
+
+namespace gradwire::collective {
+
+struct communicator_options {
+  // Deadline of every blocking step of a collective (default: gradwire::default_timeout).
+  std::chrono::milliseconds timeout = default_timeout;
+  // Check that all ranks entered the same collective with the same count and dtype
+  // (one small exchange with each ring neighbour per call).
+  bool verify = true;
+};
+
+// Every rank must call collectives in the same order: each call takes the next
+// sequence number, and the sequence number is part of every message tag, so messages
+// of different operations can never be confused.
+template <class Transport>
+class communicator {
+  static_assert(concepts::transport<Transport>,
+                "gradwire::collective::communicator<Transport>: Transport does not satisfy gradwire::concepts::transport "
+                "(needs rank(), size(), async_send, async_recv, wait and a nested request type; see concepts.hpp)");
+
+ public:
+  using transport_type = Transport;
+
+  explicit communicator(Transport t, communicator_options options = {})
+      : transport_(std::move(t)), options_(options) {}
+
+  int rank() const { return transport_.rank(); }
+  int size() const { return transport_.size(); }
+  Transport& transport() noexcept { return transport_; }
+  const communicator_options& options() const noexcept { return options_; }
+
+  // Deadline for one blocking step started now.
+  deadline step_deadline() const { return deadline_after(options_.timeout); }
+
+  // Starts an operation: returns its sequence number.
+  std::uint64_t begin_operation() noexcept { return ++sequence_; }
+
+  // Scratch memory that lives as long as the communicator: grown (and pre-faulted) once,
+  // then reused, so no collective allocates on the hot path.
+  template <class V>
+  std::span<V> scratch(std::size_t count) {
+    scratch_.reserve_discard(count * sizeof(V));
+    return {reinterpret_cast<V*>(scratch_.data()), count};
+  }
+
+ private:
+  Transport transport_;
+  communicator_options options_;
+  std::uint64_t sequence_ = 0;
+  aligned_buffer<std::byte> scratch_;
+};
+
+// A message tag: the operation's sequence number and the step within it.
+inline constexpr std::uint64_t make_tag(std::uint64_t sequence, std::uint32_t step) noexcept {
+  return (sequence << 16) | step;
+}
+
+}  // namespace gradwire::collective

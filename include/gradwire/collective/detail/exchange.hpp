@@ -1,0 +1,36 @@
+// Point-to-point building blocks of the collectives: send, receive, and both at once.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "../communicator.hpp"
+
+namespace gradwire::collective::detail {
+
+template <class Tr, class V>
+void send(communicator<Tr>& comm, int peer, std::uint64_t tag, std::span<const V> data) {
+  auto r = comm.transport().async_send(peer, tag, std::as_bytes(data));
+  comm.transport().wait(r, comm.step_deadline());
+}
+
+template <class Tr, class V>
+void recv(communicator<Tr>& comm, int peer, std::uint64_t tag, std::span<V> data) {
+  auto r = comm.transport().async_recv(peer, tag, std::as_writable_bytes(data));
+  comm.transport().wait(r, comm.step_deadline());
+}
+
+// Sends `out` to `to` while receiving `in` from `from`: the step of every ring
+// algorithm. Both are posted before either is waited on, so a ring cannot deadlock.
+template <class Tr, class V>
+void send_recv(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<const V> out, int from,
+               std::span<V> in) {
+  auto& t = comm.transport();
+  auto r = t.async_recv(from, tag, std::as_writable_bytes(in));
+  auto s = t.async_send(to, tag, std::as_bytes(out));
+  const auto until = comm.step_deadline();
+  t.wait(r, until);
+  t.wait(s, until);
+}
+
+}  // namespace gradwire::collective::detail

@@ -1,0 +1,84 @@
+// Checks that every rank entered the same collective with the same count, dtype and root.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "../error.hpp"
+#include "../tensor/dtype.hpp"
+#include "communicator.hpp"
+
+namespace gradwire::collective {
+
+enum class operation : std::uint32_t { all_reduce = 1, broadcast, barrier };
+enum class reduce_op : std::uint32_t { sum = 1, average };
+
+inline const char* name_of(operation op) noexcept {
+  switch (op) {
+    case operation::all_reduce: return "all_reduce";
+    case operation::broadcast: return "broadcast";
+    case operation::barrier: return "barrier";
+  }
+  return "?";
+}
+
+inline const char* name_of(reduce_op op) noexcept { return op == reduce_op::sum ? "sum" : "average"; }
+
+// What a rank says it is doing; exchanged before the data when verification is on.
+struct call_descriptor {
+  operation op{};
+  std::uint32_t argument = 0;  // reduce_op for reductions, root for broadcast
+  std::uint64_t count = 0;
+  dtype type{};
+  std::uint8_t padding[7] = {};
+
+  friend bool operator==(const call_descriptor& a, const call_descriptor& b) {
+    return a.op == b.op && a.argument == b.argument && a.count == b.count && a.type == b.type;
+  }
+
+  std::string to_string() const {
+    std::string s = std::string(name_of(op)) + "(count=" + std::to_string(count) + ", dtype=" + name_of(type);
+    if (op == operation::all_reduce) s += std::string(", op=") + name_of(static_cast<reduce_op>(argument));
+    if (op == operation::broadcast) s += ", root=" + std::to_string(argument);
+    return s + ")";
+  }
+};
+
+namespace detail {
+// Steps of an operation's tag space used by the check (data steps count up from 0).
+inline constexpr std::uint32_t verify_from_left = 0xfff0;
+inline constexpr std::uint32_t verify_from_right = 0xfff1;
+}  // namespace detail
+
+// Exchanges descriptors with both ring neighbours. If every rank agrees with its
+// neighbours, all ranks agree; if two neighbours disagree, both of them throw
+// errc::mismatch naming both ranks and both calls (the others then see peer_lost or
+// their own mismatch, never a hang).
+template <class Tr>
+void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine) {
+  const int n = comm.size();
+  if (n == 1 || !comm.options().verify) return;
+  const int me = comm.rank(), left = (me + n - 1) % n, right = (me + 1) % n;
+  call_descriptor from_left, from_right;
+  auto& t = comm.transport();
+  const auto mine_bytes = std::as_bytes(std::span(&mine, 1));
+  auto r1 = t.async_recv(left, make_tag(sequence, detail::verify_from_left), std::as_writable_bytes(std::span(&from_left, 1)));
+  auto r2 = t.async_recv(right, make_tag(sequence, detail::verify_from_right), std::as_writable_bytes(std::span(&from_right, 1)));
+  auto s1 = t.async_send(right, make_tag(sequence, detail::verify_from_left), mine_bytes);
+  auto s2 = t.async_send(left, make_tag(sequence, detail::verify_from_right), mine_bytes);
+  const auto until = comm.step_deadline();
+  t.wait(r1, until);
+  t.wait(r2, until);
+  t.wait(s1, until);
+  t.wait(s2, until);
+  for (auto [peer, theirs] : {std::pair{left, from_left}, std::pair{right, from_right}}) {
+    if (!(theirs == mine))
+      throw error(errc::mismatch, "collective mismatch: rank " + std::to_string(me) + " called " + mine.to_string() +
+                                      " but rank " + std::to_string(peer) + " called " + theirs.to_string() +
+                                      " (operation #" + std::to_string(sequence) + ")");
+  }
+}
+
+}  // namespace gradwire::collective

@@ -1,0 +1,101 @@
+// The four policy seams of gradwire::strategy: tensor, optimizer, transport, aggregation.
+//
+// A policy (the library's or a user's) that satisfies a concept composes with every
+// other policy; strategy<> checks each with a static_assert that says what is missing.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "tensor/dtype.hpp"
+#include "tensor/shape.hpp"
+#include "timeouts.hpp"
+
+namespace gradwire {
+
+namespace collective {
+template <class Transport>
+class communicator;
+}
+
+// Concepts live in their own namespace: their natural names (transport, aggregation)
+// are also the names of the namespaces that hold the policies.
+namespace concepts {
+
+// Tensor: where parameters and gradients live.
+//   value_type          float or double
+//   location            static memory_location (host or cuda): picks the kernels
+//   data(), size()      contiguous elements
+//   shape()             extents, for checks and messages
+template <class T>
+concept tensor = requires(T& t, const T& ct) {
+  typename T::value_type;
+  requires std::floating_point<typename T::value_type>;
+  { T::location } -> std::convertible_to<memory_location>;
+  { t.data() } -> std::convertible_to<typename T::value_type*>;
+  { ct.size() } -> std::convertible_to<std::size_t>;
+  { ct.shape() } -> std::convertible_to<const shape&>;
+};
+
+template <class T>
+concept host_tensor_type = tensor<T> && (T::location == memory_location::host);
+
+// Optimizer: applied by whoever owns the variables, one tensor at a time.
+//   template <class V> struct state;                  per-tensor state (moments, step count)
+//   state<V> init<V>(size_t n) const                  fresh state for n elements
+//   void step(state<V>&, span<V> params, span<const V> grads, V grad_scale) const
+//                                                     params -= update(grad_scale * grads)
+// grad_scale lets an aggregation fuse the 1/N of averaging into the step.
+template <class O, class V>
+concept optimizer = std::copy_constructible<O> &&
+                    requires(const O& o, typename O::template state<V>& s, std::span<V> params,
+                             std::span<const V> grads, V grad_scale, std::size_t n) {
+                      { o.template init<V>(n) } -> std::same_as<typename O::template state<V>>;
+                      o.step(s, params, grads, grad_scale);
+                    };
+
+// Transport: how bytes move between ranks. Operations start without waiting and are
+// completed by wait(), which takes a deadline and throws gradwire::error (timeout,
+// peer_lost, mismatch) instead of hanging. A request that is destroyed before it
+// completes is cancelled, so buffers never outlive the operations that use them.
+//   rank(), size()
+//   request async_send(int peer, uint64_t tag, span<const byte>)
+//   request async_recv(int peer, uint64_t tag, span<byte>)   sizes must match the send
+//   void wait(request&, deadline)
+template <class T>
+concept transport = std::move_constructible<T> &&
+                    requires(T& t, const T& ct, int peer, std::uint64_t tag, std::span<const std::byte> out,
+                             std::span<std::byte> in, typename T::request& request, deadline until) {
+                      { ct.rank() } -> std::convertible_to<int>;
+                      { ct.size() } -> std::convertible_to<int>;
+                      { t.async_send(peer, tag, out) } -> std::same_as<typename T::request>;
+                      { t.async_recv(peer, tag, in) } -> std::same_as<typename T::request>;
+                      t.wait(request, until);
+                    };
+
+namespace detail {
+// Stands in for the callback strategy<> hands an aggregation: apply(i, grad, scale)
+// runs the optimizer on parameter tensor i with grad * scale.
+template <class V>
+struct apply_archetype {
+  void operator()(std::size_t, std::span<const V>, V) const {}
+};
+}  // namespace detail
+
+// Aggregation: how replicas agree on an update.
+//   setup(comm, params)               make replicas start equal (e.g. broadcast from rank 0)
+//   step(comm, params, grads, apply)  combine the replicas' gradients and call
+//                                     apply(i, grad_i, scale) where the update is applied
+// params and grads are lists of per-tensor spans, in the same order on every rank.
+template <class A, class V, class Transport>
+concept aggregation = std::move_constructible<A> &&
+                      requires(A& a, collective::communicator<Transport>& comm, std::span<const std::span<V>> params,
+                               std::span<const std::span<const V>> grads, detail::apply_archetype<V> apply) {
+                        a.setup(comm, params);
+                        a.step(comm, params, grads, apply);
+                      };
+
+}  // namespace concepts
+}  // namespace gradwire

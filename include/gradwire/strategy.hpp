@@ -1,0 +1,138 @@
+// strategy<Tensor, Optimizer, Aggregation, Transport>: one replica's view of data-parallel training.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "aggregation/all_reduce.hpp"
+#include "aggregation/local.hpp"
+#include "collective/communicator.hpp"
+#include "concepts.hpp"
+#include "error.hpp"
+#include "transport/inproc.hpp"
+#include "transport/local.hpp"
+
+namespace gradwire {
+
+// Template parameters (each checked against its concept in concepts.hpp):
+//   Tensor       concepts::tensor       where this replica's parameters and gradients live
+//   Optimizer    concepts::optimizer  how an update is computed from a gradient
+//   Aggregation  concepts::aggregation  how replicas agree on the update
+//   Transport    concepts::transport  how bytes move between replicas
+template <class Tensor, class Optimizer, class Aggregation, class Transport>
+class strategy {
+  static_assert(concepts::tensor<Tensor>,
+                "gradwire::strategy: Tensor does not satisfy gradwire::concepts::tensor: it needs value_type (float or "
+                "double), a static `location`, data(), size() and shape() (see gradwire/concepts.hpp)");
+  static_assert(concepts::host_tensor_type<Tensor>,
+                "gradwire::strategy: this build has host kernels only; Tensor::location must be host");
+  static_assert(concepts::optimizer<Optimizer, typename Tensor::value_type>,
+                "gradwire::strategy: Optimizer does not satisfy gradwire::concepts::optimizer for Tensor's value_type: it "
+                "needs template<class V> struct state, init<V>(n) and step(state, params, grads, grad_scale) "
+                "(see gradwire/concepts.hpp)");
+  static_assert(concepts::transport<Transport>,
+                "gradwire::strategy: Transport does not satisfy gradwire::concepts::transport: it needs rank(), size(), "
+                "async_send, async_recv, wait(request, deadline) and a nested request type (see "
+                "gradwire/concepts.hpp)");
+  static_assert(concepts::aggregation<Aggregation, typename Tensor::value_type, Transport>,
+                "gradwire::strategy: Aggregation does not satisfy gradwire::concepts::aggregation: it needs setup(comm, "
+                "params) and step(comm, params, grads, apply) (see gradwire/concepts.hpp)");
+
+ public:
+  using tensor_type = Tensor;
+  using optimizer_type = Optimizer;
+  using aggregation_type = Aggregation;
+  using transport_type = Transport;
+  using value_type = typename Tensor::value_type;
+  using communicator_type = collective::communicator<Transport>;
+
+  // Joins the replicas reachable through `transport` and makes their parameters equal
+  // (the aggregation's setup, e.g. a broadcast from rank 0). Collective: every replica
+  // constructs its strategy with tensors of the same shapes, in the same order.
+  strategy(Transport transport, std::vector<Tensor> parameters, Optimizer optimizer = Optimizer(),
+           Aggregation aggregation = Aggregation(), collective::communicator_options options = {})
+      : comm_(std::move(transport), options),
+        optimizer_(std::move(optimizer)),
+        aggregation_(std::move(aggregation)),
+        parameters_(std::move(parameters)) {
+    states_.reserve(parameters_.size());
+    param_spans_.reserve(parameters_.size());
+    for (auto& p : parameters_) {
+      states_.push_back(optimizer_.template init<value_type>(p.size()));
+      param_spans_.emplace_back(p.data(), p.size());
+    }
+    grad_spans_.reserve(parameters_.size());
+    aggregation_.setup(comm_, std::span<const std::span<value_type>>(param_spans_));
+  }
+
+  // A job of one replica needs no transport argument.
+  strategy(std::vector<Tensor> parameters, Optimizer optimizer = Optimizer(), Aggregation aggregation = Aggregation())
+    requires std::is_default_constructible_v<Transport>
+      : strategy(Transport(), std::move(parameters), std::move(optimizer), std::move(aggregation)) {}
+
+  // Takes this replica's gradients (one per parameter tensor, same sizes and order) and
+  // updates the parameters; on return every replica holds the same parameters.
+  template <class Gradient>
+    requires concepts::tensor<Gradient> || requires(const Gradient& g) { std::span<const value_type>(g); }
+  void step(std::span<Gradient> gradients) {
+    if (gradients.size() != parameters_.size())
+      throw error(errc::invalid_argument, "strategy::step: got " + std::to_string(gradients.size()) +
+                                              " gradient tensors for " + std::to_string(parameters_.size()) +
+                                              " parameter tensors");
+    grad_spans_.clear();
+    for (std::size_t i = 0; i < gradients.size(); ++i) {
+      std::span<const value_type> g = as_span(gradients[i]);
+      if (g.size() != parameters_[i].size())
+        throw error(errc::invalid_argument, "strategy::step: gradient " + std::to_string(i) + " has " +
+                                                std::to_string(g.size()) + " elements but parameter " +
+                                                std::to_string(i) + " has " + std::to_string(parameters_[i].size()));
+      grad_spans_.push_back(g);
+    }
+    aggregation_.step(comm_, std::span<const std::span<value_type>>(param_spans_),
+                      std::span<const std::span<const value_type>>(grad_spans_),
+                      [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
+                        optimizer_.step(states_[i], param_spans_[i], grad, grad_scale);
+                      });
+  }
+  template <class Gradient>
+  void step(std::vector<Gradient>& gradients) {
+    step(std::span<Gradient>(gradients));
+  }
+
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+  std::span<Tensor> parameters() noexcept { return parameters_; }
+  Optimizer& optimizer() noexcept { return optimizer_; }
+  communicator_type& communicator() noexcept { return comm_; }
+
+ private:
+  template <class Gradient>
+  static std::span<const value_type> as_span(const Gradient& g) {
+    if constexpr (concepts::tensor<Gradient>)
+      return {g.data(), g.size()};
+    else
+      return std::span<const value_type>(g);
+  }
+
+  communicator_type comm_;
+  Optimizer optimizer_;
+  Aggregation aggregation_;
+  std::vector<Tensor> parameters_;
+  std::vector<typename Optimizer::template state<value_type>> states_;
+  std::vector<std::span<value_type>> param_spans_;
+  std::vector<std::span<const value_type>> grad_spans_;  // reused across steps
+};
+
+// OneDeviceStrategy: a single replica, no communication.
+template <class Tensor, class Optimizer>
+using one_device = strategy<Tensor, Optimizer, aggregation::local, transport::local>;
+
+// MirroredStrategy: one replica per thread in this process, synchronous all-reduce.
+template <class Tensor, class Optimizer>
+using mirrored = strategy<Tensor, Optimizer, aggregation::all_reduce, transport::inproc>;
+
+}  // namespace gradwire

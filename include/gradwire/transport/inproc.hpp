@@ -1,0 +1,303 @@
+// In-process transport: N ranks as threads in one process, single-copy tagged messages.
+//
+// A send and a receive with the same (source, destination, tag) are matched in the
+// order they were posted; whichever side arrives second copies the bytes straight
+// from the sender's buffer into the receiver's, so a message costs one memcpy and
+// nothing is allocated per byte. If a rank fails (inproc_group::run catches its
+// exception), every other rank's pending and future operations fail with peer_lost
+// naming it, rather than waiting for their deadlines.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../timeouts.hpp"
+
+namespace gradwire::transport {
+
+namespace detail {
+
+struct inproc_op {
+  enum class status : std::uint8_t { posted, matched, done, cancelled };
+  bool is_send = false;
+  int source = 0, destination = 0;
+  std::uint64_t tag = 0;
+  std::byte* data = nullptr;  // the sender's bytes are never written through this
+  std::size_t bytes = 0;
+  status state = status::posted;
+  errc failure{};
+  std::string failure_message;
+
+  int owner() const noexcept { return is_send ? source : destination; }
+};
+
+inline std::string describe(const inproc_op& op) {
+  return std::string(op.is_send ? "send to rank " : "receive from rank ") +
+         std::to_string(op.is_send ? op.destination : op.source) + " (tag " + std::to_string(op.tag) + ", " +
+         std::to_string(op.bytes) + " bytes)";
+}
+
+class inproc_hub {
+ public:
+  explicit inproc_hub(int size)
+      : size_(size),
+        wakeups_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(size))),
+        sends_(static_cast<std::size_t>(size) * size),
+        receives_(static_cast<std::size_t>(size) * size) {}
+
+  int size() const noexcept { return size_; }
+
+  void post(inproc_op& op) {
+    std::unique_lock lock(mutex_);
+    throw_if_failed(op.owner(), op);
+    auto& others = queue(op, /*mine=*/false);
+    auto match = std::find_if(others.begin(), others.end(), [&](inproc_op* o) { return o->tag == op.tag; });
+    if (match == others.end()) {
+      queue(op, /*mine=*/true).push_back(&op);
+      return;
+    }
+    inproc_op& other = **match;
+    others.erase(match);
+    op.state = other.state = inproc_op::status::matched;
+    lock.unlock();
+
+    // The copy runs outside the lock so that other pairs of ranks are not held up.
+    inproc_op& send = op.is_send ? op : other;
+    inproc_op& recv = op.is_send ? other : op;
+    if (send.bytes != recv.bytes) {
+      const std::string what = "message size mismatch: rank " + std::to_string(send.source) + " sent " +
+                               std::to_string(send.bytes) + " bytes (tag " + std::to_string(send.tag) + ") but rank " +
+                               std::to_string(recv.destination) + " expected " + std::to_string(recv.bytes);
+      for (inproc_op* o : {&send, &recv}) o->failure = errc::mismatch, o->failure_message = what;
+    } else if (send.bytes) {
+      std::memcpy(recv.data, send.data, send.bytes);
+    }
+
+    lock.lock();
+    op.state = other.state = inproc_op::status::done;
+    wakeups_[other.owner()].notify_all();
+  }
+
+  void wait(inproc_op& op, deadline until) {
+    std::unique_lock lock(mutex_);
+    auto& wakeup = wakeups_[op.owner()];
+    while (op.state != inproc_op::status::done) {
+      if (op.state == inproc_op::status::posted) {
+        if (failed_rank_ >= 0) {
+          unpost(op);
+          throw_if_failed(op.owner(), op);
+        }
+        if (wakeup.wait_until(lock, until) == std::cv_status::timeout && op.state == inproc_op::status::posted) {
+          unpost(op);
+          throw error(errc::timeout, "rank " + std::to_string(op.owner()) + ": " + describe(op) +
+                                         " did not complete before its deadline (is a rank missing or behind?)");
+        }
+      } else {  // matched: the copy is in flight and ends without waiting on anyone
+        wakeup.wait(lock, [&] { return op.state == inproc_op::status::done; });
+      }
+    }
+    if (op.failure != errc{}) throw error(op.failure, "rank " + std::to_string(op.owner()) + ": " + op.failure_message);
+  }
+
+  // Withdraws an operation that will not be waited for; blocks only while a copy into
+  // or out of its buffer is in flight, so the buffer may be freed afterwards.
+  void cancel(inproc_op& op) noexcept {
+    std::unique_lock lock(mutex_);
+    if (op.state == inproc_op::status::posted) unpost(op);
+    wakeups_[op.owner()].wait(lock, [&] { return op.state != inproc_op::status::matched; });
+  }
+
+  // Marks `rank` failed: every operation not yet matched fails with peer_lost.
+  void fail(int rank, const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    if (failed_rank_ >= 0) return;
+    failed_rank_ = rank;
+    failure_reason_ = reason;
+    for (int r = 0; r < size_; ++r) wakeups_[r].notify_all();
+  }
+
+ private:
+  std::deque<inproc_op*>& queue(const inproc_op& op, bool mine) {
+    const std::size_t key = static_cast<std::size_t>(op.source) * size_ + op.destination;
+    return (op.is_send == mine) ? sends_[key] : receives_[key];
+  }
+
+  void unpost(inproc_op& op) {
+    auto& q = queue(op, /*mine=*/true);
+    q.erase(std::remove(q.begin(), q.end(), &op), q.end());
+    op.state = inproc_op::status::cancelled;
+  }
+
+  void throw_if_failed(int me, const inproc_op& op) const {
+    if (failed_rank_ < 0) return;
+    throw error(errc::peer_lost, "rank " + std::to_string(me) + ": " + describe(op) + " abandoned: rank " +
+                                     std::to_string(failed_rank_) + " failed: " + failure_reason_);
+  }
+
+  const int size_;
+  std::mutex mutex_;
+  std::unique_ptr<std::condition_variable[]> wakeups_;  // one per rank: wake only the owner
+  std::vector<std::deque<inproc_op*>> sends_, receives_;  // [source * size + destination]
+  int failed_rank_ = -1;
+  std::string failure_reason_;
+};
+
+}  // namespace detail
+
+// One rank's endpoint. Cheap to copy; all endpoints of a group share one hub.
+class inproc {
+ public:
+  class request {
+   public:
+    request() = default;
+    request(request&&) noexcept = default;
+    request& operator=(request&& other) noexcept {
+      if (this != &other) {
+        release();
+        hub_ = std::move(other.hub_);
+        op_ = std::move(other.op_);
+      }
+      return *this;
+    }
+    ~request() { release(); }
+
+   private:
+    friend class inproc;
+    request(std::shared_ptr<detail::inproc_hub> hub, std::unique_ptr<detail::inproc_op> op)
+        : hub_(std::move(hub)), op_(std::move(op)) {}
+    void release() noexcept {
+      if (op_ && op_->state != detail::inproc_op::status::done) hub_->cancel(*op_);
+      op_.reset();
+    }
+    std::shared_ptr<detail::inproc_hub> hub_;
+    std::unique_ptr<detail::inproc_op> op_;
+  };
+
+  inproc(std::shared_ptr<detail::inproc_hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {
+    if (!hub_ || rank_ < 0 || rank_ >= hub_->size())
+      throw error(errc::invalid_argument, "inproc: rank " + std::to_string(rank_) + " outside the group");
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return hub_->size(); }
+
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    // The sender's buffer is only ever read (it is the memcpy source).
+    return post(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size());
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    return post(false, peer, tag, bytes.data(), bytes.size());
+  }
+  void wait(request& r, deadline until) {
+    if (!r.op_) throw error(errc::invalid_argument, "inproc: wait on an empty request");
+    hub_->wait(*r.op_, until);
+    r.op_.reset();
+  }
+
+  // Marks this rank failed so that peers stop waiting for it (see inproc_group::run).
+  void fail(const std::string& reason) { hub_->fail(rank_, reason); }
+
+ private:
+  request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes) {
+    if (peer < 0 || peer >= size())
+      throw error(errc::invalid_argument, "inproc: rank " + std::to_string(rank_) + " addressed rank " +
+                                              std::to_string(peer) + " in a group of " + std::to_string(size()));
+    auto op = std::make_unique<detail::inproc_op>();
+    op->is_send = is_send;
+    op->source = is_send ? rank_ : peer;
+    op->destination = is_send ? peer : rank_;
+    op->tag = tag;
+    op->data = data;
+    op->bytes = bytes;
+    hub_->post(*op);
+    return request(hub_, std::move(op));
+  }
+
+  std::shared_ptr<detail::inproc_hub> hub_;
+  int rank_;
+};
+
+static_assert(concepts::transport<inproc>);
+
+// A group of N in-process ranks: hands out endpoints and runs one thread per rank.
+class inproc_group {
+ public:
+  explicit inproc_group(int size) {
+    if (size < 1) throw error(errc::invalid_argument, "inproc_group: size must be >= 1, got " + std::to_string(size));
+    hub_ = std::make_shared<detail::inproc_hub>(size);
+  }
+
+  int size() const noexcept { return hub_->size(); }
+  inproc endpoint(int rank) const { return inproc(hub_, rank); }
+
+  // Runs fn(endpoint) on one thread per rank and returns each rank's outcome (null on
+  // success). A rank that throws marks itself failed, so the others stop waiting.
+  template <class Fn>
+  std::vector<std::exception_ptr> run(Fn&& fn) {
+    std::vector<std::exception_ptr> outcomes(static_cast<std::size_t>(size()));
+    {
+      std::vector<std::jthread> threads;
+      threads.reserve(outcomes.size());
+      for (int r = 0; r < size(); ++r)
+        threads.emplace_back([&, r] {
+          try {
+            fn(endpoint(r));
+          } catch (...) {
+            outcomes[r] = std::current_exception();
+            hub_->fail(r, what(outcomes[r]));
+          }
+        });
+    }
+    return outcomes;
+  }
+
+  static std::string what(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+      return "unknown exception";
+    }
+  }
+
+ private:
+  std::shared_ptr<detail::inproc_hub> hub_;
+};
+
+// Runs fn(endpoint) on `size` threads and rethrows the root cause if any rank failed:
+// the first failure that is not a consequence (peer_lost) of another's.
+template <class Fn>
+void run_inproc(int size, Fn&& fn) {
+  inproc_group group(size);
+  auto outcomes = group.run(std::forward<Fn>(fn));
+  std::exception_ptr first, root;
+  for (auto& e : outcomes) {
+    if (!e) continue;
+    if (!first) first = e;
+    try {
+      std::rethrow_exception(e);
+    } catch (const error& x) {
+      if (!root && x.kind() != errc::peer_lost) root = e;
+    } catch (...) {
+      if (!root) root = e;
+    }
+  }
+  if (root || first) std::rethrow_exception(root ? root : first);
+}
+
+}  // namespace gradwire::transport
