@@ -1,0 +1,46 @@
+// Compiled by ctest with -DCASE=N: each case breaks one policy, and the compiler must
+// stop with gradwire's readable message. CASE=0 is the control that must compile.
+#include <gradwire/gradwire.hpp>
+
+namespace gw = gradwire;
+
+struct tensor_without_shape {  // CASE 1: no shape()
+  using value_type = float;
+  static constexpr gw::memory_location location = gw::memory_location::host;
+  float* data() { return nullptr; }
+  std::size_t size() const { return 0; }
+};
+
+struct optimizer_without_init {  // CASE 2: no init<V>(n)
+  template <class V>
+  struct state {};
+  template <class V>
+  void step(state<V>&, std::span<V>, std::span<const V>, V) const {}
+};
+
+struct transport_without_wait {  // CASE 3: no wait(request, deadline)
+  struct request {};
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  request async_send(int, std::uint64_t, std::span<const std::byte>) { return {}; }
+  request async_recv(int, std::uint64_t, std::span<std::byte>) { return {}; }
+};
+
+struct aggregation_without_step {  // CASE 4: no step(...)
+  template <class Tr, class V>
+  void setup(gw::collective::communicator<Tr>&, std::span<const std::span<V>>) {}
+};
+
+#if CASE == 0
+using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
+#elif CASE == 1
+using S = gw::strategy<tensor_without_shape, gw::optim::sgd, gw::aggregation::local, gw::transport::local>;
+#elif CASE == 2
+using S = gw::strategy<gw::host_tensor<float>, optimizer_without_init, gw::aggregation::local, gw::transport::local>;
+#elif CASE == 3
+using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::local, transport_without_wait>;
+#elif CASE == 4
+using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_without_step, gw::transport::local>;
+#endif
+
+int main() { return sizeof(S) > 0 ? 0 : 1; }

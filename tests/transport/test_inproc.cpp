@@ -1,0 +1,188 @@
+// In-process transport: tag matching, sizes, timeouts, cancellation and failure propagation.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <gradwire/transport/inproc.hpp>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gw = gradwire;
+using gw::transport::inproc;
+using namespace std::chrono_literals;
+
+namespace {
+std::span<const std::byte> bytes(const std::vector<int>& v) { return std::as_bytes(std::span(v)); }
+std::span<std::byte> bytes(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
+
+// The error kind and message a callable throws; fails the test if it does not throw.
+template <class Fn>
+std::pair<gw::errc, std::string> error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const gw::error& e) {
+    return {e.kind(), e.what()};
+  }
+  FAIL("expected a gradwire::error");
+  return {};
+}
+}  // namespace
+
+TEST_CASE("inproc delivers messages by tag, in posting order within a tag") {
+  gw::transport::inproc_group group(2);
+  std::vector<int> first(5), second(5), third(3);
+  auto outcomes = group.run([&](inproc t) {
+    const auto until = gw::deadline_after(10s);
+    if (t.rank() == 0) {
+      std::vector<int> a{1, 2, 3, 4, 5}, b{6, 7, 8, 9, 10}, c{11, 12, 13};
+      auto s3 = t.async_send(1, 7, bytes(c));  // other tag, sent first
+      auto s1 = t.async_send(1, 5, bytes(a));
+      auto s2 = t.async_send(1, 5, bytes(b));
+      t.wait(s1, until), t.wait(s2, until), t.wait(s3, until);
+    } else {
+      auto r1 = t.async_recv(0, 5, bytes(first));
+      auto r2 = t.async_recv(0, 5, bytes(second));
+      auto r3 = t.async_recv(0, 7, bytes(third));
+      t.wait(r2, until), t.wait(r1, until), t.wait(r3, until);
+    }
+  });
+  for (auto& e : outcomes) REQUIRE_FALSE(e);
+  REQUIRE(first == std::vector<int>{1, 2, 3, 4, 5});
+  REQUIRE(second == std::vector<int>{6, 7, 8, 9, 10});
+  REQUIRE(third == std::vector<int>{11, 12, 13});
+}
+
+TEST_CASE("inproc carries empty messages and messages to self") {
+  gw::transport::inproc_group group(1);
+  auto t = group.endpoint(0);
+  std::vector<int> out{42, 43}, in(2), none_out, none_in;
+  auto r = t.async_recv(0, 1, bytes(in));
+  auto s = t.async_send(0, 1, bytes(out));
+  auto r0 = t.async_recv(0, 2, bytes(none_in));
+  auto s0 = t.async_send(0, 2, bytes(none_out));
+  const auto until = gw::deadline_after(1s);
+  t.wait(r, until), t.wait(s, until), t.wait(r0, until), t.wait(s0, until);
+  REQUIRE(in == out);
+}
+
+TEST_CASE("inproc reports a receive nobody sends as a timeout, near its deadline") {
+  gw::transport::inproc_group group(2);
+  auto t = group.endpoint(1);
+  std::vector<int> in(4);
+  auto r = t.async_recv(0, 9, bytes(in));
+  const auto start = std::chrono::steady_clock::now();
+  auto [kind, what] = error_of([&] { t.wait(r, gw::deadline_after(150ms)); });
+  const auto waited = std::chrono::steady_clock::now() - start;
+  REQUIRE(kind == gw::errc::timeout);
+  REQUIRE_THAT(what, Catch::Contains("receive from rank 0") && Catch::Contains("deadline"));
+  REQUIRE(waited >= 150ms);
+  REQUIRE(waited < 5s);
+  // The timed-out receive was withdrawn: a later send is matched by a new receive.
+  std::vector<int> out{1, 2, 3, 4}, again(4);
+  auto sender = group.endpoint(0);
+  auto s = sender.async_send(1, 9, bytes(out));
+  auto r2 = t.async_recv(0, 9, bytes(again));
+  t.wait(r2, gw::deadline_after(1s));
+  sender.wait(s, gw::deadline_after(1s));
+  REQUIRE(again == out);
+}
+
+TEST_CASE("inproc rejects a message whose size differs from the receive, on both sides") {
+  gw::transport::inproc_group group(2);
+  auto outcomes = group.run([&](inproc t) {
+    std::vector<int> buffer(t.rank() == 0 ? 3 : 4);
+    auto r = t.rank() == 0 ? t.async_send(1, 1, bytes(std::as_const(buffer))) : t.async_recv(0, 1, bytes(buffer));
+    t.wait(r, gw::deadline_after(10s));
+  });
+  for (auto& e : outcomes) {
+    REQUIRE(e);
+    REQUIRE_THROWS_WITH(std::rethrow_exception(e), Catch::Contains("sent 12 bytes") && Catch::Contains("expected 16"));
+  }
+}
+
+TEST_CASE("a failing rank turns its peers' waits into peer_lost at once, naming it") {
+  gw::transport::inproc_group group(4);
+  const auto start = std::chrono::steady_clock::now();
+  auto outcomes = group.run([&](inproc t) {
+    if (t.rank() == 2) {
+      std::this_thread::sleep_for(50ms);
+      throw std::runtime_error("out of memory in rank 2's forward pass");
+    }
+    std::vector<int> in(1);
+    auto r = t.async_recv(2, 1, bytes(in));  // rank 2 never sends
+    t.wait(r, gw::deadline_after(60s));
+  });
+  REQUIRE(std::chrono::steady_clock::now() - start < 10s);  // far below the 60 s deadline
+  for (int r = 0; r < 4; ++r) {
+    REQUIRE(outcomes[r]);
+    if (r == 2) continue;
+    try {
+      std::rethrow_exception(outcomes[r]);
+    } catch (const gw::error& e) {
+      REQUIRE(e.kind() == gw::errc::peer_lost);
+      REQUIRE_THAT(e.what(), Catch::Contains("rank 2 failed") && Catch::Contains("out of memory"));
+    }
+  }
+  // New operations on a failed group fail at once too.
+  std::vector<int> in(1);
+  REQUIRE_THROWS_AS(group.endpoint(0).async_recv(1, 5, bytes(in)), gw::error);
+}
+
+TEST_CASE("run_inproc rethrows the root cause, not its peer_lost echoes") {
+  REQUIRE_THROWS_WITH(gw::transport::run_inproc(3,
+                                                [](inproc t) {
+                                                  if (t.rank() == 1) throw std::logic_error("the real problem");
+                                                  std::vector<int> in(1);
+                                                  auto r = t.async_recv(1, 1, bytes(in));
+                                                  t.wait(r, gw::deadline_after(60s));
+                                                }),
+                      "the real problem");
+}
+
+TEST_CASE("a request destroyed before completion is withdrawn") {
+  gw::transport::inproc_group group(2);
+  auto receiver = group.endpoint(1), sender = group.endpoint(0);
+  std::vector<int> out{7, 8};
+  {
+    std::vector<int> doomed(2, -1);
+    auto r = receiver.async_recv(0, 3, bytes(doomed));
+  }  // r and its buffer go away unmatched
+  std::vector<int> in(2);
+  auto s = sender.async_send(1, 3, bytes(out));
+  auto r = receiver.async_recv(0, 3, bytes(in));
+  receiver.wait(r, gw::deadline_after(1s));
+  sender.wait(s, gw::deadline_after(1s));
+  REQUIRE(in == out);
+}
+
+TEST_CASE("inproc rejects peers outside the group and empty groups") {
+  gw::transport::inproc_group group(2);
+  std::vector<int> in(1);
+  auto [kind, what] = error_of([&] { group.endpoint(0).async_recv(2, 1, bytes(in)); });
+  REQUIRE(kind == gw::errc::invalid_argument);
+  REQUIRE_THAT(what, Catch::Contains("rank 2"));
+  REQUIRE_THROWS_AS(gw::transport::inproc_group(0), gw::error);
+  REQUIRE_THROWS_AS(group.endpoint(2), gw::error);
+}
+
+TEST_CASE("inproc moves large messages intact between many ranks at once") {
+  constexpr int ranks = 6;
+  constexpr std::size_t n = 1 << 18;
+  // Catch's assertions are not thread-safe: ranks throw, and the test thread asserts.
+  REQUIRE_NOTHROW(gw::transport::run_inproc(ranks, [&](inproc t) {
+    const int me = t.rank(), to = (me + 1) % ranks, from = (me + ranks - 1) % ranks;
+    std::vector<int> out(n), in(n, -1);
+    std::iota(out.begin(), out.end(), me * 1000);
+    auto r = t.async_recv(from, 1, bytes(in));
+    auto s = t.async_send(to, 1, bytes(std::as_const(out)));
+    t.wait(r, gw::deadline_after(30s));
+    t.wait(s, gw::deadline_after(30s));
+    for (std::size_t i = 0; i < n; ++i)
+      if (in[i] != int(from * 1000 + i))
+        throw std::runtime_error("element " + std::to_string(i) + " from rank " + std::to_string(from) + " is " +
+                                 std::to_string(in[i]));
+  }));
+}
