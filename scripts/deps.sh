@@ -1,0 +1,27 @@
+# Sourced by scripts/demo and scripts/test: installs the Debian packages gradwire needs.
+# Usage: gradwire_require_packages PKG...   (installs only what is missing)
+
+gradwire_build_packages=(cmake g++ make catch2 libeigen3-dev zlib1g-dev)
+
+gradwire_require_packages() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "gradwire: installing missing Debian packages: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "gradwire: need root (or sudo) to run: apt-get install ${missing[*]}" >&2
+      return 1
+    fi
+  fi
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+}
+
+# Configures a Release build in $1 with the given extra CMake arguments.
+gradwire_configure() {
+  local build_dir=$1; shift
+  cmake -S "$gradwire_root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
+}
