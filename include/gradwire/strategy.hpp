@@ -13,6 +13,7 @@
 #include "collective/communicator.hpp"
 #include "concepts.hpp"
 #include "error.hpp"
+#include "tensor/host_tensor.hpp"
 #include "transport/inproc.hpp"
 #include "transport/local.hpp"
 
@@ -76,8 +77,10 @@ class strategy {
 
   // Takes this replica's gradients (one per parameter tensor, same sizes and order) and
   // updates the parameters; on return every replica holds the same parameters.
+  // Gradient: a tensor, or anything a std::span<const value_type> can view (std::vector).
   template <class Gradient>
-    requires concepts::tensor<Gradient> || requires(const Gradient& g) { std::span<const value_type>(g); }
+    requires concepts::tensor<std::remove_const_t<Gradient>> ||
+             requires(const Gradient& g) { std::span<const value_type>(g); }
   void step(std::span<Gradient> gradients) {
     if (gradients.size() != parameters_.size())
       throw error(errc::invalid_argument, "strategy::step: got " + std::to_string(gradients.size()) +
@@ -99,8 +102,8 @@ class strategy {
                       });
   }
   template <class Gradient>
-  void step(std::vector<Gradient>& gradients) {
-    step(std::span<Gradient>(gradients));
+  void step(const std::vector<Gradient>& gradients) {
+    step(std::span<const Gradient>(gradients));
   }
 
   int rank() const { return comm_.rank(); }
@@ -112,7 +115,7 @@ class strategy {
  private:
   template <class Gradient>
   static std::span<const value_type> as_span(const Gradient& g) {
-    if constexpr (concepts::tensor<Gradient>)
+    if constexpr (concepts::tensor<std::remove_const_t<Gradient>>)
       return {g.data(), g.size()};
     else
       return std::span<const value_type>(g);

@@ -54,8 +54,8 @@ inline constexpr std::uint32_t verify_from_right = 0xfff1;
 
 // Exchanges descriptors with both ring neighbours. If every rank agrees with its
 // neighbours, all ranks agree; if two neighbours disagree, both of them throw
-// errc::mismatch naming both ranks and both calls (the others then see peer_lost or
-// their own mismatch, never a hang).
+// errc::mismatch naming both ranks and both calls. Transports that propagate a rank's
+// failure (inproc does) then fail the other ranks with that same mismatch: no hang.
 template <class Tr>
 void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine) {
   const int n = comm.size();
@@ -69,16 +69,21 @@ void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call
   auto s1 = t.async_send(right, make_tag(sequence, detail::verify_from_left), mine_bytes);
   auto s2 = t.async_send(left, make_tag(sequence, detail::verify_from_right), mine_bytes);
   const auto until = comm.step_deadline();
-  t.wait(r1, until);
-  t.wait(r2, until);
-  t.wait(s1, until);
-  t.wait(s2, until);
-  for (auto [peer, theirs] : {std::pair{left, from_left}, std::pair{right, from_right}}) {
+  // Each neighbour's call is checked as soon as it arrives: a rank that fails withdraws
+  // its own pending operations, so waiting for both first could turn a mismatch into
+  // a lost peer.
+  auto check = [&](int peer, const call_descriptor& theirs) {
     if (!(theirs == mine))
       throw error(errc::mismatch, "collective mismatch: rank " + std::to_string(me) + " called " + mine.to_string() +
                                       " but rank " + std::to_string(peer) + " called " + theirs.to_string() +
                                       " (operation #" + std::to_string(sequence) + ")");
-  }
+  };
+  t.wait(r1, until);
+  check(left, from_left);
+  t.wait(r2, until);
+  check(right, from_right);
+  t.wait(s1, until);
+  t.wait(s2, until);
 }
 
 }  // namespace gradwire::collective

@@ -8,6 +8,7 @@
 #include <new>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 namespace gradwire {
 
@@ -33,8 +34,14 @@ class aligned_buffer {
     if (this != &other) *this = aligned_buffer(other);
     return *this;
   }
-  aligned_buffer(aligned_buffer&&) noexcept = default;
-  aligned_buffer& operator=(aligned_buffer&&) noexcept = default;
+  // A moved-from buffer is empty (null data, size 0), never {null, n}.
+  aligned_buffer(aligned_buffer&& other) noexcept
+      : data_(std::move(other.data_)), size_(std::exchange(other.size_, 0)) {}
+  aligned_buffer& operator=(aligned_buffer&& other) noexcept {
+    data_ = std::move(other.data_);
+    size_ = std::exchange(other.size_, 0);
+    return *this;
+  }
 
   T* data() noexcept { return data_.get(); }
   const T* data() const noexcept { return data_.get(); }

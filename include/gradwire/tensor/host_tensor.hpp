@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "../error.hpp"
 #include "aligned_buffer.hpp"
@@ -24,6 +25,16 @@ class host_tensor {
 
   host_tensor() = default;
   explicit host_tensor(gradwire::shape s) : shape_(std::move(s)), storage_(shape_.elements()) {}
+  host_tensor(const host_tensor&) = default;
+  host_tensor& operator=(const host_tensor&) = default;
+  // A moved-from tensor is empty: shape [0], no storage.
+  host_tensor(host_tensor&& other) noexcept
+      : shape_(std::exchange(other.shape_, empty_shape())), storage_(std::move(other.storage_)) {}
+  host_tensor& operator=(host_tensor&& other) noexcept {
+    shape_ = std::exchange(other.shape_, empty_shape());
+    storage_ = std::move(other.storage_);
+    return *this;
+  }
 
   T* data() noexcept { return storage_.data(); }
   const T* data() const noexcept { return storage_.data(); }
@@ -35,7 +46,8 @@ class host_tensor {
   const T& operator[](std::size_t i) const noexcept { return storage_.data()[i]; }
 
  private:
-  gradwire::shape shape_;
+  static gradwire::shape empty_shape() { return gradwire::shape{0}; }
+  gradwire::shape shape_ = empty_shape();
   aligned_buffer<T> storage_;
 };
 
@@ -73,7 +85,7 @@ class tensor_view {
 
  private:
   T* data_ = nullptr;
-  gradwire::shape shape_;
+  gradwire::shape shape_{0};  // default: empty, not a rank-0 scalar
 };
 
 }  // namespace gradwire

@@ -121,11 +121,13 @@ class inproc_hub {
     wakeups_[op.owner()].wait(lock, [&] { return op.state != inproc_op::status::matched; });
   }
 
-  // Marks `rank` failed: every operation not yet matched fails with peer_lost.
-  void fail(int rank, const std::string& reason) {
+  // Marks `rank` failed: every operation not yet matched fails with peer_lost, or with
+  // mismatch when that was the cause, so every rank reports a disagreement as one.
+  void fail(int rank, errc cause, const std::string& reason) {
     std::lock_guard lock(mutex_);
     if (failed_rank_ >= 0) return;
     failed_rank_ = rank;
+    failure_cause_ = cause == errc::mismatch ? errc::mismatch : errc::peer_lost;
     failure_reason_ = reason;
     for (int r = 0; r < size_; ++r) wakeups_[r].notify_all();
   }
@@ -144,8 +146,8 @@ class inproc_hub {
 
   void throw_if_failed(int me, const inproc_op& op) const {
     if (failed_rank_ < 0) return;
-    throw error(errc::peer_lost, "rank " + std::to_string(me) + ": " + describe(op) + " abandoned: rank " +
-                                     std::to_string(failed_rank_) + " failed: " + failure_reason_);
+    throw error(failure_cause_, "rank " + std::to_string(me) + ": " + describe(op) + " abandoned: rank " +
+                                    std::to_string(failed_rank_) + " failed: " + failure_reason_);
   }
 
   const int size_;
@@ -153,6 +155,7 @@ class inproc_hub {
   std::unique_ptr<std::condition_variable[]> wakeups_;  // one per rank: wake only the owner
   std::vector<std::deque<inproc_op*>> sends_, receives_;  // [source * size + destination]
   int failed_rank_ = -1;
+  errc failure_cause_ = errc::peer_lost;
   std::string failure_reason_;
 };
 
@@ -209,7 +212,7 @@ class inproc {
   }
 
   // Marks this rank failed so that peers stop waiting for it (see inproc_group::run).
-  void fail(const std::string& reason) { hub_->fail(rank_, reason); }
+  void fail(errc cause, const std::string& reason) { hub_->fail(rank_, cause, reason); }
 
  private:
   request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes) {
@@ -256,9 +259,12 @@ class inproc_group {
         threads.emplace_back([&, r] {
           try {
             fn(endpoint(r));
+          } catch (const error& e) {
+            outcomes[r] = std::current_exception();
+            hub_->fail(r, e.kind(), e.what());
           } catch (...) {
             outcomes[r] = std::current_exception();
-            hub_->fail(r, what(outcomes[r]));
+            hub_->fail(r, errc::peer_lost, what(outcomes[r]));
           }
         });
     }

@@ -1,0 +1,332 @@
+// Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device or mirrored strategy.
+//
+//   fashion_mnist [--strategy one_device|mirrored] [--replicas N] [--epochs E] [--batch B]
+//                 [--lr LR] [--optimizer sgd|momentum|adam|adamw] [--data DIR] [--seed S]
+//                 [--schedule cosine|constant] [--standardise]
+//
+// With mirrored, N replicas run as threads; each global step takes N*B samples of the
+// shuffled epoch and replica r trains on samples [r*B, (r+1)*B) of them (like
+// PyTorch's DistributedSampler), so N replicas of batch B follow the same trajectory
+// as one device with batch N*B.
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/error.hpp>
+#include <gradwire/optim/adam.hpp>
+#include <gradwire/optim/momentum.hpp>
+#include <gradwire/optim/sgd.hpp>
+#include <gradwire/strategy.hpp>
+#include <gradwire/tensor/host_tensor.hpp>
+#include <gradwire/transport/inproc.hpp>
+
+#include "idx.hpp"
+#include "mlp.hpp"
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+using model_type = fashion_mnist::mlp<float>;
+using matrix = model_type::matrix;
+
+constexpr const char* usage_text =
+    "usage: fashion_mnist [options]\n"
+    "  --strategy one_device|mirrored   training strategy (default one_device)\n"
+    "  --replicas N                     mirrored: replicas, one thread each (default 2); one_device: must be 1\n"
+    "  --epochs E                       passes over the training set (default 10)\n"
+    "  --batch B                        samples per replica per step (default 64)\n"
+    "  --lr LR                          learning rate (default: adam/adamw 1e-3, momentum 0.01, sgd 0.1)\n"
+    "  --optimizer sgd|momentum|adam|adamw   (default adam)\n"
+    "  --data DIR                       directory of the gzip'd idx files\n"
+    "                                   (default /usr/share/datasets/fashion-mnist)\n"
+    "  --seed S                         seed of initialisation and shuffling (default 1)\n"
+    "  --schedule cosine|constant       learning rate over the run: cosine decay to 0, or fixed (default cosine)\n"
+    "  --standardise                    shift/scale pixels by the training set's mean/std (default: [0, 1])\n"
+    "  --help                           this text\n";
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct options {
+  std::string strategy = "one_device";
+  int replicas = 0;  // 0: the strategy's default
+  int epochs = 10;
+  int batch = 64;
+  std::optional<double> lr;
+  std::string optimizer = "adam";
+  std::string data = fashion_mnist::default_data_dir;
+  std::uint64_t seed = 1;
+  std::string schedule = "cosine";
+  bool standardise = false;
+};
+
+template <class Int>
+Int parse_int(std::string_view flag, std::string_view text, Int min) {
+  Int value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min)
+    throw usage_error(std::string(flag) + " expects an integer >= " + std::to_string(min) + ", got '" +
+                      std::string(text) + "'");
+  return value;
+}
+
+double parse_positive(std::string_view flag, std::string_view text) {
+  double value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value) || value <= 0)
+    throw usage_error(std::string(flag) + " expects a positive number, got '" + std::string(text) + "'");
+  return value;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view flag = argv[i], value;
+    bool has_value = false;
+    // Accept both "--flag value" and "--flag=value".
+    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string_view::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::string_view {
+      if (has_value) return value;
+      if (i + 1 >= argc) throw usage_error(std::string(flag) + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage_text, stdout);
+      std::exit(0);
+    } else if (flag == "--strategy") {
+      o.strategy = next();
+      if (o.strategy != "one_device" && o.strategy != "mirrored")
+        throw usage_error("--strategy must be one_device or mirrored, got '" + o.strategy + "'");
+    } else if (flag == "--replicas") {
+      o.replicas = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--epochs") {
+      o.epochs = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--batch") {
+      o.batch = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--lr") {
+      o.lr = parse_positive(flag, next());
+    } else if (flag == "--optimizer") {
+      o.optimizer = next();
+      if (o.optimizer != "sgd" && o.optimizer != "momentum" && o.optimizer != "adam" && o.optimizer != "adamw")
+        throw usage_error("--optimizer must be sgd, momentum, adam or adamw, got '" + o.optimizer + "'");
+    } else if (flag == "--data") {
+      o.data = next();
+      if (o.data.empty()) throw usage_error("--data needs a directory");
+    } else if (flag == "--seed") {
+      o.seed = parse_int<std::uint64_t>(flag, next(), 0);
+    } else if (flag == "--schedule") {
+      o.schedule = next();
+      if (o.schedule != "cosine" && o.schedule != "constant")
+        throw usage_error("--schedule must be cosine or constant, got '" + o.schedule + "'");
+    } else if (flag == "--standardise" || flag == "--standardize") {
+      if (has_value) throw usage_error(std::string(flag) + " takes no value");
+      o.standardise = true;
+    } else {
+      throw usage_error("unknown option '" + std::string(argv[i]) + "'");
+    }
+  }
+  if (o.strategy == "one_device") {
+    if (o.replicas > 1)
+      throw usage_error("--strategy one_device trains one replica; use --strategy mirrored for --replicas " +
+                        std::to_string(o.replicas));
+    o.replicas = 1;
+  } else if (o.replicas == 0) {
+    o.replicas = 2;
+  }
+  if (!o.lr) o.lr = (o.optimizer == "sgd") ? 0.1 : (o.optimizer == "momentum") ? 0.01 : 1e-3;
+  return o;
+}
+
+// What rank 0 measured, for the summary printed after the replicas have joined.
+struct summary {
+  double final_accuracy = 0;
+  double total_seconds = 0;
+  int epoch_reached = 0;  // first epoch with test accuracy >= target; 0: never
+  double seconds_reached = 0;
+};
+constexpr double target_accuracy = 0.88;
+
+// One replica's training loop, the same for every strategy. All replicas see the same
+// permutation per epoch and take their own B-sample slice of each global batch.
+template <class Strategy>
+void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::fashion_mnist_data<float>& data,
+                   const options& o, summary& out) {
+  const int rank = strategy.rank(), replicas = strategy.size();
+  const auto batch = static_cast<std::size_t>(o.batch);
+  const std::size_t global_batch = batch * static_cast<std::size_t>(replicas);
+  const std::size_t n_train = data.train.size();
+  // The last incomplete global batch is dropped (DistributedSampler's drop_last):
+  // uneven replica batches would break the equivalence with one device.
+  const std::size_t steps = n_train / global_batch;
+  if (steps == 0)
+    throw std::runtime_error("global batch " + std::to_string(global_batch) + " (replicas x batch) exceeds the " +
+                             std::to_string(n_train) + " training samples");
+
+  // Each replica evaluates its share of the test set; the counts are summed.
+  const std::size_t n_test = data.test.size();
+  const std::size_t test_begin = n_test * static_cast<std::size_t>(rank) / static_cast<std::size_t>(replicas);
+  const std::size_t test_end = n_test * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(replicas);
+  const auto test_x = data.test.images.middleCols(static_cast<Eigen::Index>(test_begin),
+                                                  static_cast<Eigen::Index>(test_end - test_begin));
+  const std::span<const int> test_y = std::span<const int>(data.test.labels).subspan(test_begin, test_end - test_begin);
+
+  std::vector<std::size_t> order(n_train);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  matrix x(model.sizes().input, static_cast<Eigen::Index>(batch));
+  std::vector<int> y(batch);
+  auto gradients = model.gradient_views();
+
+  if (rank == 0) {
+    std::printf("strategy %s, replicas %d, optimizer %s, lr %g (%s), batch %zu per replica (%zu global), %zu steps/epoch, "
+                "%zu parameters\n",
+                o.strategy.c_str(), replicas, o.optimizer.c_str(), *o.lr, o.schedule.c_str(), batch, global_batch, steps,
+                model.parameter_count());
+    std::fflush(stdout);
+  }
+
+  // Cosine decay from lr to 0 over the run, set per step: the last epochs average out
+  // the noise of the step, so the final accuracy does not depend on where it stopped.
+  const std::size_t total_steps = steps * static_cast<std::size_t>(o.epochs);
+  auto set_lr = [&](std::size_t global_step) {
+    if (o.schedule != "cosine") return;
+    constexpr double pi = 3.14159265358979323846;
+    strategy.optimizer().set_lr(*o.lr * 0.5 * (1.0 + std::cos(pi * double(global_step) / double(total_steps))));
+  };
+
+  const auto start = steady::now();
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    // Same seed on every replica: the same permutation everywhere, a new one per epoch.
+    std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch));
+    std::shuffle(order.begin(), order.end(), rng);
+
+    const auto epoch_start = steady::now();
+    double loss_sum = 0;
+    for (std::size_t step = 0; step < steps; ++step) {
+      const std::size_t first = step * global_batch + static_cast<std::size_t>(rank) * batch;
+      for (std::size_t j = 0; j < batch; ++j) {
+        const std::size_t sample = order[first + j];
+        x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
+        y[j] = data.train.labels[sample];
+      }
+      loss_sum += model.loss_and_gradient(x, y);
+      set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
+      strategy.step(gradients);
+    }
+    const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
+
+    // {sum of per-step mean losses, steps, correct test predictions} over all replicas.
+    std::array<double, 3> stats{loss_sum, double(steps), 0.0};
+    std::size_t correct = 0;
+    for (Eigen::Index begin = 0; begin < test_x.cols(); begin += 1000) {
+      const Eigen::Index n = std::min<Eigen::Index>(1000, test_x.cols() - begin);
+      correct += model.count_correct(test_x.middleCols(begin, n),
+                                     test_y.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)));
+    }
+    stats[2] = double(correct);
+    gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(stats));
+
+    if (rank == 0) {
+      const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
+      const double accuracy = stats[2] / double(n_test);
+      std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s\n", epoch,
+                  o.epochs, stats[0] / stats[1], 100.0 * accuracy,
+                  double(steps * global_batch) / train_seconds, elapsed);
+      std::fflush(stdout);
+      out.final_accuracy = accuracy;
+      out.total_seconds = elapsed;
+      if (out.epoch_reached == 0 && accuracy >= target_accuracy) {
+        out.epoch_reached = epoch;
+        out.seconds_reached = elapsed;
+      }
+    }
+  }
+}
+
+template <class Optimizer>
+summary train(const options& o, const Optimizer& optimizer, const fashion_mnist::fashion_mnist_data<float>& data) {
+  using view = gradwire::tensor_view<float>;
+  summary out;
+  if (o.strategy == "one_device") {
+    model_type model({}, o.seed);
+    gradwire::one_device<view, Optimizer> strategy(model.parameter_views(), optimizer);
+    train_replica(strategy, model, data, o, out);
+  } else {
+    gradwire::transport::run_inproc(o.replicas, [&](gradwire::transport::inproc endpoint) {
+      // Every replica builds its own model; the strategy's setup broadcasts rank 0's
+      // parameters, so replicas start equal whatever their own initialisation.
+      model_type model({}, o.seed);
+      gradwire::mirrored<view, Optimizer> strategy(std::move(endpoint), model.parameter_views(), optimizer);
+      train_replica(strategy, model, data, o, out);
+    });
+  }
+  return out;
+}
+
+summary train(const options& o, const fashion_mnist::fashion_mnist_data<float>& data) {
+  namespace optim = gradwire::optim;
+  const double lr = *o.lr;
+  if (o.optimizer == "sgd") return train(o, optim::sgd({.lr = lr}), data);
+  if (o.optimizer == "momentum") return train(o, optim::momentum({.lr = lr, .momentum = 0.9}), data);
+  if (o.optimizer == "adamw") {
+    optim::adamw::options settings;
+    settings.lr = lr;
+    return train(o, optim::adamw(settings), data);
+  }
+  optim::adam::options settings;
+  settings.lr = lr;
+  return train(o, optim::adam(settings), data);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse(argc, argv);
+    const auto load_start = steady::now();
+    const auto data = fashion_mnist::load_fashion_mnist<float>(o.data, o.standardise);
+    std::printf("loaded Fashion-MNIST from %s: %zu train, %zu test images in %.1f s\n", o.data.c_str(),
+                data.train.size(), data.test.size(),
+                std::chrono::duration<double>(steady::now() - load_start).count());
+    std::fflush(stdout);
+
+    const summary s = train(o, data);
+    std::printf("final test accuracy %.2f%% after %d epochs, %.1f s of training\n", 100.0 * s.final_accuracy,
+                o.epochs, s.total_seconds);
+    if (s.epoch_reached)
+      std::printf("reached %.0f%% test accuracy at epoch %d, %.1f s\n", 100.0 * target_accuracy, s.epoch_reached,
+                  s.seconds_reached);
+    else
+      std::printf("did not reach %.0f%% test accuracy in %d epochs\n", 100.0 * target_accuracy, o.epochs);
+    return 0;
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n\n%s", e.what(), usage_text);
+    return 2;
+  } catch (const gradwire::error& e) {
+    std::fprintf(stderr, "fashion_mnist: gradwire error (%s): %s\n", e.code().message().c_str(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    return 1;
+  }
+}
