@@ -75,6 +75,15 @@ concept transport = std::move_constructible<T> &&
                       t.wait(request, until);
                     };
 
+// Optional transport capability: receive a message of V and add it into memory in the
+// same pass that delivers it (inout[i] += message[i]). Reductions use it when present
+// and otherwise receive into scratch and add, one more pass over memory.
+//   request async_recv_accumulate(int peer, uint64_t tag, span<V> inout)
+template <class T, class V>
+concept accumulating_transport = transport<T> && requires(T& t, int peer, std::uint64_t tag, std::span<V> inout) {
+  { t.async_recv_accumulate(peer, tag, inout) } -> std::same_as<typename T::request>;
+};
+
 namespace detail {
 // Stands in for the callback strategy<> hands an aggregation: apply(i, grad, scale)
 // runs the optimizer on parameter tensor i with grad * scale.

@@ -22,7 +22,20 @@ std::vector<V> random_input(std::uint64_t seed, int rank, std::size_t n) {
   return v;
 }
 
-template <class V>
+// inproc without its fused receive-and-add: the ring then stages each chunk in scratch,
+// the path every transport without concepts::accumulating_transport takes.
+struct staging_only {
+  using request = gw::transport::inproc::request;
+  gw::transport::inproc inner;
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) { return inner.async_send(peer, tag, b); }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) { return inner.async_recv(peer, tag, b); }
+  void wait(request& r, gw::deadline until) { inner.wait(r, until); }
+};
+static_assert(gw::concepts::transport<staging_only> && !gw::concepts::accumulating_transport<staging_only, float>);
+
+template <class V, bool Staged = false>
 void check_all_reduce(int ranks, std::size_t n, reduce_op op) {
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(ranks, n, seed, static_cast<int>(op));
@@ -36,8 +49,14 @@ void check_all_reduce(int ranks, std::size_t n, reduce_op op) {
     for (auto& e : expected) e /= ranks;
 
   gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
-    gw::collective::communicator comm(t, {.timeout = std::chrono::seconds(60)});
-    gw::collective::all_reduce(comm, std::span<V>(data[t.rank()]), op);
+    const int me = t.rank();
+    if constexpr (Staged) {
+      gw::collective::communicator comm(staging_only{t}, {.timeout = std::chrono::seconds(60)});
+      gw::collective::all_reduce(comm, std::span<V>(data[me]), op);
+    } else {
+      gw::collective::communicator comm(t, {.timeout = std::chrono::seconds(60)});
+      gw::collective::all_reduce(comm, std::span<V>(data[me]), op);
+    }
   });
 
   // Each element is a sum of `ranks` values in [-1, 1]: rounding is bounded by
@@ -63,6 +82,13 @@ TEMPLATE_TEST_CASE("ring all-reduce averages", "[collective]", float, double) {
   const int ranks = GENERATE(1, 2, 3, 5, 8);
   const std::size_t n = GENERATE(as<std::size_t>{}, 1, 13, 4099);
   check_all_reduce<TestType>(ranks, n, reduce_op::average);
+}
+
+TEMPLATE_TEST_CASE("ring all-reduce over a transport without fused accumulate stages chunks correctly",
+                   "[collective]", float, double) {
+  const int ranks = GENERATE(2, 3, 5);
+  const std::size_t n = GENERATE(as<std::size_t>{}, 0, 1, 7, 100003);
+  check_all_reduce<TestType, true>(ranks, n, reduce_op::sum);
 }
 
 TEST_CASE("a communicator runs many all-reduces of changing sizes in sequence") {

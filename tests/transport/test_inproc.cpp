@@ -6,6 +6,8 @@
 #include <cstring>
 #include <gradwire/transport/inproc.hpp>
 #include <numeric>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -185,4 +187,54 @@ TEST_CASE("inproc moves large messages intact between many ranks at once") {
         throw std::runtime_error("element " + std::to_string(i) + " from rank " + std::to_string(from) + " is " +
                                  std::to_string(in[i]));
   }));
+}
+
+TEST_CASE("async_recv_accumulate adds the message into the receive buffer, on either side's wait") {
+  gw::transport::inproc_group group(2);
+  auto sender = group.endpoint(0), receiver = group.endpoint(1);
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(-1, 1);
+  for (const std::size_t n : {0u, 1u, 7u, 1000003u}) {
+    std::vector<float> out(n), inout(n);
+    for (auto& x : out) x = static_cast<float>(dist(gen));
+    for (auto& x : inout) x = static_cast<float>(dist(gen));
+    std::vector<double> expected(n);
+    for (std::size_t i = 0; i < n; ++i) expected[i] = double(inout[i]) + double(out[i]);
+    // The receive is posted first, so the bytes move in whichever wait comes first:
+    // here the sender's, which must not wait for the receiver to call wait.
+    auto r = receiver.async_recv_accumulate(0, 4, std::span<float>(inout));
+    auto s = sender.async_send(1, 4, std::as_bytes(std::span<const float>(out)));
+    sender.wait(s, gw::deadline_after(1s));
+    receiver.wait(r, gw::deadline_after(1s));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      wrong += std::abs(double(inout[i]) - expected[i]) > 2 * std::numeric_limits<float>::epsilon();
+    REQUIRE(wrong == 0);
+  }
+  // A size mismatch is reported, and nothing is added.
+  std::vector<float> out(3, 1.0f), inout(4, 2.0f);
+  auto s = sender.async_send(1, 5, std::as_bytes(std::span<const float>(out)));
+  auto r = receiver.async_recv_accumulate(0, 5, std::span<float>(inout));
+  auto [kind, what] = error_of([&] { receiver.wait(r, gw::deadline_after(1s)); });
+  REQUIRE(kind == gw::errc::mismatch);
+  REQUIRE_THAT(what, Catch::Contains("sent 12 bytes") && Catch::Contains("expected 16"));
+  REQUIRE(inout == std::vector<float>(4, 2.0f));
+}
+
+TEST_CASE("a matched receive destroyed before its bytes moved hands its send to the next receive") {
+  gw::transport::inproc_group group(2);
+  auto receiver = group.endpoint(1), sender = group.endpoint(0);
+  std::vector<int> out{5, 6, 7}, in(3);
+  std::optional<inproc::request> s;
+  {
+    std::vector<int> doomed(3, -1);
+    auto r = receiver.async_recv(0, 2, bytes(doomed));
+    s = sender.async_send(1, 2, bytes(out));  // matched: ready, nothing moved yet
+  }  // the receive and its buffer go away: the send must not write into them
+  auto r = receiver.async_recv(0, 2, bytes(in));
+  receiver.wait(r, gw::deadline_after(1s));
+  sender.wait(*s, gw::deadline_after(1s));
+  REQUIRE(in == out);
 }

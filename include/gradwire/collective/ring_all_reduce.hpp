@@ -36,16 +36,16 @@ void ring_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = r
   const int me = comm.rank(), right = (me + 1) % n, left = (me + n - 1) % n;
   const detail::chunking chunks{data.size(), static_cast<std::size_t>(n)};
   auto chunk = [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); };
-  std::span<V> incoming = comm.template scratch<V>(chunks.length(0));
+  // Staging for transports that cannot add on delivery; none is allocated for those that can.
+  std::span<V> incoming;
+  if constexpr (!concepts::accumulating_transport<Tr, V>) incoming = comm.template scratch<V>(chunks.length(0));
 
   // Reduce-scatter: after step s, the chunk received holds the sum over s+2 ranks.
   std::uint32_t step = 0;
   for (int s = 0; s < n - 1; ++s, ++step) {
     const int send_index = (me - s + n) % n, recv_index = (me - s - 1 + n) % n;
-    auto target = chunk(recv_index);
-    auto in = incoming.first(target.size());
-    detail::send_recv(comm, make_tag(sequence, step), right, std::span<const V>(chunk(send_index)), left, in);
-    kernels::add(target.data(), in.data(), target.size());
+    detail::send_recv_accumulate(comm, make_tag(sequence, step), right, std::span<const V>(chunk(send_index)), left,
+                                 chunk(recv_index), incoming);
   }
   // This rank now owns the fully reduced chunk me+1.
   if (op == reduce_op::average) {

@@ -1,14 +1,20 @@
 // In-process transport: N ranks as threads in one process, single-copy tagged messages.
 //
 // A send and a receive with the same (source, destination, tag) are matched in the
-// order they were posted; whichever side arrives second copies the bytes straight
-// from the sender's buffer into the receiver's, so a message costs one memcpy and
-// nothing is allocated per byte. If a rank fails (inproc_group::run catches its
+// order they were posted. The bytes then move in one pass straight from the sender's
+// buffer into the receiver's (copied, or added for async_recv_accumulate), nothing is
+// allocated per byte, and the pass is made by whichever of the two ranks claims it
+// first: the receiver when it posts second, otherwise whichever side waits first. In a
+// ring every rank thus moves its own incoming message, in parallel with the others.
+// Waits spin briefly before they sleep when every rank has a core of its own, so a
+// short message costs no futex wake-up. If a rank fails (inproc_group::run catches its
 // exception), every other rank's pending and future operations fail with peer_lost
 // naming it, rather than waiting for their deadlines.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -23,26 +29,56 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../kernels/host.hpp"
 #include "../timeouts.hpp"
 
 namespace gradwire::transport {
 
 namespace detail {
 
+// How a matched message lands in the receiver's buffer.
+using deliver_fn = void (*)(std::byte* to, const std::byte* from, std::size_t bytes) noexcept;
+
+inline void deliver_copy(std::byte* to, const std::byte* from, std::size_t bytes) noexcept {
+  std::memcpy(to, from, bytes);
+}
+
+template <class V>
+void deliver_accumulate(std::byte* to, const std::byte* from, std::size_t bytes) noexcept {
+  kernels::add(reinterpret_cast<V*>(to), reinterpret_cast<const V*>(from), bytes / sizeof(V));
+}
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
 struct inproc_op {
-  enum class status : std::uint8_t { posted, matched, done, cancelled };
+  // posted: queued, unmatched; ready: matched, bytes not moved yet; moving: one side is
+  // moving them; done: finished (failure says how); cancelled: withdrawn unmatched.
+  enum class status : std::uint8_t { posted, ready, moving, done, cancelled };
   bool is_send = false;
   int source = 0, destination = 0;
   std::uint64_t tag = 0;
   std::byte* data = nullptr;  // the sender's bytes are never written through this
   std::size_t bytes = 0;
-  status state = status::posted;
+  deliver_fn deliver = deliver_copy;  // used on the receiving side
+  std::atomic<status> state{status::posted};  // written under the hub's mutex; read by spinning waiters
+  inproc_op* partner = nullptr;               // set while ready or moving
   errc failure{};
   std::string failure_message;
 
   int owner() const noexcept { return is_send ? source : destination; }
+  status now() const noexcept { return state.load(std::memory_order_acquire); }
 };
 
 inline std::string describe(const inproc_op& op) {
@@ -52,9 +88,12 @@ inline std::string describe(const inproc_op& op) {
 }
 
 class inproc_hub {
+  using status = inproc_op::status;
+
  public:
   explicit inproc_hub(int size)
       : size_(size),
+        dedicated_cores_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency())),
         wakeups_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(size))),
         sends_(static_cast<std::size_t>(size) * size),
         receives_(static_cast<std::size_t>(size) * size) {}
@@ -72,53 +111,66 @@ class inproc_hub {
     }
     inproc_op& other = **match;
     others.erase(match);
-    op.state = other.state = inproc_op::status::matched;
-    lock.unlock();
-
-    // The copy runs outside the lock so that other pairs of ranks are not held up.
-    inproc_op& send = op.is_send ? op : other;
-    inproc_op& recv = op.is_send ? other : op;
-    if (send.bytes != recv.bytes) {
-      const std::string what = "message size mismatch: rank " + std::to_string(send.source) + " sent " +
-                               std::to_string(send.bytes) + " bytes (tag " + std::to_string(send.tag) + ") but rank " +
-                               std::to_string(recv.destination) + " expected " + std::to_string(recv.bytes);
-      for (inproc_op* o : {&send, &recv}) o->failure = errc::mismatch, o->failure_message = what;
-    } else if (send.bytes) {
-      std::memcpy(recv.data, send.data, send.bytes);
+    op.partner = &other;
+    other.partner = &op;
+    if (op.is_send) {  // the receiver is waiting or will wait: let either side move the bytes
+      set_state(op, other, status::ready);
+      wakeups_[other.owner()].notify_all();
+      return;
     }
-
-    lock.lock();
-    op.state = other.state = inproc_op::status::done;
-    wakeups_[other.owner()].notify_all();
+    move_bytes(lock, op);  // a receive posted second moves the bytes at once
   }
 
   void wait(inproc_op& op, deadline until) {
+    spin_while_pending(op);
     std::unique_lock lock(mutex_);
     auto& wakeup = wakeups_[op.owner()];
-    while (op.state != inproc_op::status::done) {
-      if (op.state == inproc_op::status::posted) {
+    for (;;) {
+      const status s = op.now();
+      if (s == status::done) break;
+      if (s == status::ready) {
+        move_bytes(lock, op);
+      } else if (s == status::moving) {  // the other side is moving the bytes: a bounded wait
+        wakeup.wait(lock, [&] { return op.now() == status::done; });
+      } else {  // posted
         if (failed_rank_ >= 0) {
           unpost(op);
           throw_if_failed(op.owner(), op);
         }
-        if (wakeup.wait_until(lock, until) == std::cv_status::timeout && op.state == inproc_op::status::posted) {
+        if (wakeup.wait_until(lock, until) == std::cv_status::timeout && op.now() == status::posted) {
           unpost(op);
           throw error(errc::timeout, "rank " + std::to_string(op.owner()) + ": " + describe(op) +
                                          " did not complete before its deadline (is a rank missing or behind?)");
         }
-      } else {  // matched: the copy is in flight and ends without waiting on anyone
-        wakeup.wait(lock, [&] { return op.state == inproc_op::status::done; });
       }
     }
     if (op.failure != errc{}) throw error(op.failure, "rank " + std::to_string(op.owner()) + ": " + op.failure_message);
   }
 
-  // Withdraws an operation that will not be waited for; blocks only while a copy into
-  // or out of its buffer is in flight, so the buffer may be freed afterwards.
+  // Withdraws an operation that will not be waited for, so its buffer may be freed:
+  // unmatched, it leaves its queue; matched but not moved, its partner goes back to the
+  // front of its queue as if this one had never been posted; while bytes are moving,
+  // it waits for them (a bounded wait).
   void cancel(inproc_op& op) noexcept {
     std::unique_lock lock(mutex_);
-    if (op.state == inproc_op::status::posted) unpost(op);
-    wakeups_[op.owner()].wait(lock, [&] { return op.state != inproc_op::status::matched; });
+    switch (op.now()) {
+      case status::posted:
+        unpost(op);
+        break;
+      case status::ready: {
+        inproc_op& partner = *op.partner;
+        partner.partner = op.partner = nullptr;
+        partner.state.store(status::posted, std::memory_order_release);
+        queue(partner, /*mine=*/true).push_front(&partner);
+        op.state.store(status::cancelled, std::memory_order_release);
+        break;
+      }
+      case status::moving:
+        wakeups_[op.owner()].wait(lock, [&] { return op.now() == status::done; });
+        break;
+      default:
+        break;
+    }
   }
 
   // Marks `rank` failed: every operation not yet matched fails with peer_lost, or with
@@ -133,6 +185,56 @@ class inproc_hub {
   }
 
  private:
+  // Moves the bytes of a matched pair outside the lock, so other pairs are not held up;
+  // `op` is one of the pair, and `lock` is held on entry and on return.
+  void move_bytes(std::unique_lock<std::mutex>& lock, inproc_op& op) {
+    inproc_op& other = *op.partner;
+    set_state(op, other, status::moving);
+    lock.unlock();
+    inproc_op& send = op.is_send ? op : other;
+    inproc_op& recv = op.is_send ? other : op;
+    if (send.bytes != recv.bytes) {
+      const std::string what = "message size mismatch: rank " + std::to_string(send.source) + " sent " +
+                               std::to_string(send.bytes) + " bytes (tag " + std::to_string(send.tag) + ") but rank " +
+                               std::to_string(recv.destination) + " expected " + std::to_string(recv.bytes);
+      for (inproc_op* o : {&send, &recv}) o->failure = errc::mismatch, o->failure_message = what;
+    } else if (send.bytes) {
+      recv.deliver(recv.data, send.data, send.bytes);
+    }
+    lock.lock();
+    op.partner = other.partner = nullptr;
+    set_state(op, other, status::done);
+    wakeups_[other.owner()].notify_all();
+  }
+
+  // Most matches in a ring complete within microseconds: waiting for them on the CPU
+  // avoids a futex sleep and wake-up, which costs more than a short message. With a core
+  // per rank the wait spins; oversubscribed, it yields its core to the rank it waits for
+  // (which is then likely to run) instead of spinning. Both give up after a short budget.
+  void spin_while_pending(const inproc_op& op) const noexcept {
+    constexpr auto budget = std::chrono::microseconds(50);
+    const auto stop = clock::now() + budget;
+    auto pending = [&] {
+      const status s = op.now();
+      return s == status::posted || s == status::moving;
+    };
+    for (unsigned i = 1; pending(); ++i) {
+      if (!dedicated_cores_) {
+        std::this_thread::yield();
+        if (clock::now() > stop) break;
+      } else if (i % 64 == 0 && clock::now() > stop) {
+        break;
+      } else {
+        cpu_relax();
+      }
+    }
+  }
+
+  static void set_state(inproc_op& a, inproc_op& b, status s) noexcept {
+    a.state.store(s, std::memory_order_release);
+    b.state.store(s, std::memory_order_release);
+  }
+
   std::deque<inproc_op*>& queue(const inproc_op& op, bool mine) {
     const std::size_t key = static_cast<std::size_t>(op.source) * size_ + op.destination;
     return (op.is_send == mine) ? sends_[key] : receives_[key];
@@ -141,7 +243,7 @@ class inproc_hub {
   void unpost(inproc_op& op) {
     auto& q = queue(op, /*mine=*/true);
     q.erase(std::remove(q.begin(), q.end(), &op), q.end());
-    op.state = inproc_op::status::cancelled;
+    op.state.store(status::cancelled, std::memory_order_release);
   }
 
   void throw_if_failed(int me, const inproc_op& op) const {
@@ -151,6 +253,7 @@ class inproc_hub {
   }
 
   const int size_;
+  const bool dedicated_cores_;  // every rank can have a core of its own
   std::mutex mutex_;
   std::unique_ptr<std::condition_variable[]> wakeups_;  // one per rank: wake only the owner
   std::vector<std::deque<inproc_op*>> sends_, receives_;  // [source * size + destination]
@@ -205,6 +308,13 @@ class inproc {
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
     return post(false, peer, tag, bytes.data(), bytes.size());
   }
+  // Receives a message of inout.size() elements and adds it into inout (inout[i] +=
+  // message[i]) in the same pass that moves it: no staging copy.
+  template <class V>
+  request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
+    return post(false, peer, tag, reinterpret_cast<std::byte*>(inout.data()), inout.size_bytes(),
+                &detail::deliver_accumulate<V>);
+  }
   void wait(request& r, deadline until) {
     if (!r.op_) throw error(errc::invalid_argument, "inproc: wait on an empty request");
     hub_->wait(*r.op_, until);
@@ -215,7 +325,8 @@ class inproc {
   void fail(errc cause, const std::string& reason) { hub_->fail(rank_, cause, reason); }
 
  private:
-  request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes) {
+  request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
+               detail::deliver_fn deliver = &detail::deliver_copy) {
     if (peer < 0 || peer >= size())
       throw error(errc::invalid_argument, "inproc: rank " + std::to_string(rank_) + " addressed rank " +
                                               std::to_string(peer) + " in a group of " + std::to_string(size()));
@@ -226,6 +337,7 @@ class inproc {
     op->tag = tag;
     op->data = data;
     op->bytes = bytes;
+    op->deliver = deliver;
     hub_->post(*op);
     return request(hub_, std::move(op));
   }
@@ -235,6 +347,7 @@ class inproc {
 };
 
 static_assert(concepts::transport<inproc>);
+static_assert(concepts::accumulating_transport<inproc, float> && concepts::accumulating_transport<inproc, double>);
 
 // A group of N in-process ranks: hands out endpoints and runs one thread per rank.
 class inproc_group {

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <span>
 
+#include "../../concepts.hpp"
+#include "../../kernels/host.hpp"
 #include "../communicator.hpp"
 
 namespace gradwire::collective::detail {
@@ -31,6 +33,25 @@ void send_recv(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<cons
   const auto until = comm.step_deadline();
   t.wait(r, until);
   t.wait(s, until);
+}
+
+// Like send_recv, but adds what arrives from `from` into `inout`: fused into delivery on
+// transports that can (concepts::accumulating_transport), else staged in `scratch`.
+template <class Tr, class V>
+void send_recv_accumulate(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<const V> out, int from,
+                          std::span<V> inout, std::span<V> scratch) {
+  if constexpr (concepts::accumulating_transport<Tr, V>) {
+    auto& t = comm.transport();
+    auto r = t.async_recv_accumulate(from, tag, inout);
+    auto s = t.async_send(to, tag, std::as_bytes(out));
+    const auto until = comm.step_deadline();
+    t.wait(r, until);
+    t.wait(s, until);
+  } else {
+    auto in = scratch.first(inout.size());
+    send_recv(comm, tag, to, out, from, in);
+    kernels::add(inout.data(), in.data(), inout.size());
+  }
 }
 
 }  // namespace gradwire::collective::detail

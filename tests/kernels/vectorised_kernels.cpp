@@ -1,0 +1,13 @@
+// Instantiates every host kernel loop; tests/kernels/expect_vectorised.cmake compiles this
+// with -fopt-info-vec and checks that GCC vectorised each loop marked GRADWIRE_VECTORIZE.
+#include <gradwire/kernels/host.hpp>
+namespace k = gradwire::kernels;
+template void k::add<float>(float*, const float*, std::size_t);
+template void k::add<float>(float*, const float*, const float*, std::size_t);
+template void k::scale<float>(float*, float, std::size_t);
+template void k::axpy<float>(float, const float*, float*, std::size_t);
+template void k::sgd_step<float>(float*, const float*, std::size_t, float, float, float);
+template void k::momentum_step<float, true>(float*, const float*, float*, std::size_t, float, float, float, float);
+template void k::momentum_step<float, false>(float*, const float*, float*, std::size_t, float, float, float, float);
+template void k::adam_step<float>(float*, const float*, float*, float*, std::size_t, const k::adam_coefficients<float>&);
+template void k::adam_step<double>(double*, const double*, double*, double*, std::size_t, const k::adam_coefficients<double>&);
