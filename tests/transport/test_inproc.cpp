@@ -238,3 +238,45 @@ TEST_CASE("a matched receive destroyed before its bytes moved hands its send to 
   sender.wait(*s, gw::deadline_after(1s));
   REQUIRE(in == out);
 }
+
+TEST_CASE("waiting again on a request that timed out is an error, not a hang") {
+  gw::transport::inproc_group group(2);
+  auto t = group.endpoint(0);
+  std::vector<int> in(1);
+  auto r = t.async_recv(1, 1, bytes(in));
+  REQUIRE(error_of([&] { t.wait(r, gw::deadline_after(20ms)); }).first == gw::errc::timeout);
+  const auto start = std::chrono::steady_clock::now();
+  auto [kind, what] = error_of([&] { t.wait(r, gw::deadline_after(20ms)); });
+  REQUIRE(kind == gw::errc::invalid_argument);
+  REQUIRE_THAT(what, Catch::Contains("finished request"));
+  REQUIRE(std::chrono::steady_clock::now() - start < 1s);
+}
+
+TEST_CASE("a matched send destroyed before its bytes moved hands its receive to the next send") {
+  gw::transport::inproc_group group(2);
+  auto receiver = group.endpoint(1), sender = group.endpoint(0);
+  std::vector<int> wrong{-1, -1}, right{3, 4}, in(2);
+  auto r = receiver.async_recv(0, 6, bytes(in));
+  { auto doomed = sender.async_send(1, 6, bytes(wrong)); }  // matched, then withdrawn unmoved
+  auto s = sender.async_send(1, 6, bytes(right));
+  receiver.wait(r, gw::deadline_after(1s));
+  sender.wait(s, gw::deadline_after(1s));
+  REQUIRE(in == right);
+}
+
+TEST_CASE("requests completed by the peer can be dropped at any moment while ranks fail") {
+  // Ranks post, then throw before waiting, while their peers move bytes: the requests
+  // die while the other side may still be finishing. Repeated to give races a chance.
+  for (int round = 0; round < 200; ++round) {
+    gw::transport::inproc_group group(2);
+    auto outcomes = group.run([&](inproc t) {
+      std::vector<int> out(64, t.rank()), in(64);
+      auto r = t.async_recv(1 - t.rank(), 1, bytes(in));
+      auto s = t.async_send(1 - t.rank(), 1, bytes(std::as_const(out)));
+      if (t.rank() == round % 2) throw std::runtime_error("fails before waiting");
+      t.wait(r, gw::deadline_after(10s));
+      t.wait(s, gw::deadline_after(10s));
+    });
+    REQUIRE(outcomes[round % 2]);
+  }
+}

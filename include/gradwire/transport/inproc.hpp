@@ -128,6 +128,9 @@ class inproc_hub {
     for (;;) {
       const status s = op.now();
       if (s == status::done) break;
+      if (s == status::cancelled)
+        throw error(errc::invalid_argument, "rank " + std::to_string(op.owner()) + ": " + describe(op) +
+                                                " was withdrawn (it timed out or was cancelled): post it again");
       if (s == status::ready) {
         move_bytes(lock, op);
       } else if (s == status::moving) {  // the other side is moving the bytes: a bounded wait
@@ -203,8 +206,11 @@ class inproc_hub {
     }
     lock.lock();
     op.partner = other.partner = nullptr;
+    // Once `done` is published the other side may free its op at once (its wait can
+    // see `done` without the lock), so nothing of it is read after that.
+    auto& wakeup = wakeups_[other.owner()];
     set_state(op, other, status::done);
-    wakeups_[other.owner()].notify_all();
+    wakeup.notify_all();
   }
 
   // Most matches in a ring complete within microseconds: waiting for them on the CPU
@@ -286,7 +292,7 @@ class inproc {
     request(std::shared_ptr<detail::inproc_hub> hub, std::unique_ptr<detail::inproc_op> op)
         : hub_(std::move(hub)), op_(std::move(op)) {}
     void release() noexcept {
-      if (op_ && op_->state != detail::inproc_op::status::done) hub_->cancel(*op_);
+      if (op_) hub_->cancel(*op_);  // under the hub's lock: nothing still reads or writes the op afterwards
       op_.reset();
     }
     std::shared_ptr<detail::inproc_hub> hub_;
@@ -316,9 +322,11 @@ class inproc {
                 &detail::deliver_accumulate<V>);
   }
   void wait(request& r, deadline until) {
-    if (!r.op_) throw error(errc::invalid_argument, "inproc: wait on an empty request");
-    hub_->wait(*r.op_, until);
-    r.op_.reset();
+    if (!r.op_) throw error(errc::invalid_argument, "inproc: wait on an empty or already finished request");
+    // The request is finished whatever wait reports: it returns or throws only once the
+    // op is done, or withdrawn from its queue, so the op can go.
+    const auto op = std::move(r.op_);
+    hub_->wait(*op, until);
   }
 
   // Marks this rank failed so that peers stop waiting for it (see inproc_group::run).

@@ -1,0 +1,51 @@
+// Joins the job a cluster_spec describes over TCP: cluster detection meets transport::asio_tcp.
+#pragma once
+
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "../error.hpp"
+#include "../timeouts.hpp"
+#include "../transport/asio_tcp.hpp"
+#include "spec.hpp"
+
+namespace gradwire::cluster {
+
+// Seconds from an environment variable ("30", "0.5"); nullopt if unset or empty.
+inline std::optional<std::chrono::milliseconds> seconds_from(const env_lookup& env, const char* name) {
+  const auto text = env(name);
+  if (!text || text->empty()) return std::nullopt;
+  char* end = nullptr;
+  const double seconds = std::strtod(text->c_str(), &end);
+  if (end == text->c_str() || *end != '\0' || !(seconds > 0) || seconds > 1e7)
+    throw error(errc::config, std::string(name) + "='" + *text + "' is not a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+// The TCP transport's settings for `spec`, with the knobs gradwire reads from the
+// environment: GRADWIRE_TIMEOUT (seconds to join the job; default 5 minutes),
+// GRADWIRE_LISTEN_HOST (address to accept peers on; default loopback for a job on one
+// machine, all interfaces when MASTER_ADDR is not loopback), GRADWIRE_WIRE_CHECKSUM=1
+// (CRC-32C over payloads too).
+inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const env_lookup& env = process_env) {
+  transport::asio_tcp_options o;
+  o.rank = spec.rank;
+  o.size = spec.world_size;
+  o.job_token = spec.job_token;
+  o.store_host = spec.master_addr;
+  o.store_port = static_cast<std::uint16_t>(spec.master_port);
+  const bool local = spec.master_addr == "127.0.0.1" || spec.master_addr == "localhost" || spec.master_addr == "::1";
+  o.listen_host = env("GRADWIRE_LISTEN_HOST").value_or(local ? "127.0.0.1" : "0.0.0.0");
+  if (auto t = seconds_from(env, "GRADWIRE_TIMEOUT")) o.connect_timeout = *t;
+  o.checksum_payload = env("GRADWIRE_WIRE_CHECKSUM").value_or("0") == "1";
+  return o;
+}
+
+// Joins the job that the environment (torchrun, mpirun, Slurm, TF_CONFIG) describes.
+inline transport::asio_tcp join_tcp(const overrides& given = {}, const env_lookup& env = process_env) {
+  return transport::asio_tcp(tcp_options(detect(given, env), env));
+}
+
+}  // namespace gradwire::cluster

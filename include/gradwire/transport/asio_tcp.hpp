@@ -1,0 +1,730 @@
+// Boost.Asio TCP transport: one connection per pair of ranks, tagged messages in wire frames, deadlines everywhere.
+//
+// Progress is made by the thread that waits: wait() runs the rank's io_context until
+// its request completes or its deadline passes, so a message costs no hand-off between
+// threads and an idle rank sleeps in epoll. A rank's endpoint is used by one thread at a
+// time (the collectives' background thread, or the caller).
+//
+// Messages move without staging copies where the order of events allows: a send
+// writes the frame header and the caller's buffer with one gathered write; a receive
+// posted before its message arrives is read straight into the caller's buffer. A
+// message that arrives first is buffered if it is small (eager, up to eager_bytes);
+// a large one stays in the kernel's socket buffers until its receive is posted, and
+// is then read straight into place. Later messages on that connection wait behind it.
+//
+// A connection that breaks (the peer exited or was killed), a frame that does not
+// parse, or an abort frame from a peer that failed fails every pending and future
+// operation of the rank with peer_lost (or the peer's own error kind) naming the rank
+// that was lost, so a job stops as a whole instead of waiting for its deadlines.
+#pragma once
+
+#include <array>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../cluster/store.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../timeouts.hpp"
+#include "detail/asio_support.hpp"
+#include "wire.hpp"
+
+namespace gradwire::transport {
+
+// How a rank joins a job over TCP. cluster::connect_options() fills it from a cluster_spec.
+struct asio_tcp_options {
+  int rank = 0;
+  int size = 1;
+  std::string job_token;  // every rank of a job must give the same; frames of other jobs are refused
+  // The rendezvous store (rank 0 serves it here; the others connect to it).
+  std::string store_host = "127.0.0.1";
+  std::uint16_t store_port = 0;
+  // Where this rank accepts its peers' connections; loopback unless told otherwise.
+  std::string listen_host = "127.0.0.1";
+  std::uint16_t listen_port = 0;  // 0: any free port (published through the store)
+  // The whole join (store, listening, connecting to every peer) must finish within this.
+  std::chrono::milliseconds connect_timeout = default_timeout;
+  // Unmatched messages up to this size are buffered on arrival; larger ones wait in
+  // the kernel until their receive is posted.
+  std::size_t eager_bytes = std::size_t{256} << 10;
+  // CRC-32C over every payload as well as every header (TCP checksums segments already).
+  bool checksum_payload = false;
+};
+
+namespace detail {
+
+struct tcp_op {
+  enum class status : std::uint8_t { queued, active, done, cancelled };
+  bool is_send = false;
+  int peer = 0;
+  std::uint64_t tag = 0;
+  std::byte* data = nullptr;  // never written through for sends
+  std::size_t bytes = 0;
+  status state = status::queued;
+  errc failure{};
+  std::string message;
+  wire::header_bytes header{};  // sends: the frame header, written with the payload
+
+  void finish(errc e = {}, std::string why = {}) {
+    state = status::done;
+    failure = e;
+    message = std::move(why);
+  }
+};
+
+// A message that arrived before its receive was posted (eager) or self-sent.
+struct arrived_message {
+  std::uint64_t tag = 0;
+  std::vector<std::byte> payload;
+};
+
+struct tcp_link {
+  explicit tcp_link(tcp::socket s, int p) : socket(std::move(s)), peer(p) {}
+  tcp::socket socket;
+  int peer;
+  bool alive = true;
+  bool finished = false;  // the peer said goodbye: nothing more will arrive
+  // Reading side.
+  wire::header_bytes in_header{};
+  wire::frame_header incoming;                   // header of the frame being read
+  tcp_op* reading = nullptr;                     // receive whose payload is being read into place
+  std::optional<arrived_message> reading_eager;  // or: eager payload being read
+  bool parked = false;                           // `incoming` is large and waits for its receive
+  bool dropping = false;                         // the eager read drains a payload nobody can take
+  std::deque<tcp_op*> receives;                  // posted, unmatched, in posting order
+  std::deque<arrived_message> arrived;           // arrived, unmatched, in arrival order
+  // Writing side: front() is being written when `writing`.
+  std::deque<tcp_op*> sends;
+  bool writing = false;
+};
+
+}  // namespace detail
+
+class asio_tcp {
+  struct state;
+
+ public:
+  class request {
+   public:
+    request() = default;
+    request(request&&) noexcept = default;
+    request& operator=(request&& other) noexcept {
+      if (this != &other) {
+        release();
+        state_ = std::move(other.state_);
+        op_ = std::move(other.op_);
+      }
+      return *this;
+    }
+    ~request() { release(); }
+
+   private:
+    friend class asio_tcp;
+    request(std::shared_ptr<state> s, std::unique_ptr<detail::tcp_op> op) : state_(std::move(s)), op_(std::move(op)) {}
+    void release() noexcept {
+      if (op_ && op_->state != detail::tcp_op::status::done) state_->cancel(*op_);
+      op_.reset();
+    }
+    std::shared_ptr<state> state_;
+    std::unique_ptr<detail::tcp_op> op_;
+  };
+
+  // Joins the job: rank 0 starts the rendezvous store, every rank listens, publishes
+  // its address, and connects to every other rank (the higher rank of a pair dials).
+  // Collective: every rank of the job calls it with the same size and token.
+  explicit asio_tcp(const asio_tcp_options& options) : state_(std::make_shared<state>(options)) { state_->join(); }
+
+  asio_tcp(asio_tcp&&) noexcept = default;
+  asio_tcp& operator=(asio_tcp&&) noexcept = default;
+  // Says goodbye to every peer, so that they can tell a rank that finished from one that
+  // crashed; while an exception unwinds, says why it failed instead (an abort frame).
+  ~asio_tcp() {
+    if (!state_) return;
+    if (std::uncaught_exceptions() > 0)
+      state_->abort_all(errc::peer_lost, "it is unwinding an exception");
+    else
+      state_->say_goodbye();
+  }
+
+  int rank() const noexcept { return state_->options.rank; }
+  int size() const noexcept { return state_->options.size; }
+
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    auto op = state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size());
+    state_->post_send(*op);
+    return request(state_, std::move(op));
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    auto op = state_->make_op(false, peer, tag, bytes.data(), bytes.size());
+    state_->post_recv(*op);
+    return request(state_, std::move(op));
+  }
+  void wait(request& r, deadline until) {
+    if (!r.op_) throw error(errc::invalid_argument, "asio_tcp: wait on an empty or already finished request");
+    // On return or throw the op is done or withdrawn, and the request is finished.
+    const auto op = std::move(r.op_);
+    state_->wait(*op, until);
+  }
+
+  // Marks this rank failed and tells every peer why (best effort, within a second), so
+  // they fail with this reason instead of a bare lost connection. Used when a rank
+  // detects a disagreement (collective mismatch) that its peers cannot see.
+  void fail(errc cause, const std::string& reason) { state_->abort_all(cause, reason); }
+
+ private:
+  struct state {
+    using status = detail::tcp_op::status;
+    using tcp = detail::tcp;
+
+    explicit state(const asio_tcp_options& o) : options(o), token(wire::token_hash(o.job_token)), work(io.get_executor()) {
+      if (o.size < 1) throw error(errc::config, "asio_tcp: world size must be >= 1, got " + std::to_string(o.size));
+      if (o.rank < 0 || o.rank >= o.size)
+        throw error(errc::config, "asio_tcp: rank " + std::to_string(o.rank) + " is outside 0.." +
+                                      std::to_string(o.size - 1) + " (world size " + std::to_string(o.size) + ")");
+      links.resize(static_cast<std::size_t>(o.size));
+    }
+    ~state() {
+      for (auto& l : links)
+        if (l) {
+          boost::system::error_code ignored;
+          l->socket.close(ignored);
+        }
+    }
+
+    // --- joining ---------------------------------------------------------------------
+
+    void join() {
+      const int me = options.rank, n = options.size;
+      if (n == 1) return;
+      const auto until = deadline_after(options.connect_timeout);
+      const std::string me_text = "rank " + std::to_string(me);
+      if (me == 0) store_server.emplace(options.store_host, options.store_port, options.job_token);
+      tcp::acceptor acceptor = detail::listen(io, options.listen_host, options.listen_port, me_text + "'s listening port");
+      const std::uint16_t port = acceptor.local_endpoint().port();
+      cluster::store_client store(options.store_host, options.store_port, options.job_token, options.connect_timeout);
+      // A wildcard listener is reachable at the address this rank reaches the store from.
+      const bool wildcard = options.listen_host == "0.0.0.0" || options.listen_host == "::";
+      store.set("gradwire/tcp/" + std::to_string(me),
+                detail::address_text(wildcard ? store.local_address() : options.listen_host, port));
+      // Learn every lower rank's address first: they are the ones this rank dials.
+      std::vector<std::pair<std::string, std::uint16_t>> addresses(static_cast<std::size_t>(me));
+      for (int r = 0; r < me; ++r)
+        addresses[r] = detail::split_address(store.get_string("gradwire/tcp/" + std::to_string(r)),
+                                             "the address rank " + std::to_string(r) + " published");
+
+      // Dial down, accept up, all at once, so no rank waits for another to finish.
+      joining = true;
+      join_pending = n - 1;
+      for (int r = 0; r < me; ++r) dial(r, addresses[r], until);
+      accept_peers(acceptor);
+      const bool finished = detail::run_until(io, [&] { return join_pending == 0 || join_failure.has_value(); }, until);
+      joining = false;
+      acceptor.close();
+      if (join_failure) throw *join_failure;
+      if (!finished) {
+        std::string missing;
+        for (int r = 0; r < n; ++r)
+          if (r != me && !links[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        throw error(errc::timeout, me_text + ": ranks " + missing + " did not connect within " +
+                                       std::to_string(options.connect_timeout.count()) +
+                                       " ms: did they start, with the same WORLD_SIZE and job token?");
+      }
+      for (auto& l : links)
+        if (l) read_header(*l);
+    }
+
+    void dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until) {
+      auto socket = std::make_shared<tcp::socket>(detail::connect_with_retry(
+          io, address.first, address.second, "rank " + std::to_string(peer), until));
+      hello(*socket);
+      auto reply = std::make_shared<wire::header_bytes>();
+      boost::asio::async_read(*socket, boost::asio::buffer(*reply), [this, peer, socket, reply](
+                                                                         const boost::system::error_code& ec, std::size_t) {
+        if (!joining) return;
+        const std::string who = "rank " + std::to_string(peer);
+        try {
+          if (ec) throw error(errc::peer_lost, who + " closed the connection during the handshake: " + ec.message());
+          const auto h = wire::decode(*reply, token, who);
+          if (h.kind == wire::frame_kind::refuse) {
+            std::vector<std::byte> why(std::min<std::size_t>(h.length, 4096));
+            boost::system::error_code ignored;
+            boost::asio::read(*socket, boost::asio::buffer(why), ignored);
+            const std::string text(reinterpret_cast<const char*>(why.data()), why.size());
+            throw error(text.find("token") != std::string::npos ? errc::auth : errc::config,
+                        who + " refused this rank's connection: " + text);
+          }
+          if (h.kind != wire::frame_kind::welcome || h.source != static_cast<std::uint32_t>(peer))
+            throw error(errc::protocol, who + " answered the handshake with an unexpected frame");
+          add_link(peer, std::move(*socket));
+          --join_pending;
+        } catch (const error& e) {
+          if (!join_failure) join_failure = e;
+        }
+      });
+    }
+
+    void hello(tcp::socket& socket) {
+      wire::frame_header h;
+      h.kind = wire::frame_kind::hello;
+      h.token_hash = token;
+      h.source = static_cast<std::uint32_t>(options.rank);
+      h.tag = static_cast<std::uint64_t>(options.size);  // the world size this rank was started with
+      const auto bytes = wire::encode(h);
+      boost::asio::write(socket, boost::asio::buffer(bytes));  // 48 bytes into a fresh socket's buffer
+    }
+
+    void accept_peers(tcp::acceptor& acceptor) {
+      acceptor.async_accept([this, &acceptor](const boost::system::error_code& ec, tcp::socket s) {
+        if (ec == boost::asio::error::operation_aborted || !joining) return;
+        if (!ec) {
+          auto socket = std::make_shared<tcp::socket>(std::move(s));
+          auto header = std::make_shared<wire::header_bytes>();
+          boost::asio::async_read(*socket, boost::asio::buffer(*header),
+                                  [this, socket, header](const boost::system::error_code& ec2, std::size_t) {
+                                    // A stranger's hello that completes after the join is just dropped.
+                                    if (!ec2 && joining) greet(std::move(*socket), *header);
+                                  });
+        }
+        accept_peers(acceptor);
+      });
+    }
+
+    // Checks a dialling peer's hello; refuses strangers (wrong token, wrong job size,
+    // a rank that is not one of the higher ranks, a duplicate) with a reason, and keeps
+    // listening for the real peer.
+    void greet(tcp::socket socket, const wire::header_bytes& bytes) {
+      std::string refusal;
+      int peer = -1;
+      try {
+        const auto h = wire::decode(bytes, token, "a connecting process");
+        peer = static_cast<int>(h.source);
+        if (h.kind != wire::frame_kind::hello) throw error(errc::protocol, "expected a hello frame");
+        if (h.tag != static_cast<std::uint64_t>(options.size))
+          throw error(errc::config, "it was started with world size " + std::to_string(h.tag) + ", this rank with " +
+                                        std::to_string(options.size) + ": give every rank the same WORLD_SIZE");
+        if (peer <= options.rank || peer >= options.size || links[peer])
+          throw error(errc::config, "rank " + std::to_string(peer) + " cannot dial rank " +
+                                        std::to_string(options.rank) + " (out of range or already connected)");
+      } catch (const error& e) {
+        refusal = e.kind() == errc::auth ? "wrong job token: give every rank the same GRADWIRE_JOB_TOKEN" : e.what();
+      }
+      wire::frame_header reply;
+      reply.kind = refusal.empty() ? wire::frame_kind::welcome : wire::frame_kind::refuse;
+      reply.token_hash = token;
+      reply.source = static_cast<std::uint32_t>(options.rank);
+      reply.length = refusal.size();
+      const auto header = wire::encode(reply);
+      boost::system::error_code ec;
+      const std::array<boost::asio::const_buffer, 2> buffers{boost::asio::buffer(header),
+                                                             boost::asio::buffer(refusal.data(), refusal.size())};
+      boost::asio::write(socket, buffers, ec);  // small: fits the socket buffer
+      if (!refusal.empty() || ec) return;       // the socket closes; keep waiting for the real peer
+      add_link(peer, std::move(socket));
+      --join_pending;
+    }
+
+    void add_link(int peer, tcp::socket socket) {
+      socket.set_option(tcp::no_delay(true));
+      links[peer] = std::make_unique<detail::tcp_link>(std::move(socket), peer);
+    }
+
+    // --- operations ------------------------------------------------------------------
+
+    std::unique_ptr<detail::tcp_op> make_op(bool is_send, int peer, std::uint64_t tag, std::byte* data,
+                                            std::size_t bytes) {
+      if (peer < 0 || peer >= options.size)
+        throw error(errc::invalid_argument, "asio_tcp: rank " + std::to_string(options.rank) + " addressed rank " +
+                                                std::to_string(peer) + " in a job of " + std::to_string(options.size));
+      throw_if_failed();
+      auto op = std::make_unique<detail::tcp_op>();
+      op->is_send = is_send;
+      op->peer = peer;
+      op->tag = tag;
+      op->data = data;
+      op->bytes = bytes;
+      return op;
+    }
+
+    void post_send(detail::tcp_op& op) {
+      if (op.peer == options.rank) return send_to_self(op);
+      detail::tcp_link& link = *links[op.peer];
+      if (link.finished) return op.finish(errc::peer_lost, finished_message(op.peer));
+      wire::frame_header h;
+      h.kind = wire::frame_kind::data;
+      h.token_hash = token;
+      h.tag = op.tag;
+      h.length = op.bytes;
+      h.source = static_cast<std::uint32_t>(options.rank);
+      if (options.checksum_payload) {
+        h.flags = wire::payload_checksummed;
+        h.payload_crc = wire::crc32c({op.data, op.bytes});
+      }
+      op.header = wire::encode(h);
+      link.sends.push_back(&op);
+      if (!link.writing) write_next(link);
+    }
+
+    void post_recv(detail::tcp_op& op) {
+      if (op.peer == options.rank) return receive_from_self(op);
+      detail::tcp_link& link = *links[op.peer];
+      // An earlier arrival with this tag is the message (tags match in arrival order).
+      for (auto it = link.arrived.begin(); it != link.arrived.end(); ++it)
+        if (it->tag == op.tag) {
+          deliver(op, it->payload);
+          give_back(std::move(it->payload));
+          link.arrived.erase(it);
+          return;
+        }
+      if (link.parked && link.incoming.tag == op.tag) {
+        link.parked = false;
+        read_payload_into(link, op);
+        return;
+      }
+      if (link.finished) return op.finish(errc::peer_lost, finished_message(op.peer));
+      link.receives.push_back(&op);
+    }
+
+    void wait(detail::tcp_op& op, deadline until) {
+      if (op.state == status::cancelled)
+        throw error(errc::invalid_argument, "asio_tcp: wait on a withdrawn request");
+      if (!detail::run_until(io, [&] { return op.state == status::done; }, until)) {
+        cancel(op);
+        throw error(errc::timeout, "rank " + std::to_string(options.rank) + ": " + describe(op) +
+                                       " did not complete before its deadline (is a rank missing or behind?)");
+      }
+      if (op.failure != errc{}) throw error(op.failure, op.message);
+    }
+
+    // Withdraws an op that will not be waited for. One that Asio is reading into or
+    // writing from cannot be taken back mid-frame: its connection is closed, which
+    // fails the job (a stream cut mid-frame cannot be resynchronised).
+    void cancel(detail::tcp_op& op) noexcept {
+      if (op.state == status::done || op.state == status::cancelled) return;
+      if (op.peer == options.rank) {
+        std::erase(self_receives, &op);
+      } else if (auto& link = links[op.peer]) {
+        const bool active = op.is_send ? (link->writing && !link->sends.empty() && link->sends.front() == &op)
+                                       : link->reading == &op;
+        if (active) {
+          if (op.is_send) link->sends.pop_front(); else link->reading = nullptr;
+          lose(*link, errc::peer_lost, "an operation with rank " + std::to_string(op.peer) +
+                                           " was abandoned mid-message (timeout or error)");
+        } else {
+          std::erase(op.is_send ? link->sends : link->receives, &op);
+        }
+      }
+      op.state = status::cancelled;
+    }
+
+    // --- reading ---------------------------------------------------------------------
+
+    void read_header(detail::tcp_link& link) {
+      boost::asio::async_read(link.socket, boost::asio::buffer(link.in_header),
+                              [this, &link](const boost::system::error_code& ec, std::size_t) {
+                                if (ec) return broken(link, ec);
+                                on_header(link);
+                              });
+    }
+
+    void on_header(detail::tcp_link& link) {
+      const std::string who = "rank " + std::to_string(link.peer);
+      try {
+        link.incoming = wire::decode(link.in_header, token, who);
+      } catch (const error& e) {
+        return lose(link, e.kind(), e.what());
+      }
+      const auto& h = link.incoming;
+      if (h.source != static_cast<std::uint32_t>(link.peer))
+        return lose(link, errc::protocol, who + " sent a frame claiming to come from rank " + std::to_string(h.source));
+      if (h.kind == wire::frame_kind::abort) return read_eager(link);  // the reason follows
+      if (h.kind == wire::frame_kind::goodbye) return on_goodbye(link);
+      if (h.kind != wire::frame_kind::data)
+        return lose(link, errc::protocol, who + " sent an unexpected frame kind " + std::to_string(int(h.kind)));
+      for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
+        if ((*it)->tag == h.tag) {
+          detail::tcp_op& op = **it;
+          link.receives.erase(it);
+          return read_payload_into(link, op);
+        }
+      if (h.length <= options.eager_bytes) return read_eager(link);
+      link.parked = true;  // resumed by post_recv
+    }
+
+    void read_payload_into(detail::tcp_link& link, detail::tcp_op& op) {
+      if (op.bytes != link.incoming.length) {
+        fail_size(op, link.incoming.length);
+        link.dropping = true;  // consume the payload so that the stream stays in step
+        return read_eager(link);
+      }
+      op.state = status::active;
+      link.reading = &op;
+      boost::asio::async_read(link.socket, boost::asio::buffer(op.data, op.bytes),
+                              [this, &link](const boost::system::error_code& ec, std::size_t) {
+                                if (ec) return broken(link, ec);
+                                detail::tcp_op* done = std::exchange(link.reading, nullptr);
+                                if (done) {
+                                  try {
+                                    wire::check_payload(link.incoming, {done->data, done->bytes},
+                                                        "rank " + std::to_string(link.peer));
+                                    done->finish();
+                                  } catch (const error& e) {
+                                    done->finish(e.kind(), e.what());
+                                    return lose(link, e.kind(), e.what());
+                                  }
+                                }
+                                read_header(link);
+                              });
+    }
+
+    void read_eager(detail::tcp_link& link) {
+      link.reading_eager.emplace();
+      link.reading_eager->tag = link.incoming.tag;
+      link.reading_eager->payload = take_buffer(static_cast<std::size_t>(link.incoming.length));
+      boost::asio::async_read(link.socket, boost::asio::buffer(link.reading_eager->payload),
+                              [this, &link](const boost::system::error_code& ec, std::size_t) {
+                                if (ec) return broken(link, ec);
+                                detail::arrived_message m = std::move(*link.reading_eager);
+                                link.reading_eager.reset();
+                                const std::string who = "rank " + std::to_string(link.peer);
+                                try {
+                                  wire::check_payload(link.incoming, m.payload, who);
+                                } catch (const error& e) {
+                                  return lose(link, e.kind(), e.what());
+                                }
+                                if (link.incoming.kind == wire::frame_kind::abort)
+                                  return on_abort(link, std::string(reinterpret_cast<const char*>(m.payload.data()),
+                                                                    m.payload.size()));
+                                if (std::exchange(link.dropping, false))
+                                  give_back(std::move(m.payload));
+                                else
+                                  on_eager(link, std::move(m));
+                                read_header(link);
+                              });
+    }
+
+    void on_eager(detail::tcp_link& link, detail::arrived_message m) {
+      // A receive posted while the payload was being read takes it now.
+      for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
+        if ((*it)->tag == m.tag) {
+          detail::tcp_op& op = **it;
+          link.receives.erase(it);
+          deliver(op, m.payload);
+          return give_back(std::move(m.payload));
+        }
+      link.arrived.push_back(std::move(m));
+    }
+
+    // Eager payloads reuse a few buffers instead of allocating per message.
+    std::vector<std::byte> take_buffer(std::size_t bytes) {
+      std::vector<std::byte> b;
+      if (!spare_buffers.empty()) {
+        b = std::move(spare_buffers.back());
+        spare_buffers.pop_back();
+      }
+      b.resize(bytes);
+      return b;
+    }
+    void give_back(std::vector<std::byte> b) {
+      if (spare_buffers.size() < 16) spare_buffers.push_back(std::move(b));
+    }
+
+    void deliver(detail::tcp_op& op, std::span<const std::byte> payload) {
+      if (payload.size() != op.bytes) return fail_size(op, payload.size());
+      if (!payload.empty()) std::memcpy(op.data, payload.data(), payload.size());
+      op.finish();
+    }
+
+    void fail_size(detail::tcp_op& op, std::uint64_t sent) {
+      op.finish(errc::mismatch, "message size mismatch: rank " + std::to_string(op.peer) + " sent " +
+                                    std::to_string(sent) + " bytes (tag " + std::to_string(op.tag) + ") but rank " +
+                                    std::to_string(options.rank) + " expected " + std::to_string(op.bytes));
+    }
+
+    // The peer finished in good order: what it sent has arrived; what it did not send
+    // never will. Receives that nothing arrived for fail, now and later; the rest of
+    // the job goes on (it may not need this peer any more).
+    void on_goodbye(detail::tcp_link& link) {
+      link.finished = true;
+      const std::string why = finished_message(link.peer);
+      for (auto* op : link.receives) op->finish(errc::peer_lost, why);
+      link.receives.clear();
+    }
+
+    std::string finished_message(int peer) const {
+      return "rank " + std::to_string(options.rank) + ": rank " + std::to_string(peer) +
+             " has finished (closed its connection in good order) and will send nothing more";
+    }
+
+    void say_goodbye() {
+      if (failed) return;
+      wire::frame_header h;
+      h.kind = wire::frame_kind::goodbye;
+      h.token_hash = token;
+      h.source = static_cast<std::uint32_t>(options.rank);
+      send_to_all_now(h, {});
+    }
+
+    // Writes one control frame on every connection that is idle, within a second.
+    void send_to_all_now(const wire::frame_header& h, std::span<const std::byte> payload) {
+      const auto until = deadline_after(std::chrono::seconds(1));
+      for (auto& l : links)
+        if (l && l->alive && !l->writing) {
+          try {
+            detail::write_frame(io, l->socket, h, payload, until, "rank " + std::to_string(l->peer));
+          } catch (const error&) {
+            // best effort: the peer sees the connection close instead
+          }
+        }
+    }
+
+    void on_abort(detail::tcp_link& link, const std::string& reason) {
+      const auto cause = static_cast<errc>(link.incoming.tag);
+      fail_everything(cause == errc::mismatch ? errc::mismatch : errc::peer_lost,
+                      "rank " + std::to_string(options.rank) + ": rank " + std::to_string(link.peer) +
+                          " failed: " + reason);
+    }
+
+    // --- writing ---------------------------------------------------------------------
+
+    void write_next(detail::tcp_link& link) {
+      if (link.sends.empty() || !link.alive) return;
+      detail::tcp_op& op = *link.sends.front();
+      op.state = status::active;
+      link.writing = true;
+      const std::array<boost::asio::const_buffer, 2> buffers{boost::asio::buffer(op.header),
+                                                             boost::asio::buffer(op.data, op.bytes)};
+      boost::asio::async_write(link.socket, buffers, [this, &link](const boost::system::error_code& ec, std::size_t) {
+        link.writing = false;
+        if (ec) return broken(link, ec);
+        if (!link.sends.empty()) {
+          link.sends.front()->finish();
+          link.sends.pop_front();
+        }
+        write_next(link);
+      });
+    }
+
+    // --- self messages (rank to itself), matched in memory ----------------------------
+
+    void send_to_self(detail::tcp_op& op) {
+      std::span<const std::byte> payload(op.data, op.bytes);
+      for (auto it = self_receives.begin(); it != self_receives.end(); ++it)
+        if ((*it)->tag == op.tag) {
+          detail::tcp_op& r = **it;
+          self_receives.erase(it);
+          deliver(r, payload);
+          op.finish(r.failure, r.message);
+          return;
+        }
+      self_arrived.push_back({op.tag, std::vector<std::byte>(payload.begin(), payload.end())});
+      op.finish();
+    }
+    void receive_from_self(detail::tcp_op& op) {
+      for (auto it = self_arrived.begin(); it != self_arrived.end(); ++it)
+        if (it->tag == op.tag) {
+          deliver(op, it->payload);
+          self_arrived.erase(it);
+          return;
+        }
+      self_receives.push_back(&op);
+    }
+
+    // --- failure -----------------------------------------------------------------------
+
+    void broken(detail::tcp_link& link, const boost::system::error_code& ec) {
+      if (!link.alive || ec == boost::asio::error::operation_aborted) return;
+      const bool closed = ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset ||
+                          ec == boost::asio::error::broken_pipe;
+      lose(link, errc::peer_lost,
+           "lost rank " + std::to_string(link.peer) + ": " +
+               (closed ? "its connection closed (the process exited or was killed)" : "connection error: " + ec.message()));
+    }
+
+    // A broken connection fails the whole rank: collectives cannot complete without
+    // every peer, and failing at once beats waiting for every deadline.
+    void lose(detail::tcp_link& link, errc cause, const std::string& why) {
+      link.alive = false;
+      fail_everything(cause, "rank " + std::to_string(options.rank) + ": " + why);
+    }
+
+    void fail_everything(errc cause, const std::string& why) {
+      if (failed) return;
+      failed.emplace(cause, why);
+      for (auto& l : links) {
+        if (!l) continue;
+        boost::system::error_code ignored;
+        l->socket.close(ignored);  // after this, Asio touches no buffer of ours again
+        for (auto* op : l->sends) op->finish(cause, why);
+        for (auto* op : l->receives) op->finish(cause, why);
+        if (l->reading) l->reading->finish(cause, why);
+        l->sends.clear();
+        l->receives.clear();
+        l->reading = nullptr;
+        l->alive = false;
+      }
+      for (auto* op : self_receives) op->finish(cause, why);
+      self_receives.clear();
+    }
+
+    void abort_all(errc cause, const std::string& reason) {
+      if (failed) return;
+      wire::frame_header h;
+      h.kind = wire::frame_kind::abort;
+      h.token_hash = token;
+      h.tag = static_cast<std::uint64_t>(cause);
+      h.source = static_cast<std::uint32_t>(options.rank);
+      const std::string text = reason.substr(0, options.eager_bytes);
+      h.length = text.size();
+      // Only idle connections get it: a frame cannot interleave with one being written
+      // (those peers see the connection close instead).
+      send_to_all_now(h, std::as_bytes(std::span(text.data(), text.size())));
+      fail_everything(cause, "rank " + std::to_string(options.rank) + " failed: " + reason);
+    }
+
+    void throw_if_failed() const {
+      if (failed) throw error(failed->first, failed->second);
+    }
+
+    static std::string describe(const detail::tcp_op& op) {
+      return std::string(op.is_send ? "send to rank " : "receive from rank ") + std::to_string(op.peer) + " (tag " +
+             std::to_string(op.tag) + ", " + std::to_string(op.bytes) + " bytes)";
+    }
+
+    asio_tcp_options options;
+    std::uint64_t token;
+    boost::asio::io_context io{1};
+    // Keeps run_one_until sleeping until its deadline when nothing is outstanding.
+    boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work;
+    std::optional<cluster::store_server> store_server;  // rank 0 only
+    std::vector<std::unique_ptr<detail::tcp_link>> links;  // [peer]; empty for this rank
+    std::deque<detail::tcp_op*> self_receives;
+    std::deque<detail::arrived_message> self_arrived;
+    std::optional<std::pair<errc, std::string>> failed;
+    std::vector<std::vector<std::byte>> spare_buffers;
+    // While joining.
+    bool joining = false;
+    int join_pending = 0;
+    std::optional<error> join_failure;
+  };
+
+  std::shared_ptr<state> state_;
+};
+
+static_assert(concepts::transport<asio_tcp>);
+
+}  // namespace gradwire::transport

@@ -1,0 +1,370 @@
+// One rank of a multi-process test, started by scripts/gradwire-run (or mpirun) over loopback TCP.
+//
+//   mp_worker collectives | bucketing | async | train       correctness against float64 references
+//   mp_worker kill K | mismatch KIND | wrong-token K | join   failure behaviour
+//
+// Every rank prints "rank R: PASS ..." and exits 0 when its part holds, or prints
+// "rank R: FAIL ..." / the error and exits 1. Failure cases expect a specific error and
+// print "rank R: EXPECTED <errc>: <message>"; tests/multiprocess/test_multiprocess.py
+// starts the ranks, bounds their time and checks what each printed.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <gradwire/asio.hpp>
+#include <gradwire/gradwire.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mlp.hpp"  // examples/fashion_mnist
+
+namespace gw = gradwire;
+namespace col = gradwire::collective;
+using comm_type = col::communicator<gw::transport::asio_tcp>;
+
+namespace {
+
+int my_rank = -1;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::printf("rank %d: FAIL %s\n", my_rank, what.c_str());
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+std::uint64_t mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Rank r's input element i for a run seeded `seed`: every rank can compute every
+// rank's inputs, so each computes the float64 reference itself.
+template <class V>
+V input(std::uint64_t seed, int rank, std::size_t i) {
+  const std::uint64_t h = mix(seed ^ mix(static_cast<std::uint64_t>(rank) * 0x9e3779b97f4a7c15ULL + i));
+  return static_cast<V>(static_cast<double>(h >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
+
+template <class V>
+std::vector<V> inputs(std::uint64_t seed, int rank, std::size_t n) {
+  std::vector<V> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = input<V>(seed, rank, i);
+  return v;
+}
+
+template <class V>
+double reference_sum(std::uint64_t seed, int ranks, std::size_t i) {
+  double s = 0;
+  for (int r = 0; r < ranks; ++r) s += static_cast<double>(input<V>(seed, r, i));
+  return s;
+}
+
+template <class V>
+void expect_sum(const std::string& what, std::span<const V> got, std::uint64_t seed, int ranks, std::size_t offset,
+                double scale = 1.0) {
+  const double tolerance = 4.0 * ranks * ranks * std::numeric_limits<V>::epsilon();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double want = reference_sum<V>(seed, ranks, offset + i) * scale;
+    if (!(std::abs(double(got[i]) - want) <= tolerance))
+      fail(what + ": element " + std::to_string(offset + i) + " is " + std::to_string(got[i]) + ", reference " +
+           std::to_string(want));
+  }
+}
+
+// Every rank must hold the same bytes: compare each rank's CRC with rank 0's.
+template <class V>
+void expect_identical(comm_type& comm, const std::string& what, std::span<const V> data) {
+  std::vector<double> crc{double(gw::transport::wire::crc32c(std::as_bytes(data)))};
+  std::vector<double> root = crc;
+  col::broadcast(comm, std::span<double>(root), 0);
+  if (root != crc) fail(what + ": result differs from rank 0's (not bit-identical)");
+}
+
+std::uint64_t shared_seed(comm_type& comm) {
+  std::vector<double> seed{comm.rank() == 0 ? double(std::random_device{}() & 0xffffffu) : 0.0};
+  col::broadcast(comm, std::span<double>(seed), 0);
+  return static_cast<std::uint64_t>(seed[0]);
+}
+
+template <class V>
+void check_collectives(comm_type& comm, std::uint64_t seed) {
+  const int n = comm.size(), me = comm.rank();
+  const char* type = sizeof(V) == 4 ? "float" : "double";
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000003}}) {
+    const std::string at = std::string(type) + " count " + std::to_string(count);
+    auto run = [&](auto algorithm, const char* name) {
+      using A = decltype(algorithm);
+      auto v = inputs<V>(seed, me, count);
+      col::all_reduce<A>(comm, std::span<V>(v));
+      expect_sum<V>(std::string("all_reduce<") + name + "> " + at, v, seed, n, 0);
+      expect_identical<V>(comm, std::string("all_reduce<") + name + "> " + at, v);
+    };
+    run(col::ring{}, "ring");
+    run(col::halving_doubling{}, "halving_doubling");
+    run(col::auto_{}, "auto");
+
+    auto avg = inputs<V>(seed, me, count);
+    col::all_reduce(comm, std::span<V>(avg), col::reduce_op::average);
+    expect_sum<V>("all_reduce average " + at, avg, seed, n, 0, 1.0 / n);
+
+    // broadcast from the last rank
+    auto b = me == n - 1 ? inputs<V>(seed, n - 1, count) : std::vector<V>(count, V(-7));
+    col::broadcast(comm, std::span<V>(b), n - 1);
+    if (b != inputs<V>(seed, n - 1, count)) fail("broadcast " + at + " from rank " + std::to_string(n - 1));
+
+    // reduce_scatter: this rank's chunk holds the sum
+    auto rs = inputs<V>(seed, me, count);
+    const std::span<V> mine = col::reduce_scatter(comm, std::span<V>(rs));
+    const std::size_t offset = mine.empty() ? 0 : static_cast<std::size_t>(mine.data() - rs.data());
+    expect_sum<V>("reduce_scatter " + at, mine, seed, n, offset);
+
+    // all_gather: each rank contributes its chunk of rank-specific values
+    std::vector<V> ag(count, V(-1));
+    auto offset_of = [&](std::span<V> c) { return c.empty() ? 0 : static_cast<std::size_t>(c.data() - ag.data()); };
+    auto own = col::chunk_of(std::span<V>(ag), n, me);
+    for (std::size_t i = 0; i < own.size(); ++i) own[i] = input<V>(seed, me, offset_of(own) + i);
+    col::all_gather(comm, std::span<V>(ag));
+    for (int r = 0; r < n; ++r) {
+      auto theirs = col::chunk_of(std::span<V>(ag), n, r);
+      for (std::size_t i = 0; i < theirs.size(); ++i)
+        if (theirs[i] != input<V>(seed, r, offset_of(theirs) + i))
+          fail("all_gather " + at + ": element " + std::to_string(offset_of(theirs) + i) + " from rank " +
+               std::to_string(r));
+    }
+  }
+  col::barrier(comm);
+}
+
+void collectives(comm_type& comm) {
+  const auto seed = shared_seed(comm);
+  check_collectives<float>(comm, seed);
+  check_collectives<double>(comm, seed + 1);
+  std::printf("rank %d: PASS collectives (seed %llu)\n", comm.rank(), static_cast<unsigned long long>(seed));
+}
+
+// 50 tensors of mixed sizes (0 and larger than a bucket among them) through small buckets.
+void bucketing(comm_type& comm) {
+  const auto seed = shared_seed(comm);
+  std::mt19937 sizes_rng(static_cast<unsigned>(seed));
+  std::vector<std::vector<float>> tensors(50);
+  std::size_t offset = 0;
+  std::vector<std::size_t> offsets;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const std::size_t count = t == 3 ? 0 : t == 7 ? 70000 : sizes_rng() % 5000;
+    tensors[t].resize(count);
+    for (std::size_t i = 0; i < count; ++i) tensors[t][i] = input<float>(seed, comm.rank(), offset + i);
+    offsets.push_back(offset);
+    offset += count;
+  }
+  std::vector<std::span<float>> spans(tensors.begin(), tensors.end());
+  col::bucket_buffer buffer(64 << 10);  // 64 KiB buckets: many buckets, one tensor larger than a bucket
+  col::bucketed_all_reduce(comm, std::span<const std::span<float>>(spans), buffer);
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    expect_sum<float>("bucketed tensor " + std::to_string(t), tensors[t], seed, comm.size(), offsets[t]);
+  std::printf("rank %d: PASS bucketing (50 tensors, %zu elements)\n", comm.rank(), offset);
+}
+
+// Several all-reduces in flight at once on the background engine.
+void async(comm_type& comm) {
+  const auto seed = shared_seed(comm);
+  std::vector<std::vector<float>> buffers;
+  for (int k = 0; k < 6; ++k) buffers.push_back(inputs<float>(seed + k, comm.rank(), 100000 + 1000 * k));
+  {
+    col::async_engine engine(comm);
+    std::vector<col::async_handle> handles;
+    for (auto& b : buffers) handles.push_back(col::async_all_reduce(engine, std::span<float>(b)));
+    for (auto& h : handles) h.wait(gw::deadline_after(std::chrono::seconds(60)));
+  }
+  for (int k = 0; k < 6; ++k) expect_sum<float>("async buffer " + std::to_string(k), buffers[k], seed + k, comm.size(), 0);
+  std::printf("rank %d: PASS async\n", comm.rank());
+}
+
+template <class T>
+std::vector<std::vector<T>> snapshot(fashion_mnist::mlp<T>& m) {
+  std::vector<std::vector<T>> out;
+  for (const auto& v : m.parameter_views()) out.emplace_back(v.data(), v.data() + v.size());
+  return out;
+}
+
+// multi_worker_mirrored (N processes x batch b) reaches the weights of one_device with
+// batch N*b, which every rank computes itself on the same generated data. Returns the
+// largest relative difference of a tensor (max |a-b| / max |b|).
+template <class T, class Optimizer>
+double train_and_compare(gw::transport::asio_tcp transport, const Optimizer& opt) {
+  using fashion_mnist::mlp;
+  const int n = transport.size(), me = transport.rank(), steps = 5;
+  const Eigen::Index batch = 8;
+  const fashion_mnist::layer_sizes sizes{};
+  const std::uint64_t seed = 11;
+  // Generated samples, the same on every rank.
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::uniform_real_distribution<double> pixel(0.0, 1.0);
+  std::uniform_int_distribution<int> label(0, static_cast<int>(sizes.classes) - 1);
+  typename mlp<T>::matrix x(sizes.input, batch * n * steps);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = static_cast<T>(pixel(rng));
+  std::vector<int> y(static_cast<std::size_t>(x.cols()));
+  for (int& l : y) l = label(rng);
+  auto labels = [&](Eigen::Index first, Eigen::Index count) {
+    return std::span<const int>(y).subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(count));
+  };
+
+  mlp<T> reference(sizes, seed);
+  {
+    gw::one_device<gw::tensor_view<T>, Optimizer> one(reference.parameter_views(), opt);
+    auto g = reference.gradient_views();
+    for (int s = 0; s < steps; ++s) {
+      reference.loss_and_gradient(x.middleCols(s * batch * n, batch * n), labels(s * batch * n, batch * n));
+      one.step(g);
+    }
+  }
+  // Ranks other than 0 start from other weights: the strategy's setup must broadcast.
+  mlp<T> model(sizes, me == 0 ? seed : seed + 100 + me);
+  gw::multi_worker_mirrored<gw::tensor_view<T>, Optimizer> strategy(std::move(transport), model.parameter_views(), opt);
+  auto g = model.gradient_views();
+  for (int s = 0; s < steps; ++s) {
+    const Eigen::Index first = s * batch * n + me * batch;
+    model.loss_and_gradient(x.middleCols(first, batch), labels(first, batch));
+    strategy.step(g);
+  }
+  const auto a = snapshot(model), b = snapshot(reference);
+  double worst = 0;
+  for (std::size_t t = 0; t < a.size(); ++t) {
+    double diff = 0, scale = 0;
+    for (std::size_t i = 0; i < a[t].size(); ++i) {
+      diff = std::max(diff, std::abs(double(a[t][i]) - double(b[t][i])));
+      scale = std::max(scale, std::abs(double(b[t][i])));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+void train(const std::string& optimizer) {
+  auto transport = gw::cluster::join_tcp();
+  const int rank = transport.rank();
+  double error = 0;
+  if (optimizer == "sgd")
+    error = train_and_compare<float>(std::move(transport), gw::optim::sgd({.lr = 0.1}));
+  else if (optimizer == "momentum")
+    error = train_and_compare<float>(std::move(transport), gw::optim::momentum({.lr = 0.05, .momentum = 0.9}));
+  else if (optimizer == "adam")  // in double: float Adam amplifies rounding by lr/eps (see the inproc test)
+    error = train_and_compare<double>(std::move(transport), gw::optim::adam({.lr = 1e-3}));
+  else
+    fail("unknown optimizer " + optimizer);
+  if (!(error <= 1e-5)) fail("train " + optimizer + ": max relative error " + std::to_string(error));
+  std::printf("rank %d: PASS train %s (max relative error %.3g)\n", rank, optimizer.c_str(), error);
+}
+
+// --- failure behaviour ---------------------------------------------------------------
+
+// Runs fn; it must throw gradwire::error of kind `want` (or `also`) whose message
+// contains every string of `must_name`. Prints EXPECTED and exits 0 if so.
+void expect_error(gw::errc want, std::vector<std::string> must_name, const std::function<void()>& fn,
+                  std::optional<gw::errc> also = std::nullopt) {
+  try {
+    fn();
+  } catch (const gw::error& e) {
+    const std::string what = e.what();
+    bool named = true;
+    for (const auto& s : must_name) named = named && what.find(s) != std::string::npos;
+    if ((e.kind() == want || e.kind() == also) && named) {
+      std::printf("rank %d: EXPECTED %s: %s\n", my_rank, gw::make_error_code(e.kind()).message().c_str(), what.c_str());
+      std::fflush(stdout);
+      std::exit(0);
+    }
+    fail("unexpected error: " + what);
+  }
+  fail("no error was raised");
+}
+
+void kill_rank(comm_type& comm, int victim) {
+  std::vector<float> data(1 << 20, 1.0f);  // 4 MiB
+  expect_error(gw::errc::peer_lost, {"rank " + std::to_string(victim)}, [&] {
+    for (int i = 0;; ++i) {
+      if (comm.rank() == victim && i == 3) std::raise(SIGKILL);
+      col::all_reduce(comm, std::span<float>(data));
+    }
+  });
+}
+
+void mismatch(comm_type& comm, const std::string& kind) {
+  const int odd = 1;
+  if (kind == "count") {
+    std::vector<float> v(comm.rank() == odd ? 1001 : 1000, 1.0f);
+    expect_error(gw::errc::mismatch, {"count=1001", "count=1000"}, [&] { col::all_reduce(comm, std::span<float>(v)); });
+  } else if (kind == "dtype") {
+    std::vector<float> f(1000, 1.0f);
+    std::vector<double> d(1000, 1.0);
+    expect_error(gw::errc::mismatch, {"f32", "f64"}, [&] {
+      if (comm.rank() == odd)
+        col::all_reduce(comm, std::span<double>(d));
+      else
+        col::all_reduce(comm, std::span<float>(f));
+    });
+  } else {  // operation
+    std::vector<float> v(1000, 1.0f);
+    expect_error(gw::errc::mismatch, {"broadcast", "all_reduce"}, [&] {
+      if (comm.rank() == odd)
+        col::broadcast(comm, std::span<float>(v), 0);
+      else
+        col::all_reduce(comm, std::span<float>(v));
+    });
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const std::string arg = argc > 2 ? argv[2] : "";
+  try {
+    const auto spec = gw::cluster::detect();
+    my_rank = spec.rank;
+    if (mode == "wrong-token") {
+      // Rank `arg` carries another job's token: it must be refused, and say so.
+      gw::cluster::overrides o;
+      if (spec.rank == std::stoi(arg)) {
+        o.job_token = "not-this-job";
+        expect_error(gw::errc::auth, {"job token"}, [&] { gw::cluster::join_tcp(o); });
+      }
+      // The others wait for it until their deadline; once rank 0 gives up, the store it
+      // serves goes away, which the ranks still asking it see as a lost peer.
+      expect_error(
+          gw::errc::timeout, {},
+          [&] {
+            auto t = gw::cluster::join_tcp(o);
+            comm_type c(std::move(t));
+            col::barrier(c);
+          },
+          gw::errc::peer_lost);
+    }
+    if (mode == "train") {
+      train(arg);
+      return 0;
+    }
+    if (mode == "join") {  // joining only (used for port-in-use)
+      auto t = gw::cluster::join_tcp();
+      std::printf("rank %d: PASS join\n", spec.rank);
+      return 0;
+    }
+    comm_type comm(gw::cluster::join_tcp(), {.timeout = std::chrono::seconds(60)});
+    if (mode == "collectives") collectives(comm);
+    else if (mode == "bucketing") bucketing(comm);
+    else if (mode == "async") async(comm);
+    else if (mode == "kill") kill_rank(comm, std::stoi(arg));
+    else if (mode == "mismatch") mismatch(comm, arg);
+    else {
+      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join\n");
+      return 2;
+    }
+    col::barrier(comm);
+  } catch (const std::exception& e) {
+    std::printf("rank %d: FAIL %s\n", my_rank, e.what());
+    return 1;
+  }
+  return 0;
+}

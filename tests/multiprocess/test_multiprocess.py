@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Multi-process tests: real ranks on loopback TCP, started by scripts/gradwire-run.
+
+    test_multiprocess.py LAUNCHER WORKER [unittest args]   e.g. -k kill
+
+Every case bounds its own time: a hang fails the test instead of stalling CI.
+"""
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
+# The deadline for joining a job in the failure cases: short, so that they finish fast.
+JOIN_TIMEOUT_S = 5
+
+
+def run(ranks, *args, keep_going=False, extra=(), env=None, bound=120):
+    """Runs WORKER on `ranks` ranks; returns (exit status, {rank: [lines]}, seconds)."""
+    cmd = [LAUNCHER, "-n", str(ranks), *extra] + (["--keep-going"] if keep_going else []) + ["--", WORKER, *args]
+    e = dict(os.environ, GRADWIRE_TIMEOUT=str(JOIN_TIMEOUT_S), **(env or {}))
+    start = time.monotonic()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound, env=e)
+    took = time.monotonic() - start
+    lines = {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"\[(\d+)\] (.*)", line)
+        if m:
+            lines.setdefault(int(m.group(1)), []).append(m.group(2))
+    return p.returncode, lines, took, p.stdout
+
+
+class Correctness(unittest.TestCase):
+    def check_pass(self, ranks, *args):
+        status, lines, _, out = run(ranks, *args)
+        self.assertEqual(status, 0, out)
+        for r in range(ranks):
+            self.assertTrue(any("PASS" in l for l in lines.get(r, [])), f"rank {r} did not pass:\n{out}")
+
+    def test_collectives_against_float64_reference(self):
+        for n in (2, 3, 4):
+            with self.subTest(ranks=n):
+                self.check_pass(n, "collectives")
+
+    def test_bucketing_of_50_mixed_tensors(self):
+        for n in (2, 3):
+            with self.subTest(ranks=n):
+                self.check_pass(n, "bucketing")
+
+    def test_async_all_reduces_in_flight(self):
+        self.check_pass(3, "async")
+
+    def test_multi_worker_mirrored_equals_one_device_large_batch(self):
+        for n, opt in ((2, "sgd"), (3, "momentum"), (4, "adam")):
+            with self.subTest(ranks=n, optimizer=opt):
+                self.check_pass(n, "train", opt)
+
+
+class Failures(unittest.TestCase):
+    def expect(self, lines, rank, kind, *names):
+        got = " ".join(lines.get(rank, []))
+        self.assertIn(f"EXPECTED {kind}", got, f"rank {rank}: {got}")
+        for n in names:
+            self.assertIn(n, got, f"rank {rank}: {got}")
+
+    def test_killed_rank_is_reported_by_every_survivor(self):
+        for n, victim in ((2, 1), (4, 2)):
+            with self.subTest(ranks=n, victim=victim):
+                status, lines, took, out = run(n, "kill", str(victim), keep_going=True, bound=60)
+                self.assertNotEqual(status, 0)  # the victim died by SIGKILL
+                for r in range(n):
+                    if r != victim:
+                        self.expect(lines, r, "peer lost", f"lost rank {victim}")
+                self.assertLess(took, 30, "survivors must fail at once, not at their deadline")
+
+    def test_mismatched_collectives_name_both_ranks_and_values(self):
+        cases = {"count": ("count=1001", "count=1000"), "dtype": ("f64", "f32"), "op": ("broadcast", "all_reduce")}
+        for kind, values in cases.items():
+            with self.subTest(kind=kind):
+                status, lines, took, out = run(4, "mismatch", kind, keep_going=True, bound=60)
+                self.assertEqual(status, 0, out)
+                for r in range(4):
+                    self.expect(lines, r, "mismatch", "rank 1", *values)
+                self.assertLess(took, 30)
+
+    def test_wrong_job_token_is_refused(self):
+        status, lines, took, out = run(3, "wrong-token", "1", keep_going=True, bound=60)
+        self.assertEqual(status, 0, out)
+        self.expect(lines, 1, "authentication failed", "GRADWIRE_JOB_TOKEN")
+        self.expect(lines, 0, "timeout", "did not connect")
+        self.assertLess(took, JOIN_TIMEOUT_S + 20)
+
+    def test_port_in_use_is_a_clear_error(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            status, lines, took, out = run(2, "join", extra=["--master-port", str(port)], bound=60)
+        self.assertNotEqual(status, 0)
+        got = " ".join(lines.get(0, []))
+        self.assertIn(f"127.0.0.1:{port}", got, out)
+        self.assertIn("in use", got, out)
+        self.assertLess(took, 30)
+
+
+class Mpirun(unittest.TestCase):
+    """The same worker, started by OpenMPI's mpirun: no gradwire launcher, no code change."""
+
+    @unittest.skipUnless(shutil.which("mpirun"), "mpirun not installed (Debian: openmpi-bin)")
+    def test_collectives_and_training_under_mpirun(self):
+        for args in (["collectives"], ["train", "sgd"]):
+            with self.subTest(args=args):
+                cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", WORKER, *args]
+                p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+                self.assertEqual(p.returncode, 0, p.stdout)
+                for r in range(3):
+                    self.assertIn(f"rank {r}: PASS", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
