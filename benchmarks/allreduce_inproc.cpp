@@ -2,6 +2,7 @@
 // N ranks as threads of one process, with a memcpy bound measured in the same run.
 //
 //   allreduce_inproc -b 4 -e 256M -f 4 -g 2,4 --csv results/allreduce_inproc.csv
+//   allreduce_inproc --algorithm halving_doubling -e 4M   (ring | halving_doubling | auto; default auto)
 //
 // Each timed iteration: every rank refills its buffer from its own pristine input (outside
 // the timing), the ranks meet in a gradwire barrier, then each times its own all_reduce.
@@ -24,6 +25,8 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -33,6 +36,43 @@ namespace gw = gradwire;
 namespace bench = gradwire::bench;
 
 namespace {
+
+// --algorithm: which all_reduce runs (auto: the library's choice by size).
+enum class algorithm { automatic, ring, halving_doubling };
+
+const char* name_of(algorithm a) {
+  return a == algorithm::ring ? "ring" : a == algorithm::halving_doubling ? "halving_doubling" : "auto";
+}
+
+template <class Tr>
+void run_all_reduce(algorithm a, gw::collective::communicator<Tr>& comm, std::span<float> data) {
+  switch (a) {
+    case algorithm::ring: return gw::collective::all_reduce<gw::collective::ring>(comm, data);
+    case algorithm::halving_doubling: return gw::collective::all_reduce<gw::collective::halving_doubling>(comm, data);
+    case algorithm::automatic: return gw::collective::all_reduce(comm, data);
+  }
+}
+
+// Takes "--algorithm X" out of argv (the shared parser does not know it).
+algorithm take_algorithm_flag(int& argc, char** argv) {
+  algorithm a = algorithm::automatic;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--algorithm") continue;
+    const std::string_view value = i + 1 < argc ? argv[i + 1] : "";
+    if (value == "ring") a = algorithm::ring;
+    else if (value == "halving_doubling") a = algorithm::halving_doubling;
+    else if (value == "auto") a = algorithm::automatic;
+    else {
+      std::fprintf(stderr, "allreduce_inproc: --algorithm takes ring, halving_doubling or auto, got '%.*s'\n",
+                   static_cast<int>(value.size()), value.data());
+      std::exit(2);
+    }
+    for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
+    argc -= 2;
+    --i;
+  }
+  return a;
+}
 
 // One rank's memory, reused by every size, repeat and rank count.
 struct rank_buffers {
@@ -87,7 +127,7 @@ struct size_results {
 };
 
 // Runs the sweep `o.repeats` times on n ranks and returns one row per size.
-std::vector<bench::row> sweep(int n, const bench::options& o, const std::vector<std::size_t>& sizes,
+std::vector<bench::row> sweep(int n, algorithm alg, const bench::options& o, const std::vector<std::size_t>& sizes,
                               std::vector<rank_buffers>& buffers, bench::memcpy_bound& bound) {
   int max_iters = 0;
   for (std::size_t bytes : sizes) max_iters = std::max(max_iters, bench::iterations_for(bytes, o.iters));
@@ -104,8 +144,9 @@ std::vector<bench::row> sweep(int n, const bench::options& o, const std::vector<
     gw::collective::communicator_options options;
     options.verify = o.verify_calls;
     gw::collective::communicator comm(std::move(endpoint), options);
-    // The ring's scratch holds one chunk; growing it now keeps its first touch out of the timing.
-    comm.template scratch<float>(max_count / ranks + 1);
+    // Scratch holds at most half the buffer (halving-doubling's first step; the ring's
+    // one chunk is less); growing it now keeps its first touch out of the timing.
+    comm.template scratch<float>(max_count / 2 + ranks);
     rank_buffers& mine = buffers[me];
 
     for (int repeat = 0; repeat < o.repeats; ++repeat) {
@@ -118,7 +159,7 @@ std::vector<bench::row> sweep(int n, const bench::options& o, const std::vector<
           if (bytes) std::memcpy(mine.work.data(), mine.input.data(), bytes);
           gw::collective::barrier(comm);
           const double t0 = bench::seconds_now();
-          gw::collective::all_reduce(comm, data);
+          run_all_reduce(alg, comm, data);
           const double t1 = bench::seconds_now();
           if (it >= warmup) times[static_cast<std::size_t>(it - warmup) * ranks + me] = t1 - t0;
           if (o.check && it == warmup) {
@@ -174,6 +215,7 @@ std::vector<bench::row> sweep(int n, const bench::options& o, const std::vector<
 }  // namespace
 
 int main(int argc, char** argv) {
+  const algorithm alg = take_algorithm_flag(argc, argv);
   bench::options o = bench::parse_options(
       argc, argv, "all_reduce (float32 sum, in place) over gradwire's in-process transport, N ranks as threads");
   if (o.seed == 0) o.seed = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
@@ -213,12 +255,12 @@ int main(int argc, char** argv) {
   for (int n : o.ranks) {
     std::vector<bench::row> rows;
     try {
-      rows = sweep(n, o, sizes, buffers, bound);
+      rows = sweep(n, alg, o, sizes, buffers, bound);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "allreduce_inproc: %d ranks failed: %s\n", n, e.what());
       return 1;
     }
-    const std::string title = "gradwire all_reduce (ring) over transport::inproc, " + std::to_string(n) +
+    const std::string title = std::string("gradwire all_reduce (") + name_of(alg) + ") over transport::inproc, " + std::to_string(n) +
                               (n == 1 ? " rank" : " ranks") + " as threads on " +
                               std::to_string(std::thread::hardware_concurrency()) +
                               " hardware threads; float32 sum in place; time = median over iterations of the slowest "
@@ -227,7 +269,7 @@ int main(int argc, char** argv) {
     bench::print_table_header(title, o, n);
     for (const bench::row& r : rows) {
       bench::print_row(r);
-      if (csv) bench::write_csv_row(csv, "allreduce_inproc,inproc,ring," + std::to_string(n), r);
+      if (csv) bench::write_csv_row(csv, std::string("allreduce_inproc,inproc,") + name_of(alg) + "," + std::to_string(n), r);
       if (r.wrong > 0) wrong += r.wrong;
     }
     bench::print_table_footer(rows);

@@ -219,7 +219,7 @@ inline void clobber_memory() noexcept { asm volatile("" ::: "memory"); }
 class memcpy_bound {
  public:
   explicit memcpy_bound(std::size_t max_bytes) : source_(max_bytes), target_(max_bytes) {
-    std::memset(source_.data(), 1, max_bytes);
+    if (max_bytes) std::memset(source_.data(), 1, max_bytes);
   }
 
   // Median time of one memcpy of `bytes`, in seconds, over `samples` samples.

@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
+#include "error.hpp"
 #include "tensor/dtype.hpp"
 #include "tensor/shape.hpp"
 #include "timeouts.hpp"
@@ -82,6 +84,15 @@ concept transport = std::move_constructible<T> &&
 template <class T, class V>
 concept accumulating_transport = transport<T> && requires(T& t, int peer, std::uint64_t tag, std::span<V> inout) {
   { t.async_recv_accumulate(peer, tag, inout) } -> std::same_as<typename T::request>;
+};
+
+// Optional transport capability: mark this rank failed and tell the peers why, so that
+// every rank reports the root cause (say, a collective mismatch that only the two
+// neighbours can see) instead of a bare lost peer.
+//   void fail(errc cause, const std::string& reason)
+template <class T>
+concept failable_transport = transport<T> && requires(T& t, errc cause, const std::string& reason) {
+  t.fail(cause, reason);
 };
 
 namespace detail {

@@ -1,25 +1,47 @@
 // Synchronous all-reduce aggregation (MirroredStrategy, MultiWorkerMirroredStrategy, DDP).
 //
-// Every replica copies its gradients into one fused bucket, the bucket is summed across
-// replicas, and every replica applies the same optimizer step to the same sum with
-// grad_scale = 1/N (the average is fused into the step). Replicas started equal (setup
+// Every replica packs its gradients into buckets (collective::bucket_buffer, default 25
+// MiB each), the buckets are summed across replicas on the communicator's background
+// thread (collective::async_engine), and as each bucket arrives every replica applies the
+// same optimizer step to the same sum with grad_scale = 1/N (the average is fused into
+// the step), while the next bucket is still being reduced. Replicas started equal (setup
 // broadcasts rank 0's parameters) therefore stay bit-identical.
 #pragma once
 
 #include <cstddef>
-#include <cstring>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "../collective/all_reduce.hpp"
+#include "../collective/async.hpp"
 #include "../collective/broadcast.hpp"
+#include "../collective/bucketing.hpp"
 #include "../collective/communicator.hpp"
-#include "../tensor/aligned_buffer.hpp"
 
 namespace gradwire::aggregation {
 
+namespace detail {
+// The aggregation is not a template over the transport, its engine is: held behind this.
+struct engine_holder_base {
+  virtual ~engine_holder_base() = default;
+  const void* comm = nullptr;  // the communicator the engine runs on
+};
+template <class Tr>
+struct engine_holder final : engine_holder_base {
+  explicit engine_holder(collective::communicator<Tr>& c) : engine(c) { comm = &c; }
+  collective::async_engine<Tr> engine;
+};
+}  // namespace detail
+
+// Algorithm: collective::auto_, ring or halving_doubling (see collective/all_reduce.hpp).
 template <class Algorithm = collective::auto_>
-struct all_reduce_with {
+class all_reduce_with {
+ public:
   using algorithm = Algorithm;
+
+  // bucket_bytes: the budget of one bucket (collective::default_bucket_bytes = 25 MiB).
+  explicit all_reduce_with(std::size_t bucket_bytes = collective::default_bucket_bytes) : buckets_(bucket_bytes) {}
 
   template <class Tr, class V>
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
@@ -33,26 +55,56 @@ struct all_reduce_with {
       for (std::size_t i = 0; i < grads.size(); ++i) apply(i, grads[i], V(1));
       return;
     }
-    std::size_t total = 0;
-    for (auto g : grads) total += g.size();
-    bucket_.reserve_discard(total * sizeof(V));
-    std::span<V> bucket(reinterpret_cast<V*>(bucket_.data()), total);
-    std::size_t offset = 0;
-    for (auto g : grads) {
-      if (!g.empty()) std::memcpy(bucket.data() + offset, g.data(), g.size_bytes());
-      offset += g.size();
-    }
-    collective::all_reduce<Algorithm>(comm, bucket, collective::reduce_op::sum);
-    const V scale = V(1) / static_cast<V>(comm.size());
-    offset = 0;
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      apply(i, std::span<const V>(bucket.subspan(offset, grads[i].size())), scale);
-      offset += grads[i].size();
+    auto& engine = engine_for(comm);
+    pending_.clear();
+    try {
+      reduce_and_apply<Algorithm>(comm, engine, grads, apply);
+    } catch (...) {
+      pending_.clear();  // each handle waits for its reduction: no bucket is in use after we return
+      throw;
     }
   }
 
  private:
-  aligned_buffer<std::byte> bucket_;  // reused across steps
+  template <class Alg, class Tr, class V, class Apply>
+  void reduce_and_apply(collective::communicator<Tr>& comm, collective::async_engine<Tr>& engine,
+                        std::span<const std::span<const V>> grads, Apply& apply) {
+    const auto plan = buckets_.plan<V>(grads);
+    // Start every bucket as soon as it is packed: bucket k is reduced while k+1 is packed.
+    for (const auto& b : plan) {
+      buckets_.gather<V>(b, grads);
+      pending_.push_back(collective::async_all_reduce<Alg>(engine, buckets_.flat<V>(b)));
+    }
+    // Apply bucket k while bucket k+1 is still being reduced.
+    const V scale = V(1) / static_cast<V>(comm.size());
+    for (std::size_t k = 0; k < plan.size(); ++k) {
+      pending_[k].wait(comm.step_deadline());
+      const std::span<const V> flat = buckets_.flat<V>(plan[k]);
+      std::size_t offset = 0;
+      for (std::size_t i = plan[k].first_tensor; i < plan[k].end_tensor; ++i) {
+        apply(i, flat.subspan(offset, grads[i].size()), scale);
+        offset += grads[i].size();
+      }
+    }
+    pending_.clear();
+  }
+
+  template <class Tr>
+  collective::async_engine<Tr>& engine_for(collective::communicator<Tr>& comm) {
+    auto* holder = dynamic_cast<detail::engine_holder<Tr>*>(engine_.get());
+    if (!holder || holder->comm != &comm) {  // first step, or the communicator moved
+      engine_.reset();
+      auto fresh = std::make_unique<detail::engine_holder<Tr>>(comm);
+      holder = fresh.get();
+      engine_ = std::move(fresh);
+    }
+    return holder->engine;
+  }
+
+  collective::bucket_buffer buckets_;  // plan and flat buffer, reused across steps
+  std::vector<collective::async_handle> pending_;
+  // Declared last, so destroyed first: its thread stops before the buffers go.
+  std::unique_ptr<detail::engine_holder_base> engine_;
 };
 
 using all_reduce = all_reduce_with<>;

@@ -40,6 +40,8 @@ inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const e
   o.listen_host = env("GRADWIRE_LISTEN_HOST").value_or(local ? "127.0.0.1" : "0.0.0.0");
   if (auto t = seconds_from(env, "GRADWIRE_TIMEOUT")) o.connect_timeout = *t;
   o.checksum_payload = env("GRADWIRE_WIRE_CHECKSUM").value_or("0") == "1";
+  o.local_size = spec.local_world_size;
+  if (auto b = env("GRADWIRE_SOCKET_BUFFER"); b && !b->empty()) o.socket_buffer_bytes = std::stoi(*b);
   return o;
 }
 

@@ -1,22 +1,40 @@
-// all_reduce entry point: picks the algorithm (today the ring; more arrive with the network transports).
+// all_reduce entry point: picks the algorithm by tag, or by size for auto_.
 #pragma once
 
 #include <span>
+#include <type_traits>
 
 #include "communicator.hpp"
+#include "halving_doubling_all_reduce.hpp"
 #include "ring_all_reduce.hpp"
 
 namespace gradwire::collective {
 
-// Algorithm tags (CUTLASS-style): auto_ lets the library choose by size and world.
+// Algorithm tags (CUTLASS-style): auto_ lets the library choose by size; ring and
+// halving_doubling force one.
 struct auto_ {};
 struct ring {};
+struct halving_doubling {};
 
+template <class Algorithm>
+inline constexpr bool is_all_reduce_algorithm_v = std::is_same_v<Algorithm, auto_> || std::is_same_v<Algorithm, ring> ||
+                                                  std::is_same_v<Algorithm, halving_doubling>;
+
+// Algorithm: auto_ (halving-doubling below communicator_options::small_all_reduce_bytes,
+// ring from there on), ring or halving_doubling. Every rank must pass the same count.
 template <class Algorithm = auto_, class Tr, class V>
 void all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
-  static_assert(std::is_same_v<Algorithm, auto_> || std::is_same_v<Algorithm, ring>,
-                "gradwire::collective::all_reduce: unknown algorithm tag (use auto_ or ring)");
-  ring_all_reduce(comm, data, op);
+  static_assert(is_all_reduce_algorithm_v<Algorithm>,
+                "gradwire::collective::all_reduce: unknown algorithm tag (use auto_, ring or halving_doubling)");
+  if constexpr (std::is_same_v<Algorithm, ring>) {
+    ring_all_reduce(comm, data, op);
+  } else if constexpr (std::is_same_v<Algorithm, halving_doubling>) {
+    halving_doubling_all_reduce(comm, data, op);
+  } else if (data.size_bytes() < comm.options().small_all_reduce_bytes) {
+    halving_doubling_all_reduce(comm, data, op);
+  } else {
+    ring_all_reduce(comm, data, op);
+  }
 }
 
 }  // namespace gradwire::collective

@@ -19,6 +19,13 @@ struct communicator_options {
   // Check that all ranks entered the same collective with the same count and dtype
   // (one small exchange with each ring neighbour per call).
   bool verify = true;
+  // all_reduce<auto_> runs recursive halving-doubling (2 log2 N latency-bound steps)
+  // for buffers smaller than this, and the ring (2(N-1) steps, bandwidth-optimal) from
+  // this size on. The one place this number lives; every rank must use the same value
+  // (the call check names a rank that does not). Measured on inproc, 2-core VM, 3-5
+  // ranks (allreduce_inproc --algorithm, see benchmarks/README.md): halving-doubling
+  // wins by 10-35% below 64 KiB, the ring from 128-256 KiB on. Re-measure per transport.
+  std::size_t small_all_reduce_bytes = 128 * 1024;
 };
 
 // Every rank must call collectives in the same order: each call takes the next

@@ -12,19 +12,33 @@
 
 namespace gradwire::collective {
 
-enum class operation : std::uint32_t { all_reduce = 1, broadcast, barrier };
+enum class operation : std::uint32_t { all_reduce = 1, broadcast, barrier, reduce_scatter, all_gather };
 enum class reduce_op : std::uint32_t { sum = 1, average };
+// Which all-reduce algorithm a rank runs: ranks that choose differently (e.g. different
+// auto_ thresholds) would exchange different messages, so the check compares it too.
+enum class algorithm_id : std::uint8_t { none = 0, ring, halving_doubling };
 
 inline const char* name_of(operation op) noexcept {
   switch (op) {
     case operation::all_reduce: return "all_reduce";
     case operation::broadcast: return "broadcast";
     case operation::barrier: return "barrier";
+    case operation::reduce_scatter: return "reduce_scatter";
+    case operation::all_gather: return "all_gather";
   }
   return "?";
 }
 
 inline const char* name_of(reduce_op op) noexcept { return op == reduce_op::sum ? "sum" : "average"; }
+
+inline const char* name_of(algorithm_id a) noexcept {
+  switch (a) {
+    case algorithm_id::none: return "none";
+    case algorithm_id::ring: return "ring";
+    case algorithm_id::halving_doubling: return "halving_doubling";
+  }
+  return "?";
+}
 
 // What a rank says it is doing; exchanged before the data when verification is on.
 struct call_descriptor {
@@ -32,17 +46,22 @@ struct call_descriptor {
   std::uint32_t argument = 0;  // reduce_op for reductions, root for broadcast
   std::uint64_t count = 0;
   dtype type{};
-  std::uint8_t padding[7] = {};
+  algorithm_id algorithm = algorithm_id::none;  // all_reduce only
+  std::uint8_t padding[6] = {};
 
   friend bool operator==(const call_descriptor& a, const call_descriptor& b) {
-    return a.op == b.op && a.argument == b.argument && a.count == b.count && a.type == b.type;
+    return a.op == b.op && a.argument == b.argument && a.count == b.count && a.type == b.type &&
+           a.algorithm == b.algorithm;
   }
 
   std::string to_string() const {
     std::string s = std::string(name_of(op)) + "(count=" + std::to_string(count) + ", dtype=" + name_of(type);
-    if (op == operation::all_reduce) s += std::string(", op=") + name_of(static_cast<reduce_op>(argument));
+    if (op == operation::all_reduce || op == operation::reduce_scatter)
+      s += std::string(", op=") + name_of(static_cast<reduce_op>(argument));
     if (op == operation::broadcast) s += ", root=" + std::to_string(argument);
-    return s + ")";
+    s += ")";
+    if (algorithm != algorithm_id::none) s += std::string(" by ") + name_of(algorithm);
+    return s;
   }
 };
 
@@ -73,10 +92,13 @@ void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call
   // its own pending operations, so waiting for both first could turn a mismatch into
   // a lost peer.
   auto check = [&](int peer, const call_descriptor& theirs) {
-    if (!(theirs == mine))
-      throw error(errc::mismatch, "collective mismatch: rank " + std::to_string(me) + " called " + mine.to_string() +
-                                      " but rank " + std::to_string(peer) + " called " + theirs.to_string() +
-                                      " (operation #" + std::to_string(sequence) + ")");
+    if (theirs == mine) return;
+    const std::string what = "collective mismatch: rank " + std::to_string(me) + " called " + mine.to_string() +
+                             " but rank " + std::to_string(peer) + " called " + theirs.to_string() + " (operation #" +
+                             std::to_string(sequence) + ")";
+    // Only the neighbours see the disagreement: tell every rank, where the transport can.
+    if constexpr (concepts::failable_transport<Tr>) t.fail(errc::mismatch, what);
+    throw error(errc::mismatch, what);
   };
   t.wait(r1, until);
   check(left, from_left);

@@ -18,11 +18,13 @@
 // that was lost, so a job stops as a whole instead of waiting for its deadlines.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <cstddef>
@@ -34,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -64,6 +67,11 @@ struct asio_tcp_options {
   std::size_t eager_bytes = std::size_t{256} << 10;
   // CRC-32C over every payload as well as every header (TCP checksums segments already).
   bool checksum_payload = false;
+  // Ranks of this job on this machine: a wait polls briefly before it sleeps in epoll
+  // only when each of them can have a core (oversubscribed ranks would starve each other).
+  int local_size = 1;
+  // Socket buffer sizes (SO_SNDBUF / SO_RCVBUF); 0 leaves the kernel's autotuning on.
+  int socket_buffer_bytes = 0;
 };
 
 namespace detail {
@@ -340,6 +348,10 @@ class asio_tcp {
 
     void add_link(int peer, tcp::socket socket) {
       socket.set_option(tcp::no_delay(true));
+      if (options.socket_buffer_bytes > 0) {
+        socket.set_option(boost::asio::socket_base::send_buffer_size(options.socket_buffer_bytes));
+        socket.set_option(boost::asio::socket_base::receive_buffer_size(options.socket_buffer_bytes));
+      }
       links[peer] = std::make_unique<detail::tcp_link>(std::move(socket), peer);
     }
 
@@ -402,12 +414,25 @@ class asio_tcp {
     void wait(detail::tcp_op& op, deadline until) {
       if (op.state == status::cancelled)
         throw error(errc::invalid_argument, "asio_tcp: wait on a withdrawn request");
+      poll_briefly(op);
       if (!detail::run_until(io, [&] { return op.state == status::done; }, until)) {
         cancel(op);
         throw error(errc::timeout, "rank " + std::to_string(options.rank) + ": " + describe(op) +
                                        " did not complete before its deadline (is a rank missing or behind?)");
       }
       if (op.failure != errc{}) throw error(op.failure, op.message);
+    }
+
+    // A peer's answer often comes within microseconds; a sleep in epoll and the wake-up
+    // after it cost more than that. With a core per rank, poll for a short while first;
+    // oversubscribed, yield the core between polls instead (the peer may need it).
+    void poll_briefly(const detail::tcp_op& op) {
+      const bool dedicated = static_cast<unsigned>(options.local_size) <= std::max(1u, std::thread::hardware_concurrency());
+      const auto stop = clock::now() + std::chrono::microseconds(dedicated ? 60 : 20);
+      while (op.state != status::done && clock::now() < stop) {
+        if (io.stopped()) io.restart();
+        if (io.poll() == 0 && !dedicated) std::this_thread::yield();
+      }
     }
 
     // Withdraws an op that will not be waited for. One that Asio is reading into or
@@ -579,16 +604,21 @@ class asio_tcp {
       send_to_all_now(h, {});
     }
 
-    // Writes one control frame on every connection that is idle, within a second.
+    // Writes one control frame on every idle connection without waiting and without
+    // running any handler (a handler could fail the rank and close sockets midway): a
+    // short frame fits an idle socket's buffer, and one that does not is skipped (that
+    // peer then sees the connection close instead).
     void send_to_all_now(const wire::frame_header& h, std::span<const std::byte> payload) {
-      const auto until = deadline_after(std::chrono::seconds(1));
+      const wire::header_bytes header = wire::encode(h);
+      std::vector<std::byte> frame(header.begin(), header.end());
+      frame.insert(frame.end(), payload.begin(), payload.end());
       for (auto& l : links)
         if (l && l->alive && !l->writing) {
-          try {
-            detail::write_frame(io, l->socket, h, payload, until, "rank " + std::to_string(l->peer));
-          } catch (const error&) {
-            // best effort: the peer sees the connection close instead
-          }
+          boost::system::error_code ec;
+          l->socket.non_blocking(true, ec);
+          std::size_t written = 0;
+          while (!ec && written < frame.size())
+            written += l->socket.write_some(boost::asio::buffer(frame.data() + written, frame.size() - written), ec);
         }
     }
 
@@ -650,9 +680,17 @@ class asio_tcp {
       if (!link.alive || ec == boost::asio::error::operation_aborted) return;
       const bool closed = ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset ||
                           ec == boost::asio::error::broken_pipe;
-      lose(link, errc::peer_lost,
-           "lost rank " + std::to_string(link.peer) + ": " +
-               (closed ? "its connection closed (the process exited or was killed)" : "connection error: " + ec.message()));
+      link.alive = false;
+      const std::string why = "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(link.peer) + ": " +
+                              (closed ? "its connection closed (the process exited or was killed)"
+                                      : "connection error: " + ec.message());
+      // A rank that failed for a reason sends abort frames before it exits, but they may
+      // arrive on other connections after this one closed: give them a moment, so the
+      // rank reports the root cause rather than the echo.
+      if (!loss_grace) {
+        loss_grace.emplace(io, std::chrono::milliseconds(200));
+        loss_grace->async_wait([this, why](const boost::system::error_code&) { fail_everything(errc::peer_lost, why); });
+      }
     }
 
     // A broken connection fails the whole rank: collectives cannot complete without
@@ -663,7 +701,7 @@ class asio_tcp {
     }
 
     void fail_everything(errc cause, const std::string& why) {
-      if (failed) return;
+      if (failed || aborting) return;
       failed.emplace(cause, why);
       for (auto& l : links) {
         if (!l) continue;
@@ -683,6 +721,13 @@ class asio_tcp {
 
     void abort_all(errc cause, const std::string& reason) {
       if (failed) return;
+      // Let writes in flight finish (briefly), so the abort frame can follow them; the
+      // rank is failing anyway, so nothing that happens meanwhile may close sockets yet.
+      aborting = true;
+      detail::run_until(
+          io, [&] { return std::none_of(links.begin(), links.end(), [](const auto& l) { return l && l->alive && l->writing; }); },
+          deadline_after(std::chrono::milliseconds(200)));
+      aborting = false;
       wire::frame_header h;
       h.kind = wire::frame_kind::abort;
       h.token_hash = token;
@@ -716,6 +761,8 @@ class asio_tcp {
     std::deque<detail::arrived_message> self_arrived;
     std::optional<std::pair<errc, std::string>> failed;
     std::vector<std::vector<std::byte>> spare_buffers;
+    std::optional<boost::asio::steady_timer> loss_grace;  // running once a connection broke
+    bool aborting = false;
     // While joining.
     bool joining = false;
     int join_pending = 0;
@@ -725,6 +772,6 @@ class asio_tcp {
   std::shared_ptr<state> state_;
 };
 
-static_assert(concepts::transport<asio_tcp>);
+static_assert(concepts::transport<asio_tcp> && concepts::failable_transport<asio_tcp>);
 
 }  // namespace gradwire::transport

@@ -356,6 +356,7 @@ class inproc {
 
 static_assert(concepts::transport<inproc>);
 static_assert(concepts::accumulating_transport<inproc, float> && concepts::accumulating_transport<inproc, double>);
+static_assert(concepts::failable_transport<inproc>);
 
 // A group of N in-process ranks: hands out endpoints and runs one thread per rank.
 class inproc_group {

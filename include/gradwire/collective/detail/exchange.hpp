@@ -35,6 +35,20 @@ void send_recv(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<cons
   t.wait(s, until);
 }
 
+// Receives a message of inout.size() elements from `from` and adds it into `inout`:
+// fused into delivery where the transport can, else staged in `scratch`.
+template <class Tr, class V>
+void recv_accumulate(communicator<Tr>& comm, std::uint64_t tag, int from, std::span<V> inout, std::span<V> scratch) {
+  if constexpr (concepts::accumulating_transport<Tr, V>) {
+    auto r = comm.transport().async_recv_accumulate(from, tag, inout);
+    comm.transport().wait(r, comm.step_deadline());
+  } else {
+    auto in = scratch.first(inout.size());
+    recv(comm, from, tag, in);
+    kernels::add(inout.data(), in.data(), inout.size());
+  }
+}
+
 // Like send_recv, but adds what arrives from `from` into `inout`: fused into delivery on
 // transports that can (concepts::accumulating_transport), else staged in `scratch`.
 template <class Tr, class V>

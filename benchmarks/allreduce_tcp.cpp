@@ -1,0 +1,199 @@
+// nccl-tests-style benchmark: gradwire all_reduce (float32 sum, in place) across processes over transport::asio_tcp.
+//
+// One process per rank, started by scripts/gradwire-run or mpirun (benchmarks/allreduce.sh
+// runs it beside the peers):
+//
+//   gradwire-run -n 4 allreduce_tcp --algorithm ring -b 4 -e 64M -f 4 --csv out.csv
+//
+// Each timed iteration: every rank refills its buffer from its pristine input (untimed),
+// the ranks meet in a barrier, each times its own all_reduce; an iteration's time is the
+// slowest rank's (gathered after the size), a size's time the median over iterations,
+// and with --repeats R the median of R such medians. Buffers are allocated and pre-faulted
+// once. Rank 0 prints the table and writes the CSV.
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <gradwire/asio.hpp>
+#include <gradwire/collective/all_gather.hpp>
+#include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/collective/barrier.hpp>
+#include <gradwire/collective/broadcast.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_table.hpp"
+
+namespace gw = gradwire;
+namespace col = gradwire::collective;
+namespace bench = gradwire::bench;
+
+namespace {
+
+enum class algorithm { automatic, ring, halving_doubling };
+
+const char* name_of(algorithm a) {
+  return a == algorithm::ring ? "ring" : a == algorithm::halving_doubling ? "halving_doubling" : "auto";
+}
+
+template <class Tr>
+void run_all_reduce(algorithm a, col::communicator<Tr>& comm, std::span<float> data) {
+  switch (a) {
+    case algorithm::ring: return col::all_reduce<col::ring>(comm, data);
+    case algorithm::halving_doubling: return col::all_reduce<col::halving_doubling>(comm, data);
+    case algorithm::automatic: return col::all_reduce(comm, data);
+  }
+}
+
+std::uint64_t mix(std::uint64_t z) noexcept {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Rank r's element i: +-[0.5, 1.5), computable by every rank (for the check).
+float input(std::uint64_t seed, int rank, std::size_t i) {
+  const std::uint64_t h = mix(mix(seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(rank + 1)) + i);
+  const float magnitude = 0.5f + static_cast<float>(h >> 40) * 0x1p-24f;
+  return (h & 1) ? -magnitude : magnitude;
+}
+
+// Elements of this rank's result in its slice that differ from the float64 sum by more
+// than float32 rounding of an n-term sum allows.
+long long count_wrong(std::span<const float> got, std::uint64_t seed, int n, std::size_t begin, std::size_t end) {
+  long long wrong = 0;
+  for (std::size_t i = begin; i < end; ++i) {
+    double reference = 0, magnitude = 0;
+    for (int r = 0; r < n; ++r) {
+      const double x = input(seed, r, i);
+      reference += x;
+      magnitude += std::fabs(x);
+    }
+    wrong += !(std::fabs(double(got[i]) - reference) <= n * 0x1p-23 * magnitude);
+  }
+  return wrong;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // --algorithm is this benchmark's own flag; the rest are the shared nccl-tests flags.
+  algorithm alg = algorithm::automatic;
+  std::vector<char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--algorithm" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "ring") alg = algorithm::ring;
+      else if (v == "halving_doubling") alg = algorithm::halving_doubling;
+      else if (v == "auto") alg = algorithm::automatic;
+      else {
+        std::fprintf(stderr, "allreduce_tcp: --algorithm must be ring, halving_doubling or auto\n");
+        return 2;
+      }
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  bench::options o = bench::parse_options(static_cast<int>(rest.size()), rest.data(),
+                                          "all_reduce (float32 sum, in place) across processes over gradwire's TCP "
+                                          "transport; start with scripts/gradwire-run -n N or mpirun");
+  try {
+    col::communicator comm(gw::cluster::join_tcp(), {.timeout = std::chrono::seconds(120), .verify = o.verify_calls});
+    const int n = comm.size(), me = comm.rank();
+    // One seed for all ranks: rank 0's, or the one given.
+    std::vector<double> seed_box{double(o.seed ? o.seed : (std::random_device{}() & 0xffffffffu))};
+    col::broadcast(comm, std::span<double>(seed_box), 0);
+    o.seed = static_cast<std::uint64_t>(seed_box[0]);
+
+    const std::vector<std::size_t> sizes = bench::sizes(o, sizeof(float));
+    const std::size_t max_count = sizes.empty() ? 0 : sizes.back() / sizeof(float);
+    gw::aligned_buffer<float> pristine(max_count), work(max_count);
+    for (std::size_t i = 0; i < max_count; ++i) pristine.data()[i] = input(o.seed, me, i);
+    std::memset(work.data(), 0, max_count * sizeof(float));
+    comm.template scratch<float>(max_count / static_cast<std::size_t>(n) + 1);  // pre-fault staging
+    bench::memcpy_bound bound(me == 0 ? sizes.back() : 0);
+
+    std::vector<std::vector<double>> per_repeat(sizes.size()), bound_per_repeat(sizes.size());
+    std::vector<long long> wrong(sizes.size(), 0);
+    for (int repeat = 0; repeat < o.repeats; ++repeat) {
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        const std::size_t bytes = sizes[k], count = bytes / sizeof(float);
+        const int iters = bench::iterations_for(bytes, o.iters), warmup = bench::warmup_for(bytes, o.warmup);
+        std::vector<double> mine(static_cast<std::size_t>(iters));
+        const std::span<float> data = work.span().first(count);
+        for (int it = 0; it < warmup + iters; ++it) {
+          if (bytes) std::memcpy(work.data(), pristine.data(), bytes);
+          col::barrier(comm);
+          const double t0 = bench::seconds_now();
+          run_all_reduce(alg, comm, data);
+          const double t1 = bench::seconds_now();
+          if (it >= warmup) mine[static_cast<std::size_t>(it - warmup)] = t1 - t0;
+          if (o.check && it == warmup) {
+            // Each rank checks a slice of its own result; the sum of wrong counts reaches rank 0.
+            const std::size_t slice = (count + n - 1) / n, begin = std::min(count, slice * me);
+            std::vector<double> w{double(count_wrong(data, o.seed, n, begin, std::min(count, begin + slice)))};
+            col::all_reduce(comm, std::span<double>(w));
+            wrong[k] += static_cast<long long>(w[0]);
+          }
+        }
+        // The slowest rank per iteration: gather everyone's times.
+        std::vector<double> all(static_cast<std::size_t>(iters) * n);
+        col::all_gather(comm, std::span<const double>(mine), std::span<double>(all));
+        std::vector<double> slowest(static_cast<std::size_t>(iters));
+        for (int i = 0; i < iters; ++i)
+          for (int r = 0; r < n; ++r)
+            slowest[i] = std::max(slowest[i], all[static_cast<std::size_t>(r) * iters + i]);
+        per_repeat[k].push_back(bench::median(slowest));
+        if (me == 0) bound_per_repeat[k].push_back(bound.seconds(bytes, iters));
+      }
+    }
+    if (me == 0) {
+      std::FILE* csv = nullptr;
+      if (!o.csv.empty()) {
+        const bool fresh = !std::filesystem::exists(o.csv);
+        csv = std::fopen(o.csv.c_str(), "a");  // appended: one file for all rank counts and algorithms
+        if (!csv) {
+          std::fprintf(stderr, "allreduce_tcp: cannot write %s: %s\n", o.csv.c_str(), std::strerror(errno));
+          return 2;
+        }
+        if (fresh) std::fprintf(csv, "%s\n", bench::csv_header);
+      }
+      bench::print_table_header("gradwire all_reduce (" + std::string(name_of(alg)) + ") over transport::asio_tcp, " +
+                                    std::to_string(n) + " processes on loopback; float32 sum in place; time = median "
+                                    "over iterations of the slowest rank",
+                                o, n);
+      std::vector<bench::row> rows;
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        bench::row r;
+        r.bytes = sizes[k];
+        r.count = sizes[k] / sizeof(float);
+        r.seconds = bench::median(per_repeat[k]);
+        r.seconds_min = *std::min_element(per_repeat[k].begin(), per_repeat[k].end());
+        r.seconds_max = *std::max_element(per_repeat[k].begin(), per_repeat[k].end());
+        r.memcpy_seconds = bench::median(bound_per_repeat[k]);
+        r.bus_factor = bench::all_reduce_bus_factor(n);
+        r.wrong = o.check ? wrong[k] : -1;
+        r.iters = bench::iterations_for(sizes[k], o.iters);
+        r.warmup = bench::warmup_for(sizes[k], o.warmup);
+        r.repeats = o.repeats;
+        bench::print_row(r);
+        if (csv) bench::write_csv_row(csv, std::string("allreduce_tcp,asio_tcp,") + name_of(alg) + "," + std::to_string(n), r);
+        rows.push_back(r);
+      }
+      bench::print_table_footer(rows);
+      if (csv) std::fclose(csv);
+    }
+    long long total_wrong = 0;
+    for (long long w : wrong) total_wrong += w;
+    col::barrier(comm);
+    return total_wrong == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "allreduce_tcp: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,131 @@
+// Bucketing (tensor fusion): pack many tensors into few flat buffers of a byte budget, reduce, unpack.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../error.hpp"
+#include "../tensor/aligned_buffer.hpp"
+#include "all_reduce.hpp"
+#include "communicator.hpp"
+
+namespace gradwire::collective {
+
+// 25 MiB, PyTorch DDP's default: big enough that per-call latency is amortised, small
+// enough that several buckets pipeline (communicate one while another is gathered or used).
+inline constexpr std::size_t default_bucket_bytes = std::size_t{25} << 20;
+
+// Tensors [first_tensor, end_tensor) packed back to back at elements [offset, offset +
+// count) of the flat buffer.
+struct bucket {
+  std::size_t first_tensor = 0, end_tensor = 0;
+  std::size_t offset = 0, count = 0;
+};
+
+// Packs tensors of `counts` elements, in order, into buckets of at most `budget_bytes`.
+// A tensor larger than the budget gets a bucket of its own and is not split: optimizers
+// and the aggregation's apply() take whole tensors. Empty tensors ride along in the
+// current bucket. Every tensor is in exactly one bucket; no tensors, no buckets.
+inline void plan_buckets(std::span<const std::size_t> counts, std::size_t element_bytes, std::size_t budget_bytes,
+                         std::vector<bucket>& out) {
+  if (budget_bytes == 0 || element_bytes == 0)
+    throw error(errc::invalid_argument, "plan_buckets: the bucket budget and the element size must be positive");
+  out.clear();
+  bucket current;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const std::size_t c = counts[i];
+    if (current.count > 0 && c > 0 && (current.count + c) > budget_bytes / element_bytes) {
+      out.push_back(current);
+      current = {i, i, current.offset + current.count, 0};
+    }
+    current.end_tensor = i + 1;
+    current.count += c;
+  }
+  if (!counts.empty()) out.push_back(current);
+}
+
+// A bucket plan and the flat buffer behind it, reused across steps: planned again only
+// when the tensors' sizes change, and the buffer (all buckets back to back, so several
+// can be in flight at once) grows once and is then reused.
+class bucket_buffer {
+ public:
+  explicit bucket_buffer(std::size_t budget_bytes = default_bucket_bytes) : budget_(budget_bytes) {
+    if (budget_ == 0) throw error(errc::invalid_argument, "bucket_buffer: the bucket budget must be positive");
+  }
+
+  std::size_t budget_bytes() const noexcept { return budget_; }
+
+  // Plans buckets for `tensors` (a range of spans of V) and returns them.
+  template <class V, class Tensors>
+  std::span<const bucket> plan(const Tensors& tensors) {
+    bool same = element_bytes_ == sizeof(V) && counts_.size() == std::size(tensors);
+    std::size_t i = 0, total = 0;
+    for (const auto& t : tensors) {
+      same = same && counts_[i] == t.size();
+      ++i;
+      total += t.size();
+    }
+    if (!same) {
+      counts_.clear();
+      for (const auto& t : tensors) counts_.push_back(t.size());
+      element_bytes_ = sizeof(V);
+      plan_buckets(counts_, sizeof(V), budget_, buckets_);
+      flat_.reserve_discard(total * sizeof(V));
+    }
+    return buckets_;
+  }
+
+  std::span<const bucket> buckets() const noexcept { return buckets_; }
+
+  // Bucket b's slice of the flat buffer.
+  template <class V>
+  std::span<V> flat(const bucket& b) noexcept {
+    return {reinterpret_cast<V*>(flat_.data()) + b.offset, b.count};
+  }
+
+  // Copies bucket b's tensors into its slice of the flat buffer.
+  template <class V, class Tensors>
+  void gather(const bucket& b, const Tensors& tensors) {
+    V* to = flat<V>(b).data();
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      const auto& t = tensors[i];
+      if (t.size()) std::memcpy(to, t.data(), t.size() * sizeof(V));
+      to += t.size();
+    }
+  }
+
+  // Copies bucket b's slice of the flat buffer back into its tensors.
+  template <class V, class Tensors>
+  void scatter(const bucket& b, const Tensors& tensors) {
+    const V* from = flat<V>(b).data();
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      const auto& t = tensors[i];
+      if (t.size()) std::memcpy(t.data(), from, t.size() * sizeof(V));
+      from += t.size();
+    }
+  }
+
+ private:
+  std::size_t budget_;
+  std::size_t element_bytes_ = 0;
+  std::vector<std::size_t> counts_;
+  std::vector<bucket> buckets_;
+  aligned_buffer<std::byte> flat_;
+};
+
+// Reduces every tensor across ranks, with the same result as one all_reduce per tensor
+// but one call per bucket. Every rank passes tensors of the same sizes in the same order.
+template <class Algorithm = auto_, class Tr, class V>
+void bucketed_all_reduce(communicator<Tr>& comm, std::span<const std::span<V>> tensors, bucket_buffer& buffer,
+                         reduce_op op = reduce_op::sum) {
+  for (const bucket& b : buffer.plan<V>(tensors)) {
+    buffer.gather<V>(b, tensors);
+    all_reduce<Algorithm>(comm, buffer.flat<V>(b), op);
+    buffer.scatter<V>(b, tensors);
+  }
+}
+
+}  // namespace gradwire::collective

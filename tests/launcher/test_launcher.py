@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""scripts/gradwire-run: environment per rank, prefixes, failures, signals, timeouts, usage.
+
+Usage: test_launcher.py path/to/gradwire-run [unittest args]
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+LAUNCHER = None
+
+
+def run(*args, env=None, timeout=30):
+    """Runs the launcher; returns (returncode, stdout, stderr, seconds)."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, LAUNCHER, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped
+    except FileNotFoundError:
+        return False
+
+
+def read_pids(directory):
+    pids = []
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name)) as f:
+            text = f.read()
+            if text.endswith("\n"):  # written completely
+                pids.extend(int(pid) for pid in text.split())
+    return pids
+
+
+def wait_for_files(directory, count, limit=10.0):
+    """Waits until the ranks have written `count` pids."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if len(read_pids(directory)) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} ranks did not start within {limit} s")
+
+
+class Environment(unittest.TestCase):
+    def test_every_rank_gets_its_variables(self):
+        names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "GRADWIRE_JOB_TOKEN"]
+        program = "import json, os; print(json.dumps({n: os.environ.get(n) for n in %r}))" % names
+        env = {k: v for k, v in os.environ.items() if k != "GRADWIRE_JOB_TOKEN"}
+        code, out, err, _ = run("-n", "3", sys.executable, "-c", program, env=env)
+        self.assertEqual(code, 0, err)
+        seen = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()]
+        self.assertEqual(sorted(v["RANK"] for v in seen), ["0", "1", "2"])
+        for v in seen:
+            self.assertEqual(v["WORLD_SIZE"], "3")
+            self.assertEqual(v["LOCAL_RANK"], v["RANK"])
+            self.assertEqual(v["LOCAL_WORLD_SIZE"], "3")
+            self.assertEqual(v["MASTER_ADDR"], "127.0.0.1")
+            self.assertTrue(1 <= int(v["MASTER_PORT"]) <= 65535)
+            self.assertRegex(v["GRADWIRE_JOB_TOKEN"], r"^[0-9a-f]{32}$")
+        self.assertEqual(len({v["MASTER_PORT"] for v in seen}), 1)
+        self.assertEqual(len({v["GRADWIRE_JOB_TOKEN"] for v in seen}), 1)
+        # The line's prefix is the rank that printed it.
+        for line in out.splitlines():
+            self.assertEqual(line.split(" ", 1)[0], "[%s]" % json.loads(line.split(" ", 1)[1])["RANK"])
+
+    def test_given_master_and_token_are_passed_on(self):
+        env = dict(os.environ, GRADWIRE_JOB_TOKEN="from-the-caller")
+        code, out, err, _ = run("-n", "2", "--master-addr", "10.1.2.3", "--master-port", "29999", "--",
+                                "sh", "-c", 'echo "$MASTER_ADDR $MASTER_PORT $GRADWIRE_JOB_TOKEN"', env=env)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(out.splitlines()),
+                         ["[0] 10.1.2.3 29999 from-the-caller", "[1] 10.1.2.3 29999 from-the-caller"])
+
+
+class Output(unittest.TestCase):
+    def test_prefixes_keep_stdout_and_stderr_apart(self):
+        code, out, err, _ = run("-n", "2", "sh", "-c", 'echo out $RANK; echo err $RANK >&2; printf "no newline"')
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(out.splitlines()), ["[0] no newline", "[0] out 0", "[1] no newline", "[1] out 1"])
+        self.assertEqual(sorted(err.splitlines()), ["[0] err 0", "[1] err 1"])
+
+    def test_no_prefix(self):
+        code, out, err, _ = run("-n", "2", "--no-prefix", "sh", "-c", "echo out $RANK")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(out.splitlines()), ["out 0", "out 1"])
+
+
+class Failures(unittest.TestCase):
+    def test_failing_rank_stops_the_others_and_its_status_propagates(self):
+        with tempfile.TemporaryDirectory() as pids:
+            # Ranks 0 and 2 sleep (in a child of sh, which must be stopped too); rank 1 fails.
+            script = ('if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; '
+                      'sleep 30 & echo "$$ $!" > %s/$RANK; wait' % pids)
+            code, _, err, seconds = run("-n", "3", "sh", "-c", script)
+            self.assertEqual(code, 3, err)
+            self.assertIn("gradwire-run: rank 1 exited with status 3; stopping the other ranks", err)
+            self.assertLess(seconds, 4.0, "the sleeping ranks were not stopped promptly")
+            for name in os.listdir(pids):
+                for pid in open(os.path.join(pids, name)).read().split():
+                    self.assertFalse(alive(int(pid)), f"process {pid} of rank {name} survived")
+
+    def test_rank_killed_by_sigkill(self):
+        code, _, err, seconds = run("-n", "2", "sh", "-c", 'if [ "$RANK" = 0 ]; then kill -9 $$; fi; sleep 30')
+        self.assertEqual(code, 128 + 9, err)
+        self.assertIn("gradwire-run: rank 0 was killed by SIGKILL; stopping the other ranks", err)
+        self.assertLess(seconds, 4.0)
+
+    def test_rank_ignoring_sigterm_gets_sigkill_after_the_grace(self):
+        script = 'if [ "$RANK" = 0 ]; then sleep 0.2; exit 1; fi; trap "" TERM; while :; do sleep 0.1; done'
+        code, _, err, seconds = run("-n", "2", "sh", "-c", script)
+        self.assertEqual(code, 1, err)
+        self.assertGreater(seconds, 4.5)  # the 5 s grace
+        self.assertLess(seconds, 9.0)
+
+    def test_keep_going_waits_for_all_and_reports_each_failure(self):
+        script = ('case $RANK in 0) exit 4;; 1) sleep 0.2; kill -9 $$;; '
+                  '2) sleep 0.5; echo finished;; esac')
+        code, out, err, _ = run("-n", "3", "--keep-going", "sh", "-c", script)
+        self.assertEqual(code, 4, err)
+        self.assertIn("[2] finished", out)
+        self.assertIn("gradwire-run: rank 0 exited with status 4", err)
+        self.assertIn("gradwire-run: rank 1 was killed by SIGKILL", err)
+        self.assertNotIn("stopping", err)
+
+    def test_success_exits_zero(self):
+        self.assertEqual(run("-n", "4", "true")[0], 0)
+
+    def test_timeout(self):
+        code, _, err, seconds = run("-n", "2", "--timeout", "0.5", "sh", "-c", "sleep 30")
+        self.assertEqual(code, 124, err)
+        self.assertIn("timed out after 0.5 s", err)
+        self.assertLess(seconds, 4.0)
+
+    def test_program_that_cannot_start(self):
+        code, _, err, _ = run("-n", "2", "/nonexistent/program")
+        self.assertEqual(code, 127)
+        self.assertIn("cannot start '/nonexistent/program'", err)
+
+
+class Signals(unittest.TestCase):
+    def test_sigterm_to_the_launcher_stops_every_rank(self):
+        with tempfile.TemporaryDirectory() as pids:
+            launcher = subprocess.Popen(
+                [sys.executable, LAUNCHER, "-n", "2", "sh", "-c", 'sleep 30 & echo "$$ $!" > %s/$RANK; wait' % pids],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                wait_for_files(pids, 4)
+                start = time.monotonic()
+                launcher.send_signal(signal.SIGTERM)
+                code = launcher.wait(timeout=10)
+            finally:
+                if launcher.poll() is None:
+                    launcher.kill()
+                launcher.communicate()
+            self.assertEqual(code, 128 + signal.SIGTERM)
+            self.assertLess(time.monotonic() - start, 4.0)
+            for name in os.listdir(pids):
+                for pid in open(os.path.join(pids, name)).read().split():
+                    self.assertFalse(alive(int(pid)), f"process {pid} of rank {name} survived")
+
+
+class Usage(unittest.TestCase):
+    def test_bad_usage_exits_2(self):
+        for args in (["true"], ["-n", "0", "true"], ["-n", "-1", "true"], ["-n", "two", "true"], ["-n", "2"],
+                     ["-n", "2", "--"], ["-n", "2", "--master-port", "70000", "true"],
+                     ["-n", "2", "--timeout", "0", "true"], ["-n", "2", "--bogus", "true"]):
+            with self.subTest(args=args):
+                code, _, err, _ = run(*args)
+                self.assertEqual(code, 2, err)
+                self.assertIn("usage:", err)
+
+    def test_help(self):
+        code, out, _, _ = run("--help")
+        self.assertEqual(code, 0)
+        self.assertIn("gradwire-run -n N", out)
+        self.assertIn("--keep-going", out)
+
+    def test_program_options_are_not_the_launchers(self):
+        code, out, err, _ = run("-n", "1", "sh", "-c", 'printf "%s\\n" "$*"', "sh", "-n", "5", "--timeout", "x")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out, "[0] -n 5 --timeout x\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    LAUNCHER = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
