@@ -1,13 +1,16 @@
-// Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device or mirrored strategy.
+// Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device, mirrored or
+// multi_worker_mirrored strategy.
 //
-//   fashion_mnist [--strategy one_device|mirrored] [--replicas N] [--epochs E] [--batch B]
-//                 [--lr LR] [--optimizer sgd|momentum|adam|adamw] [--data DIR] [--seed S]
-//                 [--schedule cosine|constant] [--standardise]
+//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored] [--replicas N]
+//                 [--epochs E] [--batch B] [--lr LR] [--optimizer sgd|momentum|adam|adamw]
+//                 [--data DIR] [--seed S] [--schedule cosine|constant] [--standardise]
+//                 [--threads T] [--target-accuracy A] [--timing]
 //
-// With mirrored, N replicas run as threads; each global step takes N*B samples of the
-// shuffled epoch and replica r trains on samples [r*B, (r+1)*B) of them (like
-// PyTorch's DistributedSampler), so N replicas of batch B follow the same trajectory
-// as one device with batch N*B.
+// With mirrored, N replicas run as threads; with multi_worker_mirrored, one replica per
+// process, started by a launcher (scripts/gradwire-run, mpirun, srun, TF_CONFIG). Either
+// way each global step takes N*B samples of the shuffled epoch and replica r trains on
+// samples [r*B, (r+1)*B) of them (like PyTorch's DistributedSampler), so N replicas of
+// batch B follow the same trajectory as one device with batch N*B.
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -35,6 +38,9 @@
 #include <gradwire/strategy.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
 #include <gradwire/transport/inproc.hpp>
+#if GRADWIRE_HAS_ASIO
+#include <gradwire/asio.hpp>
+#endif
 
 #include "idx.hpp"
 #include "mlp.hpp"
@@ -47,8 +53,12 @@ using matrix = model_type::matrix;
 
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
-    "  --strategy one_device|mirrored   training strategy (default one_device)\n"
-    "  --replicas N                     mirrored: replicas, one thread each (default 2); one_device: must be 1\n"
+    "  --strategy one_device|mirrored|multi_worker_mirrored\n"
+    "                                   training strategy (default one_device); multi_worker_mirrored runs one\n"
+    "                                   replica per process: start it with scripts/gradwire-run -n N, mpirun -np N,\n"
+    "                                   srun or TF_CONFIG\n"
+    "  --replicas N                     mirrored: replicas, one thread each (default 2); one_device: must be 1;\n"
+    "                                   multi_worker_mirrored: the launcher's world size (may be left out)\n"
     "  --epochs E                       passes over the training set (default 10)\n"
     "  --batch B                        samples per replica per step (default 64)\n"
     "  --lr LR                          learning rate (default: adam/adamw 1e-3, momentum 0.01, sgd 0.1)\n"
@@ -58,6 +68,9 @@ constexpr const char* usage_text =
     "  --seed S                         seed of initialisation and shuffling (default 1)\n"
     "  --schedule cosine|constant       learning rate over the run: cosine decay to 0, or fixed (default cosine)\n"
     "  --standardise                    shift/scale pixels by the training set's mean/std (default: [0, 1])\n"
+    "  --threads T                      Eigen threads per process (default 1; needs a build with OpenMP)\n"
+    "  --target-accuracy A              report when test accuracy first reaches A, in (0, 1] (default 0.88)\n"
+    "  --timing                         per epoch, also print rank-mean seconds in forward/backward and in step\n"
     "  --help                           this text\n";
 
 struct usage_error : std::runtime_error {
@@ -75,6 +88,9 @@ struct options {
   std::uint64_t seed = 1;
   std::string schedule = "cosine";
   bool standardise = false;
+  int threads = 1;  // one per process, so N processes on N cores do not oversubscribe
+  double target_accuracy = 0.88;
+  bool timing = false;
 };
 
 template <class Int>
@@ -116,8 +132,9 @@ options parse(int argc, char** argv) {
       std::exit(0);
     } else if (flag == "--strategy") {
       o.strategy = next();
-      if (o.strategy != "one_device" && o.strategy != "mirrored")
-        throw usage_error("--strategy must be one_device or mirrored, got '" + o.strategy + "'");
+      if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
+        throw usage_error("--strategy must be one_device, mirrored or multi_worker_mirrored, got '" + o.strategy +
+                          "'");
     } else if (flag == "--replicas") {
       o.replicas = parse_int<int>(flag, next(), 1);
     } else if (flag == "--epochs") {
@@ -142,6 +159,16 @@ options parse(int argc, char** argv) {
     } else if (flag == "--standardise" || flag == "--standardize") {
       if (has_value) throw usage_error(std::string(flag) + " takes no value");
       o.standardise = true;
+    } else if (flag == "--threads") {
+      o.threads = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--target-accuracy") {
+      const std::string_view text = next();
+      o.target_accuracy = parse_positive(flag, text);
+      if (o.target_accuracy > 1)
+        throw usage_error("--target-accuracy is a fraction in (0, 1], e.g. 0.88, got '" + std::string(text) + "'");
+    } else if (flag == "--timing") {
+      if (has_value) throw usage_error(std::string(flag) + " takes no value");
+      o.timing = true;
     } else {
       throw usage_error("unknown option '" + std::string(argv[i]) + "'");
     }
@@ -151,21 +178,26 @@ options parse(int argc, char** argv) {
       throw usage_error("--strategy one_device trains one replica; use --strategy mirrored for --replicas " +
                         std::to_string(o.replicas));
     o.replicas = 1;
-  } else if (o.replicas == 0) {
+  } else if (o.strategy == "mirrored" && o.replicas == 0) {
     o.replicas = 2;
-  }
+  }  // multi_worker_mirrored: the launcher decides; a given --replicas is checked against it
+#if !defined(_OPENMP)
+  if (o.threads > 1)
+    throw usage_error("--threads " + std::to_string(o.threads) +
+                      ": this build has no OpenMP, so Eigen runs on one thread (reconfigure with OpenMP found)");
+#endif
   if (!o.lr) o.lr = (o.optimizer == "sgd") ? 0.1 : (o.optimizer == "momentum") ? 0.01 : 1e-3;
   return o;
 }
 
 // What rank 0 measured, for the summary printed after the replicas have joined.
 struct summary {
+  bool chief = false;  // this process holds rank 0 and prints the summary
   double final_accuracy = 0;
   double total_seconds = 0;
   int epoch_reached = 0;  // first epoch with test accuracy >= target; 0: never
   double seconds_reached = 0;
 };
-constexpr double target_accuracy = 0.88;
 
 // One replica's training loop, the same for every strategy. All replicas see the same
 // permutation per epoch and take their own B-sample slice of each global batch.
@@ -222,7 +254,11 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
 
     const auto epoch_start = steady::now();
     double loss_sum = 0;
+    // Where a replica's step time goes: its own forward/backward vs strategy.step
+    // (all-reduce, waiting for the slowest replica, optimizer).
+    steady::duration compute_time{}, step_time{};
     for (std::size_t step = 0; step < steps; ++step) {
+      const auto step_start = steady::now();
       const std::size_t first = step * global_batch + static_cast<std::size_t>(rank) * batch;
       for (std::size_t j = 0; j < batch; ++j) {
         const std::size_t sample = order[first + j];
@@ -231,12 +267,17 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       }
       loss_sum += model.loss_and_gradient(x, y);
       set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
+      const auto computed = steady::now();
       strategy.step(gradients);
+      compute_time += computed - step_start;
+      step_time += steady::now() - computed;
     }
     const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
 
-    // {sum of per-step mean losses, steps, correct test predictions} over all replicas.
-    std::array<double, 3> stats{loss_sum, double(steps), 0.0};
+    // {sum of per-step mean losses, steps, correct test predictions, compute and step
+    // seconds} summed over all replicas.
+    std::array<double, 5> stats{loss_sum, double(steps), 0.0, std::chrono::duration<double>(compute_time).count(),
+                                std::chrono::duration<double>(step_time).count()};
     std::size_t correct = 0;
     for (Eigen::Index begin = 0; begin < test_x.cols(); begin += 1000) {
       const Eigen::Index n = std::min<Eigen::Index>(1000, test_x.cols() - begin);
@@ -249,13 +290,18 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
     if (rank == 0) {
       const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
       const double accuracy = stats[2] / double(n_test);
-      std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s\n", epoch,
+      std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s", epoch,
                   o.epochs, stats[0] / stats[1], 100.0 * accuracy,
                   double(steps * global_batch) / train_seconds, elapsed);
+      if (o.timing)
+        std::printf("  [per replica: forward/backward %.2f s, step %.2f s, of %.2f s]", stats[3] / replicas,
+                    stats[4] / replicas, train_seconds);
+      std::printf("\n");
       std::fflush(stdout);
+      out.chief = true;
       out.final_accuracy = accuracy;
       out.total_seconds = elapsed;
-      if (out.epoch_reached == 0 && accuracy >= target_accuracy) {
+      if (out.epoch_reached == 0 && accuracy >= o.target_accuracy) {
         out.epoch_reached = epoch;
         out.seconds_reached = elapsed;
       }
@@ -271,6 +317,18 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
     model_type model({}, o.seed);
     gradwire::one_device<view, Optimizer> strategy(model.parameter_views(), optimizer);
     train_replica(strategy, model, data, o, out);
+  } else if (o.strategy == "multi_worker_mirrored") {
+#if GRADWIRE_HAS_ASIO
+    // One replica per process: join the job the launcher describes (rank, world size,
+    // rendezvous address and token from its environment); the constructor broadcasts
+    // rank 0's parameters, as in mirrored.
+    model_type model({}, o.seed);
+    gradwire::multi_worker_mirrored<view, Optimizer> strategy(gradwire::cluster::join_tcp(), model.parameter_views(),
+                                                              optimizer);
+    train_replica(strategy, model, data, o, out);
+#else
+    throw std::logic_error("multi_worker_mirrored in a build without gradwire::asio");  // process_rank() said so
+#endif
   } else {
     gradwire::transport::run_inproc(o.replicas, [&](gradwire::transport::inproc endpoint) {
       // Every replica builds its own model; the strategy's setup broadcasts rank 0's
@@ -298,26 +356,57 @@ summary train(const options& o, const fashion_mnist::fashion_mnist_data<float>& 
   return train(o, optim::adam(settings), data);
 }
 
+constexpr const char* no_asio_message =
+    "--strategy multi_worker_mirrored: this build of fashion_mnist lacks gradwire::asio (Boost.Asio and "
+    "nlohmann-json were not found when it was configured); install libboost-dev nlohmann-json3-dev and "
+    "reconfigure";
+
+// This process's rank: multi_worker_mirrored reads it from the launcher's environment
+// (and checks --replicas against the world size) before the data is loaded, so only
+// rank 0 prints and a bad launch fails at once. The other strategies run in one process.
+int process_rank(const options& o) {
+  if (o.strategy != "multi_worker_mirrored") return 0;
+#if GRADWIRE_HAS_ASIO
+  const auto spec = gradwire::cluster::detect();
+  if (o.replicas != 0 && o.replicas != spec.world_size)
+    throw usage_error("--replicas " + std::to_string(o.replicas) + " does not match this job's " +
+                      std::to_string(spec.world_size) + " process(es) (from " + spec.source +
+                      "): multi_worker_mirrored runs one replica per process, so leave --replicas out or start " +
+                      std::to_string(o.replicas) + " processes (scripts/gradwire-run -n " +
+                      std::to_string(o.replicas) + ", mpirun -np " + std::to_string(o.replicas) + ")");
+  return spec.rank;
+#else
+  throw std::runtime_error(no_asio_message);
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
+    const int rank = process_rank(o);
+    // Eigen's own threads (OpenMP builds only); one per process by default, so N
+    // processes or replicas on N cores do not fight over them.
+    Eigen::setNbThreads(o.threads);
     const auto load_start = steady::now();
     const auto data = fashion_mnist::load_fashion_mnist<float>(o.data, o.standardise);
-    std::printf("loaded Fashion-MNIST from %s: %zu train, %zu test images in %.1f s\n", o.data.c_str(),
-                data.train.size(), data.test.size(),
-                std::chrono::duration<double>(steady::now() - load_start).count());
-    std::fflush(stdout);
+    if (rank == 0) {
+      std::printf("loaded Fashion-MNIST from %s: %zu train, %zu test images in %.1f s\n", o.data.c_str(),
+                  data.train.size(), data.test.size(),
+                  std::chrono::duration<double>(steady::now() - load_start).count());
+      std::fflush(stdout);
+    }
 
     const summary s = train(o, data);
+    if (!s.chief) return 0;
     std::printf("final test accuracy %.2f%% after %d epochs, %.1f s of training\n", 100.0 * s.final_accuracy,
                 o.epochs, s.total_seconds);
     if (s.epoch_reached)
-      std::printf("reached %.0f%% test accuracy at epoch %d, %.1f s\n", 100.0 * target_accuracy, s.epoch_reached,
+      std::printf("reached %g%% test accuracy at epoch %d, %.1f s\n", 100.0 * o.target_accuracy, s.epoch_reached,
                   s.seconds_reached);
     else
-      std::printf("did not reach %.0f%% test accuracy in %d epochs\n", 100.0 * target_accuracy, o.epochs);
+      std::printf("did not reach %g%% test accuracy in %d epochs\n", 100.0 * o.target_accuracy, o.epochs);
     return 0;
   } catch (const usage_error& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n\n%s", e.what(), usage_text);

@@ -96,6 +96,15 @@ class Output(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual(sorted(out.splitlines()), ["out 0", "out 1"])
 
+    def test_bind_core_pins_each_rank_to_its_own_core(self):
+        program = "import os; print(os.environ['RANK'], sorted(os.sched_getaffinity(0)))"
+        code, out, err, _ = run("-n", "3", "--bind", "core", "--no-prefix", sys.executable, "-c", program)
+        self.assertEqual(code, 0, err)
+        cores = sorted(os.sched_getaffinity(0))
+        got = {int(line.split()[0]): line.split(" ", 1)[1] for line in out.splitlines()}
+        for rank in range(3):
+            self.assertEqual(got[rank], str([cores[rank % len(cores)]]))
+
 
 class Failures(unittest.TestCase):
     def test_failing_rank_stops_the_others_and_its_status_propagates(self):

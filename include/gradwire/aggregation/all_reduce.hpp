@@ -55,10 +55,19 @@ class all_reduce_with {
       for (std::size_t i = 0; i < grads.size(); ++i) apply(i, grads[i], V(1));
       return;
     }
+    const auto plan = buckets_.plan<V>(grads);
+    if (plan.size() == 1) {
+      // One bucket: nothing to overlap, so reduce on this thread and spare the two
+      // hand-offs to the engine's thread (they cost most when cores are oversubscribed).
+      buckets_.gather<V>(plan[0], grads);
+      collective::all_reduce<Algorithm>(comm, buckets_.flat<V>(plan[0]));
+      apply_bucket(plan[0], grads, apply, V(1) / static_cast<V>(comm.size()));
+      return;
+    }
     auto& engine = engine_for(comm);
     pending_.clear();
     try {
-      reduce_and_apply<Algorithm>(comm, engine, grads, apply);
+      reduce_and_apply<Algorithm>(comm, engine, plan, grads, apply);
     } catch (...) {
       pending_.clear();  // each handle waits for its reduction: no bucket is in use after we return
       throw;
@@ -68,8 +77,8 @@ class all_reduce_with {
  private:
   template <class Alg, class Tr, class V, class Apply>
   void reduce_and_apply(collective::communicator<Tr>& comm, collective::async_engine<Tr>& engine,
-                        std::span<const std::span<const V>> grads, Apply& apply) {
-    const auto plan = buckets_.plan<V>(grads);
+                        std::span<const collective::bucket> plan, std::span<const std::span<const V>> grads,
+                        Apply& apply) {
     // Start every bucket as soon as it is packed: bucket k is reduced while k+1 is packed.
     for (const auto& b : plan) {
       buckets_.gather<V>(b, grads);
@@ -79,14 +88,20 @@ class all_reduce_with {
     const V scale = V(1) / static_cast<V>(comm.size());
     for (std::size_t k = 0; k < plan.size(); ++k) {
       pending_[k].wait(comm.step_deadline());
-      const std::span<const V> flat = buckets_.flat<V>(plan[k]);
-      std::size_t offset = 0;
-      for (std::size_t i = plan[k].first_tensor; i < plan[k].end_tensor; ++i) {
-        apply(i, flat.subspan(offset, grads[i].size()), scale);
-        offset += grads[i].size();
-      }
+      apply_bucket(plan[k], grads, apply, scale);
     }
     pending_.clear();
+  }
+
+  // The optimizer step on every tensor of a reduced bucket.
+  template <class V, class Apply>
+  void apply_bucket(const collective::bucket& b, std::span<const std::span<const V>> grads, Apply& apply, V scale) {
+    const std::span<const V> flat = buckets_.flat<V>(b);
+    std::size_t offset = 0;
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      apply(i, flat.subspan(offset, grads[i].size()), scale);
+      offset += grads[i].size();
+    }
   }
 
   template <class Tr>

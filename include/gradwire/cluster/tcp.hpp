@@ -42,6 +42,7 @@ inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const e
   o.checksum_payload = env("GRADWIRE_WIRE_CHECKSUM").value_or("0") == "1";
   o.local_size = spec.local_world_size;
   if (auto b = env("GRADWIRE_SOCKET_BUFFER"); b && !b->empty()) o.socket_buffer_bytes = std::stoi(*b);
+  if (auto p = env("GRADWIRE_POLL_US"); p && !p->empty()) o.poll_before_sleep = std::chrono::microseconds(std::stoi(*p));
   return o;
 }
 

@@ -35,24 +35,12 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
-#include "../kernels/host.hpp"
 #include "../timeouts.hpp"
+#include "detail/deliver.hpp"
 
 namespace gradwire::transport {
 
 namespace detail {
-
-// How a matched message lands in the receiver's buffer.
-using deliver_fn = void (*)(std::byte* to, const std::byte* from, std::size_t bytes) noexcept;
-
-inline void deliver_copy(std::byte* to, const std::byte* from, std::size_t bytes) noexcept {
-  std::memcpy(to, from, bytes);
-}
-
-template <class V>
-void deliver_accumulate(std::byte* to, const std::byte* from, std::size_t bytes) noexcept {
-  kernels::add(reinterpret_cast<V*>(to), reinterpret_cast<const V*>(from), bytes / sizeof(V));
-}
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
