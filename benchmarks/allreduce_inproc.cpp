@@ -30,49 +30,13 @@
 #include <thread>
 #include <vector>
 
+#include "algorithm_flag.hpp"
 #include "bench_table.hpp"
 
 namespace gw = gradwire;
 namespace bench = gradwire::bench;
 
 namespace {
-
-// --algorithm: which all_reduce runs (auto: the library's choice by size).
-enum class algorithm { automatic, ring, halving_doubling };
-
-const char* name_of(algorithm a) {
-  return a == algorithm::ring ? "ring" : a == algorithm::halving_doubling ? "halving_doubling" : "auto";
-}
-
-template <class Tr>
-void run_all_reduce(algorithm a, gw::collective::communicator<Tr>& comm, std::span<float> data) {
-  switch (a) {
-    case algorithm::ring: return gw::collective::all_reduce<gw::collective::ring>(comm, data);
-    case algorithm::halving_doubling: return gw::collective::all_reduce<gw::collective::halving_doubling>(comm, data);
-    case algorithm::automatic: return gw::collective::all_reduce(comm, data);
-  }
-}
-
-// Takes "--algorithm X" out of argv (the shared parser does not know it).
-algorithm take_algorithm_flag(int& argc, char** argv) {
-  algorithm a = algorithm::automatic;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) != "--algorithm") continue;
-    const std::string_view value = i + 1 < argc ? argv[i + 1] : "";
-    if (value == "ring") a = algorithm::ring;
-    else if (value == "halving_doubling") a = algorithm::halving_doubling;
-    else if (value == "auto") a = algorithm::automatic;
-    else {
-      std::fprintf(stderr, "allreduce_inproc: --algorithm takes ring, halving_doubling or auto, got '%.*s'\n",
-                   static_cast<int>(value.size()), value.data());
-      std::exit(2);
-    }
-    for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
-    argc -= 2;
-    --i;
-  }
-  return a;
-}
 
 // One rank's memory, reused by every size, repeat and rank count.
 struct rank_buffers {
@@ -127,7 +91,7 @@ struct size_results {
 };
 
 // Runs the sweep `o.repeats` times on n ranks and returns one row per size.
-std::vector<bench::row> sweep(int n, algorithm alg, const bench::options& o, const std::vector<std::size_t>& sizes,
+std::vector<bench::row> sweep(int n, bench::algorithm alg, const bench::options& o, const std::vector<std::size_t>& sizes,
                               std::vector<rank_buffers>& buffers, bench::memcpy_bound& bound) {
   int max_iters = 0;
   for (std::size_t bytes : sizes) max_iters = std::max(max_iters, bench::iterations_for(bytes, o.iters));
@@ -159,7 +123,7 @@ std::vector<bench::row> sweep(int n, algorithm alg, const bench::options& o, con
           if (bytes) std::memcpy(mine.work.data(), mine.input.data(), bytes);
           gw::collective::barrier(comm);
           const double t0 = bench::seconds_now();
-          run_all_reduce(alg, comm, data);
+          bench::run_all_reduce(alg, comm, data);
           const double t1 = bench::seconds_now();
           if (it >= warmup) times[static_cast<std::size_t>(it - warmup) * ranks + me] = t1 - t0;
           if (o.check && it == warmup) {
@@ -215,7 +179,7 @@ std::vector<bench::row> sweep(int n, algorithm alg, const bench::options& o, con
 }  // namespace
 
 int main(int argc, char** argv) {
-  const algorithm alg = take_algorithm_flag(argc, argv);
+  const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
   bench::options o = bench::parse_options(
       argc, argv, "all_reduce (float32 sum, in place) over gradwire's in-process transport, N ranks as threads");
   if (o.seed == 0) o.seed = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
@@ -260,7 +224,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "allreduce_inproc: %d ranks failed: %s\n", n, e.what());
       return 1;
     }
-    const std::string title = std::string("gradwire all_reduce (") + name_of(alg) + ") over transport::inproc, " + std::to_string(n) +
+    const std::string title = std::string("gradwire all_reduce (") + bench::name_of(alg) + ") over transport::inproc, " + std::to_string(n) +
                               (n == 1 ? " rank" : " ranks") + " as threads on " +
                               std::to_string(std::thread::hardware_concurrency()) +
                               " hardware threads; float32 sum in place; time = median over iterations of the slowest "
@@ -269,7 +233,7 @@ int main(int argc, char** argv) {
     bench::print_table_header(title, o, n);
     for (const bench::row& r : rows) {
       bench::print_row(r);
-      if (csv) bench::write_csv_row(csv, std::string("allreduce_inproc,inproc,") + name_of(alg) + "," + std::to_string(n), r);
+      if (csv) bench::write_csv_row(csv, std::string("allreduce_inproc,inproc,") + bench::name_of(alg) + "," + std::to_string(n), r);
       if (r.wrong > 0) wrong += r.wrong;
     }
     bench::print_table_footer(rows);

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithm_flag.hpp"
 #include "bench_table.hpp"
 
 namespace gw = gradwire;
@@ -33,21 +34,6 @@ namespace col = gradwire::collective;
 namespace bench = gradwire::bench;
 
 namespace {
-
-enum class algorithm { automatic, ring, halving_doubling };
-
-const char* name_of(algorithm a) {
-  return a == algorithm::ring ? "ring" : a == algorithm::halving_doubling ? "halving_doubling" : "auto";
-}
-
-template <class Tr>
-void run_all_reduce(algorithm a, col::communicator<Tr>& comm, std::span<float> data) {
-  switch (a) {
-    case algorithm::ring: return col::all_reduce<col::ring>(comm, data);
-    case algorithm::halving_doubling: return col::all_reduce<col::halving_doubling>(comm, data);
-    case algorithm::automatic: return col::all_reduce(comm, data);
-  }
-}
 
 std::uint64_t mix(std::uint64_t z) noexcept {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -81,25 +67,8 @@ long long count_wrong(std::span<const float> got, std::uint64_t seed, int n, std
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --algorithm is this benchmark's own flag; the rest are the shared nccl-tests flags.
-  algorithm alg = algorithm::automatic;
-  std::vector<char*> rest{argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--algorithm" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      if (v == "ring") alg = algorithm::ring;
-      else if (v == "halving_doubling") alg = algorithm::halving_doubling;
-      else if (v == "auto") alg = algorithm::automatic;
-      else {
-        std::fprintf(stderr, "allreduce_tcp: --algorithm must be ring, halving_doubling or auto\n");
-        return 2;
-      }
-    } else {
-      rest.push_back(argv[i]);
-    }
-  }
-  bench::options o = bench::parse_options(static_cast<int>(rest.size()), rest.data(),
+  const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
+  bench::options o = bench::parse_options(argc, argv,
                                           "all_reduce (float32 sum, in place) across processes over gradwire's TCP "
                                           "transport; start with scripts/gradwire-run -n N or mpirun");
   try {
@@ -130,7 +99,7 @@ int main(int argc, char** argv) {
           if (bytes) std::memcpy(work.data(), pristine.data(), bytes);
           col::barrier(comm);
           const double t0 = bench::seconds_now();
-          run_all_reduce(alg, comm, data);
+          bench::run_all_reduce(alg, comm, data);
           const double t1 = bench::seconds_now();
           if (it >= warmup) mine[static_cast<std::size_t>(it - warmup)] = t1 - t0;
           if (o.check && it == warmup) {
@@ -163,7 +132,7 @@ int main(int argc, char** argv) {
         }
         if (fresh) std::fprintf(csv, "%s\n", bench::csv_header);
       }
-      bench::print_table_header("gradwire all_reduce (" + std::string(name_of(alg)) + ") over transport::asio_tcp, " +
+      bench::print_table_header("gradwire all_reduce (" + std::string(bench::name_of(alg)) + ") over transport::asio_tcp, " +
                                     std::to_string(n) + " processes on loopback; float32 sum in place; time = median "
                                     "over iterations of the slowest rank",
                                 o, n);
@@ -182,7 +151,7 @@ int main(int argc, char** argv) {
         r.warmup = bench::warmup_for(sizes[k], o.warmup);
         r.repeats = o.repeats;
         bench::print_row(r);
-        if (csv) bench::write_csv_row(csv, std::string("allreduce_tcp,asio_tcp,") + name_of(alg) + "," + std::to_string(n), r);
+        if (csv) bench::write_csv_row(csv, std::string("allreduce_tcp,asio_tcp,") + bench::name_of(alg) + "," + std::to_string(n), r);
         rows.push_back(r);
       }
       bench::print_table_footer(rows);

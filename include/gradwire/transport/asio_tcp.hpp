@@ -46,6 +46,7 @@
 #include "../timeouts.hpp"
 #include "detail/asio_support.hpp"
 #include "detail/deliver.hpp"
+#include "detail/pending_request.hpp"
 #include "wire.hpp"
 
 namespace gradwire::transport {
@@ -135,30 +136,7 @@ class asio_tcp {
   struct state;
 
  public:
-  class request {
-   public:
-    request() = default;
-    request(request&&) noexcept = default;
-    request& operator=(request&& other) noexcept {
-      if (this != &other) {
-        release();
-        state_ = std::move(other.state_);
-        op_ = std::move(other.op_);
-      }
-      return *this;
-    }
-    ~request() { release(); }
-
-   private:
-    friend class asio_tcp;
-    request(std::shared_ptr<state> s, std::unique_ptr<detail::tcp_op> op) : state_(std::move(s)), op_(std::move(op)) {}
-    void release() noexcept {
-      if (op_ && op_->state != detail::tcp_op::status::done) state_->cancel(*op_);
-      op_.reset();
-    }
-    std::shared_ptr<state> state_;
-    std::unique_ptr<detail::tcp_op> op_;
-  };
+  using request = detail::pending_request<state, detail::tcp_op>;
 
   // Joins the job: rank 0 starts the rendezvous store, every rank listens, publishes
   // its address, and connects to every other rank (the higher rank of a pair dials).
@@ -200,9 +178,8 @@ class asio_tcp {
     return request(state_, std::move(op));
   }
   void wait(request& r, deadline until) {
-    if (!r.op_) throw error(errc::invalid_argument, "asio_tcp: wait on an empty or already finished request");
-    // On return or throw the op is done or withdrawn, and the request is finished.
-    const auto op = std::move(r.op_);
+    const auto op = r.take();
+    if (!op) throw error(errc::invalid_argument, "asio_tcp: wait on an empty or already finished request");
     state_->wait(*op, until);
   }
 

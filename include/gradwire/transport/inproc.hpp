@@ -37,6 +37,7 @@
 #include "../error.hpp"
 #include "../timeouts.hpp"
 #include "detail/deliver.hpp"
+#include "detail/pending_request.hpp"
 
 namespace gradwire::transport {
 
@@ -261,31 +262,7 @@ class inproc_hub {
 // One rank's endpoint. Cheap to copy; all endpoints of a group share one hub.
 class inproc {
  public:
-  class request {
-   public:
-    request() = default;
-    request(request&&) noexcept = default;
-    request& operator=(request&& other) noexcept {
-      if (this != &other) {
-        release();
-        hub_ = std::move(other.hub_);
-        op_ = std::move(other.op_);
-      }
-      return *this;
-    }
-    ~request() { release(); }
-
-   private:
-    friend class inproc;
-    request(std::shared_ptr<detail::inproc_hub> hub, std::unique_ptr<detail::inproc_op> op)
-        : hub_(std::move(hub)), op_(std::move(op)) {}
-    void release() noexcept {
-      if (op_) hub_->cancel(*op_);  // under the hub's lock: nothing still reads or writes the op afterwards
-      op_.reset();
-    }
-    std::shared_ptr<detail::inproc_hub> hub_;
-    std::unique_ptr<detail::inproc_op> op_;
-  };
+  using request = detail::pending_request<detail::inproc_hub, detail::inproc_op>;
 
   inproc(std::shared_ptr<detail::inproc_hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {
     if (!hub_ || rank_ < 0 || rank_ >= hub_->size())
@@ -310,10 +287,8 @@ class inproc {
                 &detail::deliver_accumulate<V>);
   }
   void wait(request& r, deadline until) {
-    if (!r.op_) throw error(errc::invalid_argument, "inproc: wait on an empty or already finished request");
-    // The request is finished whatever wait reports: it returns or throws only once the
-    // op is done, or withdrawn from its queue, so the op can go.
-    const auto op = std::move(r.op_);
+    const auto op = r.take();
+    if (!op) throw error(errc::invalid_argument, "inproc: wait on an empty or already finished request");
     hub_->wait(*op, until);
   }
 

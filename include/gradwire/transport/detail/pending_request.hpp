@@ -1,0 +1,41 @@
+// The request handle transports return: owns one operation, and withdraws it if dropped before it completes.
+#pragma once
+
+#include <memory>
+#include <utility>
+
+namespace gradwire::transport::detail {
+
+// Engine: the transport's shared state, with `void cancel(Op&) noexcept` that withdraws
+// an unfinished op (and does nothing to a finished one), so that its buffer may go.
+template <class Engine, class Op>
+class pending_request {
+ public:
+  pending_request() = default;
+  pending_request(std::shared_ptr<Engine> engine, std::unique_ptr<Op> op)
+      : engine_(std::move(engine)), op_(std::move(op)) {}
+  pending_request(pending_request&&) noexcept = default;
+  pending_request& operator=(pending_request&& other) noexcept {
+    if (this != &other) {
+      release();
+      engine_ = std::move(other.engine_);
+      op_ = std::move(other.op_);
+    }
+    return *this;
+  }
+  ~pending_request() { release(); }
+
+  // For the transport's wait: hands the op over; the request is finished whatever the
+  // wait reports (wait returns or throws only once the op is done or withdrawn).
+  std::unique_ptr<Op> take() noexcept { return std::move(op_); }
+
+ private:
+  void release() noexcept {
+    if (op_) engine_->cancel(*op_);
+    op_.reset();
+  }
+  std::shared_ptr<Engine> engine_;
+  std::unique_ptr<Op> op_;
+};
+
+}  // namespace gradwire::transport::detail
