@@ -2,6 +2,11 @@
 #include <gradwire/cluster/spec.hpp>
 
 #include <cstdio>
+#include <type_traits>
+
+// The signature the transports and examples rely on: detect(overrides, env_lookup) -> cluster_spec.
+static_assert(std::is_invocable_r_v<gradwire::cluster::cluster_spec, decltype(&gradwire::cluster::detect),
+                                    const gradwire::cluster::overrides&, const gradwire::cluster::env_lookup&>);
 
 int main() {
   try {

@@ -33,6 +33,10 @@ struct aggregation_without_step {  // CASE 4: no step(...)
 
 #if CASE == 0
 using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
+// The control: each broken policy above misses exactly one member, so the concept
+// that names it is the one that rejects it.
+static_assert(gw::concepts::tensor<gw::host_tensor<float>> && !gw::concepts::tensor<tensor_without_shape>);
+static_assert(!gw::concepts::transport<transport_without_wait>);
 #elif CASE == 1
 using S = gw::strategy<tensor_without_shape, gw::optim::sgd, gw::aggregation::local, gw::transport::local>;
 #elif CASE == 2

@@ -2,6 +2,8 @@
 // with -fopt-info-vec and checks that GCC vectorised each loop marked GRADWIRE_VECTORIZE.
 #include <gradwire/kernels/host.hpp>
 namespace k = gradwire::kernels;
+// The kernels run inside collectives and optimizer steps that promise not to throw mid-update.
+static_assert(noexcept(k::add<float>(nullptr, nullptr, 0)) && noexcept(k::scale<float>(nullptr, 1.0f, 0)));
 template void k::add<float>(float*, const float*, std::size_t);
 template void k::add<float>(float*, const float*, const float*, std::size_t);
 template void k::scale<float>(float*, float, std::size_t);

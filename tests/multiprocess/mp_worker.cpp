@@ -24,6 +24,11 @@
 namespace gw = gradwire;
 namespace col = gradwire::collective;
 using comm_type = col::communicator<gw::transport::asio_tcp>;
+// The paths these tests must cover over TCP: the ring's fused receive-and-add, and
+// mismatch reports that reach every rank.
+static_assert(gw::concepts::accumulating_transport<gw::transport::asio_tcp, float> &&
+              gw::concepts::accumulating_transport<gw::transport::asio_tcp, double>);
+static_assert(gw::concepts::failable_transport<gw::transport::asio_tcp>);
 
 namespace {
 

@@ -3,6 +3,10 @@
 #include <gradwire/gradwire.hpp>
 #include <vector>
 
+// The installed headers carry the concepts, so a consumer's own policies can be checked too.
+static_assert(gradwire::concepts::transport<gradwire::transport::inproc>);
+static_assert(gradwire::concepts::tensor<gradwire::host_tensor<float>>);
+
 int main() {
   float results[2] = {0, 0};
   gradwire::transport::run_inproc(2, [&](gradwire::transport::inproc endpoint) {
