@@ -1,6 +1,7 @@
 // strategy<>: replicas start equal, end equal, and take the averaged step; bad input is refused.
 #include <catch2/catch.hpp>
 
+#include <type_traits>
 #include <gradwire/gradwire.hpp>
 #include <random>
 #include <vector>
@@ -72,3 +73,9 @@ TEST_CASE("one_device applies the optimizer to views over the user's memory") {
   s.step(grads);  // v = 0.5 g + g, p -= 0.5 * 1.5 g
   REQUIRE(weights == std::vector<float>{1.0f - 2.5f, -2.0f - 2.5f, 3.0f + 2.5f});
 }
+
+// A copy would share sequence numbers (message tags) with the original and, through its
+// parameter spans, update the original's weights: strategies and communicators move only.
+static_assert(!std::is_copy_constructible_v<gradwire::mirrored<gradwire::host_tensor<float>, gradwire::optim::sgd>>);
+static_assert(std::is_move_constructible_v<gradwire::mirrored<gradwire::host_tensor<float>, gradwire::optim::sgd>>);
+static_assert(!std::is_copy_constructible_v<gradwire::collective::communicator<gradwire::transport::inproc>>);

@@ -1,6 +1,8 @@
 // In-process transport: tag matching, sizes, timeouts, cancellation and failure propagation.
 #include <catch2/catch.hpp>
 
+#include "support/errors.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -20,17 +22,7 @@ namespace {
 std::span<const std::byte> bytes(const std::vector<int>& v) { return std::as_bytes(std::span(v)); }
 std::span<std::byte> bytes(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
 
-// The error kind and message a callable throws; fails the test if it does not throw.
-template <class Fn>
-std::pair<gw::errc, std::string> error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const gw::error& e) {
-    return {e.kind(), e.what()};
-  }
-  FAIL("expected a gradwire::error");
-  return {};
-}
+using gradwire::testing::error_of;
 }  // namespace
 
 TEST_CASE("inproc delivers messages by tag, in posting order within a tag") {

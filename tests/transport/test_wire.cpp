@@ -1,6 +1,8 @@
 // Frame header encoding and the decoder's defences: round trips, every check, and random and truncated input.
 #include <catch2/catch.hpp>
 
+#include "support/errors.hpp"
+
 #include <cstring>
 #include <gradwire/transport/wire.hpp>
 #include <random>
@@ -24,16 +26,7 @@ wire::frame_header sample() {
   return h;
 }
 
-template <class Fn>
-std::pair<gw::errc, std::string> error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const gw::error& e) {
-    return {e.kind(), e.what()};
-  }
-  FAIL("expected a gradwire::error");
-  return {};
-}
+using gradwire::testing::error_of;
 
 // Re-seals a tampered header so that only the field under test is wrong.
 void reseal(wire::header_bytes& b) {

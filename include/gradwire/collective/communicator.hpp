@@ -42,6 +42,13 @@ class communicator {
 
   explicit communicator(Transport t, communicator_options options = {})
       : transport_(std::move(t)), options_(options) {}
+  // Move-only: a copy would reuse this one's sequence numbers (and so its message tags)
+  // on the same connections, and a strategy copied with it would update the original's
+  // parameters through spans into them.
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  communicator(communicator&&) = default;
+  communicator& operator=(communicator&&) = default;
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
