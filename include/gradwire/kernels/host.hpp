@@ -133,12 +133,21 @@ struct adam_coefficients {
   T decay_keep;        // AdamW's decoupled decay: p *= 1 - lr*wd
   T grad_scale;
 
-  static adam_coefficients make(T lr, T beta1, T beta2, T eps, T weight_decay, bool decoupled, long step,
-                                T grad_scale) noexcept {
-    const T bc1 = T(1) - static_cast<T>(std::pow(beta1, static_cast<T>(step)));
-    const T bc2 = T(1) - static_cast<T>(std::pow(beta2, static_cast<T>(step)));
-    return {beta1, beta2, eps, lr / bc1, T(1) / std::sqrt(bc2), decoupled ? T(0) : weight_decay,
-            decoupled ? T(1) - lr * weight_decay : T(1), grad_scale};
+  // The per-step scalars are computed in double from the hyperparameters as given, as
+  // PyTorch does: 1 - beta2^t from a beta2 already rounded to float is off by ~1e-4
+  // relative at t = 1 for beta2 = 0.9999.
+  static adam_coefficients make(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                bool decoupled, long step, T grad_scale) noexcept {
+    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+    return {T(beta1),
+            T(beta2),
+            T(eps),
+            T(lr / bc1),
+            T(1.0 / std::sqrt(bc2)),
+            decoupled ? T(0) : T(weight_decay),
+            decoupled ? T(1.0 - lr * weight_decay) : T(1),
+            grad_scale};
   }
 };
 

@@ -57,9 +57,8 @@ class adam_family {
   void step(state<T>& s, std::span<T> params, std::span<const T> grads, T grad_scale = T(1)) const {
     require_same_size(name, params.size(), grads.size(), s.m.size());
     ++s.step;
-    const auto c = kernels::adam_coefficients<T>::make(T(options_.lr), T(options_.beta1), T(options_.beta2),
-                                                       T(options_.eps), T(options_.weight_decay), Decoupled,
-                                                       s.step, grad_scale);
+    const auto c = kernels::adam_coefficients<T>::make(options_.lr, options_.beta1, options_.beta2, options_.eps,
+                                                       options_.weight_decay, Decoupled, s.step, grad_scale);
     kernels::adam_step(params.data(), grads.data(), s.m.data(), s.v.data(), params.size(), c);
   }
 
