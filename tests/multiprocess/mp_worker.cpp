@@ -321,6 +321,48 @@ void mismatch(comm_type& comm, const std::string& kind) {
   }
 }
 
+// Point-to-point corner cases of the TCP transport between ranks 0 and 1:
+// - a receive for a later, small message waited on before the receive of an earlier,
+//   large one (the large one is then taken into memory instead of blocking the stream);
+// - a message whose size differs from its receive: an error for that receive, and the
+//   stream stays in step for the next message.
+void point_to_point(gw::transport::asio_tcp& t) {
+  const auto until = [] { return gw::deadline_after(std::chrono::seconds(30)); };
+  std::vector<std::byte> large(1 << 20), small(4), big(8 << 20), after(16);
+  if (t.rank() == 1) {
+    for (std::size_t i = 0; i < large.size(); ++i) large[i] = std::byte(i * 7);
+    small = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+    std::vector<gw::transport::asio_tcp::request> sends;
+    sends.push_back(t.async_send(0, 1, large));
+    sends.push_back(t.async_send(0, 2, small));
+    sends.push_back(t.async_send(0, 3, big));  // rank 0 expects 4 MiB here
+    for (auto& a : after) a = std::byte{9};
+    sends.push_back(t.async_send(0, 4, after));
+    for (auto& s : sends) t.wait(s, until());
+  } else if (t.rank() == 0) {
+    auto r2 = t.async_recv(1, 2, small);
+    t.wait(r2, until());  // waited first, though its message is behind the large one
+    auto r1 = t.async_recv(1, 1, large);
+    t.wait(r1, until());
+    for (std::size_t i = 0; i < large.size(); ++i)
+      if (large[i] != std::byte(i * 7)) fail("large message, byte " + std::to_string(i));
+    if (small != std::vector<std::byte>{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}}) fail("small message");
+    std::vector<std::byte> four_mib(4 << 20);
+    auto r3 = t.async_recv(1, 3, four_mib);
+    try {
+      t.wait(r3, until());
+      fail("a 8 MiB message into a 4 MiB receive was not refused");
+    } catch (const gw::error& e) {
+      if (e.kind() != gw::errc::mismatch || std::string(e.what()).find("sent 8388608 bytes") == std::string::npos)
+        fail(std::string("size mismatch reported as: ") + e.what());
+    }
+    auto r4 = t.async_recv(1, 4, after);
+    t.wait(r4, until());
+    if (after != std::vector<std::byte>(16, std::byte{9})) fail("the message after the refused one");
+  }
+  std::printf("rank %d: PASS point-to-point\n", t.rank());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -349,6 +391,13 @@ int main(int argc, char** argv) {
     }
     if (mode == "train") {
       train(arg);
+      return 0;
+    }
+    if (mode == "point-to-point") {
+      auto t = gw::cluster::join_tcp();
+      point_to_point(t);
+      comm_type c(std::move(t));
+      col::barrier(c);
       return 0;
     }
     if (mode == "join") {  // joining only (used for port-in-use)

@@ -54,6 +54,9 @@ class Correctness(unittest.TestCase):
     def test_async_all_reduces_in_flight(self):
         self.check_pass(3, "async")
 
+    def test_point_to_point_out_of_order_and_size_mismatch(self):
+        self.check_pass(2, "point-to-point")
+
     def test_multi_worker_mirrored_equals_one_device_large_batch(self):
         for n, opt in ((2, "sgd"), (3, "momentum"), (4, "adam")):
             with self.subTest(ranks=n, optimizer=opt):

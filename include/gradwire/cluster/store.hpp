@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <span>
@@ -59,7 +60,8 @@ class store_server {
   store_server(const std::string& host, std::uint16_t port, std::string_view job_token)
       : token_hash_(transport::wire::token_hash(job_token)),
         acceptor_(transport::detail::listen(io_, host, port, "the rendezvous store's port (MASTER_PORT)")),
-        work_(io_.get_executor()) {
+        work_(io_.get_executor()),
+        port_(acceptor_.local_endpoint().port()) {  // read here: the server thread owns the acceptor from now on
     accept();
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -70,7 +72,7 @@ class store_server {
     thread_.join();
   }
 
-  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  std::uint16_t port() const noexcept { return port_; }
 
  private:
   using tcp = detail::tcp;
@@ -126,10 +128,17 @@ class store_server {
         }
         case detail::store_op::get: {
           auto it = values.find(key);
-          if (it == values.end())
-            server.waiting_.emplace(key, shared_from_this());  // answered by the set
-          else
-            answer(it->second);
+          if (it != values.end()) return answer(it->second);
+          server.waiting_.emplace(key, shared_from_this());  // answered by the set
+          // A client that gives up (its timeout) or dies while waiting hangs up: forget it.
+          auto self = shared_from_this();
+          socket.async_wait(tcp::socket::wait_read, [self, key](const boost::system::error_code&) {
+            boost::system::error_code ec;
+            if (self->socket.available(ec) > 0 && !ec) return;  // a request (not a hang-up)
+            auto [first, last] = self->server.waiting_.equal_range(key);
+            for (auto w = first; w != last;)
+              w = w->second == self ? self->server.waiting_.erase(w) : std::next(w);
+          });
           return;
         }
         case detail::store_op::add: {
@@ -182,7 +191,8 @@ class store_server {
     acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
       if (ec == detail::asio::error::operation_aborted) return;
       if (!ec) {
-        socket.set_option(tcp::no_delay(true));
+        boost::system::error_code ignored;  // on this thread a throw would end the job's rank 0
+        socket.set_option(tcp::no_delay(true), ignored);
         std::make_shared<session>(*this, std::move(socket))->read_request();
       }
       accept();
@@ -193,6 +203,7 @@ class store_server {
   detail::asio::io_context io_;
   tcp::acceptor acceptor_;
   detail::asio::executor_work_guard<detail::asio::io_context::executor_type> work_;
+  std::uint16_t port_;
   std::map<std::string, std::vector<std::byte>> values_;                   // only touched on thread_
   std::multimap<std::string, std::shared_ptr<session>> waiting_;         // gets waiting for a set
   std::thread thread_;

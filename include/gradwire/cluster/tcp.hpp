@@ -19,16 +19,27 @@ inline std::optional<std::chrono::milliseconds> seconds_from(const env_lookup& e
   if (!text || text->empty()) return std::nullopt;
   char* end = nullptr;
   const double seconds = std::strtod(text->c_str(), &end);
-  if (end == text->c_str() || *end != '\0' || !(seconds > 0) || seconds > 1e7)
-    throw error(errc::config, std::string(name) + "='" + *text + "' is not a positive number of seconds");
+  if (end == text->c_str() || *end != '\0' || !(seconds >= 0.001) || seconds > 1e7)
+    throw error(errc::config, std::string(name) + "='" + *text + "' is not a number of seconds from 0.001 to 1e7");
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+// A non-negative integer from an environment variable; `fallback` if unset or empty.
+inline long long integer_from(const env_lookup& env, const char* name, long long fallback, long long max) {
+  const auto text = env(name);
+  if (!text || text->empty()) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(text->c_str(), &end, 10);
+  if (end == text->c_str() || *end != '\0' || v < 0 || v > max)
+    throw error(errc::config, std::string(name) + "='" + *text + "' is not an integer from 0 to " + std::to_string(max));
+  return v;
 }
 
 // The TCP transport's settings for `spec`, with the knobs gradwire reads from the
 // environment: GRADWIRE_TIMEOUT (seconds to join the job; default 5 minutes),
 // GRADWIRE_LISTEN_HOST (address to accept peers on; default loopback for a job on one
-// machine, all interfaces when MASTER_ADDR is not loopback), GRADWIRE_WIRE_CHECKSUM=1
-// (CRC-32C over payloads too).
+// machine, else the address this rank reaches MASTER_ADDR from), GRADWIRE_WIRE_CHECKSUM=1
+// (CRC-32C over payloads too), GRADWIRE_SOCKET_BUFFER (bytes), GRADWIRE_POLL_US.
 inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const env_lookup& env = process_env) {
   transport::asio_tcp_options o;
   o.rank = spec.rank;
@@ -37,12 +48,13 @@ inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const e
   o.store_host = spec.master_addr;
   o.store_port = static_cast<std::uint16_t>(spec.master_port);
   const bool local = spec.master_addr == "127.0.0.1" || spec.master_addr == "localhost" || spec.master_addr == "::1";
-  o.listen_host = env("GRADWIRE_LISTEN_HOST").value_or(local ? "127.0.0.1" : "0.0.0.0");
+  o.listen_host = env("GRADWIRE_LISTEN_HOST").value_or(local ? "127.0.0.1" : "");
   if (auto t = seconds_from(env, "GRADWIRE_TIMEOUT")) o.connect_timeout = *t;
   o.checksum_payload = env("GRADWIRE_WIRE_CHECKSUM").value_or("0") == "1";
   o.local_size = spec.local_world_size;
-  if (auto b = env("GRADWIRE_SOCKET_BUFFER"); b && !b->empty()) o.socket_buffer_bytes = std::stoi(*b);
-  if (auto p = env("GRADWIRE_POLL_US"); p && !p->empty()) o.poll_before_sleep = std::chrono::microseconds(std::stoi(*p));
+  o.socket_buffer_bytes = static_cast<int>(integer_from(env, "GRADWIRE_SOCKET_BUFFER", 0, 1 << 30));
+  o.poll_before_sleep = std::chrono::microseconds(
+      integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
   return o;
 }
 

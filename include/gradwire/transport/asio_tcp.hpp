@@ -60,6 +60,7 @@ struct asio_tcp_options {
   std::string store_host = "127.0.0.1";
   std::uint16_t store_port = 0;
   // Where this rank accepts its peers' connections; loopback unless told otherwise.
+  // Empty: the address this rank reaches the store from (for jobs across machines).
   std::string listen_host = "127.0.0.1";
   std::uint16_t listen_port = 0;  // 0: any free port (published through the store)
   // The whole join (store, listening, connecting to every peer) must finish within this.
@@ -121,7 +122,6 @@ struct tcp_link {
   tcp_op* reading = nullptr;                     // receive whose payload is being read into place
   std::optional<arrived_message> reading_eager;  // or: eager payload being read
   bool parked = false;                           // `incoming` is large and waits for its receive
-  bool dropping = false;                         // the eager read drains a payload nobody can take
   std::deque<tcp_op*> receives;                  // posted, unmatched, in posting order
   std::deque<arrived_message> arrived;           // arrived, unmatched, in arrival order
   std::vector<std::byte> stage;                  // accumulating receives read through it in chunks
@@ -158,15 +158,21 @@ class asio_tcp {
   int rank() const noexcept { return state_->options.rank; }
   int size() const noexcept { return state_->options.size; }
 
+  // The request owns its op before the op is posted, so that an exception while posting
+  // withdraws it (the request's destructor) instead of leaving it queued and freed.
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
     auto op = state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size());
-    state_->post_send(*op);
-    return request(state_, std::move(op));
+    detail::tcp_op& posted = *op;
+    request r(state_, std::move(op));
+    state_->post_send(posted);
+    return r;
   }
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
     auto op = state_->make_op(false, peer, tag, bytes.data(), bytes.size());
-    state_->post_recv(*op);
-    return request(state_, std::move(op));
+    detail::tcp_op& posted = *op;
+    request r(state_, std::move(op));
+    state_->post_recv(posted);
+    return r;
   }
   // Receives inout.size() elements and adds them into inout as they arrive, chunk by
   // chunk, so the reduction overlaps the transfer and needs no full-size staging.
@@ -174,13 +180,20 @@ class asio_tcp {
   request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
     auto op = state_->make_op(false, peer, tag, reinterpret_cast<std::byte*>(inout.data()), inout.size_bytes());
     op->deliver = &detail::deliver_accumulate<V>;
-    state_->post_recv(*op);
-    return request(state_, std::move(op));
+    detail::tcp_op& posted = *op;
+    request r(state_, std::move(op));
+    state_->post_recv(posted);
+    return r;
   }
   void wait(request& r, deadline until) {
     const auto op = r.take();
     if (!op) throw error(errc::invalid_argument, "asio_tcp: wait on an empty or already finished request");
-    state_->wait(*op, until);
+    try {
+      state_->wait(*op, until);
+    } catch (...) {
+      state_->cancel(*op);  // whatever went wrong, no queue keeps the op it is about to free
+      throw;
+    }
   }
 
   // Marks this rank failed and tells every peer why (best effort, within a second), so
@@ -218,21 +231,33 @@ class asio_tcp {
     void join() {
       const int me = options.rank, n = options.size;
       if (n == 1) return;
+      if (options.store_port == 0)
+        throw error(errc::config, "asio_tcp: a job of " + std::to_string(n) +
+                                      " ranks needs the rendezvous store's port (MASTER_PORT)");
+      // One deadline for the whole join: every store call gets what is left of it.
       const auto until = deadline_after(options.connect_timeout);
+      auto left = [&] {
+        return std::max(std::chrono::milliseconds(1),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()));
+      };
       const std::string me_text = "rank " + std::to_string(me);
       if (me == 0) store_server.emplace(options.store_host, options.store_port, options.job_token);
-      tcp::acceptor acceptor = detail::listen(io, options.listen_host, options.listen_port, me_text + "'s listening port");
+      cluster::store_client store(options.store_host, options.store_port, options.job_token, left());
+      // An empty listen_host: listen where this rank reaches the store from, the
+      // interface its peers most likely reach it through (no wildcard bind).
+      const std::string host = options.listen_host.empty() ? store.local_address() : options.listen_host;
+      tcp::acceptor acceptor = detail::listen(io, host, options.listen_port, me_text + "'s listening port");
       const std::uint16_t port = acceptor.local_endpoint().port();
-      cluster::store_client store(options.store_host, options.store_port, options.job_token, options.connect_timeout);
-      // A wildcard listener is reachable at the address this rank reaches the store from.
-      const bool wildcard = options.listen_host == "0.0.0.0" || options.listen_host == "::";
-      store.set("gradwire/tcp/" + std::to_string(me),
-                detail::address_text(wildcard ? store.local_address() : options.listen_host, port));
+      const bool wildcard = host == "0.0.0.0" || host == "::";
+      store.set_timeout(left());
+      store.set("gradwire/tcp/" + std::to_string(me), detail::address_text(wildcard ? store.local_address() : host, port));
       // Learn every lower rank's address first: they are the ones this rank dials.
       std::vector<std::pair<std::string, std::uint16_t>> addresses(static_cast<std::size_t>(me));
-      for (int r = 0; r < me; ++r)
+      for (int r = 0; r < me; ++r) {
+        store.set_timeout(left());
         addresses[r] = detail::split_address(store.get_string("gradwire/tcp/" + std::to_string(r)),
                                              "the address rank " + std::to_string(r) + " published");
+      }
 
       // Dial down, accept up, all at once, so no rank waits for another to finish.
       joining = true;
@@ -281,6 +306,8 @@ class asio_tcp {
           --join_pending;
         } catch (const error& e) {
           if (!join_failure) join_failure = e;
+        } catch (const std::exception& e) {
+          if (!join_failure) join_failure = error(errc::config, "connecting to rank " + std::to_string(peer) + ": " + e.what());
         }
       });
     }
@@ -346,12 +373,16 @@ class asio_tcp {
     }
 
     void add_link(int peer, tcp::socket socket) {
-      socket.set_option(tcp::no_delay(true));
+      boost::system::error_code ignored;  // options that do not take leave the defaults
+      socket.set_option(tcp::no_delay(true), ignored);
       if (options.socket_buffer_bytes > 0) {
-        socket.set_option(boost::asio::socket_base::send_buffer_size(options.socket_buffer_bytes));
-        socket.set_option(boost::asio::socket_base::receive_buffer_size(options.socket_buffer_bytes));
+        socket.set_option(boost::asio::socket_base::send_buffer_size(options.socket_buffer_bytes), ignored);
+        socket.set_option(boost::asio::socket_base::receive_buffer_size(options.socket_buffer_bytes), ignored);
       }
       links[peer] = std::make_unique<detail::tcp_link>(std::move(socket), peer);
+      // The stage that chunked receives read through, allocated and touched now, not
+      // on the first step (first touch is slow on these machines).
+      links[peer]->stage.assign(stage_bytes, std::byte{0});
     }
 
     // --- operations ------------------------------------------------------------------
@@ -413,6 +444,14 @@ class asio_tcp {
     void wait(detail::tcp_op& op, deadline until) {
       if (op.state == status::cancelled)
         throw error(errc::invalid_argument, "asio_tcp: wait on a withdrawn request");
+      // Waiting for one message while an earlier, larger one from the same peer waits
+      // for its receive would wait forever (its bytes are ahead in the stream): take that
+      // one into memory now. Collectives post receives in order, so they never pay this.
+      if (!op.is_send && op.state == status::queued && op.peer != options.rank)
+        if (auto& link = links[op.peer]; link && link->parked && link->incoming.tag != op.tag) {
+          link->parked = false;
+          read_eager(*link);
+        }
       poll_briefly(op);
       if (!detail::run_until(io, [&] { return op.state == status::done; }, until)) {
         cancel(op);
@@ -475,7 +514,10 @@ class asio_tcp {
       const auto& h = link.incoming;
       if (h.source != static_cast<std::uint32_t>(link.peer))
         return lose(link, errc::protocol, who + " sent a frame claiming to come from rank " + std::to_string(h.source));
-      if (h.kind == wire::frame_kind::abort) return read_eager(link);  // the reason follows
+      if (h.kind == wire::frame_kind::abort) {  // the reason follows, as text
+        if (h.length > max_abort_bytes) return lose(link, errc::protocol, who + " sent an oversized abort frame");
+        return read_eager(link);
+      }
       if (h.kind == wire::frame_kind::goodbye) return on_goodbye(link);
       if (h.kind != wire::frame_kind::data)
         return lose(link, errc::protocol, who + " sent an unexpected frame kind " + std::to_string(int(h.kind)));
@@ -485,15 +527,17 @@ class asio_tcp {
           link.receives.erase(it);
           return read_payload_into(link, op);
         }
-      if (h.length <= options.eager_bytes) return read_eager(link);
-      link.parked = true;  // resumed by post_recv
+      // Small, or large while a receive for a later message already waits on this link
+      // (its bytes are behind this one): into memory. Otherwise the message stays in the
+      // kernel until its receive is posted (post_recv) or another one is waited for (wait).
+      if (h.length <= options.eager_bytes || !link.receives.empty()) return read_eager(link);
+      link.parked = true;
     }
 
     void read_payload_into(detail::tcp_link& link, detail::tcp_op& op) {
       if (op.bytes != link.incoming.length) {
         fail_size(op, link.incoming.length);
-        link.dropping = true;  // consume the payload so that the stream stays in step
-        return read_eager(link);
+        return drain(link, static_cast<std::size_t>(link.incoming.length));  // keeps the stream in step
       }
       op.state = status::active;
       link.reading = &op;
@@ -519,10 +563,8 @@ class asio_tcp {
     // Reads link.reading's payload through the link's stage in chunks, adding each into
     // place as it lands, from byte `offset` on; `crc` carries the payload checksum so far.
     void read_accumulating(detail::tcp_link& link, std::size_t offset, std::uint32_t crc) {
-      constexpr std::size_t chunk_bytes = std::size_t{1} << 20;
       detail::tcp_op& op = *link.reading;
-      const std::size_t chunk = std::min(chunk_bytes, op.bytes - offset);
-      if (link.stage.size() < chunk) link.stage.resize(chunk_bytes);
+      const std::size_t chunk = std::min(stage_bytes, op.bytes - offset);
       auto on_chunk = [this, &link, offset, crc, chunk](const boost::system::error_code& ec, std::size_t) {
         if (ec) return broken(link, ec);
         detail::tcp_op* op = link.reading;
@@ -545,6 +587,17 @@ class asio_tcp {
       boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk), on_chunk);
     }
 
+    // Reads and drops `left` payload bytes through the stage, then the next header.
+    void drain(detail::tcp_link& link, std::size_t left) {
+      if (left == 0) return read_header(link);
+      const std::size_t chunk = std::min(stage_bytes, left);
+      boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk),
+                              [this, &link, left, chunk](const boost::system::error_code& ec, std::size_t) {
+                                if (ec) return broken(link, ec);
+                                drain(link, left - chunk);
+                              });
+    }
+
     void read_eager(detail::tcp_link& link) {
       link.reading_eager.emplace();
       link.reading_eager->tag = link.incoming.tag;
@@ -563,10 +616,7 @@ class asio_tcp {
                                 if (link.incoming.kind == wire::frame_kind::abort)
                                   return on_abort(link, std::string(reinterpret_cast<const char*>(m.payload.data()),
                                                                     m.payload.size()));
-                                if (std::exchange(link.dropping, false))
-                                  give_back(std::move(m.payload));
-                                else
-                                  on_eager(link, std::move(m));
+                                on_eager(link, std::move(m));
                                 read_header(link);
                               });
     }
@@ -594,7 +644,7 @@ class asio_tcp {
       return b;
     }
     void give_back(std::vector<std::byte> b) {
-      if (spare_buffers.size() < 16) spare_buffers.push_back(std::move(b));
+      if (spare_buffers.size() < 16 && b.capacity() <= options.eager_bytes) spare_buffers.push_back(std::move(b));
     }
 
     void deliver(detail::tcp_op& op, std::span<const std::byte> payload) {
@@ -707,6 +757,12 @@ class asio_tcp {
 
     void broken(detail::tcp_link& link, const boost::system::error_code& ec) {
       if (!link.alive || ec == boost::asio::error::operation_aborted) return;
+      if (link.finished) {  // it said goodbye and left: only what was still meant for it fails
+        link.alive = false;
+        for (auto* op : link.sends) op->finish(errc::peer_lost, finished_message(link.peer));
+        link.sends.clear();
+        return;
+      }
       const bool closed = ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset ||
                           ec == boost::asio::error::broken_pipe;
       link.alive = false;
@@ -726,7 +782,9 @@ class asio_tcp {
     // every peer, and failing at once beats waiting for every deadline.
     void lose(detail::tcp_link& link, errc cause, const std::string& why) {
       link.alive = false;
-      fail_everything(cause, "rank " + std::to_string(options.rank) + ": " + why);
+      const std::string what = "rank " + std::to_string(options.rank) + ": " + why;
+      if (!failed) send_abort(cause, what);  // so the peers report this, not a closed connection
+      fail_everything(cause, what);
     }
 
     void fail_everything(errc cause, const std::string& why) {
@@ -757,17 +815,20 @@ class asio_tcp {
           io, [&] { return std::none_of(links.begin(), links.end(), [](const auto& l) { return l && l->alive && l->writing; }); },
           deadline_after(std::chrono::milliseconds(200)));
       aborting = false;
+      send_abort(cause, reason);
+      fail_everything(cause, "rank " + std::to_string(options.rank) + " failed: " + reason);
+    }
+
+    // An abort frame with the reason on every idle connection (see send_to_all_now).
+    void send_abort(errc cause, const std::string& reason) {
       wire::frame_header h;
       h.kind = wire::frame_kind::abort;
       h.token_hash = token;
       h.tag = static_cast<std::uint64_t>(cause);
       h.source = static_cast<std::uint32_t>(options.rank);
-      const std::string text = reason.substr(0, options.eager_bytes);
+      const std::string text = reason.substr(0, max_abort_bytes);
       h.length = text.size();
-      // Only idle connections get it: a frame cannot interleave with one being written
-      // (those peers see the connection close instead).
       send_to_all_now(h, std::as_bytes(std::span(text.data(), text.size())));
-      fail_everything(cause, "rank " + std::to_string(options.rank) + " failed: " + reason);
     }
 
     void throw_if_failed() const {
@@ -779,6 +840,8 @@ class asio_tcp {
              std::to_string(op.tag) + ", " + std::to_string(op.bytes) + " bytes)";
     }
 
+    static constexpr std::size_t stage_bytes = std::size_t{1} << 20;  // chunk of accumulating receives and drains
+    static constexpr std::size_t max_abort_bytes = std::size_t{64} << 10;
     asio_tcp_options options;
     std::uint64_t token;
     bool dedicated;  // every local rank can have a core
