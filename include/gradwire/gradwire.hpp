@@ -2,6 +2,8 @@
 #pragma once
 
 #include "aggregation/all_reduce.hpp"
+#include "aggregation/averaging.hpp"
+#include "aggregation/central.hpp"
 #include "aggregation/local.hpp"
 #include "collective/all_gather.hpp"
 #include "collective/all_reduce.hpp"
@@ -12,6 +14,7 @@
 #include "collective/chunking.hpp"
 #include "collective/communicator.hpp"
 #include "collective/halving_doubling_all_reduce.hpp"
+#include "collective/reduce.hpp"
 #include "collective/reduce_scatter.hpp"
 #include "collective/ring_all_reduce.hpp"
 #include "concepts.hpp"

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "aggregation/all_reduce.hpp"
+#include "aggregation/averaging.hpp"
+#include "aggregation/central.hpp"
 #include "aggregation/local.hpp"
 #include "collective/communicator.hpp"
 #include "concepts.hpp"
@@ -137,5 +139,15 @@ using one_device = strategy<Tensor, Optimizer, aggregation::local, transport::lo
 // MirroredStrategy: one replica per thread in this process, synchronous all-reduce.
 template <class Tensor, class Optimizer>
 using mirrored = strategy<Tensor, Optimizer, aggregation::all_reduce, transport::inproc>;
+
+// CentralStorageStrategy: one owner rank holds the variables and applies the optimizer.
+template <class Tensor, class Optimizer, class Transport = transport::inproc>
+using central_storage = strategy<Tensor, Optimizer, aggregation::central, Transport>;
+
+// Local SGD / model averaging: each replica steps on its own gradient and the replicas
+// average their parameters every H steps (H >= 1). H = 1 with plain SGD (or momentum)
+// equals mirrored up to float rounding; optimizer state stays per replica, so Adam does not.
+template <class Tensor, class Optimizer, int H, class Transport = transport::inproc>
+using local_sgd = strategy<Tensor, Optimizer, aggregation::averaging<H>, Transport>;
 
 }  // namespace gradwire

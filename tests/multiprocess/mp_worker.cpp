@@ -198,8 +198,9 @@ std::vector<std::vector<T>> snapshot(fashion_mnist::mlp<T>& m) {
 // multi_worker_mirrored (N processes x batch b) reaches the weights of one_device with
 // batch N*b, which every rank computes itself on the same generated data. Returns the
 // largest relative difference of a tensor (max |a-b| / max |b|).
-template <class T, class Optimizer>
-double train_and_compare(gw::transport::asio_tcp transport, const Optimizer& opt) {
+template <class T, class Optimizer, class Aggregation = gw::aggregation::all_reduce>
+double train_and_compare(gw::transport::asio_tcp transport, const Optimizer& opt, Aggregation aggregation = Aggregation(),
+                         int source = 0) {
   using fashion_mnist::mlp;
   const int n = transport.size(), me = transport.rank(), steps = 5;
   const Eigen::Index batch = 8;
@@ -226,9 +227,11 @@ double train_and_compare(gw::transport::asio_tcp transport, const Optimizer& opt
       one.step(g);
     }
   }
-  // Ranks other than 0 start from other weights: the strategy's setup must broadcast.
-  mlp<T> model(sizes, me == 0 ? seed : seed + 100 + me);
-  gw::multi_worker_mirrored<gw::tensor_view<T>, Optimizer> strategy(std::move(transport), model.parameter_views(), opt);
+  // Only `source` (whose weights the strategy's setup broadcasts) starts from the
+  // reference's weights: the others must receive them.
+  mlp<T> model(sizes, me == source ? seed : seed + 100 + me);
+  gw::strategy<gw::tensor_view<T>, Optimizer, Aggregation, gw::transport::asio_tcp> strategy(
+      std::move(transport), model.parameter_views(), opt, std::move(aggregation));
   auto g = model.gradient_views();
   for (int s = 0; s < steps; ++s) {
     const Eigen::Index first = s * batch * n + me * batch;
@@ -250,7 +253,7 @@ double train_and_compare(gw::transport::asio_tcp transport, const Optimizer& opt
 
 void train(const std::string& optimizer) {
   auto transport = gw::cluster::join_tcp();
-  const int rank = transport.rank();
+  const int rank = transport.rank(), rank_count = transport.size();
   double error = 0;
   if (optimizer == "sgd")
     error = train_and_compare<float>(std::move(transport), gw::optim::sgd({.lr = 0.1}));
@@ -258,6 +261,11 @@ void train(const std::string& optimizer) {
     error = train_and_compare<float>(std::move(transport), gw::optim::momentum({.lr = 0.05, .momentum = 0.9}));
   else if (optimizer == "adam")  // in double: float Adam amplifies rounding by lr/eps (see the inproc test)
     error = train_and_compare<double>(std::move(transport), gw::optim::adam({.lr = 1e-3}));
+  else if (optimizer == "central-momentum")  // central_storage over TCP, owned by the last rank
+    error = train_and_compare<float>(std::move(transport), gw::optim::momentum({.lr = 0.05, .momentum = 0.9}),
+                                     gw::aggregation::central(rank_count - 1), rank_count - 1);
+  else if (optimizer == "local-sgd")  // local_sgd<1> with plain SGD is synchronous SGD
+    error = train_and_compare<float>(std::move(transport), gw::optim::sgd({.lr = 0.1}), gw::aggregation::averaging<1>());
   else
     fail("unknown optimizer " + optimizer);
   if (!(error <= 1e-5)) fail("train " + optimizer + ": max relative error " + std::to_string(error));

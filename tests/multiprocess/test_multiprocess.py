@@ -58,7 +58,7 @@ class Correctness(unittest.TestCase):
         self.check_pass(2, "point-to-point")
 
     def test_multi_worker_mirrored_equals_one_device_large_batch(self):
-        for n, opt in ((2, "sgd"), (3, "momentum"), (4, "adam")):
+        for n, opt in ((2, "sgd"), (3, "momentum"), (4, "adam"), (3, "central-momentum"), (3, "local-sgd")):
             with self.subTest(ranks=n, optimizer=opt):
                 self.check_pass(n, "train", opt)
 

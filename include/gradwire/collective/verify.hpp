@@ -12,7 +12,7 @@
 
 namespace gradwire::collective {
 
-enum class operation : std::uint32_t { all_reduce = 1, broadcast, barrier, reduce_scatter, all_gather };
+enum class operation : std::uint32_t { all_reduce = 1, broadcast, barrier, reduce_scatter, all_gather, reduce };
 enum class reduce_op : std::uint32_t { sum = 1, average };
 // Which all-reduce algorithm a rank runs: ranks that choose differently (e.g. different
 // auto_ thresholds) would exchange different messages, so the check compares it too.
@@ -25,6 +25,7 @@ inline const char* name_of(operation op) noexcept {
     case operation::barrier: return "barrier";
     case operation::reduce_scatter: return "reduce_scatter";
     case operation::all_gather: return "all_gather";
+    case operation::reduce: return "reduce";
   }
   return "?";
 }

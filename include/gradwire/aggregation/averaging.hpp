@@ -1,0 +1,99 @@
+// Model averaging / local SGD: every replica steps on its own gradient; every H steps the parameters are averaged.
+//
+// Each replica applies the optimizer to its own gradient (apply(i, grad, 1)), so replicas
+// drift apart between averaging points; after every H-th step (counted from setup, i.e.
+// from the strategy's construction) the parameters are all-reduced with reduce_op::average
+// over one flat buffer that is reused across steps, and the replicas are bit-identical
+// again. Communication drops by a factor H compared with aggregation::all_reduce.
+//
+// With H = 1 and plain SGD this equals synchronous gradient averaging
+// (aggregation::all_reduce) up to float rounding: from equal parameters p,
+// mean_r(p - lr*g_r) == p - lr*mean_r(g_r). The optimizer state (velocity, moments) stays
+// local to each replica and is never averaged, only the parameters are. That costs
+// nothing for momentum at H = 1 (linear in g: the mean of the local velocities is the
+// synchronous velocity), but Adam and AdamW differ (mean_r(m_r/sqrt(v_r)) is not
+// m/sqrt(v) of the mean gradient), and for H > 1 each replica carries its own state
+// across averaging points.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "../collective/broadcast.hpp"
+#include "../collective/bucketing.hpp"
+#include "../collective/communicator.hpp"
+#include "../error.hpp"
+
+namespace gradwire::aggregation {
+
+// averaging<dynamic_period> takes its period at run time, as std::span takes its extent.
+inline constexpr int dynamic_period = -1;
+
+// H: average the parameters after every H-th local step, H >= 1 (H = 1: after every
+// step); or dynamic_period, and the period is given to the constructor (checked there).
+template <int H = dynamic_period>
+class averaging {
+  static_assert(H >= 1 || H == dynamic_period,
+                "gradwire::aggregation::averaging<H>: the period H must be >= 1 (average the parameters every H "
+                "local steps; H = 1 averages after every step), or dynamic_period to give it at run time");
+
+ public:
+  static constexpr int period = H;  // dynamic_period when given at run time: see every()
+
+  // bucket_bytes: the budget of one all-reduce call (collective::default_bucket_bytes);
+  // every bucket lives in the same flat buffer, allocated once.
+  explicit averaging(std::size_t bucket_bytes = collective::default_bucket_bytes)
+    requires(H != dynamic_period)
+      : every_(H), buckets_(bucket_bytes) {}
+  // averaging<4>(8) reads as a period but would be a bucket budget: say std::size_t.
+  template <std::signed_integral I>
+  explicit averaging(I)
+    requires(H != dynamic_period)
+  = delete;
+
+  // every: the period; below 1 it is refused with errc::invalid_argument.
+  explicit averaging(int every, std::size_t bucket_bytes = collective::default_bucket_bytes)
+    requires(H == dynamic_period)
+      : every_(checked(every)), buckets_(bucket_bytes) {}
+
+  int every() const noexcept { return every_; }            // the period in effect
+  std::uint64_t steps() const noexcept { return steps_; }  // local steps since setup
+
+  template <class Tr, class V>
+  void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    for (auto p : params) collective::broadcast(comm, p, 0);
+    steps_ = 0;
+    if (comm.size() == 1) return;
+    // Allocate the flat buffer now and touch it (first touch of fresh memory is slow
+    // here), so no averaging step allocates or faults.
+    for (const auto& b : buckets_.plan<V>(params)) buckets_.gather<V>(b, params);
+  }
+
+  template <class Tr, class V, class Apply>
+  void step(collective::communicator<Tr>& comm, std::span<const std::span<V>> params,
+            std::span<const std::span<const V>> grads, Apply&& apply) {
+    for (std::size_t i = 0; i < grads.size(); ++i) apply(i, grads[i], V(1));
+    ++steps_;
+    // Every rank counts the same steps, so every rank joins the same all-reduces.
+    if (steps_ % static_cast<std::uint64_t>(every_) != 0 || comm.size() == 1) return;
+    collective::bucketed_all_reduce(comm, params, buckets_, collective::reduce_op::average);
+  }
+
+ private:
+  static int checked(int every) {
+    if (every < 1)
+      throw error(errc::invalid_argument, "aggregation::averaging: the period must be >= 1 (average the parameters "
+                                          "every `period` local steps), got " +
+                                              std::to_string(every));
+    return every;
+  }
+
+  int every_;
+  std::uint64_t steps_ = 0;
+  collective::bucket_buffer buckets_;  // plan and flat buffer, reused across averaging steps
+};
+
+}  // namespace gradwire::aggregation
