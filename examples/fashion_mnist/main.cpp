@@ -1,16 +1,19 @@
-// Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device, mirrored or
-// multi_worker_mirrored strategy.
+// Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device, mirrored,
+// multi_worker_mirrored, central_storage or local_sgd strategy.
 //
-//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored] [--replicas N]
+//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd]
+//                 [--transport inproc|tcp] [--replicas N] [--owner R] [--period H]
 //                 [--epochs E] [--batch B] [--lr LR] [--optimizer sgd|momentum|adam|adamw]
 //                 [--data DIR] [--seed S] [--schedule cosine|constant] [--standardise]
-//                 [--threads T] [--target-accuracy A] [--timing]
+//                 [--threads T] [--target-accuracy A] [--straggler RANK:FACTOR] [--timing]
 //
-// With mirrored, N replicas run as threads; with multi_worker_mirrored, one replica per
-// process, started by a launcher (scripts/gradwire-run, mpirun, srun, TF_CONFIG). Either
-// way each global step takes N*B samples of the shuffled epoch and replica r trains on
-// samples [r*B, (r+1)*B) of them (like PyTorch's DistributedSampler), so N replicas of
-// batch B follow the same trajectory as one device with batch N*B.
+// With mirrored (and central_storage / local_sgd over --transport inproc), N replicas run
+// as threads; with multi_worker_mirrored (and the others over --transport tcp), one
+// replica per process, started by a launcher (scripts/gradwire-run, mpirun, srun,
+// TF_CONFIG). Either way each global step takes N*B samples of the shuffled epoch and
+// replica r trains on samples [r*B, (r+1)*B) of them (like PyTorch's DistributedSampler),
+// so N synchronous replicas of batch B follow the same trajectory as one device with
+// batch N*B.
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -28,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <gradwire/collective/all_reduce.hpp>
@@ -53,12 +57,18 @@ using matrix = model_type::matrix;
 
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
-    "  --strategy one_device|mirrored|multi_worker_mirrored\n"
+    "  --strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd\n"
     "                                   training strategy (default one_device); multi_worker_mirrored runs one\n"
     "                                   replica per process: start it with scripts/gradwire-run -n N, mpirun -np N,\n"
     "                                   srun or TF_CONFIG\n"
-    "  --replicas N                     mirrored: replicas, one thread each (default 2); one_device: must be 1;\n"
-    "                                   multi_worker_mirrored: the launcher's world size (may be left out)\n"
+    "  --transport inproc|tcp           central_storage, local_sgd: replicas as threads of this process (inproc,\n"
+    "                                   the default) or one per process under a launcher (tcp, as\n"
+    "                                   multi_worker_mirrored); mirrored is inproc, multi_worker_mirrored tcp\n"
+    "  --replicas N                     threads: replicas, one thread each (default 2); one_device: must be 1;\n"
+    "                                   tcp: the launcher's world size (may be left out)\n"
+    "  --owner R                        central_storage: the rank that sums gradients and applies the optimizer\n"
+    "                                   (default 0)\n"
+    "  --period H                       local_sgd: average the parameters every H local steps (default 8)\n"
     "  --epochs E                       passes over the training set (default 10)\n"
     "  --batch B                        samples per replica per step (default 64)\n"
     "  --lr LR                          learning rate (default: adam/adamw 1e-3, momentum 0.01, sgd 0.1)\n"
@@ -70,6 +80,8 @@ constexpr const char* usage_text =
     "  --standardise                    shift/scale pixels by the training set's mean/std (default: [0, 1])\n"
     "  --threads T                      Eigen threads per process (default 1; needs a build with OpenMP)\n"
     "  --target-accuracy A              report when test accuracy first reaches A, in (0, 1] (default 0.88)\n"
+    "  --straggler RANK:FACTOR          replica RANK sleeps after each forward/backward so that it takes FACTOR\n"
+    "                                   (>= 1) times as long, e.g. 1:3\n"
     "  --timing                         per epoch, also print rank-mean seconds in forward/backward and in step\n"
     "  --help                           this text\n";
 
@@ -79,7 +91,10 @@ struct usage_error : std::runtime_error {
 
 struct options {
   std::string strategy = "one_device";
-  int replicas = 0;  // 0: the strategy's default
+  std::string transport;  // inproc or tcp; empty until parse() picks the strategy's default
+  int replicas = 0;       // 0: the strategy's default
+  std::optional<int> owner;   // central_storage only
+  std::optional<int> period;  // local_sgd only
   int epochs = 10;
   int batch = 64;
   std::optional<double> lr;
@@ -91,7 +106,11 @@ struct options {
   int threads = 1;  // one per process, so N processes on N cores do not oversubscribe
   double target_accuracy = 0.88;
   bool timing = false;
+  int straggler_rank = -1;  // -1: no straggler
+  double straggler_factor = 1;
 };
+
+bool uses_tcp(const options& o) { return o.transport == "tcp"; }
 
 template <class Int>
 Int parse_int(std::string_view flag, std::string_view text, Int min) {
@@ -132,9 +151,29 @@ options parse(int argc, char** argv) {
       std::exit(0);
     } else if (flag == "--strategy") {
       o.strategy = next();
-      if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
-        throw usage_error("--strategy must be one_device, mirrored or multi_worker_mirrored, got '" + o.strategy +
-                          "'");
+      if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored" &&
+          o.strategy != "central_storage" && o.strategy != "local_sgd")
+        throw usage_error(
+            "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage or local_sgd, got '" +
+            o.strategy + "'");
+    } else if (flag == "--transport") {
+      o.transport = next();
+      if (o.transport != "inproc" && o.transport != "tcp")
+        throw usage_error("--transport must be inproc or tcp, got '" + o.transport + "'");
+    } else if (flag == "--owner") {
+      o.owner = parse_int<int>(flag, next(), 0);
+    } else if (flag == "--period") {
+      o.period = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--straggler") {
+      const std::string_view text = next();
+      const auto colon = text.find(':');
+      if (colon == std::string_view::npos)
+        throw usage_error("--straggler expects RANK:FACTOR, e.g. 1:3, got '" + std::string(text) + "'");
+      o.straggler_rank = parse_int<int>("--straggler's RANK", text.substr(0, colon), 0);
+      o.straggler_factor = parse_positive("--straggler's FACTOR", text.substr(colon + 1));
+      if (o.straggler_factor < 1)
+        throw usage_error("--straggler's FACTOR must be >= 1 (how many times slower the replica runs), got '" +
+                          std::string(text.substr(colon + 1)) + "'");
     } else if (flag == "--replicas") {
       o.replicas = parse_int<int>(flag, next(), 1);
     } else if (flag == "--epochs") {
@@ -173,14 +212,40 @@ options parse(int argc, char** argv) {
       throw usage_error("unknown option '" + std::string(argv[i]) + "'");
     }
   }
+  // mirrored and multi_worker_mirrored are the same all-reduce strategy on threads and on
+  // processes; the names fix the transport, so a contradicting --transport is an error.
+  const std::string fixed_transport = o.strategy == "multi_worker_mirrored" ? "tcp"
+                                      : (o.strategy == "mirrored" || o.strategy == "one_device") ? "inproc"
+                                                                                                 : "";
+  if (!fixed_transport.empty() && !o.transport.empty() && o.transport != fixed_transport)
+    throw usage_error("--strategy " + o.strategy + " runs " +
+                      (fixed_transport == "tcp" ? "one replica per process (tcp)" : "in this process (inproc)") +
+                      (fixed_transport == "tcp" ? "; use --strategy mirrored for threads"
+                                                : "; use --strategy multi_worker_mirrored for processes"));
+  if (o.transport.empty()) o.transport = fixed_transport.empty() ? "inproc" : fixed_transport;
+  if (o.owner && o.strategy != "central_storage")
+    throw usage_error("--owner is for --strategy central_storage, not " + o.strategy);
+  if (o.period && o.strategy != "local_sgd")
+    throw usage_error("--period is for --strategy local_sgd, not " + o.strategy);
+  if (o.strategy == "central_storage" && !o.owner) o.owner = 0;
+  if (o.strategy == "local_sgd" && !o.period) o.period = 8;
   if (o.strategy == "one_device") {
     if (o.replicas > 1)
       throw usage_error("--strategy one_device trains one replica; use --strategy mirrored for --replicas " +
                         std::to_string(o.replicas));
     o.replicas = 1;
-  } else if (o.strategy == "mirrored" && o.replicas == 0) {
+  } else if (!uses_tcp(o) && o.replicas == 0) {
     o.replicas = 2;
-  }  // multi_worker_mirrored: the launcher decides; a given --replicas is checked against it
+  }  // tcp: the launcher decides; a given --replicas is checked against it (process_rank)
+  // With threads the replica count is known now; over tcp process_rank checks these.
+  if (!uses_tcp(o)) {
+    if (o.owner && *o.owner >= o.replicas)
+      throw usage_error("--owner " + std::to_string(*o.owner) + " is not a rank of " + std::to_string(o.replicas) +
+                        " replica(s) (ranks 0.." + std::to_string(o.replicas - 1) + ")");
+    if (o.straggler_rank >= o.replicas)
+      throw usage_error("--straggler rank " + std::to_string(o.straggler_rank) + " is not a rank of " +
+                        std::to_string(o.replicas) + " replica(s) (ranks 0.." + std::to_string(o.replicas - 1) + ")");
+  }
 #if !defined(_OPENMP)
   if (o.threads > 1)
     throw usage_error("--threads " + std::to_string(o.threads) +
@@ -198,6 +263,12 @@ struct summary {
   int epoch_reached = 0;  // first epoch with test accuracy >= target; 0: never
   double seconds_reached = 0;
 };
+
+// local_sgd's replicas differ between averaging points; evaluation needs their average.
+template <class Aggregation>
+inline constexpr bool averages_parameters = false;
+template <int H>
+inline constexpr bool averages_parameters<gradwire::aggregation::averaging<H>> = true;
 
 // One replica's training loop, the same for every strategy. All replicas see the same
 // permutation per epoch and take their own B-sample slice of each global batch.
@@ -230,12 +301,25 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
   auto gradients = model.gradient_views();
 
   if (rank == 0) {
-    std::printf("strategy %s, replicas %d, optimizer %s, lr %g (%s), batch %zu per replica (%zu global), %zu steps/epoch, "
-                "%zu parameters\n",
-                o.strategy.c_str(), replicas, o.optimizer.c_str(), *o.lr, o.schedule.c_str(), batch, global_batch, steps,
-                model.parameter_count());
+    std::string detail;
+    if (o.owner) detail = " (owner " + std::to_string(*o.owner) + ")";
+    if (o.period) detail = " (period " + std::to_string(*o.period) + ")";
+    std::printf("strategy %s%s over %s, replicas %d, optimizer %s, lr %g (%s), batch %zu per replica (%zu global), "
+                "%zu steps/epoch, %zu parameters\n",
+                o.strategy.c_str(), detail.c_str(), o.transport.c_str(), replicas, o.optimizer.c_str(), *o.lr,
+                o.schedule.c_str(), batch, global_batch, steps, model.parameter_count());
+    if (o.straggler_rank >= 0)
+      std::printf("straggler: rank %d runs %g x slower\n", o.straggler_rank, o.straggler_factor);
     std::fflush(stdout);
   }
+  const bool straggling = rank == o.straggler_rank && o.straggler_factor > 1;
+
+  // local_sgd: evaluate a copy holding the replicas' average, so that evaluating neither
+  // shows one replica's drifted model nor adds an averaging step to training.
+  constexpr bool averaging = averages_parameters<typename Strategy::aggregation_type>;
+  std::optional<model_type> averaged;
+  std::vector<float> flat;
+  if constexpr (averaging) flat.resize(model.parameter_count());
 
   // Cosine decay from lr to 0 over the run, set per step: the last epochs average out
   // the noise of the step, so the final accuracy does not depend on where it stopped.
@@ -266,6 +350,10 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
         y[j] = data.train.labels[sample];
       }
       loss_sum += model.loss_and_gradient(x, y);
+      // A simulated slow replica: sleeping (FACTOR - 1) x its own compute time makes its
+      // forward/backward take FACTOR times as long (--timing counts the sleep there).
+      if (straggling)
+        std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
       set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
       const auto computed = steady::now();
       strategy.step(gradients);
@@ -278,11 +366,32 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
     // seconds} summed over all replicas.
     std::array<double, 5> stats{loss_sum, double(steps), 0.0, std::chrono::duration<double>(compute_time).count(),
                                 std::chrono::duration<double>(step_time).count()};
+    model_type* evaluated = &model;
+    if constexpr (averaging) {
+      // Every rank counts the same steps, so all agree whether the last one averaged.
+      const auto steps_so_far = static_cast<std::size_t>(epoch) * steps;
+      if (replicas > 1 && steps_so_far % static_cast<std::size_t>(*o.period) != 0) {
+        std::size_t offset = 0;
+        for (const auto& p : model.parameter_views()) {
+          std::copy_n(p.data(), p.size(), flat.data() + offset);
+          offset += p.size();
+        }
+        gradwire::collective::all_reduce(strategy.communicator(), std::span<float>(flat),
+                                         gradwire::collective::reduce_op::average);
+        if (!averaged) averaged.emplace(model);
+        offset = 0;
+        for (auto& p : averaged->parameter_views()) {
+          std::copy_n(flat.data() + offset, p.size(), p.data());
+          offset += p.size();
+        }
+        evaluated = &*averaged;
+      }
+    }
     std::size_t correct = 0;
     for (Eigen::Index begin = 0; begin < test_x.cols(); begin += 1000) {
       const Eigen::Index n = std::min<Eigen::Index>(1000, test_x.cols() - begin);
-      correct += model.count_correct(test_x.middleCols(begin, n),
-                                     test_y.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)));
+      correct += evaluated->count_correct(test_x.middleCols(begin, n),
+                                          test_y.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)));
     }
     stats[2] = double(correct);
     gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(stats));
@@ -312,31 +421,44 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
 template <class Optimizer>
 summary train(const options& o, const Optimizer& optimizer, const fashion_mnist::fashion_mnist_data<float>& data) {
   using view = gradwire::tensor_view<float>;
+  namespace aggregation = gradwire::aggregation;
   summary out;
+  // One replica on whatever transport joined it (a thread's inproc endpoint or this
+  // process's TCP connections): the strategy's constructor makes the replicas' parameters
+  // equal, so each builds its own model. One training loop for every strategy.
+  auto replica = [&]<class Transport>(Transport transport) {
+    model_type model({}, o.seed);
+    if (o.strategy == "central_storage") {
+      gradwire::central_storage<view, Optimizer, Transport> strategy(
+          std::move(transport), model.parameter_views(), optimizer, aggregation::central(*o.owner));
+      train_replica(strategy, model, data, o, out);
+    } else if (o.strategy == "local_sgd") {
+      gradwire::local_sgd<view, Optimizer, aggregation::dynamic_period, Transport> strategy(
+          std::move(transport), model.parameter_views(), optimizer,
+          aggregation::averaging<aggregation::dynamic_period>(*o.period));
+      train_replica(strategy, model, data, o, out);
+    } else {
+      // mirrored over inproc, multi_worker_mirrored over asio_tcp.
+      gradwire::strategy<view, Optimizer, aggregation::all_reduce, Transport> strategy(
+          std::move(transport), model.parameter_views(), optimizer);
+      train_replica(strategy, model, data, o, out);
+    }
+  };
   if (o.strategy == "one_device") {
     model_type model({}, o.seed);
     gradwire::one_device<view, Optimizer> strategy(model.parameter_views(), optimizer);
     train_replica(strategy, model, data, o, out);
-  } else if (o.strategy == "multi_worker_mirrored") {
+  } else if (uses_tcp(o)) {
 #if GRADWIRE_HAS_ASIO
     // One replica per process: join the job the launcher describes (rank, world size,
-    // rendezvous address and token from its environment); the constructor broadcasts
-    // rank 0's parameters, as in mirrored.
-    model_type model({}, o.seed);
-    gradwire::multi_worker_mirrored<view, Optimizer> strategy(gradwire::cluster::join_tcp(), model.parameter_views(),
-                                                              optimizer);
-    train_replica(strategy, model, data, o, out);
+    // rendezvous address and token from its environment).
+    replica(gradwire::cluster::join_tcp());
 #else
-    throw std::logic_error("multi_worker_mirrored in a build without gradwire::asio");  // process_rank() said so
+    throw std::logic_error("--transport tcp in a build without gradwire::asio");  // process_rank() said so
 #endif
   } else {
-    gradwire::transport::run_inproc(o.replicas, [&](gradwire::transport::inproc endpoint) {
-      // Every replica builds its own model; the strategy's setup broadcasts rank 0's
-      // parameters, so replicas start equal whatever their own initialisation.
-      model_type model({}, o.seed);
-      gradwire::mirrored<view, Optimizer> strategy(std::move(endpoint), model.parameter_views(), optimizer);
-      train_replica(strategy, model, data, o, out);
-    });
+    gradwire::transport::run_inproc(o.replicas,
+                                    [&](gradwire::transport::inproc endpoint) { replica(std::move(endpoint)); });
   }
   return out;
 }
@@ -356,27 +478,30 @@ summary train(const options& o, const fashion_mnist::fashion_mnist_data<float>& 
   return train(o, optim::adam(settings), data);
 }
 
-constexpr const char* no_asio_message =
-    "--strategy multi_worker_mirrored: this build of fashion_mnist lacks gradwire::asio (Boost.Asio and "
-    "nlohmann-json were not found when it was configured); install libboost-dev nlohmann-json3-dev and "
-    "reconfigure";
-
-// This process's rank: multi_worker_mirrored reads it from the launcher's environment
-// (and checks --replicas against the world size) before the data is loaded, so only
-// rank 0 prints and a bad launch fails at once. The other strategies run in one process.
+// This process's rank: over tcp it comes from the launcher's environment (and --replicas,
+// --owner and --straggler are checked against the world size) before the data is loaded,
+// so only rank 0 prints and a bad launch fails at once. Threads run in one process.
 int process_rank(const options& o) {
-  if (o.strategy != "multi_worker_mirrored") return 0;
+  if (!uses_tcp(o)) return 0;
 #if GRADWIRE_HAS_ASIO
   const auto spec = gradwire::cluster::detect();
+  const std::string n = std::to_string(spec.world_size);
+  const std::string world = " this job's " + n + " process(es) (from " + spec.source + ")";
   if (o.replicas != 0 && o.replicas != spec.world_size)
-    throw usage_error("--replicas " + std::to_string(o.replicas) + " does not match this job's " +
-                      std::to_string(spec.world_size) + " process(es) (from " + spec.source +
-                      "): multi_worker_mirrored runs one replica per process, so leave --replicas out or start " +
+    throw usage_error("--replicas " + std::to_string(o.replicas) + " does not match" + world + ": --strategy " +
+                      o.strategy + " over tcp runs one replica per process, so leave --replicas out or start " +
                       std::to_string(o.replicas) + " processes (scripts/gradwire-run -n " +
                       std::to_string(o.replicas) + ", mpirun -np " + std::to_string(o.replicas) + ")");
+  if (o.owner && *o.owner >= spec.world_size)
+    throw usage_error("--owner " + std::to_string(*o.owner) + " is not a rank of" + world);
+  if (o.straggler_rank >= spec.world_size)
+    throw usage_error("--straggler rank " + std::to_string(o.straggler_rank) + " is not a rank of" + world);
   return spec.rank;
 #else
-  throw std::runtime_error(no_asio_message);
+  throw std::runtime_error("--strategy " + o.strategy +
+                           " over tcp: this build of fashion_mnist lacks gradwire::asio (Boost.Asio and "
+                           "nlohmann-json were not found when it was configured); install libboost-dev "
+                           "nlohmann-json3-dev and reconfigure");
 #endif
 }
 

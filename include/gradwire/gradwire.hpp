@@ -5,6 +5,7 @@
 #include "aggregation/averaging.hpp"
 #include "aggregation/central.hpp"
 #include "aggregation/local.hpp"
+#include "checkpoint.hpp"
 #include "collective/all_gather.hpp"
 #include "collective/all_reduce.hpp"
 #include "collective/async.hpp"

@@ -52,6 +52,7 @@ class strategy {
   using transport_type = Transport;
   using value_type = typename Tensor::value_type;
   using communicator_type = collective::communicator<Transport>;
+  using optimizer_state_type = typename Optimizer::template state<value_type>;
 
   // Joins the replicas reachable through `transport` and makes their parameters equal
   // (the aggregation's setup, e.g. a broadcast from rank 0). Collective: every replica
@@ -111,7 +112,12 @@ class strategy {
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   std::span<Tensor> parameters() noexcept { return parameters_; }
+  std::span<const Tensor> parameters() const noexcept { return parameters_; }
   Optimizer& optimizer() noexcept { return optimizer_; }
+  const Optimizer& optimizer() const noexcept { return optimizer_; }
+  // One state per parameter tensor, in the same order: what a checkpoint saves and restores.
+  std::span<optimizer_state_type> optimizer_states() noexcept { return states_; }
+  std::span<const optimizer_state_type> optimizer_states() const noexcept { return states_; }
   communicator_type& communicator() noexcept { return comm_; }
 
  private:
@@ -127,7 +133,7 @@ class strategy {
   Optimizer optimizer_;
   Aggregation aggregation_;
   std::vector<Tensor> parameters_;
-  std::vector<typename Optimizer::template state<value_type>> states_;
+  std::vector<optimizer_state_type> states_;
   std::vector<std::span<value_type>> param_spans_;
   std::vector<std::span<const value_type>> grad_spans_;  // reused across steps
 };

@@ -32,6 +32,26 @@ class adam_family {
   struct state {
     aligned_buffer<T> m, v;  // first and second moment estimates
     long step = 0;           // steps taken, for bias correction
+
+    // What a checkpoint saves: f(std::span<T>) per buffer, f(long&) per counter.
+    template <class F>
+    void for_each_buffer(F&& f) {
+      f(m.span());
+      f(v.span());
+    }
+    template <class F>
+    void for_each_buffer(F&& f) const {
+      f(m.span());
+      f(v.span());
+    }
+    template <class F>
+    void for_each_counter(F&& f) {
+      f(step);
+    }
+    template <class F>
+    void for_each_counter(F&& f) const {
+      f(step);
+    }
   };
 
   explicit adam_family(options o = {}) : options_(o) {

@@ -20,10 +20,25 @@ struct momentum_options {
 
 class momentum {
  public:
+  static constexpr const char* name = "momentum";
   using options = momentum_options;
   template <class T>
   struct state {
     aligned_buffer<T> velocity;
+
+    // What a checkpoint saves: f(std::span<T>) per buffer, f(long&) per counter.
+    template <class F>
+    void for_each_buffer(F&& f) {
+      f(velocity.span());
+    }
+    template <class F>
+    void for_each_buffer(F&& f) const {
+      f(velocity.span());
+    }
+    template <class F>
+    void for_each_counter(F&&) {}
+    template <class F>
+    void for_each_counter(F&&) const {}
   };
 
   explicit momentum(options o = {}) : options_(o) {

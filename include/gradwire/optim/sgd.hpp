@@ -17,10 +17,21 @@ struct sgd_options {
 
 class sgd {
  public:
+  static constexpr const char* name = "sgd";
   using options = sgd_options;
   template <class T>
   struct state {
     std::size_t size = 0;  // stateless but for the length it was made for
+
+    // What a checkpoint saves: no buffers, no counters (size comes from init).
+    template <class F>
+    void for_each_buffer(F&&) {}
+    template <class F>
+    void for_each_buffer(F&&) const {}
+    template <class F>
+    void for_each_counter(F&&) {}
+    template <class F>
+    void for_each_counter(F&&) const {}
   };
 
   explicit sgd(options o = {}) : options_(o) {

@@ -1,0 +1,434 @@
+// Checkpoints: save a strategy's parameters, optimizer state and training step to one file; load them back.
+//
+//   if (strategy.rank() == 0) gradwire::save_checkpoint("run/model.ckpt", strategy, step);
+//   ...
+//   step = gradwire::load_checkpoint("run/model.ckpt", strategy);   // on every rank
+//
+// Saving is atomic: the bytes go to `path.tmp.<pid>`, which is fsync'd, renamed over
+// `path`, and then the directory is fsync'd; a crash or an error while saving leaves the
+// previous checkpoint as it was (and at worst a stale .tmp file, which load ignores).
+// Loading checks the whole file (sizes against the file's size, then a CRC-32C of every
+// byte, then that dtype, optimizer and tensor sizes match the strategy) before it writes
+// a single byte into the strategy, and refuses with errc::config naming the file.
+//
+// Several ranks. Replicas of mirrored, multi_worker_mirrored and central_storage are
+// identical after every step, so the chief (rank 0) alone saves. To resume, construct
+// the strategy on every rank as usual and then call load_checkpoint on EVERY rank with
+// the same file (a shared filesystem, or a copy per machine): the optimizer state is not
+// part of the strategy's setup broadcast, so loading on rank 0 alone would restore its
+// parameters (broadcast only at construction) but leave the other ranks' optimizer state
+// fresh, and central_storage's owner needs its state too. load_checkpoint is local (no
+// communication), so all ranks must load the same file to stay identical.
+// local_sgd replicas differ between averaging points and keep their optimizer state per
+// replica: save at an averaging point (step % H == 0), and save one file per rank if each
+// replica's Adam/momentum state must come back exactly.
+//
+// What is saved: the values, not the hyperparameters (lr, betas, ...): those come from
+// the code that builds the optimizer, so a schedule may change them across a restart.
+//
+// Format version 1, little-endian:
+//    0 magic u32 ("GWCK")   4 version u16   6 dtype u8   7 name_length u8
+//    8 step u64            16 tensors u64  24 buffers u32 (optimizer buffers per tensor)
+//   28 counters u32 (optimizer step counters per tensor)
+//   32 optimizer name (name_length bytes)
+//      per tensor: element count u64, then each optimizer buffer's length u64
+//      data, per tensor: parameters, each optimizer buffer, each counter (i64)
+//      CRC-32C u32 of every byte before it
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "error.hpp"
+#include "strategy.hpp"
+#include "tensor/dtype.hpp"
+#include "transport/wire.hpp"
+
+namespace gradwire {
+
+inline constexpr std::uint32_t checkpoint_magic = 0x4b435747;  // "GWCK" in memory order
+inline constexpr std::uint16_t checkpoint_format_version = 1;
+
+namespace concepts {
+namespace detail {
+// Stands in for the visitors a checkpoint passes to an optimizer state.
+struct checkpoint_visitor_archetype {
+  template <class S>
+  void operator()(S&&) const {}
+};
+}  // namespace detail
+
+// Optimizer whose state a checkpoint can save: a name, and per-tensor state that shows
+// its buffers (f(std::span<V>)) and step counters (f(long&)).
+template <class O, class V>
+concept checkpointable_optimizer =
+    optimizer<O, V> && requires(typename O::template state<V>& s, const typename O::template state<V>& cs) {
+      { O::name } -> std::convertible_to<std::string_view>;
+      s.for_each_buffer(detail::checkpoint_visitor_archetype{});
+      s.for_each_counter(detail::checkpoint_visitor_archetype{});
+      cs.for_each_buffer(detail::checkpoint_visitor_archetype{});
+      cs.for_each_counter(detail::checkpoint_visitor_archetype{});
+    };
+}  // namespace concepts
+
+namespace detail::checkpoint {
+
+inline constexpr std::size_t fixed_header = 32;
+inline constexpr std::size_t chunk = std::size_t{1} << 20;
+inline constexpr std::uint32_t max_buffers = 64;  // per tensor; far above any optimizer's
+
+inline std::string quoted(const std::filesystem::path& p) {
+  std::string out = p.string();  // appended, not "'" + ...: GCC 12 warns falsely (-Wrestrict) on that
+  out.insert(out.begin(), '\'');
+  out += '\'';
+  return out;
+}
+
+[[noreturn]] inline void fail(const std::filesystem::path& p, const std::string& what) {
+  throw error(errc::config, "checkpoint " + quoted(p) + ": " + what);
+}
+
+[[noreturn]] inline void fail_errno(const std::filesystem::path& p, const std::string& doing, int err) {
+  fail(p, doing + ": " + std::generic_category().message(err));
+}
+
+// Owns a file descriptor.
+class file {
+ public:
+  explicit file(int fd) noexcept : fd_(fd) {}
+  file(const file&) = delete;
+  file& operator=(const file&) = delete;
+  ~file() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+inline void write_all(int fd, const std::byte* p, std::size_t n, const std::filesystem::path& path) {
+  while (n > 0) {
+    const ::ssize_t k = ::write(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      fail_errno(path, "cannot write (check free space and permissions)", errno);
+    }
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+inline void read_at(int fd, std::byte* p, std::size_t n, std::uint64_t offset, const std::filesystem::path& path) {
+  while (n > 0) {
+    const ::ssize_t k = ::pread(fd, p, n, static_cast<::off_t>(offset));
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      fail_errno(path, "cannot read", errno);
+    }
+    if (k == 0) fail(path, "it became shorter while being read; is another process writing it?");
+    p += k;
+    n -= static_cast<std::size_t>(k);
+    offset += static_cast<std::uint64_t>(k);
+  }
+}
+
+// Buffers small writes and checksums everything that passes through.
+class sink {
+ public:
+  sink(int fd, const std::filesystem::path& path) : fd_(fd), path_(path) { buffer_.reserve(chunk); }
+  void put(const void* data, std::size_t n) {
+    const auto* p = static_cast<const std::byte*>(data);
+    crc_ = transport::wire::crc32c({p, n}, crc_);
+    if (buffer_.size() + n > chunk) flush();
+    if (n >= chunk)
+      write_all(fd_, p, n, path_);  // large tensors go straight from their memory
+    else
+      buffer_.insert(buffer_.end(), p, p + n);
+  }
+  template <class U>
+  void put_value(U v) {
+    put(&v, sizeof v);
+  }
+  void flush() {
+    write_all(fd_, buffer_.data(), buffer_.size(), path_);
+    buffer_.clear();
+  }
+  std::uint32_t crc() const noexcept { return crc_; }
+
+ private:
+  int fd_;
+  const std::filesystem::path& path_;
+  std::vector<std::byte> buffer_;
+  std::uint32_t crc_ = 0;
+};
+
+template <class U>
+U load_value(const std::byte* p) {
+  U v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// What a file's (or a strategy's) header says, beyond the fixed fields.
+struct layout {
+  dtype type{};
+  std::string optimizer;
+  std::uint32_t buffers = 0, counters = 0;
+  std::vector<std::uint64_t> lengths;  // per tensor: element count, then each buffer's length
+  std::size_t tensors() const { return lengths.size() / (std::size_t{buffers} + 1); }
+};
+
+template <class Strategy>
+layout layout_of(const Strategy& s) {
+  using V = typename Strategy::value_type;
+  layout out{dtype_of_v<V>, std::string(Strategy::optimizer_type::name), 0, 0, {}};
+  const auto params = s.parameters();
+  const auto states = s.optimizer_states();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    out.lengths.push_back(params[i].size());
+    std::uint32_t buffers = 0, counters = 0;
+    states[i].for_each_buffer([&](std::span<const V> b) {
+      out.lengths.push_back(b.size());
+      ++buffers;
+    });
+    states[i].for_each_counter([&](const long&) { ++counters; });
+    // Counts go into the header once, so every tensor's state must have the same.
+    if (i > 0 && (buffers != out.buffers || counters != out.counters))
+      throw error(errc::invalid_argument, std::string("checkpoint: optimizer '") + Strategy::optimizer_type::name +
+                                              "' keeps a different number of buffers or counters per tensor; "
+                                              "checkpoints need the same number for every tensor");
+    out.buffers = buffers;
+    out.counters = counters;
+  }
+  return out;
+}
+
+inline std::string plural(std::uint64_t n, const char* what) {
+  return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
+}  // namespace detail::checkpoint
+
+// Writes `strategy`'s parameters and optimizer state, and `step` (the caller's training
+// step, returned by load_checkpoint), to `path` atomically (see the top of this file).
+// Not collective: in a job of several ranks call it on rank 0 only.
+template <class Tensor, class Optimizer, class Aggregation, class Transport>
+void save_checkpoint(const std::filesystem::path& path,
+                     const strategy<Tensor, Optimizer, Aggregation, Transport>& strategy, std::uint64_t step = 0) {
+  using V = typename Tensor::value_type;
+  static_assert(concepts::checkpointable_optimizer<Optimizer, V>,
+                "gradwire::save_checkpoint: the optimizer needs a static `name` and state<V>::for_each_buffer(f) / "
+                "for_each_counter(f) (see gradwire/checkpoint.hpp and gradwire/optim/adam.hpp)");
+  static_assert(std::endian::native == std::endian::little,
+                "gradwire checkpoints are little-endian; big-endian hosts are not supported yet");
+  namespace ck = detail::checkpoint;
+  const ck::layout layout = ck::layout_of(strategy);
+  if (layout.optimizer.size() > 255)
+    ck::fail(path, "optimizer name '" + layout.optimizer + "' is longer than 255 bytes; shorten Optimizer::name");
+
+  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  // O_TRUNC: a stale temporary of an earlier crashed save with our pid is overwritten.
+  ck::file f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (f.get() < 0)
+    ck::fail_errno(tmp, "cannot create the temporary file (check that the directory exists and is writable)", errno);
+  try {
+    ck::sink out(f.get(), tmp);
+    out.put_value(checkpoint_magic);
+    out.put_value(checkpoint_format_version);
+    out.put_value(static_cast<std::uint8_t>(layout.type));
+    out.put_value(static_cast<std::uint8_t>(layout.optimizer.size()));
+    out.put_value(step);
+    out.put_value(static_cast<std::uint64_t>(strategy.parameters().size()));
+    out.put_value(layout.buffers);
+    out.put_value(layout.counters);
+    out.put(layout.optimizer.data(), layout.optimizer.size());
+    for (std::uint64_t n : layout.lengths) out.put_value(n);
+    const auto params = strategy.parameters();
+    const auto states = strategy.optimizer_states();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      out.put(params[i].data(), params[i].size() * sizeof(V));
+      states[i].for_each_buffer([&](std::span<const V> b) { out.put(b.data(), b.size_bytes()); });
+      states[i].for_each_counter([&](const long& c) { out.put_value(static_cast<std::int64_t>(c)); });
+    }
+    const std::uint32_t crc = out.crc();
+    out.put_value(crc);
+    out.flush();
+    if (::fsync(f.get()) != 0) ck::fail_errno(tmp, "fsync failed", errno);
+    if (::close(f.release()) != 0) ck::fail_errno(tmp, "close failed", errno);
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      ck::fail_errno(path, "cannot rename " + ck::quoted(tmp) + " over it", errno);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // the previous checkpoint at `path` is untouched
+    throw;
+  }
+  // The rename is durable only once the directory entry is on disk.
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  ck::file d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d.get() < 0) ck::fail_errno(path, "saved, but cannot open its directory to fsync it", errno);
+  if (::fsync(d.get()) != 0 && errno != EINVAL)  // some filesystems cannot sync directories
+    ck::fail_errno(path, "saved, but fsync of its directory failed", errno);
+}
+
+// Restores the parameters and optimizer state saved by save_checkpoint into `strategy`
+// (built as usual, with the same tensor sizes and optimizer) and returns the saved step.
+// Refuses with errc::config, without touching `strategy`, a file that is missing,
+// truncated, corrupt, of another format version, or saved for another dtype, optimizer
+// or set of tensor sizes. Local, not collective: every rank loads (see the top of this file).
+template <class Tensor, class Optimizer, class Aggregation, class Transport>
+std::uint64_t load_checkpoint(const std::filesystem::path& path,
+                              strategy<Tensor, Optimizer, Aggregation, Transport>& strategy) {
+  using V = typename Tensor::value_type;
+  static_assert(concepts::checkpointable_optimizer<Optimizer, V>,
+                "gradwire::load_checkpoint: the optimizer needs a static `name` and state<V>::for_each_buffer(f) / "
+                "for_each_counter(f) (see gradwire/checkpoint.hpp and gradwire/optim/adam.hpp)");
+  static_assert(std::endian::native == std::endian::little,
+                "gradwire checkpoints are little-endian; big-endian hosts are not supported yet");
+  namespace ck = detail::checkpoint;
+  using ck::fail;
+  using ck::plural;
+
+  ck::file f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0) {
+    if (errno == ENOENT)
+      fail(path, "no such file; check the path (to start training from scratch, do not load a checkpoint)");
+    ck::fail_errno(path, "cannot open", errno);
+  }
+  struct ::stat st {};
+  if (::fstat(f.get(), &st) != 0) ck::fail_errno(path, "cannot stat", errno);
+  if (!S_ISREG(st.st_mode)) fail(path, "is not a regular file");
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  const std::string truncated = " (" + plural(size, "byte") + "): the file is truncated or corrupt";
+
+  // Fixed header: magic and version first, so another format is named as such.
+  std::byte fixed[ck::fixed_header];
+  if (size < 4) fail(path, "too short to be a checkpoint" + truncated);
+  ck::read_at(f.get(), fixed, 4, 0, path);
+  if (ck::load_value<std::uint32_t>(fixed) != checkpoint_magic)
+    fail(path, "not a gradwire checkpoint (wrong magic number)");
+  if (size < ck::fixed_header + 4) fail(path, "too short for a checkpoint header" + truncated);
+  ck::read_at(f.get(), fixed, ck::fixed_header, 0, path);
+  const auto version = ck::load_value<std::uint16_t>(fixed + 4);
+  if (version != checkpoint_format_version)
+    fail(path, "format version " + std::to_string(version) + ", but this gradwire reads version " +
+                   std::to_string(checkpoint_format_version) + "; load it with the gradwire that wrote it");
+  const auto type_byte = ck::load_value<std::uint8_t>(fixed + 6);
+  const auto name_length = ck::load_value<std::uint8_t>(fixed + 7);
+  const auto step = ck::load_value<std::uint64_t>(fixed + 8);
+  const auto tensors = ck::load_value<std::uint64_t>(fixed + 16);
+  const auto buffers = ck::load_value<std::uint32_t>(fixed + 24);
+  const auto counters = ck::load_value<std::uint32_t>(fixed + 28);
+  if (type_byte > static_cast<std::uint8_t>(dtype::bf16) || buffers > ck::max_buffers || counters > ck::max_buffers)
+    fail(path, "its header is corrupt (unknown dtype or implausible optimizer state); the file is damaged");
+
+  // Variable header, every length checked against the file's size before it is used.
+  std::uint64_t header = ck::fixed_header + name_length;
+  const std::uint64_t per_tensor = std::uint64_t{buffers} + 1;
+  if (tensors > (size - 4) / 8 / per_tensor || header + tensors * per_tensor * 8 > size - 4)
+    fail(path, "its header lists " + plural(tensors, "tensor") + ", more than the file can hold" + truncated);
+  header += tensors * per_tensor * 8;
+  std::vector<std::byte> header_bytes(static_cast<std::size_t>(header));
+  ck::read_at(f.get(), header_bytes.data(), header_bytes.size(), 0, path);
+  ck::layout saved{static_cast<dtype>(type_byte),
+                   std::string(reinterpret_cast<const char*>(header_bytes.data() + ck::fixed_header), name_length),
+                   buffers,
+                   counters,
+                   std::vector<std::uint64_t>(static_cast<std::size_t>(tensors * per_tensor))};
+  const std::size_t element = size_of(saved.type);
+  std::uint64_t expected = header + 4;
+  for (std::size_t i = 0; i < saved.lengths.size(); ++i) {
+    const auto n = ck::load_value<std::uint64_t>(header_bytes.data() + ck::fixed_header + name_length + 8 * i);
+    if (n > size / element || expected + n * element > size)
+      fail(path, "its header describes more data than the file holds" + truncated);
+    saved.lengths[i] = n;
+    expected += n * element;
+  }
+  if (tensors * counters > size / 8 || expected + tensors * counters * 8 > size)
+    fail(path, "its header describes more data than the file holds" + truncated);
+  expected += tensors * counters * 8;
+  if (expected != size)
+    fail(path, "its header describes " + plural(expected, "byte") + " but the file has " + std::to_string(size) +
+                   "; the file is truncated or corrupt");
+
+  // Every byte, before trusting any of them.
+  std::uint32_t crc = transport::wire::crc32c(header_bytes);
+  {
+    std::vector<std::byte> buffer(static_cast<std::size_t>(std::min<std::uint64_t>(ck::chunk, size)));
+    for (std::uint64_t at = header; at < size - 4;) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), size - 4 - at));
+      ck::read_at(f.get(), buffer.data(), n, at, path);
+      crc = transport::wire::crc32c({buffer.data(), n}, crc);
+      at += n;
+    }
+  }
+  std::byte trailer[4];
+  ck::read_at(f.get(), trailer, 4, size - 4, path);
+  if (ck::load_value<std::uint32_t>(trailer) != crc)
+    fail(path, "checksum mismatch (CRC-32C): the file is corrupt; load an earlier checkpoint");
+
+  // Intact: now it must fit this strategy.
+  const ck::layout model = ck::layout_of(strategy);
+  if (saved.type != model.type)
+    fail(path, std::string("saved with dtype ") + name_of(saved.type) + ", the model is " + name_of(model.type));
+  if (saved.optimizer != model.optimizer)
+    fail(path, "saved with optimizer '" + saved.optimizer + "', the strategy uses '" + model.optimizer +
+                   "'; build the strategy with the optimizer the checkpoint was saved with");
+  if (saved.tensors() != model.tensors())
+    fail(path, "checkpoint has " + plural(saved.tensors(), "tensor") + ", the model " +
+                   std::to_string(model.tensors()) + "; load it into the model it was saved from");
+  if (saved.buffers != model.buffers || saved.counters != model.counters)
+    fail(path, "checkpoint holds " + plural(saved.buffers, "optimizer buffer") + " and " +
+                   plural(saved.counters, "step counter") + " per tensor, this optimizer " +
+                   std::to_string(model.buffers) + " and " + std::to_string(model.counters));
+  for (std::size_t t = 0; t < model.tensors(); ++t)
+    for (std::size_t k = 0; k < per_tensor; ++k) {
+      const std::size_t i = t * per_tensor + k;
+      if (saved.lengths[i] != model.lengths[i])
+        fail(path, "tensor " + std::to_string(t) + (k == 0 ? "" : " (optimizer buffer " + std::to_string(k - 1) + ")") +
+                       " has " + plural(saved.lengths[i], "element") + " in the checkpoint, " +
+                       std::to_string(model.lengths[i]) + " in the model; load it into the model it was saved from");
+    }
+
+  // Read straight into the strategy's memory, checksumming again: only a file rewritten
+  // between the two passes can fail here, and then the strategy is partly loaded.
+  std::uint32_t again = transport::wire::crc32c(header_bytes);
+  std::uint64_t at = header;
+  auto read_into = [&](void* p, std::size_t n) {
+    ck::read_at(f.get(), static_cast<std::byte*>(p), n, at, path);
+    again = transport::wire::crc32c({static_cast<const std::byte*>(p), n}, again);
+    at += n;
+  };
+  auto params = strategy.parameters();
+  auto states = strategy.optimizer_states();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    read_into(params[i].data(), params[i].size() * sizeof(V));
+    states[i].for_each_buffer([&](std::span<V> b) { read_into(b.data(), b.size_bytes()); });
+    states[i].for_each_counter([&](long& c) {
+      std::int64_t v = 0;
+      read_into(&v, sizeof v);
+      c = static_cast<long>(v);
+    });
+  }
+  if (again != crc)
+    fail(path, "the file changed while it was being loaded; the strategy is partly loaded, load again");
+  return step;
+}
+
+}  // namespace gradwire
