@@ -1,6 +1,8 @@
 // save_checkpoint / load_checkpoint: bit-identical round trips, resumed training, every refusal, atomic replace.
 #include <catch2/catch.hpp>
 
+#include "support/least_squares.hpp"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -26,20 +28,13 @@ namespace {
 // A linear least-squares model y = W x + b, loss 0.5 * mean over the batch of |W x + b - y|^2.
 constexpr std::size_t inputs = 7, outputs = 3, batch = 5;
 
-struct batch_data {
-  std::vector<double> x, y;
-};
+using gradwire::testing::batch_data;
+const gradwire::testing::least_squares model{inputs, outputs, batch};
 
 std::vector<batch_data> make_data(int steps) {
   std::mt19937 gen(std::random_device{}());
-  std::normal_distribution<double> dist;
-  std::vector<batch_data> data(steps);
-  for (auto& d : data) {
-    d.x.resize(batch * inputs);
-    d.y.resize(batch * outputs);
-    for (auto& v : d.x) v = dist(gen);
-    for (auto& v : d.y) v = dist(gen);
-  }
+  std::vector<batch_data> data;
+  for (int k = 0; k < steps; ++k) data.push_back(model.random_batch(gen));
   return data;
 }
 
@@ -57,16 +52,7 @@ std::vector<gw::host_tensor<T>> make_params(double offset, std::size_t bias = ou
 
 template <class T>
 std::vector<std::vector<T>> gradients(const T* w, const T* b, const batch_data& d) {
-  std::vector<double> gw_(outputs * inputs, 0.0), gb(outputs, 0.0);
-  for (std::size_t n = 0; n < batch; ++n)
-    for (std::size_t o = 0; o < outputs; ++o) {
-      double r = double(b[o]) - d.y[n * outputs + o];
-      for (std::size_t i = 0; i < inputs; ++i) r += double(w[o * inputs + i]) * d.x[n * inputs + i];
-      r /= double(batch);
-      gb[o] += r;
-      for (std::size_t i = 0; i < inputs; ++i) gw_[o * inputs + i] += r * d.x[n * inputs + i];
-    }
-  return {std::vector<T>(gw_.begin(), gw_.end()), std::vector<T>(gb.begin(), gb.end())};
+  return model.gradients(w, b, d);
 }
 
 template <class Strategy>
