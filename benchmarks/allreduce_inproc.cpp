@@ -44,21 +44,8 @@ struct rank_buffers {
   gw::aligned_buffer<float> work;   // reduced in place; refilled from input before every iteration
 };
 
-std::uint64_t mix(std::uint64_t z) noexcept {  // splitmix64's finaliser: a stateless hash
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// Values in +-[0.5, 1.5): bounded away from zero, so a contribution that is missing or
-// counted twice is always far outside the rounding tolerance of the check.
 void fill_inputs(std::span<float> x, std::uint64_t seed, int rank) {
-  const std::uint64_t base = mix(seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(rank + 1));
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const std::uint64_t h = mix(base + i);
-    const float magnitude = 0.5f + static_cast<float>(h >> 40) * 0x1p-24f;
-    x[i] = (h & 1) ? -magnitude : magnitude;
-  }
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = bench::input_value(seed, rank, i);
 }
 
 // Counts elements in [begin, end) that are wrong on any of the n ranks: rank 0's value

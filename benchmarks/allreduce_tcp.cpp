@@ -35,18 +35,7 @@ namespace bench = gradwire::bench;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t z) noexcept {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// Rank r's element i: +-[0.5, 1.5), computable by every rank (for the check).
-float input(std::uint64_t seed, int rank, std::size_t i) {
-  const std::uint64_t h = mix(mix(seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(rank + 1)) + i);
-  const float magnitude = 0.5f + static_cast<float>(h >> 40) * 0x1p-24f;
-  return (h & 1) ? -magnitude : magnitude;
-}
+using bench::input_value;
 
 // Elements of this rank's result in its slice that differ from the float64 sum by more
 // than float32 rounding of an n-term sum allows.
@@ -55,7 +44,7 @@ long long count_wrong(std::span<const float> got, std::uint64_t seed, int n, std
   for (std::size_t i = begin; i < end; ++i) {
     double reference = 0, magnitude = 0;
     for (int r = 0; r < n; ++r) {
-      const double x = input(seed, r, i);
+      const double x = input_value(seed, r, i);
       reference += x;
       magnitude += std::fabs(x);
     }
@@ -82,7 +71,7 @@ int main(int argc, char** argv) {
     const std::vector<std::size_t> sizes = bench::sizes(o, sizeof(float));
     const std::size_t max_count = sizes.empty() ? 0 : sizes.back() / sizeof(float);
     gw::aligned_buffer<float> pristine(max_count), work(max_count);
-    for (std::size_t i = 0; i < max_count; ++i) pristine.data()[i] = input(o.seed, me, i);
+    for (std::size_t i = 0; i < max_count; ++i) pristine.data()[i] = input_value(o.seed, me, i);
     std::memset(work.data(), 0, max_count * sizeof(float));
     comm.template scratch<float>(max_count / static_cast<std::size_t>(n) + 1);  // pre-fault staging
     bench::memcpy_bound bound(me == 0 ? sizes.back() : 0);

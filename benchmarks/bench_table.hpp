@@ -163,6 +163,22 @@ inline options parse_options(int argc, char** argv, const char* what) {
   return o;
 }
 
+// --- inputs -----------------------------------------------------------------------
+
+// Rank `rank`'s element i of a run seeded `seed`: +-[0.5, 1.5), bounded away from zero so
+// that a contribution missing or counted twice is always far outside the rounding
+// tolerance of a check, and stateless, so any rank can compute any rank's inputs.
+inline float input_value(std::uint64_t seed, int rank, std::size_t i) noexcept {
+  auto mix = [](std::uint64_t z) {  // splitmix64's finaliser
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  const std::uint64_t h = mix(mix(seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(rank + 1)) + i);
+  const float magnitude = 0.5f + static_cast<float>(h >> 40) * 0x1p-24f;
+  return (h & 1) ? -magnitude : magnitude;
+}
+
 // --- sweep and timing --------------------------------------------------------------
 
 // min_bytes, min_bytes*factor, ... up to max_bytes, each rounded down to whole elements.

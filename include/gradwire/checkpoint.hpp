@@ -225,6 +225,16 @@ inline std::string plural(std::uint64_t n, const char* what) {
   return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
 }
 
+// The compile-time conditions of save_checkpoint and load_checkpoint, stated once.
+template <class Optimizer, class V>
+constexpr void require_checkpointable() {
+  static_assert(concepts::checkpointable_optimizer<Optimizer, V>,
+                "gradwire checkpoints: the optimizer needs a static `name` and state<V>::for_each_buffer(f) / "
+                "for_each_counter(f) (see gradwire/checkpoint.hpp and gradwire/optim/adam.hpp)");
+  static_assert(std::endian::native == std::endian::little,
+                "gradwire checkpoints are little-endian; big-endian hosts are not supported yet");
+}
+
 }  // namespace detail::checkpoint
 
 // Writes `strategy`'s parameters and optimizer state, and `step` (the caller's training
@@ -234,11 +244,7 @@ template <class Tensor, class Optimizer, class Aggregation, class Transport>
 void save_checkpoint(const std::filesystem::path& path,
                      const strategy<Tensor, Optimizer, Aggregation, Transport>& strategy, std::uint64_t step = 0) {
   using V = typename Tensor::value_type;
-  static_assert(concepts::checkpointable_optimizer<Optimizer, V>,
-                "gradwire::save_checkpoint: the optimizer needs a static `name` and state<V>::for_each_buffer(f) / "
-                "for_each_counter(f) (see gradwire/checkpoint.hpp and gradwire/optim/adam.hpp)");
-  static_assert(std::endian::native == std::endian::little,
-                "gradwire checkpoints are little-endian; big-endian hosts are not supported yet");
+  detail::checkpoint::require_checkpointable<Optimizer, V>();
   namespace ck = detail::checkpoint;
   const ck::layout layout = ck::layout_of(strategy);
   if (layout.optimizer.size() > 255)
@@ -296,11 +302,7 @@ template <class Tensor, class Optimizer, class Aggregation, class Transport>
 std::uint64_t load_checkpoint(const std::filesystem::path& path,
                               strategy<Tensor, Optimizer, Aggregation, Transport>& strategy) {
   using V = typename Tensor::value_type;
-  static_assert(concepts::checkpointable_optimizer<Optimizer, V>,
-                "gradwire::load_checkpoint: the optimizer needs a static `name` and state<V>::for_each_buffer(f) / "
-                "for_each_counter(f) (see gradwire/checkpoint.hpp and gradwire/optim/adam.hpp)");
-  static_assert(std::endian::native == std::endian::little,
-                "gradwire checkpoints are little-endian; big-endian hosts are not supported yet");
+  detail::checkpoint::require_checkpointable<Optimizer, V>();
   namespace ck = detail::checkpoint;
   using ck::fail;
   using ck::plural;

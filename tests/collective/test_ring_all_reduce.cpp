@@ -7,32 +7,17 @@
 #include <random>
 #include <vector>
 
+#include "collective_support.hpp"
+
 namespace gw = gradwire;
 using gw::collective::reduce_op;
 
 namespace {
 
-// Rank r's input: fresh random values from a seed that differs per test run and rank.
-template <class V>
-std::vector<V> random_input(std::uint64_t seed, int rank, std::size_t n) {
-  std::mt19937_64 gen(seed * 1000003u + static_cast<std::uint64_t>(rank));
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  std::vector<V> v(n);
-  for (auto& x : v) x = static_cast<V>(dist(gen));
-  return v;
-}
-
+using gradwire::test::random_input;
 // inproc without its fused receive-and-add: the ring then stages each chunk in scratch,
 // the path every transport without concepts::accumulating_transport takes.
-struct staging_only {
-  using request = gw::transport::inproc::request;
-  gw::transport::inproc inner;
-  int rank() const { return inner.rank(); }
-  int size() const { return inner.size(); }
-  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) { return inner.async_send(peer, tag, b); }
-  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) { return inner.async_recv(peer, tag, b); }
-  void wait(request& r, gw::deadline until) { inner.wait(r, until); }
-};
+using gradwire::test::staging_only;
 static_assert(gw::concepts::transport<staging_only> && !gw::concepts::accumulating_transport<staging_only, float>);
 
 template <class V, bool Staged = false>

@@ -46,6 +46,7 @@
 #include "../timeouts.hpp"
 #include "detail/asio_support.hpp"
 #include "detail/deliver.hpp"
+#include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
 #include "wire.hpp"
 
@@ -455,8 +456,7 @@ class asio_tcp {
       poll_briefly(op);
       if (!detail::run_until(io, [&] { return op.state == status::done; }, until)) {
         cancel(op);
-        throw error(errc::timeout, "rank " + std::to_string(options.rank) + ": " + describe(op) +
-                                       " did not complete before its deadline (is a rank missing or behind?)");
+        throw error(errc::timeout, detail::timeout_message(options.rank, describe(op)));
       }
       if (op.failure != errc{}) throw error(op.failure, op.message);
     }
@@ -654,9 +654,7 @@ class asio_tcp {
     }
 
     void fail_size(detail::tcp_op& op, std::uint64_t sent) {
-      op.finish(errc::mismatch, "message size mismatch: rank " + std::to_string(op.peer) + " sent " +
-                                    std::to_string(sent) + " bytes (tag " + std::to_string(op.tag) + ") but rank " +
-                                    std::to_string(options.rank) + " expected " + std::to_string(op.bytes));
+      op.finish(errc::mismatch, detail::size_mismatch_message(op.peer, sent, op.tag, options.rank, op.bytes));
     }
 
     // The peer finished in good order: what it sent has arrived; what it did not send
@@ -836,8 +834,7 @@ class asio_tcp {
     }
 
     static std::string describe(const detail::tcp_op& op) {
-      return std::string(op.is_send ? "send to rank " : "receive from rank ") + std::to_string(op.peer) + " (tag " +
-             std::to_string(op.tag) + ", " + std::to_string(op.bytes) + " bytes)";
+      return detail::describe_operation(op.is_send, op.peer, op.tag, op.bytes);
     }
 
     static constexpr std::size_t stage_bytes = std::size_t{1} << 20;  // chunk of accumulating receives and drains

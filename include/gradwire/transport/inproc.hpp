@@ -37,6 +37,7 @@
 #include "../error.hpp"
 #include "../timeouts.hpp"
 #include "detail/deliver.hpp"
+#include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
 
 namespace gradwire::transport {
@@ -71,9 +72,7 @@ struct inproc_op {
 };
 
 inline std::string describe(const inproc_op& op) {
-  return std::string(op.is_send ? "send to rank " : "receive from rank ") +
-         std::to_string(op.is_send ? op.destination : op.source) + " (tag " + std::to_string(op.tag) + ", " +
-         std::to_string(op.bytes) + " bytes)";
+  return describe_operation(op.is_send, op.is_send ? op.destination : op.source, op.tag, op.bytes);
 }
 
 class inproc_hub {
@@ -131,8 +130,7 @@ class inproc_hub {
         }
         if (wakeup.wait_until(lock, until) == std::cv_status::timeout && op.now() == status::posted) {
           unpost(op);
-          throw error(errc::timeout, "rank " + std::to_string(op.owner()) + ": " + describe(op) +
-                                         " did not complete before its deadline (is a rank missing or behind?)");
+          throw error(errc::timeout, timeout_message(op.owner(), describe(op)));
         }
       }
     }
@@ -186,9 +184,8 @@ class inproc_hub {
     inproc_op& send = op.is_send ? op : other;
     inproc_op& recv = op.is_send ? other : op;
     if (send.bytes != recv.bytes) {
-      const std::string what = "message size mismatch: rank " + std::to_string(send.source) + " sent " +
-                               std::to_string(send.bytes) + " bytes (tag " + std::to_string(send.tag) + ") but rank " +
-                               std::to_string(recv.destination) + " expected " + std::to_string(recv.bytes);
+      const std::string what =
+          size_mismatch_message(send.source, send.bytes, send.tag, recv.destination, recv.bytes);
       for (inproc_op* o : {&send, &recv}) o->failure = errc::mismatch, o->failure_message = what;
     } else if (send.bytes) {
       recv.deliver(recv.data, send.data, send.bytes);
