@@ -55,8 +55,8 @@
 #include <utility>
 #include <vector>
 
+#include "concepts.hpp"
 #include "error.hpp"
-#include "strategy.hpp"
 #include "tensor/dtype.hpp"
 #include "transport/wire.hpp"
 
@@ -237,13 +237,32 @@ constexpr void require_checkpointable() {
 
 }  // namespace detail::checkpoint
 
+namespace concepts {
+// What a checkpoint saves: a strategy, or a parameter server's shard. value_type,
+// optimizer_type, parameters() (contiguous tensors or spans) and optimizer_states()
+// (one state per parameter tensor).
+template <class M>
+concept checkpoint_model = requires(M& m, const M& cm) {
+  typename M::value_type;
+  typename M::optimizer_type;
+  m.parameters();
+  m.optimizer_states();
+  cm.parameters();
+  cm.optimizer_states();
+};
+}  // namespace concepts
+
+namespace detail::checkpoint {
+
+}  // namespace detail::checkpoint
+
 // Writes `strategy`'s parameters and optimizer state, and `step` (the caller's training
 // step, returned by load_checkpoint), to `path` atomically (see the top of this file).
 // Not collective: in a job of several ranks call it on rank 0 only.
-template <class Tensor, class Optimizer, class Aggregation, class Transport>
-void save_checkpoint(const std::filesystem::path& path,
-                     const strategy<Tensor, Optimizer, Aggregation, Transport>& strategy, std::uint64_t step = 0) {
-  using V = typename Tensor::value_type;
+template <concepts::checkpoint_model Model>
+void save_checkpoint(const std::filesystem::path& path, const Model& strategy, std::uint64_t step = 0) {
+  using V = typename Model::value_type;
+  using Optimizer = typename Model::optimizer_type;
   detail::checkpoint::require_checkpointable<Optimizer, V>();
   namespace ck = detail::checkpoint;
   const ck::layout layout = ck::layout_of(strategy);
@@ -298,10 +317,10 @@ void save_checkpoint(const std::filesystem::path& path,
 // Refuses with errc::config, without touching `strategy`, a file that is missing,
 // truncated, corrupt, of another format version, or saved for another dtype, optimizer
 // or set of tensor sizes. Local, not collective: every rank loads (see the top of this file).
-template <class Tensor, class Optimizer, class Aggregation, class Transport>
-std::uint64_t load_checkpoint(const std::filesystem::path& path,
-                              strategy<Tensor, Optimizer, Aggregation, Transport>& strategy) {
-  using V = typename Tensor::value_type;
+template <concepts::checkpoint_model Model>
+std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy) {
+  using V = typename Model::value_type;
+  using Optimizer = typename Model::optimizer_type;
   detail::checkpoint::require_checkpointable<Optimizer, V>();
   namespace ck = detail::checkpoint;
   using ck::fail;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "error.hpp"
 #include "tensor/dtype.hpp"
@@ -93,6 +94,25 @@ concept accumulating_transport = transport<T> && requires(T& t, int peer, std::u
 template <class T>
 concept failable_transport = transport<T> && requires(T& t, errc cause, const std::string& reason) {
   t.fail(cause, reason);
+};
+
+// Optional transport capability: wait for whichever of several requests completes first
+// (a server that answers many clients in arrival order needs it). Returns the index of a
+// request that wait() then finishes without blocking.
+//   size_t wait_any(span<request* const>, deadline)
+template <class T>
+concept multiplexing_transport =
+    transport<T> && requires(T& t, std::span<typename T::request* const> requests, deadline until) {
+      { t.wait_any(requests, until) } -> std::convertible_to<std::size_t>;
+    };
+
+// Optional transport capability: survive the loss of a peer that the rank can do without
+// (operations with it fail with peer_lost; the rest go on), and say which were lost.
+//   void tolerate_loss(int peer)      vector<int> lost_peers() const
+template <class T>
+concept loss_tolerant_transport = transport<T> && requires(T& t, const T& ct, int peer) {
+  t.tolerate_loss(peer);
+  { ct.lost_peers() } -> std::convertible_to<std::vector<int>>;
 };
 
 namespace detail {

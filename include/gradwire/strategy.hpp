@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -12,6 +13,7 @@
 #include "aggregation/averaging.hpp"
 #include "aggregation/central.hpp"
 #include "aggregation/local.hpp"
+#include "aggregation/parameter_server.hpp"
 #include "collective/communicator.hpp"
 #include "concepts.hpp"
 #include "error.hpp"
@@ -73,6 +75,18 @@ class strategy {
     aggregation_.setup(comm_, std::span<const std::span<value_type>>(param_spans_));
   }
 
+  // Move-only (the communicator is); a worker of a parameter-server job tells the
+  // servers it has finished, so that they stop waiting for it.
+  strategy(strategy&&) = default;
+  strategy& operator=(strategy&&) = default;
+  ~strategy() {
+    if constexpr (requires { aggregation_.finish(comm_); })
+      if (std::uncaught_exceptions() == 0) try {
+          aggregation_.finish(comm_);
+        } catch (...) {  // a destructor must not throw; the servers then see the connection close
+        }
+  }
+
   // A job of one replica needs no transport argument.
   strategy(std::vector<Tensor> parameters, Optimizer optimizer = Optimizer(), Aggregation aggregation = Aggregation())
     requires std::is_default_constructible_v<Transport>
@@ -109,6 +123,22 @@ class strategy {
     step(std::span<const Gradient>(gradients));
   }
 
+  // Parameter servers: a server rank calls serve() instead of step(); it returns what the
+  // server saw once every worker has finished (or was lost, in async modes).
+  bool is_server() const {
+    if constexpr (requires { aggregation_.is_server(0, 1); })
+      return aggregation_.is_server(comm_.rank(), comm_.size());
+    else
+      return false;
+  }
+  auto serve()
+    requires requires(Aggregation& a, communicator_type& c, const Optimizer& o) {
+      a.serve(c, std::span<const std::span<value_type>>(), o);
+    }
+  {
+    return aggregation_.serve(comm_, std::span<const std::span<value_type>>(param_spans_), optimizer_);
+  }
+
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   std::span<Tensor> parameters() noexcept { return parameters_; }
@@ -119,6 +149,8 @@ class strategy {
   std::span<optimizer_state_type> optimizer_states() noexcept { return states_; }
   std::span<const optimizer_state_type> optimizer_states() const noexcept { return states_; }
   communicator_type& communicator() noexcept { return comm_; }
+  Aggregation& aggregation() noexcept { return aggregation_; }
+  const Aggregation& aggregation() const noexcept { return aggregation_; }
 
  private:
   template <class Gradient>
@@ -155,5 +187,10 @@ using central_storage = strategy<Tensor, Optimizer, aggregation::central, Transp
 // equals mirrored up to float rounding; optimizer state stays per replica, so Adam does not.
 template <class Tensor, class Optimizer, int H, class Transport = transport::inproc>
 using local_sgd = strategy<Tensor, Optimizer, aggregation::averaging<H>, Transport>;
+
+// ParameterServerStrategy: variables sharded over the last ps::options::servers ranks;
+// Mode is ps::sync, ps::async, ps::bounded_staleness<s> or ps::backup_workers<b>.
+template <class Tensor, class Optimizer, class Mode, class Transport = transport::inproc>
+using parameter_server = strategy<Tensor, Optimizer, aggregation::parameter_server<Mode>, Transport>;
 
 }  // namespace gradwire

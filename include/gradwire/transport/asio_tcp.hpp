@@ -117,6 +117,8 @@ struct tcp_link {
   int peer;
   bool alive = true;
   bool finished = false;  // the peer said goodbye: nothing more will arrive
+  bool tolerated = false;  // losing this peer fails only its own operations (tolerate_loss)
+  std::string lost_reason;  // why a tolerated peer was lost
   // Reading side.
   wire::header_bytes in_header{};
   wire::frame_header incoming;                   // header of the frame being read
@@ -196,6 +198,24 @@ class asio_tcp {
       throw;
     }
   }
+
+  // Waits until one of `requests` can be waited for without blocking (its operation
+  // has completed, successfully or not) and returns its index; it does not finish that
+  // request: wait() on it then returns or throws at once. Empty requests are skipped.
+  // Throws errc::timeout when none completes by `until`, and the rank's failure if it failed.
+  std::size_t wait_any(std::span<request* const> requests, deadline until) {
+    return state_->wait_any(requests, until);
+  }
+
+  // Losing `peer` (its connection breaks, or it aborts) fails only the operations that
+  // involve it, now and later, instead of the whole rank; lost_peers() lists such peers.
+  // For roles that outlive a peer, e.g. a parameter server that drops a dead worker.
+  void tolerate_loss(int peer) {
+    if (peer < 0 || peer >= size() || peer == rank())
+      throw error(errc::invalid_argument, "asio_tcp::tolerate_loss: rank " + std::to_string(peer) + " is not a peer");
+    if (auto& link = state_->links[peer]) link->tolerated = true;
+  }
+  std::vector<int> lost_peers() const { return state_->lost; }
 
   // Marks this rank failed and tells every peer why (best effort, within a second), so
   // they fail with this reason instead of a bare lost connection. Used when a rank
@@ -407,6 +427,7 @@ class asio_tcp {
       if (op.peer == options.rank) return send_to_self(op);
       detail::tcp_link& link = *links[op.peer];
       if (link.finished) return op.finish(errc::peer_lost, finished_message(op.peer));
+      if (!link.lost_reason.empty()) return op.finish(errc::peer_lost, link.lost_reason);
       wire::frame_header h;
       h.kind = wire::frame_kind::data;
       h.token_hash = token;
@@ -439,6 +460,7 @@ class asio_tcp {
         return;
       }
       if (link.finished) return op.finish(errc::peer_lost, finished_message(op.peer));
+      if (!link.lost_reason.empty()) return op.finish(errc::peer_lost, link.lost_reason);
       link.receives.push_back(&op);
     }
 
@@ -459,6 +481,25 @@ class asio_tcp {
         throw error(errc::timeout, detail::timeout_message(options.rank, describe(op)));
       }
       if (op.failure != errc{}) throw error(op.failure, op.message);
+    }
+
+    template <class Request>
+    std::size_t wait_any(std::span<Request* const> requests, deadline until) {
+      std::optional<std::size_t> ready;
+      auto find = [&] {
+        for (std::size_t i = 0; i < requests.size(); ++i)
+          if (const auto* op = requests[i] ? requests[i]->peek() : nullptr; op && op->state == status::done)
+            return ready = i, true;
+        return false;
+      };
+      if (find()) return *ready;
+      throw_if_failed();
+      if (!detail::run_until(io, [&] { return find() || failed.has_value(); }, until))
+        throw error(errc::timeout, "rank " + std::to_string(options.rank) + ": none of " +
+                                       std::to_string(requests.size()) + " operations completed before the deadline");
+      if (ready) return *ready;
+      throw_if_failed();
+      return 0;  // unreachable: the loop ends with one ready or the rank failed
     }
 
     // A peer's answer often comes within microseconds; a sleep in epoll and the wake-up
@@ -701,6 +742,9 @@ class asio_tcp {
 
     void on_abort(detail::tcp_link& link, const std::string& reason) {
       const auto cause = static_cast<errc>(link.incoming.tag);
+      if (link.tolerated)
+        return isolate(link, "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(link.peer) +
+                                 ": it failed: " + reason);
       fail_everything(cause == errc::mismatch ? errc::mismatch : errc::peer_lost,
                       "rank " + std::to_string(options.rank) + ": rank " + std::to_string(link.peer) +
                           " failed: " + reason);
@@ -767,6 +811,7 @@ class asio_tcp {
       const std::string why = "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(link.peer) + ": " +
                               (closed ? "its connection closed (the process exited or was killed)"
                                       : "connection error: " + ec.message());
+      if (link.tolerated) return isolate(link, why);
       // A rank that failed for a reason sends abort frames before it exits, but they may
       // arrive on other connections after this one closed: give them a moment, so the
       // rank reports the root cause rather than the echo.
@@ -774,6 +819,23 @@ class asio_tcp {
         loss_grace.emplace(io, std::chrono::milliseconds(200));
         loss_grace->async_wait([this, why](const boost::system::error_code&) { fail_everything(errc::peer_lost, why); });
       }
+    }
+
+    // A tolerated peer is gone: its operations fail, the rest of the rank goes on.
+    void isolate(detail::tcp_link& link, const std::string& why) {
+      link.alive = false;
+      link.lost_reason = why;
+      lost.push_back(link.peer);
+      boost::system::error_code ignored;
+      link.socket.close(ignored);  // after this, Asio touches none of this link's buffers
+      for (auto* op : link.sends) op->finish(errc::peer_lost, why);
+      for (auto* op : link.receives) op->finish(errc::peer_lost, why);
+      if (link.reading) link.reading->finish(errc::peer_lost, why);
+      link.sends.clear();
+      link.receives.clear();
+      link.reading = nullptr;
+      link.writing = false;
+      link.parked = false;
     }
 
     // A broken connection fails the whole rank: collectives cannot complete without
@@ -852,6 +914,7 @@ class asio_tcp {
     std::optional<std::pair<errc, std::string>> failed;
     std::vector<std::vector<std::byte>> spare_buffers;
     std::optional<boost::asio::steady_timer> loss_grace;  // running once a connection broke
+    std::vector<int> lost;                                // tolerated peers that were lost
     bool aborting = false;
     // While joining.
     bool joining = false;
@@ -863,6 +926,7 @@ class asio_tcp {
 };
 
 static_assert(concepts::transport<asio_tcp> && concepts::failable_transport<asio_tcp>);
+static_assert(concepts::multiplexing_transport<asio_tcp> && concepts::loss_tolerant_transport<asio_tcp>);
 static_assert(concepts::accumulating_transport<asio_tcp, float> && concepts::accumulating_transport<asio_tcp, double>);
 
 }  // namespace gradwire::transport

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -135,6 +136,26 @@ class inproc_hub {
       }
     }
     if (op.failure != errc{}) throw error(op.failure, "rank " + std::to_string(op.owner()) + ": " + op.failure_message);
+  }
+
+  // Waits until one of `ops` (nullptr entries skipped) is matched or finished, so that
+  // wait() on it completes without waiting for a peer; returns its index.
+  std::size_t wait_any(std::span<const inproc_op* const> ops, int me, deadline until) {
+    auto find = [&]() -> std::optional<std::size_t> {
+      for (std::size_t i = 0; i < ops.size(); ++i)
+        if (ops[i] && ops[i]->now() != status::posted) return i;
+      return std::nullopt;
+    };
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (auto i = find()) return *i;
+      if (failed_rank_ >= 0)
+        throw error(failure_cause_, "rank " + std::to_string(me) + ": rank " + std::to_string(failed_rank_) +
+                                        " failed: " + failure_reason_);
+      if (wakeups_[me].wait_until(lock, until) == std::cv_status::timeout && !find())
+        throw error(errc::timeout, "rank " + std::to_string(me) + ": none of " + std::to_string(ops.size()) +
+                                       " operations completed before the deadline");
+    }
   }
 
   // Withdraws an operation that will not be waited for, so its buffer may be freed:
@@ -289,6 +310,13 @@ class inproc {
     hub_->wait(*op, until);
   }
 
+  // Returns the index of one of `requests` that wait() completes without waiting for a peer.
+  std::size_t wait_any(std::span<request* const> requests, deadline until) {
+    std::vector<const detail::inproc_op*> ops(requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) ops[i] = requests[i] ? requests[i]->peek() : nullptr;
+    return hub_->wait_any(ops, rank_, until);
+  }
+
   // Marks this rank failed so that peers stop waiting for it (see inproc_group::run).
   void fail(errc cause, const std::string& reason) { hub_->fail(rank_, cause, reason); }
 
@@ -316,7 +344,7 @@ class inproc {
 
 static_assert(concepts::transport<inproc>);
 static_assert(concepts::accumulating_transport<inproc, float> && concepts::accumulating_transport<inproc, double>);
-static_assert(concepts::failable_transport<inproc>);
+static_assert(concepts::failable_transport<inproc> && concepts::multiplexing_transport<inproc>);
 
 // A group of N in-process ranks: hands out endpoints and runs one thread per rank.
 class inproc_group {

@@ -28,6 +28,9 @@ class pending_request {
   // For the transport's wait: hands the op over; the request is finished whatever the
   // wait reports (wait returns or throws only once the op is done or withdrawn).
   std::unique_ptr<Op> take() noexcept { return std::move(op_); }
+  // For the transport's wait_any: the op, still owned by the request (nullptr if empty).
+  const Op* peek() const noexcept { return op_.get(); }
+  explicit operator bool() const noexcept { return op_ != nullptr; }
 
  private:
   void release() noexcept {

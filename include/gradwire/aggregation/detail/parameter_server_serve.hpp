@@ -1,0 +1,259 @@
+// The server side of aggregation::parameter_server: the loop that applies gradients and answers pulls.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../parameter_server.hpp"
+
+namespace gradwire::aggregation {
+
+namespace ps_detail {
+
+// A server's shard as a checkpoint sees it: its pieces, each with its optimizer state.
+template <class V, class Optimizer>
+struct shard_model {
+  using value_type = V;
+  using optimizer_type = Optimizer;
+  using state_type = typename Optimizer::template state<V>;
+  std::vector<std::span<V>> tensors;
+  std::vector<state_type> states;
+  std::span<const std::span<V>> parameters() const noexcept { return tensors; }
+  std::span<const state_type> optimizer_states() const noexcept { return states; }
+  std::span<state_type> optimizer_states() noexcept { return states; }
+};
+
+template <class Request>
+struct worker_slot {
+  Request control;                    // posted receive of the worker's next request
+  ps::detail::request_header header;  // ... lands here
+  Request reply_send;                 // the latest reply, until it is known to be sent
+  aligned_buffer<std::byte> reply;
+  bool live = true;                   // neither finished nor lost
+  bool pull_waiting = false;
+  std::uint64_t pull_least = 0;       // sync modes: the least version the pull wants
+  std::uint64_t clock = 0;            // gradients received (from the resumed version on)
+};
+
+inline void record(std::vector<std::uint64_t>& histogram, std::uint64_t value) {
+  const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(value, 1u << 16));
+  if (histogram.size() <= k) histogram.resize(k + 1, 0);
+  ++histogram[k];
+}
+
+}  // namespace ps_detail
+
+template <class Mode>
+template <class Tr, class V, class Optimizer>
+ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& comm,
+                                               std::span<const std::span<V>> params, const Optimizer& optimizer) {
+  namespace d = ps::detail;
+  const int n = comm.size(), me = comm.rank(), workers = first_server(n);
+  if (!is_server(me, n))
+    throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(me) +
+                                            " is a worker: serve() is for the server ranks (the last " +
+                                            std::to_string(options_.servers) + ")");
+  const auto server = static_cast<std::size_t>(me - workers);
+  const auto& mine = shard_pieces_[server];
+  const std::size_t elements = shard_elements_[server];
+  const std::string who = "parameter server rank " + std::to_string(me);
+  auto& t = comm.transport();
+
+  // The shard: views into this rank's parameter tensors, and their optimizer state.
+  ps_detail::shard_model<V, Optimizer> shard;
+  for (const auto& p : mine) {
+    shard.tensors.emplace_back(params[p.tensor].data() + p.begin, p.size());
+    shard.states.push_back(optimizer.template init<V>(p.size()));
+  }
+  ps::server_stats stats;
+  const std::filesystem::path checkpoint =
+      options_.checkpoint_dir.empty()
+          ? std::filesystem::path()
+          : options_.checkpoint_dir /
+                ("ps-shard-" + std::to_string(server) + "-of-" + std::to_string(options_.servers) + ".ckpt");
+  if (!checkpoint.empty() && std::filesystem::exists(checkpoint)) stats.version = load_checkpoint(checkpoint, shard);
+  std::uint64_t saved_at = stats.version;
+  auto save = [&] {
+    if (checkpoint.empty()) return;
+    std::filesystem::create_directories(options_.checkpoint_dir);
+    save_checkpoint(checkpoint, shard, stats.version);
+    saved_at = stats.version;
+  };
+
+  // Buffers, allocated (and touched) once: gradients arrive into `incoming`; sync modes
+  // sum a step's gradients in `sum`.
+  std::vector<V> incoming(elements), sum(Mode::on_arrival ? 0 : elements);
+  std::size_t in_step = 0;  // gradients summed into the open step
+  stats.pushes.assign(static_cast<std::size_t>(workers), 0);
+  stats.dropped_by.assign(static_cast<std::size_t>(workers), 0);
+  std::vector<ps_detail::worker_slot<typename Tr::request>> slots(static_cast<std::size_t>(workers));
+  for (auto& w : slots) {
+    w.clock = stats.version;
+    w.reply.reserve_discard(sizeof(d::reply_header) + elements * sizeof(V));
+  }
+  int active = workers;
+  const auto wait_deadline = [&] { return deadline_after(options_.timeout); };
+  auto post_control = [&](int w) {
+    slots[w].control = t.async_recv(w, d::request_tag, d::writable_bytes_of(slots[w].header));
+  };
+
+  auto apply = [&](std::span<const V> gradient, V scale) {
+    const V* g = gradient.data();
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      optimizer.step(shard.states[k], shard.tensors[k], std::span<const V>(g, mine[k].size()), scale);
+      g += mine[k].size();
+    }
+    ++stats.updates;
+  };
+  // Async modes: the version is the slowest live worker's clock.
+  auto advance_clock = [&] {
+    std::uint64_t least = ~std::uint64_t{0};
+    for (const auto& w : slots)
+      if (w.live) least = std::min(least, w.clock);
+    if (least != ~std::uint64_t{0}) stats.version = std::max(stats.version, least);
+  };
+  auto close_step_if_full = [&] {
+    if constexpr (!Mode::on_arrival) {
+      const std::size_t needed = static_cast<std::size_t>(std::max(1, active - Mode::backups));
+      if (in_step == 0 || in_step < needed) return;
+      apply(sum, V(1) / static_cast<V>(in_step));
+      std::fill(sum.begin(), sum.end(), V(0));
+      in_step = 0;
+      ++stats.version;
+    }
+  };
+  auto lose = [&](int w, const error& e) {
+    if (!(Mode::on_arrival && concepts::loss_tolerant_transport<Tr>) || e.kind() != errc::peer_lost) throw e;
+    slots[w].live = false;
+    --active;
+    stats.lost_workers.push_back(w);
+    if (options_.report)
+      std::fprintf(options_.report, "gradwire %s: dropped worker rank %d: %s\n", who.c_str(), w, e.what());
+    if constexpr (Mode::on_arrival) advance_clock();
+  };
+
+  auto on_push = [&](int w) {
+    auto& slot = slots[w];
+    const d::request_header h = slot.header;
+    ++stats.pushes[w];
+    ++slot.clock;
+    const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(incoming.data()), elements * sizeof(V));
+    if constexpr (Mode::on_arrival) {
+      auto r = t.async_recv(w, d::gradient_tag, bytes);
+      t.wait(r, wait_deadline());
+      const std::uint64_t lag = stats.updates - std::min(stats.updates, h.updates);
+      ps_detail::record(stats.staleness, stats.version - std::min(stats.version, h.version));
+      ps_detail::record(stats.update_lag, lag);
+      apply(incoming, options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1));
+      ++stats.applied;
+      advance_clock();
+    } else if (h.version < stats.version) {  // late: its step has closed without it
+      auto r = t.async_recv(w, d::gradient_tag, bytes);
+      t.wait(r, wait_deadline());
+      ++stats.dropped;
+      ++stats.dropped_by[w];
+    } else {
+      auto r = [&] {
+        if constexpr (concepts::accumulating_transport<Tr, V>)
+          return t.async_recv_accumulate(w, d::gradient_tag, std::span<V>(sum));
+        else
+          return t.async_recv(w, d::gradient_tag, bytes);
+      }();
+      t.wait(r, wait_deadline());
+      if constexpr (!concepts::accumulating_transport<Tr, V>)
+        for (std::size_t i = 0; i < elements; ++i) sum[i] += incoming[i];
+      ps_detail::record(stats.staleness, 0);
+      ps_detail::record(stats.update_lag, 0);
+      ++stats.applied;
+      ++in_step;
+      close_step_if_full();
+    }
+  };
+
+  auto send_reply = [&](int w) {
+    auto& slot = slots[w];
+    if (slot.reply_send) t.wait(slot.reply_send, wait_deadline());  // the worker took it before asking again
+    d::reply_header h{stats.version, stats.updates, stats.applied, static_cast<std::uint32_t>(stats.lost_workers.size()),
+                      stats.lost_workers.empty() ? -1 : stats.lost_workers.back()};
+    std::memcpy(slot.reply.data(), &h, sizeof h);
+    V* out = reinterpret_cast<V*>(slot.reply.data() + sizeof h);
+    for (const auto& tensor : shard.tensors) out = std::copy(tensor.begin(), tensor.end(), out);
+    slot.reply_send = t.async_send(w, d::reply_tag, {slot.reply.data(), sizeof h + elements * sizeof(V)});
+    slot.pull_waiting = false;
+  };
+  auto answer_pulls = [&] {
+    for (int w = 0; w < workers; ++w) {
+      auto& slot = slots[w];
+      if (!slot.live || !slot.pull_waiting) continue;
+      const std::uint64_t lead = slot.clock - std::min(slot.clock, stats.version);
+      const bool ready = Mode::on_arrival ? (Mode::max_lead < 0 || lead <= static_cast<std::uint64_t>(Mode::max_lead))
+                                          : stats.version >= slot.pull_least;
+      if (!ready) continue;
+      if (Mode::on_arrival) stats.max_lead = std::max(stats.max_lead, lead);
+      try {
+        send_reply(w);
+      } catch (const error& e) {
+        lose(w, e);
+      }
+    }
+  };
+
+  for (int w = 0; w < workers; ++w) post_control(w);
+  std::vector<typename Tr::request*> pending(static_cast<std::size_t>(workers));
+  while (active > 0) {
+    for (int w = 0; w < workers; ++w) pending[w] = slots[w].live ? &slots[w].control : nullptr;
+    std::size_t w = 0;
+    try {
+      w = t.wait_any(pending, wait_deadline());
+    } catch (const error& e) {
+      if (e.kind() != errc::timeout) throw;
+      throw error(errc::timeout, who + ": no worker sent anything for " +
+                                     std::to_string(options_.timeout.count()) + " ms (" + std::to_string(active) +
+                                     " still expected); are they stuck, or is the timeout too short?");
+    }
+    auto& slot = slots[w];
+    try {
+      t.wait(slot.control, wait_deadline());
+      switch (slot.header.kind) {
+        case d::request_kind::push:
+          on_push(static_cast<int>(w));
+          post_control(static_cast<int>(w));
+          break;
+        case d::request_kind::pull:
+          slot.pull_waiting = true;
+          slot.pull_least = slot.header.version;
+          post_control(static_cast<int>(w));
+          break;
+        case d::request_kind::done:
+          slot.live = false;
+          --active;
+          if constexpr (Mode::on_arrival) advance_clock();
+          close_step_if_full();  // the step may now have every gradient it still needs
+          break;
+        default:
+          throw error(errc::protocol, who + ": worker rank " + std::to_string(w) + " sent an unknown request kind " +
+                                          std::to_string(static_cast<std::uint32_t>(slot.header.kind)));
+      }
+    } catch (const error& e) {
+      lose(static_cast<int>(w), e);
+    }
+    answer_pulls();
+    if (options_.checkpoint_every > 0 && stats.version >= saved_at + options_.checkpoint_every) save();
+  }
+  for (auto& slot : slots)  // replies already taken by finished workers; do not cut them off
+    if (slot.reply_send && !slot.live) {
+      try {
+        t.wait(slot.reply_send, deadline_after(std::chrono::seconds(1)));
+      } catch (const error&) {
+      }
+    }
+  save();
+  return stats;
+}
+
+}  // namespace gradwire::aggregation

@@ -1,0 +1,461 @@
+// Parameter servers (ParameterServerStrategy, Downpour, SSP, backup workers): variables sharded over server ranks.
+//
+// Roles: the last `servers` ranks serve (the order of a TF_CONFIG cluster: chief,
+// workers, ps); the others are workers. Every tensor is cut into pieces (a tensor larger
+// than split_bytes is split evenly over the servers) and the pieces are dealt to the
+// servers largest first, each to the least loaded one, so shards are balanced by size.
+// A server owns its pieces' values and optimizer state and applies every update.
+//
+// A worker's step pushes its gradient (one message per server with that server's
+// pieces) and pulls the parameters back; both are non-blocking, with handles. The mode
+// decides when a server applies gradients and when it answers a pull:
+//   ps::sync               one gradient from every live worker, then one update (mean);
+//   ps::backup_workers<b>  a step closes after the first N-b gradients; gradients that
+//                          arrive for a closed step are dropped and counted (Chen et al. 2016);
+//   ps::async              each gradient is applied on arrival; a pull is answered at once;
+//   ps::bounded_staleness<s>  async, but a worker more than s steps ahead of the slowest
+//                          live worker waits for its pull (stale synchronous parallel).
+// A server's version counts steps: closed steps (sync modes), or the number of gradients
+// every live worker has pushed (async modes, the slowest worker's clock). A gradient's
+// staleness is the server's version when it arrives minus the version the worker pulled
+// (0 in sync modes; at most s under bounded_staleness<s>); its update lag is the number
+// of updates the server applied in between (what an async gradient really missed).
+//
+// Fault tolerance (async modes, over a transport that can tolerate a loss): a worker
+// that dies is dropped by the servers, the others go on, and the chief reports it. A lost
+// server is an error on every rank; servers checkpoint their shards every K steps and at
+// exit, and a job restarted with the same checkpoint directory resumes from them.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../checkpoint.hpp"
+#include "../collective/broadcast.hpp"
+#include "../collective/communicator.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../tensor/aligned_buffer.hpp"
+#include "../timeouts.hpp"
+
+namespace gradwire {
+
+namespace ps {
+
+// Consistency modes. A mode says whether gradients are applied on arrival, how far a
+// worker may run ahead (-1: unbounded), and how many late workers a step can do without.
+struct sync {
+  static constexpr const char* name = "sync";
+  static constexpr bool on_arrival = false;
+  static constexpr int backups = 0;
+  static constexpr int max_lead = -1;
+};
+struct async {
+  static constexpr const char* name = "async";
+  static constexpr bool on_arrival = true;
+  static constexpr int backups = 0;
+  static constexpr int max_lead = -1;
+};
+template <int S>
+struct bounded_staleness {
+  static_assert(S >= 0, "ps::bounded_staleness<s>: s must be >= 0 (0: every worker waits for the slowest)");
+  static constexpr const char* name = "bounded_staleness";
+  static constexpr bool on_arrival = true;
+  static constexpr int backups = 0;
+  static constexpr int max_lead = S;
+};
+template <int B>
+struct backup_workers {
+  static_assert(B >= 1, "ps::backup_workers<b>: b must be >= 1 (b = 0 is ps::sync)");
+  static constexpr const char* name = "backup_workers";
+  static constexpr bool on_arrival = false;
+  static constexpr int backups = B;
+  static constexpr int max_lead = -1;
+};
+
+// One piece of a parameter tensor: elements [begin, end) of tensor `tensor`, owned by `server`.
+struct piece {
+  std::size_t tensor = 0, begin = 0, end = 0;
+  int server = 0;
+  std::size_t size() const noexcept { return end - begin; }
+};
+
+// Size-balanced sharding, the same on every rank: tensors of more than split_elements
+// are cut into min(servers, ceil(size / split_elements)) near-equal pieces; pieces go,
+// largest first, to the server holding the fewest elements. Returns the pieces in
+// (tensor, begin) order.
+inline std::vector<piece> partition(std::span<const std::size_t> sizes, int servers, std::size_t split_elements) {
+  if (servers < 1) throw error(errc::invalid_argument, "ps::partition: servers must be >= 1");
+  std::vector<piece> pieces;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const std::size_t n = sizes[t];
+    std::size_t parts = 1;
+    if (split_elements > 0 && n > split_elements)
+      parts = std::min<std::size_t>(static_cast<std::size_t>(servers), (n + split_elements - 1) / split_elements);
+    for (std::size_t k = 0; k < parts; ++k) pieces.push_back({t, n * k / parts, n * (k + 1) / parts, 0});
+  }
+  std::vector<std::size_t> order(pieces.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return pieces[a].size() > pieces[b].size();
+  });
+  std::vector<std::size_t> load(static_cast<std::size_t>(servers), 0);
+  for (std::size_t i : order) {
+    const auto s = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    pieces[i].server = static_cast<int>(s);
+    load[s] += pieces[i].size();
+  }
+  return pieces;
+}
+
+// What a server saw, for reports and tests.
+struct server_stats {
+  std::uint64_t version = 0;        // closed steps (sync modes) or the slowest live worker's clock (async modes)
+  std::uint64_t updates = 0;        // optimizer updates applied
+  std::uint64_t applied = 0;        // gradients applied (sync: part of a closed step)
+  std::uint64_t dropped = 0;        // gradients dropped (backup workers: late for a closed step)
+  std::vector<std::uint64_t> pushes;            // per worker: gradients received
+  std::vector<std::uint64_t> dropped_by;        // per worker: of those, dropped
+  std::vector<std::uint64_t> staleness;         // histogram: staleness[k] = applied gradients of staleness k
+  std::vector<std::uint64_t> update_lag;        // histogram of updates applied between pull and push
+  std::vector<int> lost_workers;                // ranks dropped after their loss (async modes)
+  std::uint64_t max_lead = 0;                   // largest clock lead of a worker whose pull was answered
+};
+
+// Quantile of a histogram (counts per value); 0 for an empty one.
+inline std::uint64_t histogram_quantile(std::span<const std::uint64_t> counts, double q) {
+  std::uint64_t total = 0;
+  for (auto c : counts) total += c;
+  if (total == 0) return 0;
+  const auto rank = static_cast<std::uint64_t>(q * static_cast<double>(total - 1));
+  std::uint64_t seen = 0;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    seen += counts[k];
+    if (seen > rank) return k;
+  }
+  return counts.size() - 1;
+}
+inline double histogram_mean(std::span<const std::uint64_t> counts) {
+  double sum = 0, total = 0;
+  for (std::size_t k = 0; k < counts.size(); ++k) sum += static_cast<double>(k) * counts[k], total += counts[k];
+  return total > 0 ? sum / total : 0.0;
+}
+
+struct options {
+  int servers = 1;  // the last `servers` ranks serve
+  // Tensors larger than this are split over the servers (TensorFlow's partitioners
+  // default to a 256 KiB minimum slice).
+  std::size_t split_bytes = std::size_t{256} << 10;
+  // Async modes: scale each gradient's step by 1 / max(1, update lag) (Zhang et al. 2016).
+  bool staleness_aware_lr = false;
+  // Servers write their shards here every checkpoint_every steps (0: only at exit) and
+  // at exit; at start they resume from the files found there. Empty: no checkpoints.
+  std::filesystem::path checkpoint_dir;
+  std::uint64_t checkpoint_every = 0;
+  // How long a server waits for any worker message, and a worker for a server's answer.
+  std::chrono::milliseconds timeout = default_timeout;
+  // The chief's report of lost workers goes here (nullptr: silent).
+  std::FILE* report = stderr;
+};
+
+namespace detail {
+inline constexpr std::uint64_t tag_base = std::uint64_t{0xF5} << 56;  // far above collective tags
+inline constexpr std::uint64_t request_tag = tag_base | 1, gradient_tag = tag_base | 2, reply_tag = tag_base | 3;
+
+enum class request_kind : std::uint32_t { push = 1, pull = 2, done = 3 };
+
+// Worker -> server, before a push's gradient or as a pull.
+struct request_header {
+  request_kind kind{};
+  std::uint32_t reserved = 0;
+  std::uint64_t version = 0;  // push: the version its parameters came from; pull: the least version wanted
+  std::uint64_t clock = 0;    // the worker's pushes so far (this one included)
+  std::uint64_t updates = 0;  // push: the server's update count when the worker pulled
+};
+// Server -> worker, before the shard's parameters.
+struct reply_header {
+  std::uint64_t version = 0;
+  std::uint64_t updates = 0;
+  std::uint64_t applied = 0;
+  std::uint32_t lost = 0;     // workers lost so far
+  std::int32_t last_lost = -1;  // the latest of them
+};
+static_assert(sizeof(request_header) == 32 && sizeof(reply_header) == 32);
+
+template <class T>
+std::span<const std::byte> bytes_of(const T& v) {
+  return std::as_bytes(std::span(&v, 1));
+}
+template <class T>
+std::span<std::byte> writable_bytes_of(T& v) {
+  return std::as_writable_bytes(std::span(&v, 1));
+}
+}  // namespace detail
+
+}  // namespace ps
+
+namespace concepts {
+// A parameter server's consistency mode (see gradwire/aggregation/parameter_server.hpp).
+template <class M>
+concept ps_mode = requires {
+  { M::name } -> std::convertible_to<const char*>;
+  { M::on_arrival } -> std::convertible_to<bool>;
+  { M::backups } -> std::convertible_to<int>;
+  { M::max_lead } -> std::convertible_to<int>;
+};
+}  // namespace concepts
+
+namespace aggregation {
+
+template <class Mode>
+class parameter_server {
+  static_assert(concepts::ps_mode<Mode>,
+                "aggregation::parameter_server<Mode>: Mode needs static name, on_arrival, backups and max_lead "
+                "(use ps::sync, ps::async, ps::bounded_staleness<s> or ps::backup_workers<b>)");
+
+ public:
+  using mode = Mode;
+
+  explicit parameter_server(ps::options o = {}) : options_(std::move(o)) {}
+
+  const ps::options& options() const noexcept { return options_; }
+  int servers() const noexcept { return options_.servers; }
+  bool is_server(int rank, int size) const noexcept { return rank >= size - options_.servers; }
+  int first_server(int size) const noexcept { return size - options_.servers; }
+
+  // Worker's view, from the latest answers: the servers' least version and most updates.
+  std::uint64_t version() const noexcept { return min_version_; }
+  std::uint64_t applied() const noexcept { return applied_; }
+  std::uint32_t lost_workers() const noexcept { return lost_; }
+
+  // Every rank starts from the chief's parameters (rank 0, a worker); then each worker
+  // pulls from the servers, which may have resumed from a checkpoint.
+  template <class Tr, class V>
+  void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    static_assert(concepts::multiplexing_transport<Tr>,
+                  "aggregation::parameter_server needs a transport with wait_any (asio_tcp, inproc)");
+    const int n = comm.size();
+    if (options_.servers < 1 || options_.servers >= n)
+      throw error(errc::config, "parameter_server: " + std::to_string(options_.servers) + " server(s) in a job of " +
+                                    std::to_string(n) + " ranks: a job needs at least one server and one worker "
+                                    "(launch with --ps N, or a TF_CONFIG with a \"ps\" list)");
+    plan<V>(params);
+    std::vector<V> flat;  // setup only: the chief's values to everyone in one broadcast
+    for (auto p : params) flat.insert(flat.end(), p.begin(), p.end());
+    collective::broadcast(comm, std::span<V>(flat), 0);
+    std::size_t at = 0;
+    for (auto p : params) std::copy_n(flat.data() + at, p.size(), p.data()), at += p.size();
+    if constexpr (concepts::loss_tolerant_transport<Tr>)
+      if (Mode::on_arrival)  // async: workers may die; servers are never tolerated
+        for (int r = 0; r < first_server(n); ++r)
+          if (r != comm.rank()) comm.transport().tolerate_loss(r);
+    if (!is_server(comm.rank(), n)) {
+      auto pulled = pull(comm, params);
+      pulled.wait();
+    }
+  }
+
+  // A worker's step: push the gradient, pull the parameters the mode allows, wait for both.
+  template <class Tr, class V, class Apply>
+  void step(collective::communicator<Tr>& comm, std::span<const std::span<V>> params,
+            std::span<const std::span<const V>> grads, Apply&&) {
+    if (is_server(comm.rank(), comm.size()))
+      throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(comm.rank()) +
+                                              " is a server: call serve() on it instead of step()");
+    auto pushed = push(comm, grads);
+    auto pulled = pull(comm, params);
+    pulled.wait();
+    pushed.wait();
+  }
+
+  // Handles of a worker's non-blocking push and pull. One of each may be in flight.
+  template <class Tr>
+  class push_handle {
+   public:
+    push_handle(collective::communicator<Tr>& comm, std::vector<typename Tr::request> sends, deadline until)
+        : comm_(&comm), sends_(std::move(sends)), until_(until) {}
+    void wait() {
+      for (auto& r : sends_)
+        if (r) wrap_server_loss([&] { comm_->transport().wait(r, until_); });
+      sends_.clear();
+    }
+
+   private:
+    collective::communicator<Tr>* comm_;
+    std::vector<typename Tr::request> sends_;
+    deadline until_;
+  };
+
+  template <class Tr, class V>
+  class pull_handle {
+   public:
+    pull_handle(parameter_server& ps, collective::communicator<Tr>& comm, std::span<const std::span<V>> params,
+                std::vector<typename Tr::request> requests, deadline until)
+        : ps_(&ps), comm_(&comm), params_(params), requests_(std::move(requests)), until_(until) {}
+    // Waits for every server's answer and writes the parameters into place.
+    void wait() {
+      for (auto& r : requests_)
+        if (r) wrap_server_loss([&] { comm_->transport().wait(r, until_); });
+      requests_.clear();
+      ps_->take_replies(comm_->rank(), params_);
+    }
+
+   private:
+    parameter_server* ps_;
+    collective::communicator<Tr>* comm_;
+    std::span<const std::span<V>> params_;
+    std::vector<typename Tr::request> requests_;
+    deadline until_;
+  };
+
+  template <class Tr, class V>
+  push_handle<Tr> push(collective::communicator<Tr>& comm, std::span<const std::span<const V>> grads) {
+    auto& t = comm.transport();
+    const int first = first_server(comm.size());
+    ++clock_;
+    std::vector<typename Tr::request> sends;
+    sends.reserve(2 * static_cast<std::size_t>(options_.servers));
+    for (int s = 0; s < options_.servers; ++s) {
+      auto& link = links_[static_cast<std::size_t>(s)];
+      V* out = reinterpret_cast<V*>(link.gradient.data());
+      for (const auto& p : shard_pieces_[static_cast<std::size_t>(s)])
+        out = std::copy_n(grads[p.tensor].data() + p.begin, p.size(), out);
+      link.push = {ps::detail::request_kind::push, 0, link.version, clock_, link.updates};
+      sends.push_back(t.async_send(first + s, ps::detail::request_tag, ps::detail::bytes_of(link.push)));
+      sends.push_back(t.async_send(first + s, ps::detail::gradient_tag,
+                                   {link.gradient.data(), shard_elements_[static_cast<std::size_t>(s)] * sizeof(V)}));
+    }
+    return push_handle<Tr>(comm, std::move(sends), deadline_after(options_.timeout));
+  }
+
+  template <class Tr, class V>
+  pull_handle<Tr, V> pull(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    auto& t = comm.transport();
+    const int first = first_server(comm.size());
+    std::vector<typename Tr::request> requests;
+    requests.reserve(2 * static_cast<std::size_t>(options_.servers));
+    for (int s = 0; s < options_.servers; ++s) {
+      auto& link = links_[static_cast<std::size_t>(s)];
+      // Sync modes: the step after the one this worker's gradient went into.
+      const std::uint64_t wanted = (!Mode::on_arrival && clock_ > 0) ? link.version + 1 : 0;
+      link.pull = {ps::detail::request_kind::pull, 0, wanted, clock_, 0};
+      requests.push_back(t.async_recv(first + s, ps::detail::reply_tag,
+                                      {link.reply.data(), sizeof(ps::detail::reply_header) +
+                                                              shard_elements_[static_cast<std::size_t>(s)] * sizeof(V)}));
+      requests.push_back(t.async_send(first + s, ps::detail::request_tag, ps::detail::bytes_of(link.pull)));
+    }
+    return pull_handle<Tr, V>(*this, comm, params, std::move(requests), deadline_after(options_.timeout));
+  }
+
+  // A worker that stops training tells the servers (they stop waiting for it).
+  template <class Tr>
+  void finish(collective::communicator<Tr>& comm) {
+    if (finished_ || is_server(comm.rank(), comm.size()) || links_.empty()) return;
+    finished_ = true;
+    auto& t = comm.transport();
+    std::vector<typename Tr::request> sends;
+    ps::detail::request_header done{ps::detail::request_kind::done, 0, 0, clock_, 0};
+    for (int s = 0; s < options_.servers; ++s)
+      sends.push_back(t.async_send(first_server(comm.size()) + s, ps::detail::request_tag, ps::detail::bytes_of(done)));
+    for (auto& r : sends) t.wait(r, deadline_after(std::chrono::seconds(10)));
+  }
+
+  // A server's loop: applies gradients and answers pulls until every worker has
+  // finished or was lost; then writes its final checkpoint and returns what it saw.
+  template <class Tr, class V, class Optimizer>
+  ps::server_stats serve(collective::communicator<Tr>& comm, std::span<const std::span<V>> params,
+                         const Optimizer& optimizer);
+
+ private:
+  // Per-server buffers of a worker (and their sizes), allocated once.
+  struct server_link {
+    aligned_buffer<std::byte> gradient, reply;
+    ps::detail::request_header push, pull;
+    std::uint64_t version = 0, updates = 0;
+  };
+
+  template <class F>
+  static void wrap_server_loss(F&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost) throw;
+      throw error(errc::peer_lost, std::string("parameter_server: ") + e.what() +
+                                       " (a parameter server or the job failed; restart the job with the same "
+                                       "checkpoint directory to resume from the servers' last checkpoints)");
+    }
+  }
+
+  template <class V>
+  void plan(std::span<const std::span<V>> params) {
+    std::vector<std::size_t> sizes;
+    for (auto p : params) sizes.push_back(p.size());
+    pieces_ = ps::partition(sizes, options_.servers, std::max<std::size_t>(1, options_.split_bytes / sizeof(V)));
+    shard_pieces_.assign(static_cast<std::size_t>(options_.servers), {});
+    shard_elements_.assign(static_cast<std::size_t>(options_.servers), 0);
+    for (const auto& p : pieces_) {
+      shard_pieces_[static_cast<std::size_t>(p.server)].push_back(p);
+      shard_elements_[static_cast<std::size_t>(p.server)] += p.size();
+    }
+    links_.clear();
+    links_.resize(static_cast<std::size_t>(options_.servers));
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      links_[s].gradient.reserve_discard(shard_elements_[s] * sizeof(V));
+      links_[s].reply.reserve_discard(sizeof(ps::detail::reply_header) + shard_elements_[s] * sizeof(V));
+    }
+  }
+
+  template <class V>
+  void take_replies(int rank, std::span<const std::span<V>> params) {
+    std::uint64_t least = ~std::uint64_t{0}, updates = 0;
+    std::uint32_t lost = 0;
+    int last_lost = -1;
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      ps::detail::reply_header h;
+      std::memcpy(&h, links_[s].reply.data(), sizeof h);
+      const V* in = reinterpret_cast<const V*>(links_[s].reply.data() + sizeof h);
+      for (const auto& p : shard_pieces_[s]) {
+        std::copy_n(in, p.size(), params[p.tensor].data() + p.begin);
+        in += p.size();
+      }
+      links_[s].version = h.version;
+      links_[s].updates = h.updates;
+      least = std::min(least, h.version);
+      updates = std::max(updates, h.applied);
+      if (h.lost > lost) lost = h.lost, last_lost = h.last_lost;
+    }
+    min_version_ = least;
+    applied_ = updates;
+    if (lost > lost_ && rank == 0 && options_.report)
+      std::fprintf(options_.report,
+                   "gradwire parameter_server: worker rank %d was lost (%u worker(s) lost so far); training goes on "
+                   "without it\n",
+                   last_lost, lost);
+    lost_ = std::max(lost_, lost);
+  }
+
+  ps::options options_;
+  std::vector<ps::piece> pieces_;
+  std::vector<std::vector<ps::piece>> shard_pieces_;  // [server], in (tensor, begin) order
+  std::vector<std::size_t> shard_elements_;           // [server]
+  std::vector<server_link> links_;                    // [server]; workers only use them
+  std::uint64_t clock_ = 0;                           // this worker's pushes
+  std::uint64_t min_version_ = 0, applied_ = 0;
+  std::uint32_t lost_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace aggregation
+}  // namespace gradwire
+
+#include "detail/parameter_server_serve.hpp"
