@@ -48,8 +48,13 @@ inline std::error_code make_error_code(errc e) noexcept {
 // The exception gradwire throws; code() tells the kind, what() the details.
 class error : public std::system_error {
  public:
-  error(errc code, const std::string& what) : std::system_error(make_error_code(code), what) {}
+  error(errc code, const std::string& what) : std::system_error(make_error_code(code), what), details_(what) {}
   errc kind() const noexcept { return static_cast<errc>(code().value()); }
+  // what() without the kind appended: for wrapping an error in one with more context.
+  const std::string& details() const noexcept { return details_; }
+
+ private:
+  std::string details_;
 };
 
 }  // namespace gradwire

@@ -120,6 +120,7 @@ inline std::vector<piece> partition(std::span<const std::size_t> sizes, int serv
 
 // What a server saw, for reports and tests.
 struct server_stats {
+  std::uint64_t resumed_from = 0;   // the version its checkpoint held at start (0: fresh)
   std::uint64_t version = 0;        // closed steps (sync modes) or the slowest live worker's clock (async modes)
   std::uint64_t updates = 0;        // optimizer updates applied
   std::uint64_t applied = 0;        // gradients applied (sync: part of a closed step)
@@ -390,7 +391,7 @@ class parameter_server {
       f();
     } catch (const error& e) {
       if (e.kind() != errc::peer_lost) throw;
-      throw error(errc::peer_lost, std::string("parameter_server: ") + e.what() +
+      throw error(errc::peer_lost, "parameter_server: " + e.details() +
                                        " (a parameter server or the job failed; restart the job with the same "
                                        "checkpoint directory to resume from the servers' last checkpoints)");
     }

@@ -326,7 +326,15 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
     spec.roles = tf->roles;
     spec.task_addresses = tf->task_addresses;
   } else {
+    // GRADWIRE_NUM_PS=N (gradwire-run --ps N): the last N ranks are parameter servers,
+    // as in a TF_CONFIG cluster (chief, workers, ps).
+    const auto ps = detail::read(env, "GRADWIRE_NUM_PS", "the number of parameter-server ranks");
+    const int servers = ps ? ps->value : 0;
+    if (servers < 0 || (servers > 0 && servers >= spec.world_size))
+      config_error(ps->shown() + " leaves no worker in a job of " + std::to_string(spec.world_size) +
+                   " ranks: use 0.." + std::to_string(spec.world_size - 1));
     spec.roles.assign(static_cast<std::size_t>(spec.world_size), task_type::worker);
+    std::fill(spec.roles.end() - servers, spec.roles.end(), task_type::ps);
     spec.roles[0] = task_type::chief;
   }
 

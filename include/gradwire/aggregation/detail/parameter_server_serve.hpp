@@ -76,7 +76,7 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
           ? std::filesystem::path()
           : options_.checkpoint_dir /
                 ("ps-shard-" + std::to_string(server) + "-of-" + std::to_string(options_.servers) + ".ckpt");
-  if (!checkpoint.empty() && std::filesystem::exists(checkpoint)) stats.version = load_checkpoint(checkpoint, shard);
+  if (!checkpoint.empty() && std::filesystem::exists(checkpoint)) stats.resumed_from = stats.version = load_checkpoint(checkpoint, shard);
   std::uint64_t saved_at = stats.version;
   auto save = [&] {
     if (checkpoint.empty()) return;

@@ -1,0 +1,240 @@
+// One rank of a parameter-server test, started by scripts/gradwire-run --ps S over loopback TCP.
+//
+//   ps_worker sync                 sync PS == all-reduce training (a serial reference on the chief)
+//   ps_worker async                async converges; servers check their accounting
+//   ps_worker bounded S            a slow worker; servers check staleness <= S
+//   ps_worker backup               backup_workers<1>, a slow worker; drops counted exactly
+//   ps_worker kill K               async; worker K is killed mid-run; the rest finish
+//   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed
+//   ps_worker resume DIR           sync from the checkpoints in DIR
+//
+// Ranks print "rank R: PASS ..." (or "EXPECTED <errc>: ...") and exit 0, or "FAIL ..." and
+// exit 1; servers also print "rank R: STATS k=v ..." for test_ps.py to cross-check.
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <gradwire/asio.hpp>
+#include <gradwire/gradwire.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/least_squares.hpp"
+
+namespace gw = gradwire;
+using gw::testing::batch_data;
+
+namespace {
+
+int my_rank = -1;
+const gw::testing::least_squares model{16, 4, 8};
+
+[[noreturn]] void fail(const std::string& what) {
+  std::printf("rank %d: FAIL %s\n", my_rank, what.c_str());
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+// Worker w's batch at step k: a learnable target (y = A x + c + noise), the same on every rank.
+batch_data batch(int w, int k) {
+  std::mt19937_64 teacher(42);
+  std::normal_distribution<double> dist;
+  std::vector<double> a(model.outputs * model.inputs), c(model.outputs);
+  for (auto& v : a) v = dist(teacher);
+  for (auto& v : c) v = dist(teacher);
+  std::mt19937_64 gen(1000003ull * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(w));
+  batch_data d = model.random_batch(gen);
+  for (std::size_t n = 0; n < model.batch; ++n)
+    for (std::size_t o = 0; o < model.outputs; ++o) {
+      double y = c[o] + 0.01 * dist(gen);
+      for (std::size_t i = 0; i < model.inputs; ++i) y += a[o * model.inputs + i] * d.x[n * model.inputs + i];
+      d.y[n * model.outputs + o] = y;
+    }
+  return d;
+}
+
+std::vector<gw::host_tensor<float>> start_params(int rank) {
+  std::vector<gw::host_tensor<float>> p;
+  p.emplace_back(gw::shape{model.outputs * model.inputs});
+  p.emplace_back(gw::shape{model.outputs});
+  for (std::size_t i = 0; i < p[0].size(); ++i) p[0][i] = rank == 0 ? float(0.1 * std::sin(double(i))) : 99.f;
+  for (std::size_t i = 0; i < p[1].size(); ++i) p[1][i] = rank == 0 ? 0.f : -99.f;
+  return p;
+}
+
+double loss(std::span<const gw::host_tensor<float>> p) {
+  double sum = 0;
+  for (int k = 0; k < 8; ++k) {
+    const batch_data d = batch(1000, k);  // held out
+    for (std::size_t n = 0; n < model.batch; ++n)
+      for (std::size_t o = 0; o < model.outputs; ++o) {
+        double r = double(p[1][o]) - d.y[n * model.outputs + o];
+        for (std::size_t i = 0; i < model.inputs; ++i) r += double(p[0][o * model.inputs + i]) * d.x[n * model.inputs + i];
+        sum += 0.5 * r * r;
+      }
+  }
+  return sum / (8.0 * model.batch);
+}
+
+std::string join(const std::vector<std::uint64_t>& v) {
+  std::string s;
+  for (auto x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+struct plan {
+  int steps = 30;
+  int slow_rank = -1;  // this worker sleeps slow_ms before each step
+  int slow_ms = 0;
+  int pace_ms = 0;     // every worker sleeps this long before each step (a compute stand-in)
+  int kill_rank = -1;  // this worker raises SIGKILL at step kill_step
+  int kill_step = 5;
+  bool until_applied = false;  // train until the servers applied steps * (workers - backups) gradients
+};
+
+constexpr float lr = 0.05f;
+
+template <class Mode>
+void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const plan& p,
+         void (*check_server)(const gw::ps::server_stats&, int workers) = nullptr) {
+  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, gw::transport::asio_tcp>;
+  options.servers = spec.count(gw::cluster::task_type::ps);
+  options.split_bytes = 64;  // split the weight matrix over the servers
+  options.timeout = std::chrono::seconds(60);
+  const int workers = spec.world_size - options.servers;
+  S s(gw::cluster::join_tcp(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
+  if (s.is_server()) {
+    const auto st = s.serve();
+    std::uint64_t max_staleness = st.staleness.empty() ? 0 : st.staleness.size() - 1;
+    const std::string lost = join(std::vector<std::uint64_t>(st.lost_workers.begin(), st.lost_workers.end()));
+    std::printf("rank %d: STATS resumed=%llu version=%llu applied=%llu dropped=%llu pushes=%s dropped_by=%s "
+                "max_staleness=%llu max_lead=%llu lost=%s\n",
+                spec.rank, (unsigned long long)st.resumed_from, (unsigned long long)st.version,
+                (unsigned long long)st.applied, (unsigned long long)st.dropped, join(st.pushes).c_str(),
+                join(st.dropped_by).c_str(), (unsigned long long)max_staleness, (unsigned long long)st.max_lead,
+                lost.c_str());
+    std::uint64_t pushes = 0;
+    for (auto x : st.pushes) pushes += x;
+    if (st.applied + st.dropped != pushes) fail("applied + dropped != gradients received");
+    if (check_server) check_server(st, workers);
+    std::printf("rank %d: PASS server\n", spec.rank);
+    return;
+  }
+  const double before = loss(s.parameters());
+  std::uint64_t pushes = 0;
+  const std::uint64_t budget = static_cast<std::uint64_t>(p.steps) * (workers - Mode::backups);
+  for (int k = 0; p.until_applied ? s.aggregation().applied() < budget : k < p.steps; ++k) {
+    if (spec.rank == p.kill_rank && k == p.kill_step) std::raise(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(spec.rank == p.slow_rank ? p.slow_ms : p.pace_ms));
+    const auto params = s.parameters();
+    s.step(model.gradients<float>(params[0].data(), params[1].data(), batch(spec.rank, k)));
+    ++pushes;
+  }
+  const double after = loss(s.parameters());
+  if constexpr (std::is_same_v<Mode, gw::ps::sync>) {
+    if (spec.rank == 0 && options.checkpoint_dir.empty()) {
+      // The all-reduce reference, computed serially: the mean of every worker's gradient, one SGD step.
+      auto ref = start_params(0);
+      for (int k = 0; k < p.steps; ++k) {
+        std::vector<std::vector<double>> mean{std::vector<double>(ref[0].size()), std::vector<double>(ref[1].size())};
+        for (int w = 0; w < workers; ++w) {
+          const auto g = model.gradients<float>(ref[0].data(), ref[1].data(), batch(w, k));
+          for (std::size_t t = 0; t < 2; ++t)
+            for (std::size_t i = 0; i < g[t].size(); ++i) mean[t][i] += double(g[t][i]) / workers;
+        }
+        for (std::size_t t = 0; t < 2; ++t)
+          for (std::size_t i = 0; i < mean[t].size(); ++i) ref[t][i] -= lr * float(mean[t][i]);
+      }
+      for (std::size_t t = 0; t < 2; ++t)
+        for (std::size_t i = 0; i < ref[t].size(); ++i) {
+          const double want = ref[t][i], got = s.parameters()[t][i];
+          if (std::abs(got - want) > 1e-5 * std::max(1.0, std::abs(want)))
+            fail("tensor " + std::to_string(t) + " element " + std::to_string(i) + ": PS " + std::to_string(got) +
+                 ", all-reduce reference " + std::to_string(want));
+        }
+    }
+  }
+  if (!options.checkpoint_dir.empty() || p.until_applied || after < 0.2 * before)
+    std::printf("rank %d: PASS pushes=%llu loss %.4f -> %.4f lost_workers=%u\n", spec.rank, (unsigned long long)pushes,
+                before, after, s.aggregation().lost_workers());
+  else
+    fail("loss did not fall enough: " + std::to_string(before) + " -> " + std::to_string(after));
+}
+
+template <class F>
+void expect_peer_lost(F&& f) {
+  try {
+    f();
+  } catch (const gw::error& e) {
+    if (e.kind() != gw::errc::peer_lost) throw;
+    std::printf("rank %d: EXPECTED %s: %s\n", my_rank, gw::make_error_code(e.kind()).message().c_str(), e.what());
+    return;
+  }
+  fail("expected a lost peer, but the run finished");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const std::string arg = argc > 2 ? argv[2] : "";
+  try {
+    const auto spec = gw::cluster::detect();
+    my_rank = spec.rank;
+    gw::ps::options options;
+    if (mode == "sync") {
+      run<gw::ps::sync>(spec, options, {});
+    } else if (mode == "async") {
+      run<gw::ps::async>(spec, options, {.steps = 60, .slow_rank = 1, .slow_ms = 5},
+                         [](const gw::ps::server_stats& st, int workers) {
+                           if (st.dropped != 0 || st.applied != 60u * workers) fail("async dropped or lost gradients");
+                         });
+    } else if (mode == "bounded") {
+      static int bound = std::stoi(arg);
+      plan p{.steps = 40, .slow_rank = 1, .slow_ms = 10};
+      auto check = [](const gw::ps::server_stats& st, int) {
+        if (st.staleness.size() > static_cast<std::size_t>(bound) + 1 || st.max_lead > static_cast<std::uint64_t>(bound))
+          fail("staleness above the bound " + std::to_string(bound));
+      };
+      if (bound == 1) run<gw::ps::bounded_staleness<1>>(spec, options, p, check);
+      else if (bound == 3) run<gw::ps::bounded_staleness<3>>(spec, options, p, check);
+      else fail("bounded: the test instantiates s = 1 and s = 3");
+    } else if (mode == "backup") {
+      run<gw::ps::backup_workers<1>>(spec, options, {.steps = 30, .slow_rank = 1, .slow_ms = 15, .pace_ms = 5, .until_applied = true},
+                                     [](const gw::ps::server_stats& st, int workers) {
+                                       if (st.applied != st.version * (workers - 1)) fail("a step closed with != N-1");
+                                       if (st.dropped_by[1] == 0) fail("the slow worker's gradients were never late");
+                                     });
+    } else if (mode == "kill") {
+      run<gw::ps::async>(spec, options, {.steps = 60, .slow_rank = -1, .slow_ms = 0, .pace_ms = 0, .kill_rank = std::stoi(arg)},
+                         [](const gw::ps::server_stats& st, int) {
+                           if (st.lost_workers.size() != 1) fail("expected exactly one lost worker");
+                         });
+    } else if (mode == "server-loss") {
+      options.checkpoint_dir = arg;
+      options.checkpoint_every = 5;
+      if (spec.rank == spec.world_size - 1)  // the last server dies mid-run
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          std::raise(SIGKILL);
+        }).detach();
+      expect_peer_lost([&] { run<gw::ps::sync>(spec, options, {.steps = 100000, .slow_rank = 0, .slow_ms = 20}); });
+    } else if (mode == "resume") {
+      options.checkpoint_dir = arg;
+      options.checkpoint_every = 5;
+      run<gw::ps::sync>(spec, options, {.steps = 10});
+    } else {
+      std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|server-loss DIR|resume DIR\n");
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::printf("rank %d: FAIL %s\n", my_rank, e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Parameter-server tests: real worker and server processes on loopback TCP (gradwire-run --ps S).
+
+    test_ps.py LAUNCHER PS_WORKER [unittest args]
+
+Every case bounds its own time: a hang fails the test instead of stalling CI.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
+
+
+def run(workers, servers, *args, keep_going=False, bound=120):
+    """Runs PS_WORKER on workers + servers ranks; returns (status, {rank: [lines]}, output)."""
+    cmd = [LAUNCHER, "-n", str(workers), "--ps", str(servers)] + (["--keep-going"] if keep_going else [])
+    cmd += ["--", WORKER, *args]
+    env = dict(os.environ, GRADWIRE_TIMEOUT="20")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound, env=env)
+    lines = {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"\[(\d+)\] (.*)", line)
+        if m:
+            lines.setdefault(int(m.group(1)), []).append(m.group(2))
+    return p.returncode, lines, p.stdout
+
+
+def stats(lines, rank):
+    """The server's STATS line as a dict of strings."""
+    for l in lines.get(rank, []):
+        if "STATS" in l:
+            return dict(kv.split("=", 1) for kv in l.split("STATS", 1)[1].split())
+    raise AssertionError(f"rank {rank} printed no STATS")
+
+
+def counts(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+class ParameterServer(unittest.TestCase):
+    def check_pass(self, workers, servers, *args):
+        status, lines, out = run(workers, servers, *args)
+        self.assertEqual(status, 0, out)
+        for r in range(workers + servers):
+            self.assertTrue(any("PASS" in l for l in lines.get(r, [])), f"rank {r} did not pass:\n{out}")
+        return lines, out
+
+    def pushes_match(self, lines, workers, servers):
+        """Each server received exactly the gradients each worker says it pushed."""
+        pushed = [int(re.search(r"pushes=(\d+)", " ".join(lines[w])).group(1)) for w in range(workers)]
+        for s in range(workers, workers + servers):
+            self.assertEqual(counts(stats(lines, s)["pushes"]), pushed)
+        return pushed
+
+    def test_sync_equals_all_reduce(self):
+        for workers, servers in ((2, 1), (3, 2)):
+            with self.subTest(workers=workers, servers=servers):
+                lines, _ = self.check_pass(workers, servers, "sync")
+                self.pushes_match(lines, workers, servers)
+                for s in range(workers, workers + servers):
+                    self.assertEqual(stats(lines, s)["max_staleness"], "0")
+
+    def test_async_converges_and_applies_every_gradient(self):
+        lines, _ = self.check_pass(3, 2, "async")
+        self.pushes_match(lines, 3, 2)
+
+    def test_bounded_staleness_never_exceeds_s(self):
+        for s in (1, 3):
+            with self.subTest(s=s):
+                lines, out = self.check_pass(3, 1, "bounded", str(s))
+                st = stats(lines, 3)
+                self.assertLessEqual(int(st["max_staleness"]), s, out)
+                self.assertLessEqual(int(st["max_lead"]), s, out)
+
+    def test_backup_workers_drop_late_gradients_and_count_them_exactly(self):
+        lines, out = self.check_pass(3, 1, "backup")
+        pushed = self.pushes_match(lines, 3, 1)
+        st = stats(lines, 3)
+        dropped_by = counts(st["dropped_by"])
+        self.assertEqual(int(st["applied"]) + int(st["dropped"]), sum(pushed), out)
+        self.assertEqual(int(st["applied"]), int(st["version"]) * 2, out)  # every step closed with N - b = 2
+        self.assertGreater(dropped_by[1], pushed[1] // 2, out)              # the slow worker is mostly late
+
+    def test_async_survives_a_killed_worker(self):
+        status, lines, out = run(4, 2, "kill", "2", keep_going=True, bound=120)
+        self.assertNotEqual(status, 0, out)  # the victim died by SIGKILL
+        for r in (0, 1, 3, 4, 5):
+            self.assertTrue(any("PASS" in l for l in lines.get(r, [])), f"rank {r} did not finish:\n{out}")
+        for s in (4, 5):
+            self.assertEqual(stats(lines, s)["lost"], "2", out)
+        self.assertIn("worker rank 2 was lost", " ".join(lines[0]), out)  # the chief reports it
+
+    def test_lost_server_is_an_error_everywhere_and_a_restart_resumes(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            start = time.monotonic()
+            status, lines, out = run(2, 2, "server-loss", ckpt, keep_going=True, bound=120)
+            self.assertNotEqual(status, 0, out)
+            self.assertLess(time.monotonic() - start, 60, "the survivors must fail at once, not at their deadline")
+            for r in (0, 1, 2):
+                got = " ".join(lines.get(r, []))
+                self.assertIn("EXPECTED peer lost", got, out)
+            for r in (0, 1):
+                self.assertIn("parameter_server", " ".join(lines[r]), out)
+            self.assertTrue(os.path.exists(os.path.join(ckpt, "ps-shard-0-of-2.ckpt")), out)
+            self.assertTrue(os.path.exists(os.path.join(ckpt, "ps-shard-1-of-2.ckpt")), out)
+
+            lines, out = self.check_pass(2, 2, "resume", ckpt)
+            for s in (2, 3):
+                st = stats(lines, s)
+                self.assertGreaterEqual(int(st["resumed"]), 5, out)
+                self.assertEqual(int(st["version"]), int(st["resumed"]) + 10, out)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
