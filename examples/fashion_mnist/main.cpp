@@ -1,8 +1,9 @@
 // Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device, mirrored,
-// multi_worker_mirrored, central_storage or local_sgd strategy.
+// multi_worker_mirrored, central_storage, local_sgd or parameter_server strategy.
 //
-//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd]
+//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|parameter_server]
 //                 [--transport inproc|tcp] [--replicas N] [--owner R] [--period H]
+//                 [--ps S] [--ps-mode sync|async|bounded:S|backup:B] [--checkpoint-dir D] [--checkpoint-every K]
 //                 [--epochs E] [--batch B] [--lr LR] [--optimizer sgd|momentum|adam|adamw]
 //                 [--data DIR] [--seed S] [--schedule cosine|constant] [--standardise]
 //                 [--threads T] [--target-accuracy A] [--straggler RANK:FACTOR] [--timing]
@@ -57,7 +58,7 @@ using matrix = model_type::matrix;
 
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
-    "  --strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd\n"
+    "  --strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|parameter_server\n"
     "                                   training strategy (default one_device); multi_worker_mirrored runs one\n"
     "                                   replica per process: start it with scripts/gradwire-run -n N, mpirun -np N,\n"
     "                                   srun or TF_CONFIG\n"
@@ -69,6 +70,12 @@ constexpr const char* usage_text =
     "  --owner R                        central_storage: the rank that sums gradients and applies the optimizer\n"
     "                                   (default 0)\n"
     "  --period H                       local_sgd: average the parameters every H local steps (default 8)\n"
+    "  --ps S                           parameter_server over inproc: S of the threads serve (default 1); over tcp\n"
+    "                                   the launcher says (scripts/gradwire-run -n N --ps S, or TF_CONFIG's ps)\n"
+    "  --ps-mode M                      parameter_server: sync (default), async, bounded:S (S in 1, 2, 4) or\n"
+    "                                   backup:B (B in 1, 2); servers apply a constant lr (no --schedule cosine)\n"
+    "  --checkpoint-dir D               parameter_server: servers save their shards in D and resume from them\n"
+    "  --checkpoint-every K             parameter_server: ... every K steps as well as at exit (default 0: at exit)\n"
     "  --epochs E                       passes over the training set (default 10)\n"
     "  --batch B                        samples per replica per step (default 64)\n"
     "  --lr LR                          learning rate (default: adam/adamw 1e-3, momentum 0.01, sgd 0.1)\n"
@@ -108,6 +115,12 @@ struct options {
   bool timing = false;
   int straggler_rank = -1;  // -1: no straggler
   double straggler_factor = 1;
+  // parameter_server only
+  int servers = 0;             // inproc: server threads (tcp: from the launcher)
+  std::string ps_mode = "sync";
+  std::string checkpoint_dir;
+  std::uint64_t checkpoint_every = 0;
+  bool schedule_given = false;
 };
 
 bool uses_tcp(const options& o) { return o.transport == "tcp"; }
@@ -152,9 +165,10 @@ options parse(int argc, char** argv) {
     } else if (flag == "--strategy") {
       o.strategy = next();
       if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored" &&
-          o.strategy != "central_storage" && o.strategy != "local_sgd")
+          o.strategy != "central_storage" && o.strategy != "local_sgd" && o.strategy != "parameter_server")
         throw usage_error(
-            "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage or local_sgd, got '" +
+            "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage, local_sgd or "
+            "parameter_server, got '" +
             o.strategy + "'");
     } else if (flag == "--transport") {
       o.transport = next();
@@ -176,6 +190,17 @@ options parse(int argc, char** argv) {
                           std::string(text.substr(colon + 1)) + "'");
     } else if (flag == "--replicas") {
       o.replicas = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--ps") {
+      o.servers = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--ps-mode") {
+      o.ps_mode = next();
+      static const char* modes[] = {"sync", "async", "bounded:1", "bounded:2", "bounded:4", "backup:1", "backup:2"};
+      if (std::find(std::begin(modes), std::end(modes), o.ps_mode) == std::end(modes))
+        throw usage_error("--ps-mode must be sync, async, bounded:1|2|4 or backup:1|2, got '" + o.ps_mode + "'");
+    } else if (flag == "--checkpoint-dir") {
+      o.checkpoint_dir = next();
+    } else if (flag == "--checkpoint-every") {
+      o.checkpoint_every = parse_int<std::uint64_t>(flag, next(), 1);
     } else if (flag == "--epochs") {
       o.epochs = parse_int<int>(flag, next(), 1);
     } else if (flag == "--batch") {
@@ -193,6 +218,7 @@ options parse(int argc, char** argv) {
       o.seed = parse_int<std::uint64_t>(flag, next(), 0);
     } else if (flag == "--schedule") {
       o.schedule = next();
+      o.schedule_given = true;
       if (o.schedule != "cosine" && o.schedule != "constant")
         throw usage_error("--schedule must be cosine or constant, got '" + o.schedule + "'");
     } else if (flag == "--standardise" || flag == "--standardize") {
@@ -227,6 +253,18 @@ options parse(int argc, char** argv) {
     throw usage_error("--owner is for --strategy central_storage, not " + o.strategy);
   if (o.period && o.strategy != "local_sgd")
     throw usage_error("--period is for --strategy local_sgd, not " + o.strategy);
+  const bool ps = o.strategy == "parameter_server";
+  if (!ps && (o.servers || o.ps_mode != "sync" || !o.checkpoint_dir.empty() || o.checkpoint_every))
+    throw usage_error("--ps, --ps-mode, --checkpoint-dir and --checkpoint-every are for --strategy parameter_server");
+  if (ps) {
+    // The servers own the optimizer and apply every update; they keep its lr fixed.
+    if (o.schedule_given && o.schedule != "constant")
+      throw usage_error("--strategy parameter_server: the servers apply a constant lr; use --schedule constant");
+    o.schedule = "constant";
+    if (uses_tcp(o) && o.servers)
+      throw usage_error("--ps S is for threads; over tcp the launcher says (scripts/gradwire-run -n N --ps S)");
+    if (!uses_tcp(o) && !o.servers) o.servers = 1;
+  }
   if (o.strategy == "central_storage" && !o.owner) o.owner = 0;
   if (o.strategy == "local_sgd" && !o.period) o.period = 8;
   if (o.strategy == "one_device") {
@@ -418,6 +456,105 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
   }
 }
 
+// parameter_server: servers serve; workers step until the servers have done a run's worth
+// of work (sync modes: epochs x steps versions; async modes: as many gradients applied as
+// sync training would apply, so fast workers take on a straggler's share). Each worker
+// takes its slice of every global batch, by its own step count; the chief evaluates the
+// model it pulled on the whole test set each time the servers' progress crosses an epoch.
+template <class Strategy>
+void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist::fashion_mnist_data<float>& data,
+                      const options& o, summary& out) {
+  using mode = typename Strategy::aggregation_type::mode;
+  if (strategy.is_server()) {
+    const auto st = strategy.serve();
+    std::uint64_t pushes = 0;
+    for (auto p : st.pushes) pushes += p;
+    std::printf("ps rank %d: mode %s version %llu updates %llu gradients %llu applied %llu dropped %llu "
+                "staleness mean %.2f p50 %llu p99 %llu max %llu update_lag mean %.2f p50 %llu p99 %llu max %llu "
+                "max_lead %llu lost_workers %zu\n",
+                strategy.rank(), mode::name, (unsigned long long)st.version, (unsigned long long)st.updates,
+                (unsigned long long)pushes, (unsigned long long)st.applied, (unsigned long long)st.dropped,
+                gradwire::ps::histogram_mean(st.staleness),
+                (unsigned long long)gradwire::ps::histogram_quantile(st.staleness, 0.5),
+                (unsigned long long)gradwire::ps::histogram_quantile(st.staleness, 0.99),
+                (unsigned long long)(st.staleness.empty() ? 0 : st.staleness.size() - 1),
+                gradwire::ps::histogram_mean(st.update_lag),
+                (unsigned long long)gradwire::ps::histogram_quantile(st.update_lag, 0.5),
+                (unsigned long long)gradwire::ps::histogram_quantile(st.update_lag, 0.99),
+                (unsigned long long)(st.update_lag.empty() ? 0 : st.update_lag.size() - 1),
+                (unsigned long long)st.max_lead, st.lost_workers.size());
+    std::fflush(stdout);
+    return;
+  }
+  const int rank = strategy.rank();
+  const int workers = strategy.size() - strategy.aggregation().servers();
+  const auto batch = static_cast<std::size_t>(o.batch);
+  const std::size_t global_batch = batch * static_cast<std::size_t>(workers);
+  const std::size_t n_train = data.train.size();
+  const std::size_t steps = n_train / global_batch;
+  if (steps == 0) throw std::runtime_error("global batch exceeds the training set");
+  const std::uint64_t total = steps * static_cast<std::uint64_t>(o.epochs);
+  auto progress = [&] {  // in epochs' worth of server work
+    const auto& ps = strategy.aggregation();
+    return mode::on_arrival ? double(ps.applied()) / double(steps * static_cast<std::size_t>(workers))
+                            : double(ps.version()) / double(steps);
+  };
+  if (rank == 0) {
+    std::printf("strategy parameter_server (%s) over %s, %d workers + %d servers, optimizer %s, lr %g (constant), "
+                "batch %zu per worker (%zu global), %zu steps/epoch, %zu parameters\n",
+                o.ps_mode.c_str(), o.transport.c_str(), workers, strategy.aggregation().servers(), o.optimizer.c_str(),
+                *o.lr, batch, global_batch, steps, model.parameter_count());
+    if (o.straggler_rank >= 0) std::printf("straggler: rank %d runs %g x slower\n", o.straggler_rank, o.straggler_factor);
+    std::fflush(stdout);
+  }
+  const bool straggling = rank == o.straggler_rank && o.straggler_factor > 1;
+  std::vector<std::size_t> order(n_train);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  matrix x(model.sizes().input, static_cast<Eigen::Index>(batch));
+  std::vector<int> y(batch);
+  auto gradients = model.gradient_views();
+  const auto start = steady::now();
+  int evaluated_epochs = 0;
+  std::uint64_t my_steps = 0;
+  auto evaluate = [&](int epoch) {
+    const double accuracy = model.accuracy(data.test.images, data.test.labels);
+    const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
+    std::printf("epoch %2d/%d  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s  lost_workers %u\n", epoch,
+                o.epochs, 100.0 * accuracy, progress() * double(steps * global_batch) / elapsed, elapsed,
+                strategy.aggregation().lost_workers());
+    std::fflush(stdout);
+    out.chief = true;
+    out.final_accuracy = accuracy;
+    out.total_seconds = elapsed;
+    if (out.epoch_reached == 0 && accuracy >= o.target_accuracy) {
+      out.epoch_reached = epoch;
+      out.seconds_reached = elapsed;
+    }
+  };
+  for (;;) {
+    const bool finished = mode::on_arrival ? strategy.aggregation().applied() >= total * workers
+                                           : strategy.aggregation().version() >= total;
+    if (rank == 0 && (finished || int(progress()) > evaluated_epochs)) evaluate(++evaluated_epochs);
+    if (finished) break;
+    const std::size_t step = my_steps % steps;
+    if (step == 0) {  // a new pass of this worker's: the epoch's shared permutation
+      std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + my_steps / steps + 1);
+      std::shuffle(order.begin(), order.end(), rng);
+    }
+    const auto step_start = steady::now();
+    const std::size_t first = step * global_batch + static_cast<std::size_t>(rank) * batch;
+    for (std::size_t j = 0; j < batch; ++j) {
+      const std::size_t sample = order[first + j];
+      x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
+      y[j] = data.train.labels[sample];
+    }
+    model.loss_and_gradient(x, y);
+    if (straggling) std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
+    strategy.step(gradients);
+    ++my_steps;
+  }
+}
+
 template <class Optimizer>
 summary train(const options& o, const Optimizer& optimizer, const fashion_mnist::fashion_mnist_data<float>& data) {
   using view = gradwire::tensor_view<float>;
@@ -428,7 +565,28 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
   // equal, so each builds its own model. One training loop for every strategy.
   auto replica = [&]<class Transport>(Transport transport) {
     model_type model({}, o.seed);
-    if (o.strategy == "central_storage") {
+    if (o.strategy == "parameter_server") {
+      gradwire::ps::options ps;
+      ps.servers = o.servers;
+#if GRADWIRE_HAS_ASIO
+      if (uses_tcp(o)) ps.servers = gradwire::cluster::detect().count(gradwire::cluster::task_type::ps);
+#endif
+      ps.checkpoint_dir = o.checkpoint_dir;
+      ps.checkpoint_every = o.checkpoint_every;
+      auto run = [&]<class Mode>(Mode) {
+        gradwire::parameter_server<view, Optimizer, Mode, Transport> strategy(
+            std::move(transport), model.parameter_views(), optimizer, aggregation::parameter_server<Mode>(ps));
+        train_ps_replica(strategy, model, data, o, out);
+      };
+      namespace ps_mode = gradwire::ps;
+      if (o.ps_mode == "async") run(ps_mode::async{});
+      else if (o.ps_mode == "bounded:1") run(ps_mode::bounded_staleness<1>{});
+      else if (o.ps_mode == "bounded:2") run(ps_mode::bounded_staleness<2>{});
+      else if (o.ps_mode == "bounded:4") run(ps_mode::bounded_staleness<4>{});
+      else if (o.ps_mode == "backup:1") run(ps_mode::backup_workers<1>{});
+      else if (o.ps_mode == "backup:2") run(ps_mode::backup_workers<2>{});
+      else run(ps_mode::sync{});
+    } else if (o.strategy == "central_storage") {
       gradwire::central_storage<view, Optimizer, Transport> strategy(
           std::move(transport), model.parameter_views(), optimizer, aggregation::central(*o.owner));
       train_replica(strategy, model, data, o, out);
@@ -457,7 +615,7 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
     throw std::logic_error("--transport tcp in a build without gradwire::asio");  // process_rank() said so
 #endif
   } else {
-    gradwire::transport::run_inproc(o.replicas,
+    gradwire::transport::run_inproc(o.replicas + o.servers,
                                     [&](gradwire::transport::inproc endpoint) { replica(std::move(endpoint)); });
   }
   return out;
@@ -487,11 +645,20 @@ int process_rank(const options& o) {
   const auto spec = gradwire::cluster::detect();
   const std::string n = std::to_string(spec.world_size);
   const std::string world = " this job's " + n + " process(es) (from " + spec.source + ")";
-  if (o.replicas != 0 && o.replicas != spec.world_size)
+  if (o.replicas != 0 && o.replicas != spec.world_size && o.strategy != "parameter_server")
     throw usage_error("--replicas " + std::to_string(o.replicas) + " does not match" + world + ": --strategy " +
                       o.strategy + " over tcp runs one replica per process, so leave --replicas out or start " +
                       std::to_string(o.replicas) + " processes (scripts/gradwire-run -n " +
                       std::to_string(o.replicas) + ", mpirun -np " + std::to_string(o.replicas) + ")");
+  if (o.strategy == "parameter_server") {
+    const int servers = spec.count(gradwire::cluster::task_type::ps);
+    if (servers == 0 || servers >= spec.world_size)
+      throw usage_error("--strategy parameter_server over tcp needs server ranks and worker ranks: start it with "
+                        "scripts/gradwire-run -n WORKERS --ps SERVERS (or a TF_CONFIG with a \"ps\" list); this job "
+                        "has " + std::to_string(servers) + " server(s) in " + n + " process(es)");
+    if (o.straggler_rank >= spec.world_size - servers)
+      throw usage_error("--straggler rank " + std::to_string(o.straggler_rank) + " is not a worker");
+  }
   if (o.owner && *o.owner >= spec.world_size)
     throw usage_error("--owner " + std::to_string(*o.owner) + " is not a rank of" + world);
   if (o.straggler_rank >= spec.world_size)

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Parameter-server step throughput over TCP beside the loopback TCP bound, in one run:
+# gradwire parameter_server<ps::sync> over transport::asio_tcp under scripts/gradwire-run,
+# for 4 workers with 1 and 2 servers and 2 workers with 1 server, 64 KiB .. 64 MiB, and a
+# single-stream loopback socket test (Python, one sender thread, one receiver thread,
+# 1 GiB in 4 MiB sendall chunks, median of 3) as the bound. Prints each run's table and the
+# combined table; writes results/ps_throughput.{txt,csv}.
+# Usage: benchmarks/ps_throughput.sh [ps_throughput flags...]   e.g. --iters 40 --sizes 1M,16M
+#   GRADWIRE_PS_CONFIGS (default "4:1 4:2 2:1", WORKERS:SERVERS), GRADWIRE_RESULTS_DIR,
+#   GRADWIRE_BENCH_BUILD_DIR
+# Exits non-zero if any run failed or any result was wrong; never on time.
+set -euo pipefail
+gradwire_root=$(cd "$(dirname "$0")/.." && pwd)
+source "$gradwire_root/scripts/deps.sh"
+
+gradwire_require_packages "${gradwire_build_packages[@]}"
+build_dir=${GRADWIRE_BENCH_BUILD_DIR:-$gradwire_root/build-bench}
+results=${GRADWIRE_RESULTS_DIR:-$gradwire_root/results}
+configs=${GRADWIRE_PS_CONFIGS:-4:1 4:2 2:1}
+gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
+  -DGRADWIRE_BUILD_BENCHMARKS=ON -DGRADWIRE_ASIO=ON
+cmake --build "$build_dir" --target ps_throughput -j"$(nproc)"
+
+mkdir -p "$results"
+txt=$results/ps_throughput.txt
+csv=$results/ps_throughput.csv
+runs=$(mktemp "${TMPDIR:-/tmp}/ps_throughput.XXXXXX.csv")
+trap 'rm -f "$runs"' EXIT
+rm -f "$runs" "$csv"
+: >"$txt"
+
+# --- the bound: one TCP stream over loopback, in this run, before the PS runs --------
+bound_mbps=$(/usr/bin/python3 - <<'EOF' | tee -a "$txt" | tail -n 1
+import socket, statistics, threading, time
+
+TOTAL, CHUNK, RUNS = 1 << 30, 4 << 20, 3
+
+def once():
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    received = [0]
+
+    def receive():
+        conn, _ = server.accept()
+        view = memoryview(bytearray(CHUNK))
+        while received[0] < TOTAL:
+            n = conn.recv_into(view)
+            if n == 0:
+                break
+            received[0] += n
+        conn.close()
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    sender = socket.create_connection(server.getsockname())
+    sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payload = bytes(CHUNK)
+    t0 = time.perf_counter()
+    for _ in range(TOTAL // CHUNK):
+        sender.sendall(payload)
+    receiver.join()  # the clock stops when the last byte has been read
+    seconds = time.perf_counter() - t0
+    sender.close()
+    server.close()
+    if received[0] != TOTAL:
+        raise SystemExit(f"loopback bound: received {received[0]} of {TOTAL} bytes")
+    return TOTAL / seconds
+
+rates = [once() for _ in range(RUNS)]
+print("# loopback TCP bound: one stream, Python sender and receiver threads, 1 GiB in 4 MiB sendall chunks; "
+      "runs: " + ", ".join(f"{r / 1e9:.2f}" for r in rates) + f" GB/s; median {statistics.median(rates) / 1e9:.2f} GB/s")
+print(f"{statistics.median(rates) / 1e6:.1f}")
+EOF
+)
+echo "#" | tee -a "$txt"
+
+# --- the parameter-server runs ---------------------------------------------------------
+status=0
+for config in $configs; do
+  workers=${config%%:*} servers=${config##*:}
+  # Flags given to this script come last, so they override these defaults.
+  if ! "$gradwire_root/scripts/gradwire-run" -n "$workers" --ps "$servers" --no-prefix --timeout 300 -- \
+    "$build_dir/benchmarks/ps_throughput" --csv "$runs" "$@" 2>&1 | tee -a "$txt"; then
+    echo "# ps_throughput with $workers worker(s) and $servers server(s) failed" | tee -a "$txt"
+    status=1
+  fi
+done
+
+# --- the combined table and CSV --------------------------------------------------------
+/usr/bin/python3 - "$runs" "$csv" "$bound_mbps" <<'EOF' | tee -a "$txt"
+import csv, sys
+
+runs, out, bound = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+def human(b):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return f"{b >> shift} {unit}"
+    return f"{b} B"
+
+with open(runs, newline="") as f:
+    rows = list(csv.DictReader(f))
+print(f"# parameter_server<ps::sync> over asio_tcp beside the loopback bound ({bound:.0f} MB/s, one stream, one direction);")
+print("# aggregate = workers * 2 * size / step time, the servers' traffic in both directions; ratio = aggregate / bound")
+print("#")
+head = ("workers", "servers", "size", "step (ms)", "per-worker MB/s", "aggregate MB/s", "bound MB/s", "ratio")
+print("  %7s %7s %9s %10s %15s %14s %10s %6s" % head)
+for r in rows:
+    aggregate = float(r["aggregate_mbps"])
+    r["bound_mbps"] = f"{bound:.1f}"
+    r["aggregate_over_bound"] = f"{aggregate / bound:.3f}"
+    print("  %7s %7s %9s %10.3f %15.1f %14.1f %10.1f %6.3f" % (
+        r["workers"], r["servers"], human(int(r["size_bytes"])), float(r["time_us"]) / 1e3,
+        float(r["per_worker_mbps"]), aggregate, bound, aggregate / bound))
+wrong = sum(int(r["wrong"]) for r in rows)
+print(f"# #wrong (rank 0's parameters off the closed form, all runs): {wrong}")
+with open(out, "w", newline="") as f:
+    fields = list(rows[0].keys()) if rows else []
+    w = csv.DictWriter(f, fieldnames=fields)
+    w.writeheader()
+    w.writerows(rows)
+EOF
+echo "# results in $results"
+exit $status
