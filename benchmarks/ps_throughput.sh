@@ -5,7 +5,8 @@
 # single-stream loopback socket test (Python, one sender thread, one receiver thread,
 # 1 GiB in 4 MiB sendall chunks, median of 3) as the bound. Prints each run's table and the
 # combined table; writes results/ps_throughput.{txt,csv}.
-# Usage: benchmarks/ps_throughput.sh [ps_throughput flags...]   e.g. --iters 40 --sizes 1M,16M
+# Usage: benchmarks/ps_throughput.sh [ps_throughput flags...]   e.g. --iters 20 --sizes 1M,16M
+#   (this script passes --iters 40: 200 steps at 64 KiB, 40 at 1 MiB, 20 at 16 MiB, 10 at 64 MiB)
 #   GRADWIRE_PS_CONFIGS (default "4:1 4:2 2:1", WORKERS:SERVERS), GRADWIRE_RESULTS_DIR,
 #   GRADWIRE_BENCH_BUILD_DIR
 # Exits non-zero if any run failed or any result was wrong; never on time.
@@ -30,7 +31,7 @@ rm -f "$runs" "$csv"
 : >"$txt"
 
 # --- the bound: one TCP stream over loopback, in this run, before the PS runs --------
-bound_mbps=$(/usr/bin/python3 - <<'EOF' | tee -a "$txt" | tail -n 1
+bound=$(/usr/bin/python3 - <<'EOF'
 import socket, statistics, threading, time
 
 TOTAL, CHUNK, RUNS = 1 << 30, 4 << 20, 3
@@ -73,7 +74,8 @@ print("# loopback TCP bound: one stream, Python sender and receiver threads, 1 G
 print(f"{statistics.median(rates) / 1e6:.1f}")
 EOF
 )
-echo "#" | tee -a "$txt"
+bound_mbps=$(tail -n 1 <<<"$bound")
+printf '%s\n#\n' "$(head -n 1 <<<"$bound")" | tee -a "$txt"
 
 # --- the parameter-server runs ---------------------------------------------------------
 status=0
@@ -81,7 +83,7 @@ for config in $configs; do
   workers=${config%%:*} servers=${config##*:}
   # Flags given to this script come last, so they override these defaults.
   if ! "$gradwire_root/scripts/gradwire-run" -n "$workers" --ps "$servers" --no-prefix --timeout 300 -- \
-    "$build_dir/benchmarks/ps_throughput" --csv "$runs" "$@" 2>&1 | tee -a "$txt"; then
+    "$build_dir/benchmarks/ps_throughput" --iters 40 --csv "$runs" "$@" 2>&1 | tee -a "$txt"; then
     echo "# ps_throughput with $workers worker(s) and $servers server(s) failed" | tee -a "$txt"
     status=1
   fi

@@ -73,7 +73,7 @@ constexpr const char* usage_text =
     "  --ps S                           parameter_server over inproc: S of the threads serve (default 1); over tcp\n"
     "                                   the launcher says (scripts/gradwire-run -n N --ps S, or TF_CONFIG's ps)\n"
     "  --ps-mode M                      parameter_server: sync (default), async, bounded:S (S in 1, 2, 4) or\n"
-    "                                   backup:B (B in 1, 2); servers apply a constant lr (no --schedule cosine)\n"
+    "                                   backup:B (B in 1, 2); the servers run the lr schedule\n"
     "  --checkpoint-dir D               parameter_server: servers save their shards in D and resume from them\n"
     "  --checkpoint-every K             parameter_server: ... every K steps as well as at exit (default 0: at exit)\n"
     "  --epochs E                       passes over the training set (default 10)\n"
@@ -120,7 +120,6 @@ struct options {
   std::string ps_mode = "sync";
   std::string checkpoint_dir;
   std::uint64_t checkpoint_every = 0;
-  bool schedule_given = false;
 };
 
 bool uses_tcp(const options& o) { return o.transport == "tcp"; }
@@ -218,7 +217,6 @@ options parse(int argc, char** argv) {
       o.seed = parse_int<std::uint64_t>(flag, next(), 0);
     } else if (flag == "--schedule") {
       o.schedule = next();
-      o.schedule_given = true;
       if (o.schedule != "cosine" && o.schedule != "constant")
         throw usage_error("--schedule must be cosine or constant, got '" + o.schedule + "'");
     } else if (flag == "--standardise" || flag == "--standardize") {
@@ -257,10 +255,6 @@ options parse(int argc, char** argv) {
   if (!ps && (o.servers || o.ps_mode != "sync" || !o.checkpoint_dir.empty() || o.checkpoint_every))
     throw usage_error("--ps, --ps-mode, --checkpoint-dir and --checkpoint-every are for --strategy parameter_server");
   if (ps) {
-    // The servers own the optimizer and apply every update; they keep its lr fixed.
-    if (o.schedule_given && o.schedule != "constant")
-      throw usage_error("--strategy parameter_server: the servers apply a constant lr; use --schedule constant");
-    o.schedule = "constant";
     if (uses_tcp(o) && o.servers)
       throw usage_error("--ps S is for threads; over tcp the launcher says (scripts/gradwire-run -n N --ps S)");
     if (!uses_tcp(o) && !o.servers) o.servers = 1;
@@ -500,10 +494,10 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
                             : double(ps.version()) / double(steps);
   };
   if (rank == 0) {
-    std::printf("strategy parameter_server (%s) over %s, %d workers + %d servers, optimizer %s, lr %g (constant), "
+    std::printf("strategy parameter_server (%s) over %s, %d workers + %d servers, optimizer %s, lr %g (%s), "
                 "batch %zu per worker (%zu global), %zu steps/epoch, %zu parameters\n",
                 o.ps_mode.c_str(), o.transport.c_str(), workers, strategy.aggregation().servers(), o.optimizer.c_str(),
-                *o.lr, batch, global_batch, steps, model.parameter_count());
+                *o.lr, o.schedule.c_str(), batch, global_batch, steps, model.parameter_count());
     if (o.straggler_rank >= 0) std::printf("straggler: rank %d runs %g x slower\n", o.straggler_rank, o.straggler_factor);
     std::fflush(stdout);
   }
@@ -568,11 +562,29 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
     if (o.strategy == "parameter_server") {
       gradwire::ps::options ps;
       ps.servers = o.servers;
+      int workers = o.replicas;
 #if GRADWIRE_HAS_ASIO
-      if (uses_tcp(o)) ps.servers = gradwire::cluster::detect().count(gradwire::cluster::task_type::ps);
+      if (uses_tcp(o)) {
+        const auto spec = gradwire::cluster::detect();
+        ps.servers = spec.count(gradwire::cluster::task_type::ps);
+        workers = spec.world_size - ps.servers;
+      }
 #endif
       ps.checkpoint_dir = o.checkpoint_dir;
       ps.checkpoint_every = o.checkpoint_every;
+      // The servers own the optimizer, so they run the schedule, over the servers' progress
+      // in steps (sync modes: versions; async: gradients applied / workers).
+      if (o.schedule == "cosine") {
+        const double lr = *o.lr;
+        ps.learning_rate = [lr, &o, &data, workers = double(workers)](std::uint64_t version, std::uint64_t applied) {
+          const double steps_per_epoch = std::floor(double(data.train.size()) / (double(o.batch) * workers));
+          const double total = steps_per_epoch * o.epochs;
+          const double step = o.ps_mode == "async" || o.ps_mode.starts_with("bounded") ? double(applied) / workers
+                                                                                     : double(version);
+          constexpr double pi = 3.14159265358979323846;
+          return lr * 0.5 * (1.0 + std::cos(pi * std::min(1.0, step / total)));
+        };
+      }
       auto run = [&]<class Mode>(Mode) {
         gradwire::parameter_server<view, Optimizer, Mode, Transport> strategy(
             std::move(transport), model.parameter_views(), optimizer, aggregation::parameter_server<Mode>(ps));

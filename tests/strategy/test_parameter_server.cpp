@@ -323,3 +323,27 @@ TEST_CASE("parameter_server refuses a job without a worker or server, and step()
                                                 }),
                       Catch::Contains("is a server: call serve()"));
 }
+
+TEST_CASE("parameter_server skips a server that holds none of the model, and a moved strategy finishes once") {
+  // Two small tensors on three servers: one server holds nothing, and workers never wait for it.
+  const auto data = make_batches(4, 2, 5);
+  gw::ps::options o;
+  o.timeout = std::chrono::seconds(60);
+  std::vector<gw::ps::server_stats> stats;
+  require_close(train_ps<float, gw::ps::sync>(2, 3, gw::optim::sgd({.lr = 0.1}), data, o, &stats),
+                train_mirrored<float>(2, gw::optim::sgd({.lr = 0.1}), data));
+  REQUIRE(stats.size() == 3);
+  REQUIRE(std::count_if(stats.begin(), stats.end(), [](const auto& s) { return s.applied == 0; }) == 1);
+
+  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync>;
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    S s(t, start_params<float>(t.rank()), gw::optim::sgd({.lr = 0.1}), S::aggregation_type(small_shards(1)));
+    S moved = std::move(s);  // the moved-from strategy must not tell the server anything
+    if (moved.is_server()) {
+      REQUIRE(moved.serve().pushes == std::vector<std::uint64_t>{1});
+      return;
+    }
+    const auto p = moved.parameters();
+    moved.step(model.gradients<float>(p[0].data(), p[1].data(), data[0][0]));
+  });
+}

@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -159,6 +160,10 @@ struct options {
   std::size_t split_bytes = std::size_t{256} << 10;
   // Async modes: scale each gradient's step by 1 / max(1, update lag) (Zhang et al. 2016).
   bool staleness_aware_lr = false;
+  // A learning-rate schedule run by the servers, which own the optimizer: before each
+  // update, lr = learning_rate(version, gradients applied so far); needs an optimizer
+  // with set_lr(double). Empty: the optimizer's lr throughout.
+  std::function<double(std::uint64_t version, std::uint64_t applied)> learning_rate;
   // Servers write their shards here every checkpoint_every steps (0: only at exit) and
   // at exit; at start they resume from the files found there. Empty: no checkpoints.
   std::filesystem::path checkpoint_dir;
@@ -327,6 +332,7 @@ class parameter_server {
     std::vector<typename Tr::request> sends;
     sends.reserve(2 * static_cast<std::size_t>(options_.servers));
     for (int s = 0; s < options_.servers; ++s) {
+      if (shard_elements_[static_cast<std::size_t>(s)] == 0) continue;  // a server with nothing of this model
       auto& link = links_[static_cast<std::size_t>(s)];
       V* out = reinterpret_cast<V*>(link.gradient.data());
       for (const auto& p : shard_pieces_[static_cast<std::size_t>(s)])
@@ -346,6 +352,7 @@ class parameter_server {
     std::vector<typename Tr::request> requests;
     requests.reserve(2 * static_cast<std::size_t>(options_.servers));
     for (int s = 0; s < options_.servers; ++s) {
+      if (shard_elements_[static_cast<std::size_t>(s)] == 0) continue;
       auto& link = links_[static_cast<std::size_t>(s)];
       // Sync modes: the step after the one this worker's gradient went into.
       const std::uint64_t wanted = (!Mode::on_arrival && clock_ > 0) ? link.version + 1 : 0;
@@ -361,7 +368,8 @@ class parameter_server {
   // A worker that stops training tells the servers (they stop waiting for it).
   template <class Tr>
   void finish(collective::communicator<Tr>& comm) {
-    if (finished_ || is_server(comm.rank(), comm.size()) || links_.empty()) return;
+    // A moved-from strategy has no links (and no transport to ask for its rank).
+    if (finished_ || links_.empty() || is_server(comm.rank(), comm.size())) return;
     finished_ = true;
     auto& t = comm.transport();
     std::vector<typename Tr::request> sends;
@@ -422,6 +430,7 @@ class parameter_server {
     std::uint32_t lost = 0;
     int last_lost = -1;
     for (std::size_t s = 0; s < links_.size(); ++s) {
+      if (shard_elements_[s] == 0) continue;
       ps::detail::reply_header h;
       std::memcpy(&h, links_[s].reply.data(), sizeof h);
       const V* in = reinterpret_cast<const V*>(links_[s].reply.data() + sizeof h);
@@ -435,7 +444,7 @@ class parameter_server {
       updates = std::max(updates, h.applied);
       if (h.lost > lost) lost = h.lost, last_lost = h.last_lost;
     }
-    min_version_ = least;
+    if (least != ~std::uint64_t{0}) min_version_ = least;
     applied_ = updates;
     if (lost > lost_ && rank == 0 && options_.report)
       std::fprintf(options_.report,

@@ -102,10 +102,18 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     slots[w].control = t.async_recv(w, d::request_tag, d::writable_bytes_of(slots[w].header));
   };
 
+  Optimizer scheduled = optimizer;  // the servers' copy: its lr follows options_.learning_rate
   auto apply = [&](std::span<const V> gradient, V scale) {
+    if (options_.learning_rate) {
+      if constexpr (requires { scheduled.set_lr(1.0); })
+        scheduled.set_lr(options_.learning_rate(stats.version, stats.applied));
+      else
+        throw error(errc::invalid_argument, "parameter_server: ps::options::learning_rate needs an optimizer with "
+                                            "set_lr(double)");
+    }
     const V* g = gradient.data();
     for (std::size_t k = 0; k < mine.size(); ++k) {
-      optimizer.step(shard.states[k], shard.tensors[k], std::span<const V>(g, mine[k].size()), scale);
+      scheduled.step(shard.states[k], shard.tensors[k], std::span<const V>(g, mine[k].size()), scale);
       g += mine[k].size();
     }
     ++stats.updates;
