@@ -347,3 +347,48 @@ TEST_CASE("parameter_server skips a server that holds none of the model, and a m
     moved.step(model.gradients<float>(p[0].data(), p[1].data(), data[0][0]));
   });
 }
+
+TEST_CASE("parameter_server staleness_aware_lr divides each async step by the gradient's update lag") {
+  // Every gradient is all ones, so each parameter moves by -lr * (sum over gradients of
+  // 1 / max(1, update lag)), which the server's update-lag histogram determines exactly.
+  const int workers = 3, steps = 20;
+  const double lr = 0.01;
+  using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::sgd, gw::ps::async>;
+  auto options = small_shards(1);
+  options.staleness_aware_lr = true;
+  gw::ps::server_stats stats;
+  std::vector<double> served;  // the server's parameters when it stops: the final model
+  gw::transport::run_inproc(workers + 1, [&](gw::transport::inproc t) {
+    S s(t, start_params<double>(t.rank()), gw::optim::sgd({.lr = lr}), S::aggregation_type(options));
+    if (s.is_server()) {
+      stats = s.serve();
+      served = flat<double>(s.parameters());
+      return;
+    }
+    const std::vector<std::vector<double>> ones{std::vector<double>(model.outputs * model.inputs, 1.0),
+                                                std::vector<double>(model.outputs, 1.0)};
+    for (int k = 0; k < steps; ++k) s.step(ones);
+  });
+  double factor = 0;
+  for (std::size_t lag = 0; lag < stats.update_lag.size(); ++lag)
+    factor += double(stats.update_lag[lag]) / double(std::max<std::size_t>(1, lag));
+  CAPTURE(factor, stats.update_lag);
+  REQUIRE(stats.applied == std::uint64_t(workers * steps));
+  const auto start = flat<double>(start_params<double>(0));
+  REQUIRE(served.size() == start.size());
+  for (std::size_t i = 0; i < start.size(); ++i) REQUIRE(served[i] == Approx(start[i] - lr * factor).epsilon(1e-12));
+  // Without the option every gradient takes a full step.
+  options.staleness_aware_lr = false;
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    S s(t, start_params<double>(t.rank()), gw::optim::sgd({.lr = lr}), S::aggregation_type(options));
+    if (s.is_server()) {
+      s.serve();
+      served = flat<double>(s.parameters());
+      return;
+    }
+    const std::vector<std::vector<double>> ones{std::vector<double>(model.outputs * model.inputs, 1.0),
+                                                std::vector<double>(model.outputs, 1.0)};
+    for (int k = 0; k < steps; ++k) s.step(ones);
+  });
+  for (std::size_t i = 0; i < start.size(); ++i) REQUIRE(served[i] == Approx(start[i] - lr * steps).epsilon(1e-12));
+}
