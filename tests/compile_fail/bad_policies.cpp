@@ -31,12 +31,19 @@ struct aggregation_without_step {  // CASE 4: no step(...)
   void setup(gw::collective::communicator<Tr>&, std::span<const std::span<V>>) {}
 };
 
+struct ps_mode_without_lead {  // CASE 5: a parameter-server mode without max_lead
+  static constexpr const char* name = "mine";
+  static constexpr bool on_arrival = true;
+  static constexpr int backups = 0;
+};
+
 #if CASE == 0
 using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
 // The control: each broken policy above misses exactly one member, so the concept
 // that names it is the one that rejects it.
 static_assert(gw::concepts::tensor<gw::host_tensor<float>> && !gw::concepts::tensor<tensor_without_shape>);
 static_assert(!gw::concepts::transport<transport_without_wait>);
+static_assert(gw::concepts::ps_mode<gw::ps::async> && !gw::concepts::ps_mode<ps_mode_without_lead>);
 #elif CASE == 1
 using S = gw::strategy<tensor_without_shape, gw::optim::sgd, gw::aggregation::local, gw::transport::local>;
 #elif CASE == 2
@@ -45,6 +52,8 @@ using S = gw::strategy<gw::host_tensor<float>, optimizer_without_init, gw::aggre
 using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::local, transport_without_wait>;
 #elif CASE == 4
 using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_without_step, gw::transport::local>;
+#elif CASE == 5
+using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, ps_mode_without_lead>;
 #endif
 
 int main() { return sizeof(S) > 0 ? 0 : 1; }
