@@ -109,24 +109,35 @@ inline bool parse_list(std::string_view text, std::vector<int>& out) {
   return !out.empty();
 }
 
-}  // namespace detail
-
-// Parses the shared flags; prints usage and exits with status 2 on anything it cannot read.
-inline options parse_options(int argc, char** argv, const char* what) {
-  options o;
-  const char* program = argc > 0 ? argv[0] : "benchmark";
+// Walks the "-x value" and "--flag=value" pairs of argv: on_flag(flag, value) returns
+// whether the value was good (and reports an unknown flag itself); usage(message) exits,
+// with an empty message for -h / --help.
+template <class OnFlag, class Usage>
+void for_each_flag(int argc, char** argv, OnFlag&& on_flag, Usage&& usage) {
   for (int i = 1; i < argc; ++i) {
     std::string_view flag = argv[i], value;
-    if (flag == "-h" || flag == "--help") detail::usage(program, what);
-    // Both "-b 64" and "--minbytes=64" work.
+    if (flag == "-h" || flag == "--help") usage(std::string());
     if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string_view::npos) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
-      detail::usage(program, what, "flag " + std::string(flag) + " needs a value");
+      usage("flag " + std::string(flag) + " needs a value");
     }
+    if (!on_flag(flag, value)) usage("bad value '" + std::string(value) + "' for " + std::string(flag));
+  }
+}
+
+}  // namespace detail
+
+// Parses the shared flags; prints usage and exits with status 2 on anything it cannot read.
+inline options parse_options(int argc, char** argv, const char* what) {
+  options o;
+  const char* program = argc > 0 ? argv[0] : "benchmark";
+  auto usage = [&](const std::string& error) { detail::usage(program, what, error); };
+  // Both "-b 64" and "--minbytes=64" work.
+  detail::for_each_flag(argc, argv, [&](std::string_view flag, std::string_view value) {
     bool ok = true;
     if (flag == "-b" || flag == "--minbytes")
       ok = detail::parse_size(value, o.min_bytes);
@@ -153,10 +164,10 @@ inline options parse_options(int argc, char** argv, const char* what) {
       ok = detail::parse_int(value, v) && (v == 0 || v == 1);
       o.verify_calls = v == 1;
     } else {
-      detail::usage(program, what, "unknown flag " + std::string(flag));
+      usage("unknown flag " + std::string(flag));
     }
-    if (!ok) detail::usage(program, what, "bad value '" + std::string(value) + "' for " + std::string(flag));
-  }
+    return ok;
+  }, usage);
   if (o.min_bytes > o.max_bytes)
     detail::usage(program, what,
                   "-b " + std::to_string(o.min_bytes) + " is larger than -e " + std::to_string(o.max_bytes));

@@ -84,17 +84,8 @@ struct flags {
 flags parse(int argc, char** argv) {
   flags f;
   const char* program = argc > 0 ? argv[0] : "ps_throughput";
-  for (int i = 1; i < argc; ++i) {
-    std::string_view flag = argv[i], value;
-    if (flag == "-h" || flag == "--help") usage(program);
-    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string_view::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      usage(program, "flag " + std::string(flag) + " needs a value");
-    }
+  auto fail = [&](const std::string& error) { usage(program, error); };
+  bench::detail::for_each_flag(argc, argv, [&](std::string_view flag, std::string_view value) {
     bool ok = true;
     if (flag == "--sizes") {
       f.sizes.clear();
@@ -118,8 +109,8 @@ flags parse(int argc, char** argv) {
     } else {
       usage(program, "unknown flag " + std::string(flag));
     }
-    if (!ok) usage(program, "bad value '" + std::string(value) + "' for " + std::string(flag));
-  }
+    return ok;
+  }, fail);
   return f;
 }
 

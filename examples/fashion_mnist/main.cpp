@@ -294,6 +294,17 @@ struct summary {
   double total_seconds = 0;
   int epoch_reached = 0;  // first epoch with test accuracy >= target; 0: never
   double seconds_reached = 0;
+
+  // The chief's evaluation after `epoch`.
+  void record(int epoch, double accuracy, double elapsed, double target) {
+    chief = true;
+    final_accuracy = accuracy;
+    total_seconds = elapsed;
+    if (epoch_reached == 0 && accuracy >= target) {
+      epoch_reached = epoch;
+      seconds_reached = elapsed;
+    }
+  }
 };
 
 // local_sgd's replicas differ between averaging points; evaluation needs their average.
@@ -439,13 +450,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
                     stats[4] / replicas, train_seconds);
       std::printf("\n");
       std::fflush(stdout);
-      out.chief = true;
-      out.final_accuracy = accuracy;
-      out.total_seconds = elapsed;
-      if (out.epoch_reached == 0 && accuracy >= o.target_accuracy) {
-        out.epoch_reached = epoch;
-        out.seconds_reached = elapsed;
-      }
+      out.record(epoch, accuracy, elapsed, o.target_accuracy);
     }
   }
 }
@@ -517,13 +522,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
                 o.epochs, 100.0 * accuracy, progress() * double(steps * global_batch) / elapsed, elapsed,
                 strategy.aggregation().lost_workers());
     std::fflush(stdout);
-    out.chief = true;
-    out.final_accuracy = accuracy;
-    out.total_seconds = elapsed;
-    if (out.epoch_reached == 0 && accuracy >= o.target_accuracy) {
-      out.epoch_reached = epoch;
-      out.seconds_reached = elapsed;
-    }
+    out.record(epoch, accuracy, elapsed, o.target_accuracy);
   };
   for (;;) {
     const bool finished = mode::on_arrival ? strategy.aggregation().applied() >= total * workers

@@ -46,12 +46,7 @@ batch_data batch(int w, int k) {
   for (auto& v : c) v = dist(teacher);
   std::mt19937_64 gen(1000003ull * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(w));
   batch_data d = model.random_batch(gen);
-  for (std::size_t n = 0; n < model.batch; ++n)
-    for (std::size_t o = 0; o < model.outputs; ++o) {
-      double y = c[o] + 0.01 * dist(gen);
-      for (std::size_t i = 0; i < model.inputs; ++i) y += a[o * model.inputs + i] * d.x[n * model.inputs + i];
-      d.y[n * model.outputs + o] = y;
-    }
+  model.fit_targets(d, a, c, 0.01, gen);
   return d;
 }
 

@@ -54,13 +54,7 @@ std::vector<std::vector<batch_data>> make_teacher_batches(int steps, int workers
   for (auto& v : a) v = dist(gen);
   for (auto& v : c) v = dist(gen);
   for (auto& step : d)
-    for (auto& b : step)
-      for (std::size_t n = 0; n < model.batch; ++n)
-        for (std::size_t o = 0; o < model.outputs; ++o) {
-          double y = c[o] + 0.01 * dist(gen);
-          for (std::size_t i = 0; i < model.inputs; ++i) y += a[o * model.inputs + i] * b.x[n * model.inputs + i];
-          b.y[n * model.outputs + o] = y;
-        }
+    for (auto& b : step) model.fit_targets(b, a, c, 0.01, gen);
   return d;
 }
 

@@ -25,6 +25,20 @@ struct least_squares {
     return d;
   }
 
+  // Replaces d.y with targets a linear model can fit: y = a x + c + noise * N(0, 1), with
+  // a (outputs x inputs) and c (outputs), so converged training has a near-zero loss.
+  template <class Generator>
+  void fit_targets(batch_data& d, const std::vector<double>& a, const std::vector<double>& c, double noise,
+                   Generator& gen) const {
+    std::normal_distribution<double> dist;
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t o = 0; o < outputs; ++o) {
+        double y = c[o] + noise * dist(gen);
+        for (std::size_t i = 0; i < inputs; ++i) y += a[o * inputs + i] * d.x[n * inputs + i];
+        d.y[n * outputs + o] = y;
+      }
+  }
+
   // Gradients {dW, db} of 0.5 * mean over the batch of |W x + b - y|^2 at (w, b),
   // accumulated in double and rounded to T once.
   template <class T>
