@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -35,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include <gradwire/checkpoint.hpp>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/error.hpp>
 #include <gradwire/optim/adam.hpp>
@@ -74,8 +76,11 @@ constexpr const char* usage_text =
     "                                   the launcher says (scripts/gradwire-run -n N --ps S, or TF_CONFIG's ps)\n"
     "  --ps-mode M                      parameter_server: sync (default), async, bounded:S (S in 1, 2, 4) or\n"
     "                                   backup:B (B in 1, 2); the servers run the lr schedule\n"
-    "  --checkpoint-dir D               parameter_server: servers save their shards in D and resume from them\n"
-    "  --checkpoint-every K             parameter_server: ... every K steps as well as at exit (default 0: at exit)\n"
+    "  --checkpoint-dir D               save checkpoints in D and resume from them: the chief saves model.ckpt\n"
+    "                                   (local_sgd: every rank its model-rank-R.ckpt; parameter_server: every\n"
+    "                                   server its shard); a restarted run skips the steps already done\n"
+    "  --checkpoint-every K             ... every K steps as well as at exit (default 0: at exit only;\n"
+    "                                   local_sgd: a multiple of --period)\n"
     "  --epochs E                       passes over the training set (default 10)\n"
     "  --batch B                        samples per replica per step (default 64)\n"
     "  --lr LR                          learning rate (default: adam/adamw 1e-3, momentum 0.01, sgd 0.1)\n"
@@ -252,8 +257,9 @@ options parse(int argc, char** argv) {
   if (o.period && o.strategy != "local_sgd")
     throw usage_error("--period is for --strategy local_sgd, not " + o.strategy);
   const bool ps = o.strategy == "parameter_server";
-  if (!ps && (o.servers || o.ps_mode != "sync" || !o.checkpoint_dir.empty() || o.checkpoint_every))
-    throw usage_error("--ps, --ps-mode, --checkpoint-dir and --checkpoint-every are for --strategy parameter_server");
+  if (!ps && (o.servers || o.ps_mode != "sync"))
+    throw usage_error("--ps and --ps-mode are for --strategy parameter_server");
+  if (o.checkpoint_every && o.checkpoint_dir.empty()) throw usage_error("--checkpoint-every needs --checkpoint-dir");
   if (ps) {
     if (uses_tcp(o) && o.servers)
       throw usage_error("--ps S is for threads; over tcp the launcher says (scripts/gradwire-run -n N --ps S)");
@@ -261,6 +267,10 @@ options parse(int argc, char** argv) {
   }
   if (o.strategy == "central_storage" && !o.owner) o.owner = 0;
   if (o.strategy == "local_sgd" && !o.period) o.period = 8;
+  // A resumed local_sgd run restarts its averaging count, so it must stop on an averaging point.
+  if (o.strategy == "local_sgd" && o.checkpoint_every % static_cast<std::uint64_t>(*o.period) != 0)
+    throw usage_error("--checkpoint-every " + std::to_string(o.checkpoint_every) + " with local_sgd must be a multiple of "
+                      "--period " + std::to_string(*o.period));
   if (o.strategy == "one_device") {
     if (o.replicas > 1)
       throw usage_error("--strategy one_device trains one replica; use --strategy mirrored for --replicas " +
@@ -373,18 +383,42 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
     strategy.optimizer().set_lr(*o.lr * 0.5 * (1.0 + std::cos(pi * double(global_step) / double(total_steps))));
   };
 
+  // Checkpoints: replicas of every strategy but local_sgd are identical, so the chief saves
+  // one file that every rank loads; local_sgd replicas each save and load their own.
+  std::filesystem::path checkpoint;
+  std::uint64_t resumed = 0;  // global steps already done by the run this one resumes
+  if (!o.checkpoint_dir.empty()) {
+    std::filesystem::create_directories(o.checkpoint_dir);
+    checkpoint = std::filesystem::path(o.checkpoint_dir) /
+                 (averaging ? "model-rank-" + std::to_string(rank) + ".ckpt" : std::string("model.ckpt"));
+    if (std::filesystem::exists(checkpoint)) {
+      resumed = gradwire::load_checkpoint(checkpoint, strategy);
+      if (rank == 0)
+        std::printf("resumed from %s at step %llu of %llu%s\n", checkpoint.c_str(), (unsigned long long)resumed,
+                    (unsigned long long)(steps * static_cast<std::uint64_t>(o.epochs)),
+                    resumed >= steps * static_cast<std::uint64_t>(o.epochs) ? ": the run is complete" : "");
+    }
+  }
+  auto save = [&](std::uint64_t done) {
+    if (!checkpoint.empty() && (rank == 0 || averaging)) gradwire::save_checkpoint(checkpoint, strategy, done);
+  };
+
   const auto start = steady::now();
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     // Same seed on every replica: the same permutation everywhere, a new one per epoch.
     std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch));
     std::shuffle(order.begin(), order.end(), rng);
+    if (static_cast<std::uint64_t>(epoch) * steps <= resumed) continue;  // done before the restart
 
     const auto epoch_start = steady::now();
     double loss_sum = 0;
+    std::size_t steps_done = 0;  // fewer than steps in an epoch resumed from a checkpoint
     // Where a replica's step time goes: its own forward/backward vs strategy.step
     // (all-reduce, waiting for the slowest replica, optimizer).
     steady::duration compute_time{}, step_time{};
     for (std::size_t step = 0; step < steps; ++step) {
+      const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
+      if (global_step < resumed) continue;
       const auto step_start = steady::now();
       const std::size_t first = step * global_batch + static_cast<std::size_t>(rank) * batch;
       for (std::size_t j = 0; j < batch; ++j) {
@@ -402,12 +436,14 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       strategy.step(gradients);
       compute_time += computed - step_start;
       step_time += steady::now() - computed;
+      ++steps_done;
+      if (o.checkpoint_every && (global_step + 1) % o.checkpoint_every == 0) save(global_step + 1);
     }
     const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
 
     // {sum of per-step mean losses, steps, correct test predictions, compute and step
     // seconds} summed over all replicas.
-    std::array<double, 5> stats{loss_sum, double(steps), 0.0, std::chrono::duration<double>(compute_time).count(),
+    std::array<double, 5> stats{loss_sum, double(steps_done), 0.0, std::chrono::duration<double>(compute_time).count(),
                                 std::chrono::duration<double>(step_time).count()};
     model_type* evaluated = &model;
     if constexpr (averaging) {
@@ -444,7 +480,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       const double accuracy = stats[2] / double(n_test);
       std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s", epoch,
                   o.epochs, stats[0] / stats[1], 100.0 * accuracy,
-                  double(steps * global_batch) / train_seconds, elapsed);
+                  double(steps_done * global_batch) / train_seconds, elapsed);
       if (o.timing)
         std::printf("  [per replica: forward/backward %.2f s, step %.2f s, of %.2f s]", stats[3] / replicas,
                     stats[4] / replicas, train_seconds);
@@ -453,6 +489,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       out.record(epoch, accuracy, elapsed, o.target_accuracy);
     }
   }
+  save(steps * static_cast<std::uint64_t>(o.epochs));
 }
 
 // parameter_server: servers serve; workers step until the servers have done a run's worth
