@@ -317,6 +317,16 @@ struct summary {
   }
 };
 
+// This replica's batch: samples order[first .. first + y.size()) into x's columns and y.
+void load_batch(const fashion_mnist::fashion_mnist_data<float>& data, std::span<const std::size_t> order,
+                std::size_t first, matrix& x, std::vector<int>& y) {
+  for (std::size_t j = 0; j < y.size(); ++j) {
+    const std::size_t sample = order[first + j];
+    x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
+    y[j] = data.train.labels[sample];
+  }
+}
+
 // local_sgd's replicas differ between averaging points; evaluation needs their average.
 template <class Aggregation>
 inline constexpr bool averages_parameters = false;
@@ -420,12 +430,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
       if (global_step < resumed) continue;
       const auto step_start = steady::now();
-      const std::size_t first = step * global_batch + static_cast<std::size_t>(rank) * batch;
-      for (std::size_t j = 0; j < batch; ++j) {
-        const std::size_t sample = order[first + j];
-        x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
-        y[j] = data.train.labels[sample];
-      }
+      load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
       loss_sum += model.loss_and_gradient(x, y);
       // A simulated slow replica: sleeping (FACTOR - 1) x its own compute time makes its
       // forward/backward take FACTOR times as long (--timing counts the sleep there).
@@ -572,12 +577,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
       std::shuffle(order.begin(), order.end(), rng);
     }
     const auto step_start = steady::now();
-    const std::size_t first = step * global_batch + static_cast<std::size_t>(rank) * batch;
-    for (std::size_t j = 0; j < batch; ++j) {
-      const std::size_t sample = order[first + j];
-      x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
-      y[j] = data.train.labels[sample];
-    }
+    load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
     model.loss_and_gradient(x, y);
     if (straggling) std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
     strategy.step(gradients);
