@@ -25,6 +25,10 @@
 
 namespace gw = gradwire;
 using gw::testing::batch_data;
+// What these tests exercise over TCP: servers wait on whichever worker speaks first, and
+// in async modes survive a worker's loss.
+static_assert(gw::concepts::multiplexing_transport<gw::transport::asio_tcp> &&
+              gw::concepts::loss_tolerant_transport<gw::transport::asio_tcp>);
 
 namespace {
 

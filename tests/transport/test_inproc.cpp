@@ -272,3 +272,53 @@ TEST_CASE("requests completed by the peer can be dropped at any moment while ran
     REQUIRE(outcomes[round % 2]);
   }
 }
+
+TEST_CASE("inproc wait_any returns the request whose peer spoke, skips empty ones, and times out") {
+  gw::transport::inproc_group group(3);
+  std::vector<std::size_t> order;
+  std::vector<int> in1(1), in2(1);
+  std::optional<gw::errc> last_wait;
+  auto outcomes = group.run([&](inproc t) {
+    const auto until = gw::deadline_after(10s);
+    std::vector<int> one{1};
+    if (t.rank() == 0) {
+      auto from1 = t.async_recv(1, 3, bytes(in1));
+      auto from2 = t.async_recv(2, 3, bytes(in2));
+      inproc::request empty;
+      std::vector<inproc::request*> pending{&from1, &empty, &from2};
+      // Rank 2 speaks first (rank 1 waits for our go), so wait_any must name it.
+      const std::size_t first = t.wait_any(pending, until);
+      order.push_back(first);
+      t.wait(*pending[first], until);
+      auto go = t.async_send(1, 4, bytes(one));
+      t.wait(go, until);
+      pending[first] = nullptr;
+      const std::size_t second = t.wait_any(pending, until);
+      order.push_back(second);
+      t.wait(*pending[second], until);
+      // Nothing more will come: a deadline, not a hang.
+      std::vector<int> spare(1);
+      auto never = t.async_recv(1, 9, bytes(spare));
+      std::vector<inproc::request*> last{&never};
+      try {
+        t.wait_any(last, gw::deadline_after(50ms));
+      } catch (const gw::error& e) {
+        last_wait = e.kind();
+      }
+    } else if (t.rank() == 1) {
+      std::vector<int> go(1);
+      auto r = t.async_recv(0, 4, bytes(go));
+      t.wait(r, until);
+      auto s = t.async_send(0, 3, bytes(one));
+      t.wait(s, until);
+    } else {
+      auto s = t.async_send(0, 3, bytes(one));
+      t.wait(s, until);
+    }
+  });
+  for (auto& e : outcomes) REQUIRE_FALSE(e);
+  REQUIRE(order == std::vector<std::size_t>{2, 0});
+  REQUIRE(in1 == std::vector<int>{1});
+  REQUIRE(in2 == std::vector<int>{1});
+  REQUIRE(last_wait == gw::errc::timeout);
+}
