@@ -117,6 +117,10 @@ class strategy {
                       [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
                         optimizer_.step(states_[i], param_spans_[i], grad, grad_scale);
                       });
+    // An aggregation that keeps replicas' optimizer state in step too (local SGD's
+    // average_optimizer_state) gets it after the update.
+    if constexpr (requires { aggregation_.template synchronise_state<value_type>(comm_, std::span(states_)); })
+      aggregation_.template synchronise_state<value_type>(comm_, std::span(states_));
   }
   template <class Gradient>
   void step(const std::vector<Gradient>& gradients) {

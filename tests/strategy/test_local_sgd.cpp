@@ -233,3 +233,68 @@ TEST_CASE("local_sgd with one replica is one_device training") {
     REQUIRE(inproc[k][0] == snapshot(reference));
   }
 }
+
+namespace {
+// Plain SGD whose state does not show its buffers (no for_each_buffer).
+struct opaque_sgd {
+  double lr = 0.1;
+  template <class V>
+  struct state {};
+  template <class V>
+  state<V> init(std::size_t) const {
+    return {};
+  }
+  template <class V>
+  void step(state<V>&, std::span<V> p, std::span<const V> g, V scale) const {
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= static_cast<V>(lr) * scale * g[i];
+  }
+};
+}  // namespace
+
+TEST_CASE("local_sgd with average_optimizer_state averages the replicas' optimizer state at each averaging point") {
+  using S = gw::local_sgd<gw::host_tensor<float>, gw::optim::momentum, 4>;
+  constexpr int ranks = 3, steps = 6;
+  const auto data = make_data(steps, ranks);
+  const gw::optim::momentum opt({.lr = 0.05, .momentum = 0.9});
+  // Each replica's velocity buffers, flattened, after step 4 (an averaging point) and step 6.
+  auto velocities = [&](bool average_state) {
+    std::vector<std::vector<std::vector<float>>> out(2, std::vector<std::vector<float>>(ranks));
+    gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+      S s(t, make_params(t.rank()), opt, S::aggregation_type().average_optimizer_state(average_state));
+      for (int k = 0; k < steps; ++k) {
+        auto p = s.parameters();
+        s.step(gradients(p[0].data(), p[1].data(), data[k][t.rank()]));
+        if (k == 3 || k == steps - 1)
+          for (auto& st : s.optimizer_states())
+            st.for_each_buffer([&](std::span<const float> b) {
+              auto& v = out[k == 3 ? 0 : 1][t.rank()];
+              v.insert(v.end(), b.begin(), b.end());
+            });
+      }
+    });
+    return out;
+  };
+  const auto local = velocities(false), averaged = velocities(true);
+  // Without the option the replicas keep different velocities; with it they leave step 4
+  // with the mean of the velocities they had (the steps before are the same in both runs).
+  REQUIRE(local[0][0] != local[0][1]);
+  for (int r = 1; r < ranks; ++r) REQUIRE(averaged[0][r] == averaged[0][0]);
+  for (std::size_t i = 0; i < local[0][0].size(); ++i) {
+    double mean = 0;
+    for (int r = 0; r < ranks; ++r) mean += local[0][r][i] / double(ranks);
+    REQUIRE(averaged[0][0][i] == Approx(mean).epsilon(1e-5).margin(1e-7));
+  }
+  // Between averaging points they drift again.
+  REQUIRE(averaged[1][0] != averaged[1][1]);
+  // An optimizer without visitable state is refused, not silently skipped.
+  REQUIRE_THROWS_WITH(
+      gw::transport::run_inproc(2,
+                                [&](gw::transport::inproc t) {
+                                  gw::local_sgd<gw::host_tensor<float>, opaque_sgd, 1> s(
+                                      t, make_params(t.rank()), opaque_sgd{},
+                                      gw::aggregation::averaging<1>().average_optimizer_state());
+                                  auto p = s.parameters();
+                                  s.step(gradients(p[0].data(), p[1].data(), data[0][t.rank()]));
+                                }),
+      Catch::Contains("for_each_buffer"));
+}

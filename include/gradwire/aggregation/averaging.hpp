@@ -13,19 +13,25 @@
 // nothing for momentum at H = 1 (linear in g: the mean of the local velocities is the
 // synchronous velocity), but Adam and AdamW differ (mean_r(m_r/sqrt(v_r)) is not
 // m/sqrt(v) of the mean gradient), and for H > 1 each replica carries its own state
-// across averaging points.
+// across averaging points, unless average_optimizer_state() is on: then the optimizer's
+// buffers (velocity, moments) are averaged at every averaging point too, one flat
+// all-reduce after the parameters', and replicas leave it with identical state.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <algorithm>
 #include <span>
 #include <string>
 
+#include "../collective/all_reduce.hpp"
 #include "../collective/broadcast.hpp"
 #include "../collective/bucketing.hpp"
 #include "../collective/communicator.hpp"
 #include "../error.hpp"
+#include "../tensor/aligned_buffer.hpp"
 
 namespace gradwire::aggregation {
 
@@ -59,6 +65,15 @@ class averaging {
     requires(H == dynamic_period)
       : every_(checked(every)), buckets_(bucket_bytes) {}
 
+  // Also average the optimizer state (its buffers; step counters agree anyway) at each
+  // averaging point. Needs an optimizer whose state shows its buffers (for_each_buffer).
+  averaging& average_optimizer_state(bool on = true) & {
+    average_state_ = on;
+    return *this;
+  }
+  averaging&& average_optimizer_state(bool on = true) && { return std::move(average_optimizer_state(on)); }
+  bool averages_optimizer_state() const noexcept { return average_state_; }
+
   int every() const noexcept { return every_; }            // the period in effect
   std::uint64_t steps() const noexcept { return steps_; }  // local steps since setup
 
@@ -70,6 +85,36 @@ class averaging {
     // Allocate the flat buffer now and touch it (first touch of fresh memory is slow
     // here), so no averaging step allocates or faults.
     for (const auto& b : buckets_.plan<V>(params)) buckets_.gather<V>(b, params);
+  }
+
+  // Called by strategy<> after each step with the replica's optimizer states, one per
+  // tensor: averages their buffers when this step averaged the parameters.
+  template <class V, class Tr, class State>
+  void synchronise_state(collective::communicator<Tr>& comm, std::span<State> states) {
+    if (!average_state_ || comm.size() == 1 || steps_ == 0 || steps_ % static_cast<std::uint64_t>(every_) != 0) return;
+    if constexpr (requires(State& st) { st.for_each_buffer([](std::span<V>) {}); }) {
+      std::size_t total = 0;
+      for (auto& st : states) st.for_each_buffer([&](std::span<V> b) { total += b.size(); });
+      if (total == 0) return;  // plain SGD: nothing to average (the same on every rank)
+      state_flat_.reserve_discard(total * sizeof(V));
+      const std::span<V> flat(reinterpret_cast<V*>(state_flat_.data()), total);
+      std::size_t at = 0;
+      for (auto& st : states)
+        st.for_each_buffer([&](std::span<V> b) {
+          std::copy(b.begin(), b.end(), flat.begin() + static_cast<std::ptrdiff_t>(at));
+          at += b.size();
+        });
+      collective::all_reduce(comm, flat, collective::reduce_op::average);
+      at = 0;
+      for (auto& st : states)
+        st.for_each_buffer([&](std::span<V> b) {
+          std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), b.size(), b.begin());
+          at += b.size();
+        });
+    } else {
+      throw error(errc::invalid_argument, "aggregation::averaging: average_optimizer_state() needs an optimizer whose "
+                                          "state<V> has for_each_buffer(f) (see gradwire/optim/adam.hpp)");
+    }
   }
 
   template <class Tr, class V, class Apply>
@@ -92,6 +137,8 @@ class averaging {
   }
 
   int every_;
+  bool average_state_ = false;
+  aligned_buffer<std::byte> state_flat_;  // the optimizer buffers, back to back, when averaged
   std::uint64_t steps_ = 0;
   collective::bucket_buffer buckets_;  // plan and flat buffer, reused across averaging steps
 };
