@@ -487,19 +487,14 @@ class asio_tcp {
     std::size_t wait_any(std::span<Request* const> requests, deadline until) {
       std::optional<std::size_t> ready;
       auto find = [&] {
-        for (std::size_t i = 0; i < requests.size(); ++i)
-          if (const auto* op = requests[i] ? requests[i]->peek() : nullptr; op && op->state == status::done)
-            return ready = i, true;
-        return false;
+        for (std::size_t i = 0; i < requests.size() && !ready; ++i)
+          if (const auto* op = requests[i] ? requests[i]->peek() : nullptr; op && op->state == status::done) ready = i;
+        return ready.has_value();
       };
-      if (find()) return *ready;
-      throw_if_failed();
-      if (!detail::run_until(io, [&] { return find() || failed.has_value(); }, until))
-        throw error(errc::timeout, "rank " + std::to_string(options.rank) + ": none of " +
-                                       std::to_string(requests.size()) + " operations completed before the deadline");
-      if (ready) return *ready;
-      throw_if_failed();
-      return 0;  // unreachable: the loop ends with one ready or the rank failed
+      if (!find() && !detail::run_until(io, [&] { return find() || failed.has_value(); }, until))
+        throw error(errc::timeout, detail::wait_any_timeout_message(options.rank, requests.size()));
+      if (!ready) throw_if_failed();  // the run ended because the rank failed
+      return *ready;
     }
 
     // A peer's answer often comes within microseconds; a sleep in epoll and the wake-up
@@ -828,14 +823,19 @@ class asio_tcp {
       lost.push_back(link.peer);
       boost::system::error_code ignored;
       link.socket.close(ignored);  // after this, Asio touches none of this link's buffers
-      for (auto* op : link.sends) op->finish(errc::peer_lost, why);
-      for (auto* op : link.receives) op->finish(errc::peer_lost, why);
-      if (link.reading) link.reading->finish(errc::peer_lost, why);
+      fail_operations(link, errc::peer_lost, why);
+      link.writing = false;
+      link.parked = false;
+    }
+
+    // Finishes every operation queued on or in flight over `link` with `cause`.
+    static void fail_operations(detail::tcp_link& link, errc cause, const std::string& why) {
+      for (auto* op : link.sends) op->finish(cause, why);
+      for (auto* op : link.receives) op->finish(cause, why);
+      if (link.reading) link.reading->finish(cause, why);
       link.sends.clear();
       link.receives.clear();
       link.reading = nullptr;
-      link.writing = false;
-      link.parked = false;
     }
 
     // A broken connection fails the whole rank: collectives cannot complete without
@@ -854,12 +854,7 @@ class asio_tcp {
         if (!l) continue;
         boost::system::error_code ignored;
         l->socket.close(ignored);  // after this, Asio touches no buffer of ours again
-        for (auto* op : l->sends) op->finish(cause, why);
-        for (auto* op : l->receives) op->finish(cause, why);
-        if (l->reading) l->reading->finish(cause, why);
-        l->sends.clear();
-        l->receives.clear();
-        l->reading = nullptr;
+        fail_operations(*l, cause, why);
         l->alive = false;
       }
       for (auto* op : self_receives) op->finish(cause, why);

@@ -138,12 +138,13 @@ class inproc_hub {
     if (op.failure != errc{}) throw error(op.failure, "rank " + std::to_string(op.owner()) + ": " + op.failure_message);
   }
 
-  // Waits until one of `ops` (nullptr entries skipped) is matched or finished, so that
-  // wait() on it completes without waiting for a peer; returns its index.
-  std::size_t wait_any(std::span<const inproc_op* const> ops, int me, deadline until) {
+  // Waits until one of `count` ops (op_at(i); nullptr entries skipped) is matched or
+  // finished, so that wait() on it completes without waiting for a peer; returns its index.
+  template <class OpAt>
+  std::size_t wait_any(std::size_t count, OpAt&& op_at, int me, deadline until) {
     auto find = [&]() -> std::optional<std::size_t> {
-      for (std::size_t i = 0; i < ops.size(); ++i)
-        if (ops[i] && ops[i]->now() != status::posted) return i;
+      for (std::size_t i = 0; i < count; ++i)
+        if (const inproc_op* op = op_at(i); op && op->now() != status::posted) return i;
       return std::nullopt;
     };
     std::unique_lock lock(mutex_);
@@ -153,8 +154,7 @@ class inproc_hub {
         throw error(failure_cause_, "rank " + std::to_string(me) + ": rank " + std::to_string(failed_rank_) +
                                         " failed: " + failure_reason_);
       if (wakeups_[me].wait_until(lock, until) == std::cv_status::timeout && !find())
-        throw error(errc::timeout, "rank " + std::to_string(me) + ": none of " + std::to_string(ops.size()) +
-                                       " operations completed before the deadline");
+        throw error(errc::timeout, wait_any_timeout_message(me, count));
     }
   }
 
@@ -312,9 +312,8 @@ class inproc {
 
   // Returns the index of one of `requests` that wait() completes without waiting for a peer.
   std::size_t wait_any(std::span<request* const> requests, deadline until) {
-    std::vector<const detail::inproc_op*> ops(requests.size());
-    for (std::size_t i = 0; i < requests.size(); ++i) ops[i] = requests[i] ? requests[i]->peek() : nullptr;
-    return hub_->wait_any(ops, rank_, until);
+    return hub_->wait_any(
+        requests.size(), [&](std::size_t i) { return requests[i] ? requests[i]->peek() : nullptr; }, rank_, until);
   }
 
   // Marks this rank failed so that peers stop waiting for it (see inproc_group::run).

@@ -11,9 +11,7 @@
 
 #include "../parameter_server.hpp"
 
-namespace gradwire::aggregation {
-
-namespace ps_detail {
+namespace gradwire::ps::detail {
 
 // A server's shard as a checkpoint sees it: its pieces, each with its optimizer state.
 template <class V, class Optimizer>
@@ -46,7 +44,9 @@ inline void record(std::vector<std::uint64_t>& histogram, std::uint64_t value) {
   ++histogram[k];
 }
 
-}  // namespace ps_detail
+}  // namespace gradwire::ps::detail
+
+namespace gradwire::aggregation {
 
 template <class Mode>
 template <class Tr, class V, class Optimizer>
@@ -65,7 +65,7 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
   auto& t = comm.transport();
 
   // The shard: views into this rank's parameter tensors, and their optimizer state.
-  ps_detail::shard_model<V, Optimizer> shard;
+  d::shard_model<V, Optimizer> shard;
   for (const auto& p : mine) {
     shard.tensors.emplace_back(params[p.tensor].data() + p.begin, p.size());
     shard.states.push_back(optimizer.template init<V>(p.size()));
@@ -91,7 +91,7 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
   std::size_t in_step = 0;  // gradients summed into the open step
   stats.pushes.assign(static_cast<std::size_t>(workers), 0);
   stats.dropped_by.assign(static_cast<std::size_t>(workers), 0);
-  std::vector<ps_detail::worker_slot<typename Tr::request>> slots(static_cast<std::size_t>(workers));
+  std::vector<d::worker_slot<typename Tr::request>> slots(static_cast<std::size_t>(workers));
   for (auto& w : slots) {
     w.clock = stats.version;
     w.reply.reserve_discard(sizeof(d::reply_header) + elements * sizeof(V));
@@ -155,8 +155,8 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
       auto r = t.async_recv(w, d::gradient_tag, bytes);
       t.wait(r, wait_deadline());
       const std::uint64_t lag = stats.updates - std::min(stats.updates, h.updates);
-      ps_detail::record(stats.staleness, stats.version - std::min(stats.version, h.version));
-      ps_detail::record(stats.update_lag, lag);
+      d::record(stats.staleness, stats.version - std::min(stats.version, h.version));
+      d::record(stats.update_lag, lag);
       apply(incoming, options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1));
       ++stats.applied;
       advance_clock();
@@ -175,8 +175,8 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
       t.wait(r, wait_deadline());
       if constexpr (!concepts::accumulating_transport<Tr, V>)
         for (std::size_t i = 0; i < elements; ++i) sum[i] += incoming[i];
-      ps_detail::record(stats.staleness, 0);
-      ps_detail::record(stats.update_lag, 0);
+      d::record(stats.staleness, 0);
+      d::record(stats.update_lag, 0);
       ++stats.applied;
       ++in_step;
       close_step_if_full();

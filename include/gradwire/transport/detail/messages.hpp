@@ -18,6 +18,10 @@ inline std::string timeout_message(int rank, const std::string& operation) {
          " did not complete before its deadline (is a rank missing or behind?)";
 }
 
+inline std::string wait_any_timeout_message(int rank, std::size_t requests) {
+  return timeout_message(rank, "none of " + std::to_string(requests) + " awaited operations");
+}
+
 inline std::string size_mismatch_message(int sender, std::uint64_t sent, std::uint64_t tag, int receiver,
                                          std::uint64_t expected) {
   return "message size mismatch: rank " + std::to_string(sender) + " sent " + std::to_string(sent) + " bytes (tag " +
