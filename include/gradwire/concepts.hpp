@@ -67,6 +67,7 @@ concept optimizer = std::copy_constructible<O> &&
 //   request async_send(int peer, uint64_t tag, span<const byte>)
 //   request async_recv(int peer, uint64_t tag, span<byte>)   sizes must match the send
 //   void wait(request&, deadline)
+// Tags are below 2^48 - 1 (UCX carries the sender's rank in the upper bits of its tag).
 template <class T>
 concept transport = std::move_constructible<T> &&
                     requires(T& t, const T& ct, int peer, std::uint64_t tag, std::span<const std::byte> out,

@@ -1,4 +1,4 @@
-// One rank of a parameter-server test, started by scripts/gradwire-run --ps S over loopback TCP.
+// One rank of a parameter-server test, started by scripts/gradwire-run --ps S over loopback TCP or UCX.
 //
 //   ps_worker sync                 sync PS == all-reduce training (a serial reference on the chief)
 //   ps_worker async                async converges; servers check their accounting
@@ -15,6 +15,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <gradwire/asio.hpp>
+#if GRADWIRE_TEST_UCX
+#include <gradwire/ucx.hpp>
+#endif
 #include <gradwire/gradwire.hpp>
 #include <random>
 #include <string>
@@ -25,10 +28,18 @@
 
 namespace gw = gradwire;
 using gw::testing::batch_data;
-// What these tests exercise over TCP: servers wait on whichever worker speaks first, and
-// in async modes survive a worker's loss.
-static_assert(gw::concepts::multiplexing_transport<gw::transport::asio_tcp> &&
-              gw::concepts::loss_tolerant_transport<gw::transport::asio_tcp>);
+// Built twice: over Boost.Asio TCP (ps_worker) and over UCX (ps_worker_ucx).
+#if GRADWIRE_TEST_UCX
+using transport_type = gw::transport::ucx;
+transport_type join_job() { return gw::cluster::join_ucx(); }
+#else
+using transport_type = gw::transport::asio_tcp;
+transport_type join_job() { return gw::cluster::join_tcp(); }
+#endif
+// What these tests exercise: servers wait on whichever worker speaks first, and in
+// async modes survive a worker's loss.
+static_assert(gw::concepts::multiplexing_transport<transport_type> &&
+              gw::concepts::loss_tolerant_transport<transport_type>);
 
 namespace {
 
@@ -101,12 +112,12 @@ constexpr float lr = 0.05f;
 template <class Mode>
 void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const plan& p,
          void (*check_server)(const gw::ps::server_stats&, int workers) = nullptr) {
-  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, gw::transport::asio_tcp>;
+  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, transport_type>;
   options.servers = spec.count(gw::cluster::task_type::ps);
   options.split_bytes = 64;  // split the weight matrix over the servers
   options.timeout = std::chrono::seconds(60);
   const int workers = spec.world_size - options.servers;
-  S s(gw::cluster::join_tcp(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
+  S s(join_job(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
   if (s.is_server()) {
     const auto st = s.serve();
     std::uint64_t max_staleness = st.staleness.empty() ? 0 : st.staleness.size() - 1;
@@ -210,7 +221,10 @@ int main(int argc, char** argv) {
                                        if (st.dropped_by[1] == 0) fail("the slow worker's gradients were never late");
                                      });
     } else if (mode == "kill") {
-      run<gw::ps::async>(spec, options, {.steps = 60, .slow_rank = -1, .slow_ms = 0, .pace_ms = 0, .kill_rank = std::stoi(arg)},
+      // Paced (40 ms a step), so that the survivors run on for two seconds after the
+      // kill: long enough for any transport to notice (UCX over shared memory notices
+      // through its keepalive, within about a second).
+      run<gw::ps::async>(spec, options, {.steps = 60, .slow_rank = -1, .slow_ms = 0, .pace_ms = 40, .kill_rank = std::stoi(arg)},
                          [](const gw::ps::server_stats& st, int) {
                            if (st.lost_workers.size() != 1) fail("expected exactly one lost worker");
                          });

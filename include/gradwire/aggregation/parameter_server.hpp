@@ -175,7 +175,9 @@ struct options {
 };
 
 namespace detail {
-inline constexpr std::uint64_t tag_base = std::uint64_t{0xF5} << 56;  // far above collective tags
+// Far above collective tags (sequence << 16 reaches it after 4e9 operations), and within
+// the 48 bits every transport carries.
+inline constexpr std::uint64_t tag_base = std::uint64_t{0xF5} << 40;
 inline constexpr std::uint64_t request_tag = tag_base | 1, gradient_tag = tag_base | 2, reply_tag = tag_base | 3;
 
 enum class request_kind : std::uint32_t { push = 1, pull = 2, done = 3 };

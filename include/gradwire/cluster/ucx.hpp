@@ -1,0 +1,32 @@
+// Joins the job a cluster_spec describes over UCX: cluster detection meets transport::ucx.
+#pragma once
+
+#include "../transport/ucx.hpp"
+#include "spec.hpp"
+#include "tcp.hpp"  // seconds_from, integer_from
+
+namespace gradwire::cluster {
+
+// The UCX transport's settings for `spec`. gradwire reads GRADWIRE_TIMEOUT (seconds to
+// join) and GRADWIRE_POLL_US as for TCP; UCX reads its own environment (UCX_TLS,
+// UCX_NET_DEVICES, ...; see docs/transports.md).
+inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lookup& env = process_env) {
+  transport::ucx_options o;
+  o.rank = spec.rank;
+  o.size = spec.world_size;
+  o.job_token = spec.job_token;
+  o.store_host = spec.master_addr;
+  o.store_port = static_cast<std::uint16_t>(spec.master_port);
+  if (auto t = seconds_from(env, "GRADWIRE_TIMEOUT")) o.connect_timeout = *t;
+  o.local_size = spec.local_world_size;
+  o.poll_before_sleep =
+      std::chrono::microseconds(integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
+  return o;
+}
+
+// Joins the job that the environment (torchrun, mpirun, Slurm, TF_CONFIG) describes.
+inline transport::ucx join_ucx(const overrides& given = {}, const env_lookup& env = process_env) {
+  return transport::ucx(ucx_options(detect(given, env), env));
+}
+
+}  // namespace gradwire::cluster

@@ -1,0 +1,760 @@
+// UCX transport: tagged messages over UCP (shared memory, TCP, RDMA: whatever UCX_TLS allows), deadlines everywhere.
+//
+// One UCP context and worker per rank. Ranks meet through the rendezvous store (rank 0
+// serves it, as for asio_tcp): each publishes its worker address, then creates one
+// endpoint per peer with peer error handling, so a peer that dies becomes peer_lost on
+// the ranks that need it instead of a hang or an abort. UCX picks the wire (shared
+// memory with a single-copy rendezvous through CMA between processes of one machine,
+// TCP or RDMA between machines) from its own environment: UCX_TLS, UCX_NET_DEVICES, ...
+//
+// Progress is made by the thread that waits, as for asio_tcp: wait() drives the worker
+// until its request completes, polling briefly and then sleeping on the worker's event
+// fd (ucp_worker_arm), so an idle rank costs no core. It wakes at least every
+// `keepalive_wake` to let UCX's keepalive notice peers that died without a word.
+//
+// The transport's own control messages (goodbye, abort with the reason) travel as tagged
+// messages with the control bit set, so a rank tells a peer that finished from one that
+// crashed, and reports the root cause of a failure that only one rank could see.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../cluster/store.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../timeouts.hpp"
+#include "detail/messages.hpp"
+#include "detail/pending_request.hpp"
+#include "detail/ucx_support.hpp"
+
+namespace gradwire::transport {
+
+// How a rank joins a job over UCX. cluster::ucx_options() fills it from a cluster_spec.
+struct ucx_options {
+  int rank = 0;
+  int size = 1;
+  std::string job_token;  // the rendezvous store refuses ranks of other jobs
+  std::string store_host = "127.0.0.1";
+  std::uint16_t store_port = 0;
+  // Joining (store, address exchange, endpoints) must finish within this.
+  std::chrono::milliseconds connect_timeout = default_timeout;
+  // Ranks of this job on this machine: polling before sleeping only pays when each can
+  // have a core (oversubscribed ranks would starve each other), as for asio_tcp.
+  int local_size = 1;
+  std::chrono::microseconds poll_before_sleep{50};
+  // How often a sleeping wait wakes to run UCX's keepalive (peer failure detection).
+  std::chrono::milliseconds keepalive_wake{100};
+};
+
+namespace detail {
+
+struct ucx_op {
+  enum class status : std::uint8_t { active, done, cancelled };
+  bool is_send = false;
+  int peer = 0;
+  std::uint64_t tag = 0;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  void* request = nullptr;  // UCX's request while the operation is in flight
+  status state = status::active;
+  errc failure{};
+  std::string message;
+
+  void finish(errc e = {}, std::string why = {}) {
+    if (state != status::active) return;  // the first outcome stands (e.g. a failure before UCX's own)
+    state = status::done;
+    failure = e;
+    message = std::move(why);
+  }
+};
+
+enum class ucx_control : std::uint32_t { goodbye = 1, abort = 2 };
+
+struct ucx_peer {
+  ucp_ep_h ep = nullptr;
+  bool finished = false;   // said goodbye: nothing more will arrive from it
+  bool tolerated = false;  // losing it fails only its own operations
+  std::string lost_reason;  // set once it is lost
+  std::optional<deadline> loss_pending;  // broke without a goodbye: fails the rank at this time
+  std::string loss_why;
+};
+
+}  // namespace detail
+
+class ucx {
+  struct state;
+
+ public:
+  using request = detail::pending_request<state, detail::ucx_op>;
+
+  // Joins the job: rank 0 starts the rendezvous store, every rank publishes its UCP
+  // worker address and creates an endpoint to every rank. Collective.
+  explicit ucx(const ucx_options& options) : state_(std::make_shared<state>(options)) { state_->join(); }
+
+  ucx(ucx&&) noexcept = default;
+  ucx& operator=(ucx&&) noexcept = default;
+  // Says goodbye to every peer (or, while an exception unwinds, why this rank failed),
+  // flushes what it sent, and closes its endpoints.
+  ~ucx() {
+    if (!state_) return;
+    if (std::uncaught_exceptions() > 0)
+      state_->abort_all(errc::peer_lost, "it is unwinding an exception");
+    else
+      state_->say_goodbye();
+  }
+
+  int rank() const noexcept { return state_->options.rank; }
+  int size() const noexcept { return state_->options.size; }
+
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    auto op = state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size());
+    detail::ucx_op& posted = *op;
+    request r(state_, std::move(op));
+    state_->post_send(posted);
+    return r;
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    auto op = state_->make_op(false, peer, tag, bytes.data(), bytes.size());
+    detail::ucx_op& posted = *op;
+    request r(state_, std::move(op));
+    state_->post_recv(posted);
+    return r;
+  }
+  void wait(request& r, deadline until) {
+    const auto op = r.take();
+    if (!op) throw error(errc::invalid_argument, "ucx: wait on an empty or already finished request");
+    try {
+      state_->wait(*op, until);
+    } catch (...) {
+      state_->cancel(*op);
+      throw;
+    }
+  }
+
+  // As asio_tcp::wait_any: the index of a request that wait() finishes without blocking.
+  std::size_t wait_any(std::span<request* const> requests, deadline until) { return state_->wait_any(requests, until); }
+
+  // As asio_tcp::tolerate_loss: losing `peer` fails only the operations that involve it.
+  void tolerate_loss(int peer) {
+    if (peer < 0 || peer >= size() || peer == rank())
+      throw error(errc::invalid_argument, "ucx::tolerate_loss: rank " + std::to_string(peer) + " is not a peer");
+    state_->peers[peer].tolerated = true;
+  }
+  std::vector<int> lost_peers() const { return state_->lost; }
+
+  // Marks this rank failed and tells every peer why (see asio_tcp::fail).
+  void fail(errc cause, const std::string& reason) { state_->abort_all(cause, reason); }
+
+ private:
+  struct state {
+    using status = detail::ucx_op::status;
+
+    explicit state(const ucx_options& o)
+        : options(o), dedicated(static_cast<unsigned>(o.local_size) <= std::max(1u, std::thread::hardware_concurrency())) {
+      if (o.size < 1) throw error(errc::config, "ucx: world size must be >= 1, got " + std::to_string(o.size));
+      if (o.size > detail::ucx_tag::max_ranks)
+        throw error(errc::config, "ucx: at most " + std::to_string(detail::ucx_tag::max_ranks) + " ranks, got " +
+                                      std::to_string(o.size));
+      if (o.rank < 0 || o.rank >= o.size)
+        throw error(errc::config, "ucx: rank " + std::to_string(o.rank) + " is outside 0.." + std::to_string(o.size - 1));
+      peers.resize(static_cast<std::size_t>(o.size));
+      open_worker();
+    }
+    ~state() {
+      close_endpoints();
+      worker.reset();
+      context.reset();
+    }
+
+    // --- setting up ----------------------------------------------------------------
+
+    void open_worker() {
+      ucp_config_t* raw_config = nullptr;
+      detail::ucx_check(ucp_config_read(nullptr, nullptr, &raw_config), "ucp_config_read");
+      detail::ucp_config_ptr config(raw_config);
+      // Shared-memory transports detect a dead peer only when asked to (keepalive checks
+      // that its process still exists), and keepalive runs every 20 s unless told otherwise.
+      if (detail::ucx_may_use_shared_memory()) detail::ucx_default(config.get(), "MM_ERROR_HANDLING", "y");
+      detail::ucx_default(config.get(), "KEEPALIVE_INTERVAL", "1s");
+      ucp_params_t params{};
+      params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+      params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+      params.estimated_num_eps = static_cast<std::size_t>(options.size);
+      ucp_context_h raw_context = nullptr;
+      detail::ucx_check(ucp_init(&params, config.get(), &raw_context), "ucp_init");
+      context.reset(raw_context);
+
+      ucp_worker_params_t worker_params{};
+      worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+      // One thread at a time, not always the same one (the collectives' background thread).
+      worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+      ucp_worker_h raw_worker = nullptr;
+      detail::ucx_check(ucp_worker_create(context.get(), &worker_params, &raw_worker), "ucp_worker_create");
+      worker.reset(raw_worker);
+      detail::ucx_check(ucp_worker_get_efd(worker.get(), &event_fd), "ucp_worker_get_efd");
+    }
+
+    std::vector<std::byte> worker_address() {
+      ucp_address_t* address = nullptr;
+      std::size_t length = 0;
+      detail::ucx_check(ucp_worker_get_address(worker.get(), &address, &length), "ucp_worker_get_address");
+      std::vector<std::byte> out(sizeof(std::uint32_t) + length);
+      const auto size = static_cast<std::uint32_t>(options.size);
+      std::memcpy(out.data(), &size, sizeof size);  // the world size this rank was started with
+      std::memcpy(out.data() + sizeof size, address, length);
+      ucp_worker_release_address(worker.get(), address);
+      return out;
+    }
+
+    void join() {
+      const int me = options.rank, n = options.size;
+      const auto until = deadline_after(options.connect_timeout);
+      auto left = [&] {
+        return std::max(std::chrono::milliseconds(1),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()));
+      };
+      std::vector<std::vector<std::byte>> addresses(static_cast<std::size_t>(n));
+      addresses[me] = worker_address();
+      std::optional<cluster::store_client> client;
+      if (n > 1) {
+        if (options.store_port == 0)
+          throw error(errc::config, "ucx: a job of " + std::to_string(n) +
+                                        " ranks needs the rendezvous store's port (MASTER_PORT)");
+        if (me == 0) store_server.emplace(options.store_host, options.store_port, options.job_token);
+        auto& store = client.emplace(options.store_host, options.store_port, options.job_token, left());
+        store.set("gradwire/ucx/" + std::to_string(me), addresses[me]);
+        for (int r = 0; r < n; ++r) {
+          if (r == me) continue;
+          store.set_timeout(left());
+          try {
+            addresses[r] = store.get("gradwire/ucx/" + std::to_string(r));
+          } catch (const error& e) {
+            if (e.kind() != errc::timeout) throw;
+            throw error(errc::timeout, "rank " + std::to_string(me) + ": rank " + std::to_string(r) +
+                                           " did not connect (publish its UCX address) within " +
+                                           std::to_string(options.connect_timeout.count()) +
+                                           " ms: did it start, with the same WORLD_SIZE and job token?");
+          }
+          std::uint32_t size = 0;
+          if (addresses[r].size() <= sizeof size)
+            throw error(errc::protocol, "rank " + std::to_string(r) + " published a malformed UCX address");
+          std::memcpy(&size, addresses[r].data(), sizeof size);
+          if (size != static_cast<std::uint32_t>(n))
+            throw error(errc::config, "rank " + std::to_string(r) + " was started with world size " +
+                                          std::to_string(size) + ", rank " + std::to_string(me) + " with " +
+                                          std::to_string(n) + ": give every rank the same WORLD_SIZE");
+        }
+      }
+      for (int r = 0; r < n; ++r) connect(r, addresses[r]);
+      post_control_receive();
+      greet_everyone(until);
+      joining = false;
+    }
+
+    // Every rank hears from every other before it goes on, as over TCP: a rank that
+    // finishes (or fails) early cannot leave before a slower one has reached it, and no
+    // rank still needs the store (rank 0's) once it has been greeted.
+    void greet_everyone(deadline until) {
+      const int me = options.rank, n = options.size;
+      std::vector<std::unique_ptr<detail::ucx_op>> ops;
+      std::uint32_t hello = 1;
+      std::vector<std::uint32_t> heard(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        if (r == me) continue;
+        auto send = make_op(true, r, detail::ucx_tag::join_tag, reinterpret_cast<std::byte*>(&hello), sizeof hello);
+        post_send(*send);
+        ops.push_back(std::move(send));
+        auto recv = make_op(false, r, detail::ucx_tag::join_tag, reinterpret_cast<std::byte*>(&heard[r]), sizeof hello);
+        post_recv(*recv);
+        ops.push_back(std::move(recv));
+      }
+      auto all_done = [&] { return std::all_of(ops.begin(), ops.end(), [](const auto& o) { return o->state == status::done; }); };
+      const bool done = progress_until(all_done, until);
+      std::string missing;
+      for (auto& op : ops) {
+        if (!op->is_send && op->state != status::done) missing += (missing.empty() ? "" : ", ") + std::to_string(op->peer);
+        if (op->state != status::done) cancel(*op);
+        forget(*op);
+      }
+      throw_if_failed();
+      if (!done)
+        throw error(errc::timeout, "rank " + std::to_string(me) + ": ranks " + missing + " did not connect within " +
+                                       std::to_string(options.connect_timeout.count()) + " ms");
+      for (auto& op : ops)
+        if (op->failure != errc{}) throw error(op->failure, op->message.empty() ? why_failed(*op) : op->message);
+    }
+
+    static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+      auto* self = static_cast<state*>(arg);
+      for (std::size_t r = 0; r < self->peers.size(); ++r)
+        if (self->peers[r].ep == ep) self->broken_endpoints.emplace_back(static_cast<int>(r), status);
+    }
+
+    void connect(int peer, const std::vector<std::byte>& address) {
+      ucp_ep_params_t p{};
+      p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      p.address = reinterpret_cast<const ucp_address_t*>(address.data() + sizeof(std::uint32_t));
+      p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      p.err_handler.cb = &state::on_endpoint_error;
+      p.err_handler.arg = this;
+      ucp_ep_h ep = nullptr;
+      const ucs_status_t s = ucp_ep_create(worker.get(), &p, &ep);
+      if (s != UCS_OK)
+        throw error(errc::config, "rank " + std::to_string(options.rank) + ": UCX cannot reach rank " +
+                                      std::to_string(peer) + ": " + detail::ucx_status_text(s) +
+                                      " (do UCX_TLS and UCX_NET_DEVICES allow a transport between them?)");
+      peers[peer].ep = ep;
+    }
+
+    // --- operations ----------------------------------------------------------------
+
+    std::unique_ptr<detail::ucx_op> make_op(bool is_send, int peer, std::uint64_t tag, std::byte* data,
+                                            std::size_t bytes) {
+      if (peer < 0 || peer >= options.size)
+        throw error(errc::invalid_argument, "ucx: rank " + std::to_string(options.rank) + " addressed rank " +
+                                                std::to_string(peer) + " in a job of " + std::to_string(options.size));
+      if (tag > detail::ucx_tag::user_mask || (tag == detail::ucx_tag::join_tag && !joining))
+        throw error(errc::invalid_argument, "ucx: tag " + std::to_string(tag) + " is not below 2^48 - 1");
+      throw_if_failed();
+      auto op = std::make_unique<detail::ucx_op>();
+      op->is_send = is_send;
+      op->peer = peer;
+      op->tag = tag;
+      op->data = data;
+      op->bytes = bytes;
+      return op;
+    }
+
+    // Finishes the op at once if its peer cannot take part. A peer that finished sends
+    // nothing more, but what it sent before its goodbye has arrived and may still match
+    // a receive (post_recv checks), so only sends to it are refused outright.
+    bool peer_unavailable(detail::ucx_op& op) {
+      const auto& p = peers[op.peer];
+      if (!p.lost_reason.empty()) return op.finish(errc::peer_lost, p.lost_reason), true;
+      if (p.finished && op.is_send) return op.finish(errc::peer_lost, finished_message(op.peer)), true;
+      return false;
+    }
+
+    static void on_send_done(void* request, ucs_status_t status, void* user_data) {
+      auto* op = static_cast<detail::ucx_op*>(user_data);
+      op->request = nullptr;
+      ucp_request_free(request);
+      // Cancelled by this rank (withdraw): whoever cancelled finishes it, with its reason.
+      if (status == UCS_ERR_CANCELED) return;
+      if (status != UCS_OK) op->finish(errc::peer_lost, "");  // described later (why_failed)
+      else op->finish();
+    }
+
+    static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+      auto* op = static_cast<detail::ucx_op*>(user_data);
+      op->request = nullptr;
+      ucp_request_free(request);
+      finish_receive(op, status, info->length);
+    }
+
+    static void finish_receive(detail::ucx_op* op, ucs_status_t status, std::size_t length) {
+      if (status == UCS_ERR_MESSAGE_TRUNCATED)
+        op->finish(errc::mismatch, "message size mismatch: rank " + std::to_string(op->peer) + " sent more than the " +
+                                       std::to_string(op->bytes) + " bytes (tag " + std::to_string(op->tag) +
+                                       ") that this rank expected");
+      else if (status == UCS_ERR_CANCELED)
+        return;  // see on_send_done
+      else if (status != UCS_OK)
+        op->finish(errc::peer_lost, std::string("UCX receive failed: ") + detail::ucx_status_text(status));
+      else if (length != op->bytes)
+        op->finish(errc::mismatch, "message size mismatch: rank " + std::to_string(op->peer) + " sent " +
+                                       std::to_string(length) + " bytes (tag " + std::to_string(op->tag) +
+                                       ") but this rank expected " + std::to_string(op->bytes));
+      else
+        op->finish();
+    }
+
+    void post_send(detail::ucx_op& op) {
+      if (peer_unavailable(op)) return;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = &state::on_send_done;
+      p.user_data = &op;
+      const ucs_status_ptr_t r =
+          ucp_tag_send_nbx(peers[op.peer].ep, op.data, op.bytes, detail::ucx_tag::data(options.rank, op.tag), &p);
+      track(op, r);
+    }
+
+    void post_recv(detail::ucx_op& op) {
+      if (peer_unavailable(op)) return;
+      ucp_request_param_t p{};
+      // Always through the callback, which reports the length that arrived. (Only the
+      // length: UCX 1.13 leaves sender_tag unset when a receive matches a message that
+      // arrived first, so nothing here relies on it.)
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      p.cb.recv = &state::on_recv_done;
+      p.user_data = &op;
+      const ucs_status_ptr_t r = ucp_tag_recv_nbx(worker.get(), op.data, op.bytes,
+                                                  detail::ucx_tag::data(op.peer, op.tag), detail::ucx_tag::full_mask, &p);
+      track(op, r);
+      if (op.state == status::active && peers[op.peer].finished) {
+        // The peer finished: if its message is not already here, it never will be.
+        progress_once();
+        if (op.state == status::active) withdraw(op, errc::peer_lost, finished_message(op.peer));
+      }
+    }
+
+    void track(detail::ucx_op& op, ucs_status_ptr_t r) {
+      if (UCS_PTR_IS_ERR(r) && op.is_send) {
+        // Its endpoint failed, and UCX may not have said so yet: the op waits for the
+        // verdict on the peer (a goodbye, an abort with a reason, or its loss).
+        in_flight.push_back(&op);
+        broken_endpoints.emplace_back(op.peer, UCS_PTR_STATUS(r));
+      } else if (UCS_PTR_IS_ERR(r)) {
+        op.finish(errc::peer_lost, describe(op) + " failed: " + detail::ucx_status_text(UCS_PTR_STATUS(r)));
+      } else if (r == nullptr) {
+        op.finish();  // a send that completed at once
+      } else if (op.state == status::active) {
+        op.request = r;
+        in_flight.push_back(&op);
+      }
+    }
+
+    // Finishes an op that UCX let go of (or never had) with `why`; one that failed in
+    // UCX's callback without a reason gets this one.
+    void complete_failure(detail::ucx_op& op, errc cause, const std::string& why) {
+      if (op.state == status::active) op.finish(cause, why);
+      else if (op.failure != errc{} && op.message.empty()) op.message = why;
+    }
+
+    void wait(detail::ucx_op& op, deadline until) {
+      if (op.state == status::cancelled) throw error(errc::invalid_argument, "ucx: wait on a withdrawn request");
+      if (!progress_until([&] { return op.state == status::done; }, until)) {
+        cancel(op);
+        throw error(errc::timeout, detail::timeout_message(options.rank, describe(op)));
+      }
+      forget(op);
+      if (op.failure != errc{}) throw error(op.failure, op.message.empty() ? why_failed(op) : op.message);
+    }
+
+    template <class Request>
+    std::size_t wait_any(std::span<Request* const> requests, deadline until) {
+      std::optional<std::size_t> ready;
+      auto find = [&] {
+        for (std::size_t i = 0; i < requests.size() && !ready; ++i)
+          if (const auto* op = requests[i] ? requests[i]->peek() : nullptr; op && op->state == status::done) ready = i;
+        return ready.has_value();
+      };
+      if (!progress_until([&] { return find() || failed.has_value(); }, until))
+        throw error(errc::timeout, detail::wait_any_timeout_message(options.rank, requests.size()));
+      if (!ready) throw_if_failed();
+      return *ready;
+    }
+
+    // Withdraws an op that will not be waited for; returns once UCX no longer touches
+    // its buffer. A receive is cancelled; a send cannot be, so it is given a moment to
+    // finish, and otherwise its endpoint is closed (which fails the rank: a peer cannot
+    // be left with half a message).
+    void cancel(detail::ucx_op& op) noexcept {
+      if (op.state == status::cancelled) return;
+      if (op.request) {
+        if (!op.is_send) ucp_request_cancel(worker.get(), op.request);
+        settle(op);
+        if (op.request) {
+          fail_everything(errc::peer_lost, "rank " + std::to_string(options.rank) + ": an operation with rank " +
+                                               std::to_string(op.peer) + " was abandoned mid-message (timeout or error)");
+          settle(op);
+        }
+      }
+      forget(op);
+      op.state = status::cancelled;
+    }
+
+    // Fails an op that UCX may still hold: a receive is cancelled, and both wait until
+    // UCX lets go of the buffer (a send's endpoint must be closed first to be released).
+    void withdraw(detail::ucx_op& op, errc cause, const std::string& why) noexcept {
+      if (!op.is_send && op.request) ucp_request_cancel(worker.get(), op.request);
+      settle(op);
+      complete_failure(op, cause, why);
+    }
+
+    // Progresses the worker until UCX has let go of op's request (bounded).
+    void settle(detail::ucx_op& op) noexcept {
+      const auto until = deadline_after(std::chrono::seconds(2));
+      while (op.request && clock::now() < until)
+        if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
+    }
+
+    void forget(detail::ucx_op& op) noexcept { std::erase(in_flight, &op); }
+
+    // --- progress ------------------------------------------------------------------
+
+    unsigned progress_once() {
+      unsigned n = 0;
+      while (unsigned k = ucp_worker_progress(worker.get())) n += k;
+      handle_events();
+      return n;
+    }
+
+    template <class Done>
+    bool progress_until(Done&& done, deadline until) {
+      const auto poll_stop = clock::now() + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
+      for (;;) {
+        progress_once();
+        if (done()) return true;
+        const auto now = clock::now();
+        if (now >= until) return false;
+        if (now < poll_stop) {
+          if (!dedicated) std::this_thread::yield();
+          continue;
+        }
+        const ucs_status_t armed = ucp_worker_arm(worker.get());
+        if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress them
+        detail::ucx_check(armed, "ucp_worker_arm");
+        auto sleep = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(until - now) +
+                                  std::chrono::milliseconds(1),
+                              options.keepalive_wake);
+        for (const auto& p : peers)
+          if (p.loss_pending)
+            sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(*p.loss_pending - now) +
+                                        std::chrono::milliseconds(1));
+        detail::wait_for_event(event_fd, sleep);
+      }
+    }
+
+    // What UCX reported from inside its callbacks, handled outside them.
+    void handle_events() {
+      // A failure report that arrives while this rank still greets is about the job's
+      // first operation: it is reported there, as over TCP, not as a failed join.
+      while (control_arrived && !joining) {
+        control_arrived = false;
+        on_control();
+      }
+      while (!broken_endpoints.empty()) {
+        const auto [peer, s] = broken_endpoints.front();
+        broken_endpoints.erase(broken_endpoints.begin());
+        on_broken(peer, s);
+      }
+      const auto now = clock::now();
+      for (std::size_t r = 0; r < peers.size(); ++r)
+        if (peers[r].loss_pending && now >= *peers[r].loss_pending) {
+          peers[r].loss_pending.reset();
+          fail_everything(errc::peer_lost, peers[r].loss_why);
+        }
+    }
+
+    // --- control messages ------------------------------------------------------------
+
+    static void on_control_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+      auto* self = static_cast<state*>(user_data);
+      self->control_request = nullptr;
+      ucp_request_free(request);
+      if (status != UCS_OK) return;  // cancelled at shutdown
+      self->control_arrived = true;
+      self->control_length = info->length;
+    }
+
+    void post_control_receive() {
+      control_buffer.resize(max_control_bytes);
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      p.cb.recv = &state::on_control_done;
+      p.user_data = this;
+      const ucs_status_ptr_t r = ucp_tag_recv_nbx(worker.get(), control_buffer.data(), control_buffer.size(),
+                                                  detail::ucx_tag::control_bit, detail::ucx_tag::control_bit, &p);
+      if (UCS_PTR_IS_ERR(r)) detail::ucx_check(UCS_PTR_STATUS(r), "ucp_tag_recv_nbx (control)");
+      control_request = r;
+    }
+
+    void on_control() {
+      // Payload: u32 sender, u32 kind, u32 cause (errc), then the reason as text.
+      if (control_length < 12) return post_control_receive();
+      std::uint32_t header[3];
+      std::memcpy(header, control_buffer.data(), sizeof header);
+      const int peer = static_cast<int>(header[0]);
+      const auto kind = static_cast<detail::ucx_control>(header[1]);
+      const auto cause = static_cast<errc>(header[2]);
+      const std::string reason(reinterpret_cast<const char*>(control_buffer.data()) + sizeof header,
+                               control_length - sizeof header);
+      post_control_receive();
+      if (peer < 0 || peer >= options.size) return;
+      if (kind == detail::ucx_control::goodbye) return on_goodbye(peer);
+      if (kind == detail::ucx_control::abort) {
+        const std::string why = "rank " + std::to_string(options.rank) + ": rank " + std::to_string(peer) + " failed: " + reason;
+        if (peers[peer].tolerated) return isolate(peer, "rank " + std::to_string(options.rank) + ": lost rank " +
+                                                            std::to_string(peer) + ": it failed: " + reason);
+        fail_everything(cause == errc::mismatch ? errc::mismatch : errc::peer_lost, why);
+      }
+    }
+
+    void on_goodbye(int peer) {
+      auto& p = peers[peer];
+      p.finished = true;
+      p.loss_pending.reset();
+      // Receives from it that nothing arrived for will stay empty.
+      for (auto* op : std::vector<detail::ucx_op*>(in_flight))
+        if (!op->is_send && op->peer == peer && op->request) withdraw(*op, errc::peer_lost, finished_message(peer));
+    }
+
+    // Sends one control message to every live peer and waits (briefly) until they left.
+    void send_control(detail::ucx_control kind, errc cause, const std::string& text) {
+      std::vector<detail::ucx_op> sends(peers.size());
+      const std::uint32_t header[3] = {static_cast<std::uint32_t>(options.rank), static_cast<std::uint32_t>(kind),
+                                       static_cast<std::uint32_t>(cause)};
+      std::vector<std::byte> payload(sizeof header + text.size());
+      std::memcpy(payload.data(), header, sizeof header);
+      std::memcpy(payload.data() + sizeof header, text.data(), text.size());
+      for (int r = 0; r < options.size; ++r) {
+        auto& p = peers[r];
+        if (r == options.rank || !p.ep || !p.lost_reason.empty() || p.finished) continue;
+        auto& op = sends[r];
+        op.is_send = true;
+        op.peer = r;
+        ucp_request_param_t prm{};
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        prm.cb.send = &state::on_send_done;
+        prm.user_data = &op;
+        const ucs_status_ptr_t s =
+            ucp_tag_send_nbx(p.ep, payload.data(), payload.size(), detail::ucx_tag::control(options.rank), &prm);
+        if (UCS_PTR_IS_PTR(s)) op.request = s;
+      }
+      const auto until = deadline_after(std::chrono::milliseconds(500));
+      auto all_sent = [&] { return std::none_of(sends.begin(), sends.end(), [](const auto& o) { return o.request != nullptr; }); };
+      while (!all_sent() && clock::now() < until)
+        if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
+      if (!all_sent()) close_endpoints();  // releases what is left, so `sends` may go
+      flush(deadline_after(std::chrono::milliseconds(500)));
+    }
+
+    // Waits (bounded) until what this rank sent has reached its peers.
+    void flush(deadline until) {
+      ucp_request_param_t p{};
+      const ucs_status_ptr_t r = ucp_worker_flush_nbx(worker.get(), &p);
+      if (!UCS_PTR_IS_PTR(r)) return;
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && clock::now() < until)
+        if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker.get(), r);
+      ucp_request_free(r);
+    }
+
+    void say_goodbye() {
+      if (failed || said_goodbye) return;
+      said_goodbye = true;
+      send_control(detail::ucx_control::goodbye, errc{}, {});
+    }
+
+    void abort_all(errc cause, const std::string& reason) {
+      if (failed) return;
+      send_control(detail::ucx_control::abort, cause, reason.substr(0, max_control_bytes - 12));
+      fail_everything(cause, "rank " + std::to_string(options.rank) + " failed: " + reason);
+    }
+
+    // --- failure ---------------------------------------------------------------------
+
+    void on_broken(int peer, ucs_status_t s) {
+      auto& p = peers[peer];
+      if (!p.lost_reason.empty() || failed) return;
+      const std::string why = "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(peer) +
+                              ": its endpoint failed (" + detail::ucx_status_text(s) +
+                              "; the process exited or was killed)";
+      if (p.finished) return isolate(peer, finished_message(peer));
+      if (p.tolerated) return isolate(peer, why);
+      // Its goodbye or abort may still be on the way (another lane): give it a moment.
+      if (!p.loss_pending) {
+        p.loss_pending = deadline_after(std::chrono::milliseconds(200));
+        p.loss_why = why;
+      }
+    }
+
+    // A peer is gone: its operations fail, the rest of the rank goes on.
+    void isolate(int peer, const std::string& why) {
+      auto& p = peers[peer];
+      if (!p.lost_reason.empty()) return;
+      p.lost_reason = why;
+      if (!p.finished) lost.push_back(peer);
+      close_endpoint(p);  // first: releases the sends to it
+      for (auto* op : std::vector<detail::ucx_op*>(in_flight))
+        if (op->peer == peer) withdraw(*op, errc::peer_lost, why);
+    }
+
+    void fail_everything(errc cause, const std::string& why) {
+      if (failed) return;
+      failed.emplace(cause, why);
+      close_endpoints();  // first: releases the sends still in UCX
+      for (auto* op : std::vector<detail::ucx_op*>(in_flight)) withdraw(*op, cause, why);
+    }
+
+    void close_endpoint(detail::ucx_peer& p) noexcept {
+      if (!p.ep) return;
+      ucp_request_param_t prm{};
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      const ucs_status_ptr_t r = ucp_ep_close_nbx(std::exchange(p.ep, nullptr), &prm);
+      if (!UCS_PTR_IS_PTR(r)) return;
+      const auto until = deadline_after(std::chrono::seconds(1));
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && clock::now() < until) ucp_worker_progress(worker.get());
+      ucp_request_free(r);
+    }
+
+    void close_endpoints() noexcept {
+      if (!worker) return;
+      for (auto& p : peers) close_endpoint(p);
+      if (control_request) ucp_request_cancel(worker.get(), control_request);  // its callback frees it
+    }
+
+    void throw_if_failed() const {
+      if (failed) throw error(failed->first, failed->second);
+    }
+
+    std::string why_failed(const detail::ucx_op& op) const {
+      if (failed) return failed->second;
+      const auto& p = peers[op.peer];
+      if (!p.lost_reason.empty()) return p.lost_reason;
+      return "rank " + std::to_string(options.rank) + ": " + describe(op) + " failed";
+    }
+
+    std::string finished_message(int peer) const {
+      return "rank " + std::to_string(options.rank) + ": rank " + std::to_string(peer) +
+             " has finished (said goodbye) and will send nothing more";
+    }
+
+    static std::string describe(const detail::ucx_op& op) {
+      return detail::describe_operation(op.is_send, op.peer, op.tag, op.bytes);
+    }
+
+    static constexpr std::size_t max_control_bytes = std::size_t{64} << 10;
+    ucx_options options;
+    bool dedicated;
+    detail::ucp_context_ptr context;
+    detail::ucp_worker_ptr worker;
+    int event_fd = -1;
+    std::optional<cluster::store_server> store_server;  // rank 0 only
+    std::vector<detail::ucx_peer> peers;
+    std::vector<detail::ucx_op*> in_flight;  // ops UCX holds a request for
+    std::vector<int> lost;
+    std::optional<std::pair<errc, std::string>> failed;
+    bool said_goodbye = false;
+    bool joining = true;  // only the join may use ucx_tag::join_tag
+    // The standing receive for control messages, and what its callback saw.
+    std::vector<std::byte> control_buffer;
+    void* control_request = nullptr;
+    bool control_arrived = false;
+    std::size_t control_length = 0;
+    std::vector<std::pair<int, ucs_status_t>> broken_endpoints;  // from the error callback
+  };
+
+  std::shared_ptr<state> state_;
+};
+
+static_assert(concepts::transport<ucx> && concepts::failable_transport<ucx>);
+static_assert(concepts::multiplexing_transport<ucx> && concepts::loss_tolerant_transport<ucx>);
+
+}  // namespace gradwire::transport
