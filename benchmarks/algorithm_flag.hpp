@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
+#include <string>
 #include <gradwire/collective/all_reduce.hpp>
 #include <span>
 #include <string_view>
@@ -24,26 +27,33 @@ void run_all_reduce(algorithm a, collective::communicator<Tr>& comm, std::span<f
   }
 }
 
-// Takes "--algorithm X" out of argv (the shared parser does not know it); exits with
-// status 2 on a value it does not know.
-inline algorithm take_algorithm_flag(int& argc, char** argv) {
-  algorithm a = algorithm::automatic;
+// Takes "FLAG VALUE" out of argv (the shared parser does not know it) and returns the
+// value, `fallback` if the flag is absent; exits with status 2 on a value not in `choices`.
+inline std::string take_choice_flag(int& argc, char** argv, std::string_view flag,
+                                    std::initializer_list<std::string_view> choices, std::string_view fallback) {
+  std::string chosen(fallback);
   for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) != "--algorithm") continue;
+    if (std::string_view(argv[i]) != flag) continue;
     const std::string_view value = i + 1 < argc ? argv[i + 1] : "";
-    if (value == "ring") a = algorithm::ring;
-    else if (value == "halving_doubling") a = algorithm::halving_doubling;
-    else if (value == "auto") a = algorithm::automatic;
-    else {
-      std::fprintf(stderr, "%s: --algorithm takes ring, halving_doubling or auto, got '%.*s'\n", argv[0],
-                   static_cast<int>(value.size()), value.data());
+    if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
+      std::string list;
+      for (auto c : choices) list += (list.empty() ? "" : ", ") + std::string(c);
+      std::fprintf(stderr, "%s: %.*s takes one of %s, got '%.*s'\n", argv[0], static_cast<int>(flag.size()),
+                   flag.data(), list.c_str(), static_cast<int>(value.size()), value.data());
       std::exit(2);
     }
+    chosen = value;
     for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
     argc -= 2;
     --i;
   }
-  return a;
+  return chosen;
+}
+
+// Takes "--algorithm ring|halving_doubling|auto" out of argv.
+inline algorithm take_algorithm_flag(int& argc, char** argv) {
+  const std::string a = take_choice_flag(argc, argv, "--algorithm", {"ring", "halving_doubling", "auto"}, "auto");
+  return a == "ring" ? algorithm::ring : a == "halving_doubling" ? algorithm::halving_doubling : algorithm::automatic;
 }
 
 }  // namespace gradwire::bench

@@ -1,9 +1,10 @@
-// nccl-tests-style benchmark: gradwire all_reduce (float32 sum, in place) across processes over transport::asio_tcp.
+// nccl-tests-style benchmark: gradwire all_reduce (float32 sum, in place) across processes over asio_tcp or ucx.
 //
 // One process per rank, started by scripts/gradwire-run or mpirun (benchmarks/allreduce.sh
 // runs it beside the peers):
 //
 //   gradwire-run -n 4 allreduce_tcp --algorithm ring -b 4 -e 64M -f 4 --csv out.csv
+//   UCX_TLS=sm gradwire-run -n 4 allreduce_tcp --transport ucx ...   (UCX: shared memory)
 //
 // Each timed iteration: every rank refills its buffer from its pristine input (untimed),
 // the ranks meet in a barrier, each times its own all_reduce; an iteration's time is the
@@ -19,6 +20,9 @@
 #include <filesystem>
 #include <random>
 #include <gradwire/asio.hpp>
+#if GRADWIRE_HAS_UCX
+#include <gradwire/ucx.hpp>
+#endif
 #include <gradwire/collective/all_gather.hpp>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/barrier.hpp>
@@ -53,15 +57,10 @@ long long count_wrong(std::span<const float> got, std::uint64_t seed, int n, std
   return wrong;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
-  bench::options o = bench::parse_options(argc, argv,
-                                          "all_reduce (float32 sum, in place) across processes over gradwire's TCP "
-                                          "transport; start with scripts/gradwire-run -n N or mpirun");
-  try {
-    col::communicator comm(gw::cluster::join_tcp(), {.timeout = std::chrono::seconds(120), .verify = o.verify_calls});
+template <class Transport>
+int run(Transport transport, const bench::algorithm alg, bench::options o, const std::string& transport_name) {
+  {
+    col::communicator comm(std::move(transport), {.timeout = std::chrono::seconds(120), .verify = o.verify_calls});
     const int n = comm.size(), me = comm.rank();
     // One seed for all ranks: rank 0's, or the one given.
     std::vector<double> seed_box{double(o.seed ? o.seed : (std::random_device{}() & 0xffffffffu))};
@@ -121,7 +120,7 @@ int main(int argc, char** argv) {
         }
         if (fresh) std::fprintf(csv, "%s\n", bench::csv_header);
       }
-      bench::print_table_header("gradwire all_reduce (" + std::string(bench::name_of(alg)) + ") over transport::asio_tcp, " +
+      bench::print_table_header("gradwire all_reduce (" + std::string(bench::name_of(alg)) + ") over " + transport_name + ", " +
                                     std::to_string(n) + " processes on loopback; float32 sum in place; time = median "
                                     "over iterations of the slowest rank",
                                 o, n);
@@ -140,7 +139,7 @@ int main(int argc, char** argv) {
         r.warmup = bench::warmup_for(sizes[k], o.warmup);
         r.repeats = o.repeats;
         bench::print_row(r);
-        if (csv) bench::write_csv_row(csv, std::string("allreduce_tcp,asio_tcp,") + bench::name_of(alg) + "," + std::to_string(n), r);
+        if (csv) bench::write_csv_row(csv, "allreduce_tcp," + transport_name + "," + bench::name_of(alg) + "," + std::to_string(n), r);
         rows.push_back(r);
       }
       bench::print_table_footer(rows);
@@ -150,6 +149,29 @@ int main(int argc, char** argv) {
     for (long long w : wrong) total_wrong += w;
     col::barrier(comm);
     return total_wrong == 0 ? 0 : 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
+  const std::string transport = bench::take_choice_flag(argc, argv, "--transport", {"asio", "ucx"}, "asio");
+  bench::options o = bench::parse_options(argc, argv,
+                                          "all_reduce (float32 sum, in place) across processes over gradwire's TCP "
+                                          "transport, or UCX with --transport ucx; start with scripts/gradwire-run -n N "
+                                          "or mpirun");
+  try {
+    if (transport == "ucx") {
+#if GRADWIRE_HAS_UCX
+      const char* tls = std::getenv("UCX_TLS");
+      return run(gw::cluster::join_ucx(), alg, o, std::string("ucx(") + (tls ? tls : "default") + ")");
+#else
+      std::fprintf(stderr, "allreduce_tcp: this build has no UCX (gradwire::ucx; Debian: libucx-dev)\n");
+      return 2;
+#endif
+    }
+    return run(gw::cluster::join_tcp(), alg, o, "asio_tcp");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_tcp: %s\n", e.what());
     return 1;

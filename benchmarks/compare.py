@@ -18,11 +18,11 @@ import sys
 
 
 def read_ours(path):
-    """{algorithm: {ranks: {bytes: (time_us, busbw)}}} from a gradwire benchmark CSV."""
+    """{"transport algorithm": {ranks: {bytes: (time_us, busbw)}}} from a gradwire benchmark CSV."""
     out = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            out.setdefault(row["algorithm"], {}).setdefault(int(row["ranks"]), {})[int(row["size_bytes"])] = (
+            out.setdefault(f'{row["transport"]} {row["algorithm"]}', {}).setdefault(int(row["ranks"]), {})[int(row["size_bytes"])] = (
                 float(row["time_us"]), float(row["busbw_gbps"]))
     return out
 

@@ -8,7 +8,8 @@
 namespace gradwire::cluster {
 
 // The UCX transport's settings for `spec`. gradwire reads GRADWIRE_TIMEOUT (seconds to
-// join) and GRADWIRE_POLL_US as for TCP; UCX reads its own environment (UCX_TLS,
+// join) and GRADWIRE_POLL_US as for TCP, GRADWIRE_UCX_PEER_ERRORS=0 and
+// GRADWIRE_UCX_BULK_BYTES (see ucx_options); UCX reads its own environment (UCX_TLS,
 // UCX_NET_DEVICES, ...; see docs/transports.md).
 inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lookup& env = process_env) {
   transport::ucx_options o;
@@ -21,6 +22,8 @@ inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lo
   o.local_size = spec.local_world_size;
   o.poll_before_sleep =
       std::chrono::microseconds(integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
+  o.peer_error_handling = env("GRADWIRE_UCX_PEER_ERRORS").value_or("1") != "0";
+  o.bulk_bytes = static_cast<std::size_t>(integer_from(env, "GRADWIRE_UCX_BULK_BYTES", static_cast<long long>(o.bulk_bytes), 1LL << 40));
   return o;
 }
 

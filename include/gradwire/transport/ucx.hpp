@@ -56,6 +56,15 @@ struct ucx_options {
   std::chrono::microseconds poll_before_sleep{50};
   // How often a sleeping wait wakes to run UCX's keepalive (peer failure detection).
   std::chrono::milliseconds keepalive_wake{100};
+  // Endpoints with UCX's peer error handling: a dead peer becomes peer_lost within about
+  // a second. Off: a dead peer is noticed only through deadlines (timeout).
+  bool peer_error_handling = true;
+  // UCX 1.13 leaves out of error-handling endpoints the transports that cannot report a
+  // peer's failure, CMA among them: shared memory's single-copy rendezvous. Messages of
+  // at least this many bytes therefore travel on a second endpoint per peer, without
+  // error handling, where UCX may use CMA; the first endpoint still watches the peer
+  // (keepalive), and its failure fails both. 0: one endpoint for everything.
+  std::size_t bulk_bytes = std::size_t{256} << 10;
 };
 
 namespace detail {
@@ -83,11 +92,13 @@ struct ucx_op {
 enum class ucx_control : std::uint32_t { goodbye = 1, abort = 2 };
 
 struct ucx_peer {
-  ucp_ep_h ep = nullptr;
+  ucp_ep_h ep = nullptr;       // peer error handling; control messages and small messages
+  ucp_ep_h bulk_ep = nullptr;  // without; messages of bulk_bytes or more (may be ep itself)
   bool finished = false;   // said goodbye: nothing more will arrive from it
   bool tolerated = false;  // losing it fails only its own operations
   std::string lost_reason;  // set once it is lost
   std::optional<deadline> loss_pending;  // broke without a goodbye: fails the rank at this time
+  std::optional<deadline> drained_at;    // said goodbye: its receives still open then fail
   std::string loss_why;
 };
 
@@ -257,7 +268,12 @@ class ucx {
                                           std::to_string(n) + ": give every rank the same WORLD_SIZE");
         }
       }
-      for (int r = 0; r < n; ++r) connect(r, addresses[r]);
+      // A second endpoint for bulk messages only pays where it unlocks a transport: shared memory.
+      const bool bulk = options.peer_error_handling && options.bulk_bytes > 0 && detail::ucx_may_use_shared_memory();
+      for (int r = 0; r < n; ++r) {
+        peers[r].ep = connect(r, addresses[r], options.peer_error_handling);
+        peers[r].bulk_ep = bulk && r != me ? connect(r, addresses[r], false) : peers[r].ep;
+      }
       post_control_receive();
       greet_everyone(until);
       joining = false;
@@ -299,15 +315,15 @@ class ucx {
     static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
       auto* self = static_cast<state*>(arg);
       for (std::size_t r = 0; r < self->peers.size(); ++r)
-        if (self->peers[r].ep == ep) self->broken_endpoints.emplace_back(static_cast<int>(r), status);
+        if (self->peers[r].ep == ep || self->peers[r].bulk_ep == ep) self->broken_endpoints.emplace_back(static_cast<int>(r), status);
     }
 
-    void connect(int peer, const std::vector<std::byte>& address) {
+    ucp_ep_h connect(int peer, const std::vector<std::byte>& address, bool error_handling) {
       ucp_ep_params_t p{};
       p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
       p.address = reinterpret_cast<const ucp_address_t*>(address.data() + sizeof(std::uint32_t));
-      p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      p.err_mode = error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       p.err_handler.cb = &state::on_endpoint_error;
       p.err_handler.arg = this;
       ucp_ep_h ep = nullptr;
@@ -316,7 +332,7 @@ class ucx {
         throw error(errc::config, "rank " + std::to_string(options.rank) + ": UCX cannot reach rank " +
                                       std::to_string(peer) + ": " + detail::ucx_status_text(s) +
                                       " (do UCX_TLS and UCX_NET_DEVICES allow a transport between them?)");
-      peers[peer].ep = ep;
+      return ep;
     }
 
     // --- operations ----------------------------------------------------------------
@@ -389,12 +405,19 @@ class ucx {
       p.cb.send = &state::on_send_done;
       p.user_data = &op;
       const ucs_status_ptr_t r =
-          ucp_tag_send_nbx(peers[op.peer].ep, op.data, op.bytes, detail::ucx_tag::data(options.rank, op.tag), &p);
+          ucp_tag_send_nbx(op.bytes >= options.bulk_bytes ? peers[op.peer].bulk_ep : peers[op.peer].ep, op.data, op.bytes,
+                           detail::ucx_tag::data(options.rank, op.tag), &p);
       track(op, r);
     }
 
     void post_recv(detail::ucx_op& op) {
       if (peer_unavailable(op)) return;
+      if (peers[op.peer].finished) {
+        // It finished: only a message already here can match.
+        ucp_tag_recv_info_t info;
+        if (!ucp_tag_probe_nb(worker.get(), detail::ucx_tag::data(op.peer, op.tag), detail::ucx_tag::full_mask, 0, &info))
+          return op.finish(errc::peer_lost, finished_message(op.peer));
+      }
       ucp_request_param_t p{};
       // Always through the callback, which reports the length that arrived. (Only the
       // length: UCX 1.13 leaves sender_tag unset when a receive matches a message that
@@ -405,11 +428,6 @@ class ucx {
       const ucs_status_ptr_t r = ucp_tag_recv_nbx(worker.get(), op.data, op.bytes,
                                                   detail::ucx_tag::data(op.peer, op.tag), detail::ucx_tag::full_mask, &p);
       track(op, r);
-      if (op.state == status::active && peers[op.peer].finished) {
-        // The peer finished: if its message is not already here, it never will be.
-        progress_once();
-        if (op.state == status::active) withdraw(op, errc::peer_lost, finished_message(op.peer));
-      }
     }
 
     void track(detail::ucx_op& op, ucs_status_ptr_t r) {
@@ -545,6 +563,11 @@ class ucx {
       }
       const auto now = clock::now();
       for (std::size_t r = 0; r < peers.size(); ++r)
+        if (peers[r].drained_at && now >= *peers[r].drained_at) {
+          peers[r].drained_at.reset();
+          fail_receives_from(static_cast<int>(r));
+        }
+      for (std::size_t r = 0; r < peers.size(); ++r)
         if (peers[r].loss_pending && now >= *peers[r].loss_pending) {
           peers[r].loss_pending.reset();
           fail_everything(errc::peer_lost, peers[r].loss_why);
@@ -599,9 +622,16 @@ class ucx {
       auto& p = peers[peer];
       p.finished = true;
       p.loss_pending.reset();
-      // Receives from it that nothing arrived for will stay empty.
+      // It flushed everything it sent before saying goodbye, so its messages are here or
+      // being received (a rendezvous in progress cannot be told from a receive that
+      // waits in vain): receives from it still open a moment from now never complete.
+      p.drained_at = deadline_after(std::chrono::seconds(1));
+    }
+
+    void fail_receives_from(int peer) {
       for (auto* op : std::vector<detail::ucx_op*>(in_flight))
-        if (!op->is_send && op->peer == peer && op->request) withdraw(*op, errc::peer_lost, finished_message(peer));
+        if (!op->is_send && op->peer == peer && op->state == status::active)
+          withdraw(*op, errc::peer_lost, finished_message(peer));
     }
 
     // Sends one control message to every live peer and waits (briefly) until they left.
@@ -648,6 +678,8 @@ class ucx {
     void say_goodbye() {
       if (failed || said_goodbye) return;
       said_goodbye = true;
+      // Everything this rank sent arrives before its goodbye (see on_goodbye).
+      flush(deadline_after(std::chrono::seconds(2)));
       send_control(detail::ucx_control::goodbye, errc{}, {});
     }
 
@@ -665,7 +697,17 @@ class ucx {
       const std::string why = "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(peer) +
                               ": its endpoint failed (" + detail::ucx_status_text(s) +
                               "; the process exited or was killed)";
-      if (p.finished) return isolate(peer, finished_message(peer));
+      if (p.finished) {
+        // It said goodbye and left. Sends to it still in flight carried what it wanted
+        // (it would not have finished without them); UCX fails them as the endpoint
+        // closes, so they are settled first. Receives from it drain (on_goodbye).
+        for (auto* op : in_flight)
+          if (op->is_send && op->peer == peer) op->finish();
+        close_endpoint(p);
+        for (auto* op : in_flight)
+          if (op->is_send && op->peer == peer) settle(*op);  // UCX lets go before anyone frees it
+        return;
+      }
       if (p.tolerated) return isolate(peer, why);
       // Its goodbye or abort may still be on the way (another lane): give it a moment.
       if (!p.loss_pending) {
@@ -693,11 +735,17 @@ class ucx {
     }
 
     void close_endpoint(detail::ucx_peer& p) noexcept {
-      if (!p.ep) return;
+      if (p.bulk_ep != p.ep) close_endpoint(std::exchange(p.bulk_ep, nullptr));
+      p.bulk_ep = nullptr;
+      close_endpoint(std::exchange(p.ep, nullptr));
+    }
+
+    void close_endpoint(ucp_ep_h ep) noexcept {
+      if (!ep) return;
       ucp_request_param_t prm{};
       prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      const ucs_status_ptr_t r = ucp_ep_close_nbx(std::exchange(p.ep, nullptr), &prm);
+      const ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
       if (!UCS_PTR_IS_PTR(r)) return;
       const auto until = deadline_after(std::chrono::seconds(1));
       while (ucp_request_check_status(r) == UCS_INPROGRESS && clock::now() < until) ucp_worker_progress(worker.get());
