@@ -91,6 +91,20 @@ inline bool parse_size(std::string_view text, std::size_t& out) {
   return true;
 }
 
+// "64K,1M,16M": sizes in bytes, each rounded down to whole floats; false if one does not parse.
+inline bool parse_size_list(std::string_view text, std::vector<std::size_t>& out) {
+  out.clear();
+  bool ok = true;
+  for (std::string_view rest = text; ok && !rest.empty();) {
+    const auto comma = rest.find(',');
+    std::size_t bytes = 0;
+    ok = parse_size(rest.substr(0, comma), bytes) && bytes >= sizeof(float);
+    out.push_back(bytes / sizeof(float) * sizeof(float));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  return ok && !out.empty();
+}
+
 template <class Int>
 bool parse_int(std::string_view text, Int& out) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);

@@ -1,4 +1,4 @@
-// Parameter-server step throughput: gradwire::parameter_server<ps::sync> over transport::asio_tcp.
+// Parameter-server step throughput: gradwire::parameter_server<ps::sync> over transport::asio_tcp or ucx.
 //
 // One process per rank, started by scripts/gradwire-run with --ps S (the last S ranks
 // serve; benchmarks/ps_throughput.sh runs it for several worker/server counts beside a
@@ -38,6 +38,9 @@
 #include <cstring>
 #include <filesystem>
 #include <gradwire/asio.hpp>
+#if GRADWIRE_HAS_UCX
+#include <gradwire/ucx.hpp>
+#endif
 #include <gradwire/gradwire.hpp>
 #include <string>
 #include <string_view>
@@ -51,8 +54,20 @@ namespace bench = gradwire::bench;
 
 namespace {
 
+template <class Transport>
 using strategy_type = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::parameter_server<gw::ps::sync>,
-                                   gw::transport::asio_tcp>;
+                                   Transport>;
+
+// A one-rank transport: what a strategy keeps once the real one has been taken back.
+template <class Transport>
+Transport placeholder() {
+  if constexpr (std::is_same_v<Transport, gw::transport::asio_tcp>)
+    return gw::transport::asio_tcp(gw::transport::asio_tcp_options{});
+#if GRADWIRE_HAS_UCX
+  else
+    return gw::transport::ucx(gw::transport::ucx_options{});
+#endif
+}
 
 constexpr double learning_rate = 1.0 / 1024;  // small: parameters stay near 0, where float rounding is finest
 
@@ -62,6 +77,7 @@ struct flags {
   int iters = 20;  // scaled by size as in the other benchmarks: x5 below 1 MiB, /2 from 4 MiB, /4 from 64 MiB
   int warmup = 3;  // at most 2 from 64 MiB
   std::string csv;
+  std::string transport = "asio";  // or ucx (UCX_TLS picks shared memory, TCP, ...)
   int timeout_s = 120;
 };
 
@@ -76,6 +92,7 @@ struct flags {
                "  --warmup N       untimed steps first (default 3; at most 2 from 64 MiB)\n"
                "  --timeout S      seconds a server waits for a worker and a worker for a server (default 120)\n"
                "  --csv FILE       append one CSV row per size to FILE (rank 0)\n"
+               "  --transport T    asio (default) or ucx (UCX_TLS picks shared memory, TCP, ...)\n"
                "  -h, --help\n",
                program, program);
   std::exit(error.empty() ? 0 : 2);
@@ -88,21 +105,16 @@ flags parse(int argc, char** argv) {
   bench::detail::for_each_flag(argc, argv, [&](std::string_view flag, std::string_view value) {
     bool ok = true;
     if (flag == "--sizes") {
-      f.sizes.clear();
-      for (std::string_view rest = value; ok && !rest.empty();) {
-        const auto comma = rest.find(',');
-        std::size_t bytes = 0;
-        ok = bench::detail::parse_size(rest.substr(0, comma), bytes) && bytes >= sizeof(float);
-        f.sizes.push_back(bytes / sizeof(float) * sizeof(float));
-        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-      }
-      ok = ok && !f.sizes.empty();
+      ok = bench::detail::parse_size_list(value, f.sizes);
     } else if (flag == "--iters" || flag == "-n") {
       ok = bench::detail::parse_int(value, f.iters) && f.iters >= 1;
     } else if (flag == "--warmup" || flag == "-w") {
       ok = bench::detail::parse_int(value, f.warmup) && f.warmup >= 0;
     } else if (flag == "--timeout") {
       ok = bench::detail::parse_int(value, f.timeout_s) && f.timeout_s >= 1;
+    } else if (flag == "--transport") {
+      f.transport = std::string(value);
+      ok = f.transport == "asio" || f.transport == "ucx";
     } else if (flag == "--csv") {
       f.csv = std::string(value);
       ok = !f.csv.empty();
@@ -125,9 +137,10 @@ constexpr const char* csv_header =
     "benchmark,transport,mode,workers,servers,size_bytes,count,time_us,time_us_min,time_us_max,"
     "bytes_per_worker_step,per_worker_mbps,aggregate_mbps,wrong,iters,warmup";
 
-void print_header(int workers, int servers, const flags& f) {
-  std::printf("# gradwire parameter_server<ps::sync> over transport::asio_tcp: %d worker(s) + %d server(s), one process "
+void print_header(int workers, int servers, const flags& f, const std::string& transport) {
+  std::printf("# gradwire parameter_server<ps::sync> over transport::%s: %d worker(s) + %d server(s), one process "
               "each, on loopback; optim::sgd, one float32 tensor per size\n",
+              transport.c_str(),
               workers, servers);
   std::printf("# step = strategy.step(): push the gradient + pull the parameters; time = median of rank 0's timed "
               "steps; MB = 10^6 B\n");
@@ -147,9 +160,9 @@ void print_row(const result& r, int workers) {
   std::fflush(stdout);
 }
 
-void write_csv_row(std::FILE* csv, const result& r, int workers, int servers) {
+void write_csv_row(std::FILE* csv, const result& r, int workers, int servers, const std::string& transport) {
   const double moved = 2.0 * double(r.bytes);
-  std::fprintf(csv, "ps_throughput,asio_tcp,sync,%d,%d,%zu,%zu,%.1f,%.1f,%.1f,%.0f,%.2f,%.2f,%lld,%d,%d\n", workers,
+  std::fprintf(csv, "ps_throughput,%s,sync,%d,%d,%zu,%zu,%.1f,%.1f,%.1f,%.0f,%.2f,%.2f,%lld,%d,%d\n", transport.c_str(), workers,
                servers, r.bytes, r.bytes / sizeof(float), r.median * 1e6, r.fastest * 1e6, r.slowest * 1e6, moved,
                moved / r.median / 1e6, workers * moved / r.median / 1e6, r.wrong, r.iters, r.warmup);
 }
@@ -161,14 +174,12 @@ std::vector<gw::host_tensor<float>> zero_parameters(std::size_t count) {
   return p;
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  const flags f = parse(argc, argv);
-  int me = -1;
-  try {
+template <class Transport>
+int run(Transport transport, const flags& f, const std::string& transport_name) {
+  {
     const auto spec = gw::cluster::detect();
-    me = spec.rank;
+    const int me = spec.rank;
     const int servers = spec.count(gw::cluster::task_type::ps);
     if (servers < 1)
       throw gw::error(gw::errc::config, "no parameter-server ranks: start with scripts/gradwire-run -n W --ps S");
@@ -182,10 +193,9 @@ int main(int argc, char** argv) {
         if (!csv) throw gw::error(gw::errc::config, "cannot write " + f.csv + ": " + std::strerror(errno));
         if (fresh) std::fprintf(csv, "%s\n", csv_header);
       }
-      print_header(workers, servers, f);
+      print_header(workers, servers, f, transport_name);
     }
 
-    gw::transport::asio_tcp transport = gw::cluster::join_tcp();
     bool all_right = true;
     for (const std::size_t bytes : f.sizes) {
       const std::size_t count = bytes / sizeof(float);
@@ -194,8 +204,8 @@ int main(int argc, char** argv) {
       gw::ps::options options;
       options.servers = servers;
       options.timeout = std::chrono::seconds(f.timeout_s);
-      strategy_type s(std::move(transport), zero_parameters(count), gw::optim::sgd({.lr = learning_rate}),
-                      strategy_type::aggregation_type(options), {.timeout = std::chrono::seconds(f.timeout_s)});
+      strategy_type<Transport> s(std::move(transport), zero_parameters(count), gw::optim::sgd({.lr = learning_rate}),
+                      typename strategy_type<Transport>::aggregation_type(options), {.timeout = std::chrono::seconds(f.timeout_s)});
       result r;
       r.bytes = bytes;
       r.iters = iters;
@@ -241,15 +251,34 @@ int main(int argc, char** argv) {
       }
       // Take the transport back for the next size; the strategy keeps a one-rank
       // placeholder, so its destructor neither talks to the job nor uses a moved-from transport.
-      transport = std::exchange(s.communicator().transport(), gw::transport::asio_tcp(gw::transport::asio_tcp_options{}));
+      transport = std::exchange(s.communicator().transport(), placeholder<Transport>());
       if (me == 0) {
         print_row(r, workers);
-        if (csv) write_csv_row(csv, r, workers, servers), std::fflush(csv);
+        if (csv) write_csv_row(csv, r, workers, servers, transport_name), std::fflush(csv);
       }
     }
     if (csv) std::fclose(csv);
     if (me == 0) std::printf("#\n");
     return all_right ? 0 : 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const flags f = parse(argc, argv);
+  int me = -1;
+  try {
+    me = gw::cluster::detect().rank;
+    if (f.transport == "ucx") {
+#if GRADWIRE_HAS_UCX
+      const char* tls = std::getenv("UCX_TLS");
+      return run(gw::cluster::join_ucx(), f, std::string("ucx(") + (tls ? tls : "default") + ")");
+#else
+      throw gw::error(gw::errc::config, "this build has no UCX (gradwire::ucx; Debian: libucx-dev)");
+#endif
+    }
+    return run(gw::cluster::join_tcp(), f, "asio_tcp");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps_throughput: rank %d: %s\n", me, e.what());
     return 1;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Parameter-server step throughput over TCP beside the loopback TCP bound, in one run:
-# gradwire parameter_server<ps::sync> over transport::asio_tcp under scripts/gradwire-run,
-# for 4 workers with 1 and 2 servers and 2 workers with 1 server, 64 KiB .. 64 MiB, and a
+# Parameter-server step throughput beside the loopback TCP bound, in one run:
+# gradwire parameter_server<ps::sync> over transport::asio_tcp and over transport::ucx
+# (UCX_TLS=tcp and UCX_TLS=sm) under scripts/gradwire-run, for 4 workers with 1 and 2
+# servers and 2 workers with 1 server, 64 KiB .. 64 MiB, and a
 # single-stream loopback socket test (Python, one sender thread, one receiver thread,
 # 1 GiB in 4 MiB sendall chunks, median of 3) as the bound. Prints each run's table and the
 # combined table; writes results/ps_throughput.{txt,csv}.
 # Usage: benchmarks/ps_throughput.sh [ps_throughput flags...]   e.g. --iters 20 --sizes 1M,16M
 #   (this script passes --iters 40: 200 steps at 64 KiB, 40 at 1 MiB, 20 at 16 MiB, 10 at 64 MiB)
-#   GRADWIRE_PS_CONFIGS (default "4:1 4:2 2:1", WORKERS:SERVERS), GRADWIRE_RESULTS_DIR,
+#   GRADWIRE_PS_CONFIGS (default "4:1 4:2 2:1", WORKERS:SERVERS),
+#   GRADWIRE_PS_TRANSPORTS (default "asio ucx:tcp ucx:sm"), GRADWIRE_RESULTS_DIR,
 #   GRADWIRE_BENCH_BUILD_DIR
 # Exits non-zero if any run failed or any result was wrong; never on time.
 set -euo pipefail
@@ -18,8 +20,9 @@ gradwire_require_packages "${gradwire_build_packages[@]}"
 build_dir=${GRADWIRE_BENCH_BUILD_DIR:-$gradwire_root/build-bench}
 results=${GRADWIRE_RESULTS_DIR:-$gradwire_root/results}
 configs=${GRADWIRE_PS_CONFIGS:-4:1 4:2 2:1}
+transports=${GRADWIRE_PS_TRANSPORTS:-asio ucx:tcp ucx:sm}
 gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
-  -DGRADWIRE_BUILD_BENCHMARKS=ON -DGRADWIRE_ASIO=ON
+  -DGRADWIRE_BUILD_BENCHMARKS=ON -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON
 cmake --build "$build_dir" --target ps_throughput -j"$(nproc)"
 
 mkdir -p "$results"
@@ -79,14 +82,20 @@ printf '%s\n#\n' "$(head -n 1 <<<"$bound")" | tee -a "$txt"
 
 # --- the parameter-server runs ---------------------------------------------------------
 status=0
-for config in $configs; do
-  workers=${config%%:*} servers=${config##*:}
-  # Flags given to this script come last, so they override these defaults.
-  if ! "$gradwire_root/scripts/gradwire-run" -n "$workers" --ps "$servers" --no-prefix --timeout 300 -- \
-    "$build_dir/benchmarks/ps_throughput" --iters 40 --csv "$runs" "$@" 2>&1 | tee -a "$txt"; then
-    echo "# ps_throughput with $workers worker(s) and $servers server(s) failed" | tee -a "$txt"
-    status=1
-  fi
+for transport in $transports; do
+  for config in $configs; do
+    workers=${config%%:*} servers=${config##*:}
+    # asio, or ucx:TLS (UCX_TLS=TLS). Flags given to this script come last, so they override these defaults.
+    ucx_env=(UCX_WARN_UNUSED_ENV_VARS=n)
+    [[ $transport == ucx:* ]] && ucx_env+=("UCX_TLS=${transport#ucx:}")
+    if ! env "${ucx_env[@]}" \
+      "$gradwire_root/scripts/gradwire-run" -n "$workers" --ps "$servers" --no-prefix --timeout 300 -- \
+      "$build_dir/benchmarks/ps_throughput" --transport "${transport%%:*}" --iters 40 --csv "$runs" "$@" 2>&1 |
+      tee -a "$txt"; then
+      echo "# ps_throughput over $transport with $workers worker(s) and $servers server(s) failed" | tee -a "$txt"
+      status=1
+    fi
+  done
 done
 
 # --- the combined table and CSV --------------------------------------------------------
@@ -103,17 +112,17 @@ def human(b):
 
 with open(runs, newline="") as f:
     rows = list(csv.DictReader(f))
-print(f"# parameter_server<ps::sync> over asio_tcp beside the loopback bound ({bound:.0f} MB/s, one stream, one direction);")
+print(f"# parameter_server<ps::sync> beside the loopback bound ({bound:.0f} MB/s, one stream, one direction);")
 print("# aggregate = workers * 2 * size / step time, the servers' traffic in both directions; ratio = aggregate / bound")
 print("#")
-head = ("workers", "servers", "size", "step (ms)", "per-worker MB/s", "aggregate MB/s", "bound MB/s", "ratio")
-print("  %7s %7s %9s %10s %15s %14s %10s %6s" % head)
+head = ("transport", "workers", "servers", "size", "step (ms)", "per-worker MB/s", "aggregate MB/s", "bound MB/s", "ratio")
+print("  %-14s %7s %7s %9s %10s %15s %14s %10s %6s" % head)
 for r in rows:
     aggregate = float(r["aggregate_mbps"])
     r["bound_mbps"] = f"{bound:.1f}"
     r["aggregate_over_bound"] = f"{aggregate / bound:.3f}"
-    print("  %7s %7s %9s %10.3f %15.1f %14.1f %10.1f %6.3f" % (
-        r["workers"], r["servers"], human(int(r["size_bytes"])), float(r["time_us"]) / 1e3,
+    print("  %-14s %7s %7s %9s %10.3f %15.1f %14.1f %10.1f %6.3f" % (
+        r["transport"], r["workers"], r["servers"], human(int(r["size_bytes"])), float(r["time_us"]) / 1e3,
         float(r["per_worker_mbps"]), aggregate, bound, aggregate / bound))
 wrong = sum(int(r["wrong"]) for r in rows)
 print(f"# #wrong (rank 0's parameters off the closed form, all runs): {wrong}")

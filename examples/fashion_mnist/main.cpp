@@ -48,6 +48,9 @@
 #if GRADWIRE_HAS_ASIO
 #include <gradwire/asio.hpp>
 #endif
+#if GRADWIRE_HAS_UCX
+#include <gradwire/ucx.hpp>
+#endif
 
 #include "idx.hpp"
 #include "mlp.hpp"
@@ -64,9 +67,10 @@ constexpr const char* usage_text =
     "                                   training strategy (default one_device); multi_worker_mirrored runs one\n"
     "                                   replica per process: start it with scripts/gradwire-run -n N, mpirun -np N,\n"
     "                                   srun or TF_CONFIG\n"
-    "  --transport inproc|tcp           central_storage, local_sgd: replicas as threads of this process (inproc,\n"
+    "  --transport inproc|tcp|ucx       central_storage, local_sgd: replicas as threads of this process (inproc,\n"
     "                                   the default) or one per process under a launcher (tcp, as\n"
-    "                                   multi_worker_mirrored); mirrored is inproc, multi_worker_mirrored tcp\n"
+    "                                   multi_worker_mirrored, or ucx: UCX, with UCX_TLS choosing shared memory,\n"
+    "                                   TCP or RDMA); mirrored is inproc, multi_worker_mirrored tcp or ucx\n"
     "  --replicas N                     threads: replicas, one thread each (default 2); one_device: must be 1;\n"
     "                                   tcp: the launcher's world size (may be left out)\n"
     "  --owner R                        central_storage: the rank that sums gradients and applies the optimizer\n"
@@ -127,7 +131,8 @@ struct options {
   std::uint64_t checkpoint_every = 0;
 };
 
-bool uses_tcp(const options& o) { return o.transport == "tcp"; }
+// One replica per process, under a launcher (tcp or ucx), rather than threads.
+bool uses_tcp(const options& o) { return o.transport == "tcp" || o.transport == "ucx"; }
 
 template <class Int>
 Int parse_int(std::string_view flag, std::string_view text, Int min) {
@@ -176,8 +181,8 @@ options parse(int argc, char** argv) {
             o.strategy + "'");
     } else if (flag == "--transport") {
       o.transport = next();
-      if (o.transport != "inproc" && o.transport != "tcp")
-        throw usage_error("--transport must be inproc or tcp, got '" + o.transport + "'");
+      if (o.transport != "inproc" && o.transport != "tcp" && o.transport != "ucx")
+        throw usage_error("--transport must be inproc, tcp or ucx, got '" + o.transport + "'");
     } else if (flag == "--owner") {
       o.owner = parse_int<int>(flag, next(), 0);
     } else if (flag == "--period") {
@@ -246,7 +251,8 @@ options parse(int argc, char** argv) {
   const std::string fixed_transport = o.strategy == "multi_worker_mirrored" ? "tcp"
                                       : (o.strategy == "mirrored" || o.strategy == "one_device") ? "inproc"
                                                                                                  : "";
-  if (!fixed_transport.empty() && !o.transport.empty() && o.transport != fixed_transport)
+  if (!fixed_transport.empty() && !o.transport.empty() && o.transport != fixed_transport &&
+      !(fixed_transport == "tcp" && o.transport == "ucx"))
     throw usage_error("--strategy " + o.strategy + " runs " +
                       (fixed_transport == "tcp" ? "one replica per process (tcp)" : "in this process (inproc)") +
                       (fixed_transport == "tcp" ? "; use --strategy mirrored for threads"
@@ -658,7 +664,15 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
 #if GRADWIRE_HAS_ASIO
     // One replica per process: join the job the launcher describes (rank, world size,
     // rendezvous address and token from its environment).
-    replica(gradwire::cluster::join_tcp());
+    if (o.transport == "ucx") {
+#if GRADWIRE_HAS_UCX
+      replica(gradwire::cluster::join_ucx());
+#else
+      throw usage_error("--transport ucx: this build has no UCX (gradwire::ucx; Debian: libucx-dev)");
+#endif
+    } else {
+      replica(gradwire::cluster::join_tcp());
+    }
 #else
     throw std::logic_error("--transport tcp in a build without gradwire::asio");  // process_rank() said so
 #endif

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -68,20 +69,26 @@ inline void ucx_default(ucp_config_t* config, const char* name, const char* valu
   ucx_check(ucp_config_modify(config, name, value), name);
 }
 
-// Whether UCX_TLS allows a shared-memory transport (unset: UCX picks, shared memory included).
-inline bool ucx_may_use_shared_memory() {
+// Whether UCX_TLS allows one of the transports `names` (unset, "all" or an exclusion list:
+// UCX chooses, and may choose them).
+inline bool ucx_tls_allows(std::initializer_list<const char*> names) {
   const char* tls = std::getenv("UCX_TLS");
   if (!tls) return true;
   const std::string list = tls;
-  if (!list.empty() && list.front() == '^') return true;  // an exclusion list
-  for (const char* name : {"all", "sm", "shm", "mm", "posix", "sysv"}) {
+  if (!list.empty() && list.front() == '^') return true;
+  auto listed = [&](const char* name) {
     for (std::size_t at = list.find(name); at != std::string::npos; at = list.find(name, at + 1)) {
       const std::size_t end = at + std::strlen(name);
       if ((at == 0 || list[at - 1] == ',') && (end == list.size() || list[end] == ',')) return true;
     }
-  }
-  return false;
+    return false;
+  };
+  if (listed("all")) return true;
+  return std::any_of(names.begin(), names.end(), listed);
 }
+
+inline bool ucx_may_use_shared_memory() { return ucx_tls_allows({"sm", "shm", "mm", "posix", "sysv"}); }
+inline bool ucx_may_use_tcp() { return ucx_tls_allows({"tcp"}); }
 
 // Sleeps until the worker's event fd signals or `timeout` passes.
 inline void wait_for_event(int fd, std::chrono::milliseconds timeout) {
