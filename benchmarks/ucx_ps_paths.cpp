@@ -57,7 +57,11 @@ struct ucx_rank {
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      finish(ucp_ep_close_nbx(peer, &p));
+      const ucs_status_ptr_t r = ucp_ep_close_nbx(peer, &p);  // its outcome does not matter any more
+      if (UCS_PTR_IS_PTR(r)) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker);
+        ucp_request_free(r);
+      }
     }
     ucp_worker_destroy(worker);
     ucp_cleanup(context);
