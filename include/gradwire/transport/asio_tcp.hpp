@@ -161,21 +161,13 @@ class asio_tcp {
   int rank() const noexcept { return state_->options.rank; }
   int size() const noexcept { return state_->options.size; }
 
-  // The request owns its op before the op is posted, so that an exception while posting
-  // withdraws it (the request's destructor) instead of leaving it queued and freed.
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
-    auto op = state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size());
-    detail::tcp_op& posted = *op;
-    request r(state_, std::move(op));
-    state_->post_send(posted);
-    return r;
+    return detail::start_operation(state_, state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size()),
+                                   [&](detail::tcp_op& op) { state_->post_send(op); });
   }
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
-    auto op = state_->make_op(false, peer, tag, bytes.data(), bytes.size());
-    detail::tcp_op& posted = *op;
-    request r(state_, std::move(op));
-    state_->post_recv(posted);
-    return r;
+    return detail::start_operation(state_, state_->make_op(false, peer, tag, bytes.data(), bytes.size()),
+                                   [&](detail::tcp_op& op) { state_->post_recv(op); });
   }
   // Receives inout.size() elements and adds them into inout as they arrive, chunk by
   // chunk, so the reduction overlaps the transfer and needs no full-size staging.
@@ -183,21 +175,9 @@ class asio_tcp {
   request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
     auto op = state_->make_op(false, peer, tag, reinterpret_cast<std::byte*>(inout.data()), inout.size_bytes());
     op->deliver = &detail::deliver_accumulate<V>;
-    detail::tcp_op& posted = *op;
-    request r(state_, std::move(op));
-    state_->post_recv(posted);
-    return r;
+    return detail::start_operation(state_, std::move(op), [&](detail::tcp_op& o) { state_->post_recv(o); });
   }
-  void wait(request& r, deadline until) {
-    const auto op = r.take();
-    if (!op) throw error(errc::invalid_argument, "asio_tcp: wait on an empty or already finished request");
-    try {
-      state_->wait(*op, until);
-    } catch (...) {
-      state_->cancel(*op);  // whatever went wrong, no queue keeps the op it is about to free
-      throw;
-    }
-  }
+  void wait(request& r, deadline until) { detail::finish_operation(*state_, r, until, "asio_tcp"); }
 
   // Waits until one of `requests` can be waited for without blocking (its operation
   // has completed, successfully or not) and returns its index; it does not finish that

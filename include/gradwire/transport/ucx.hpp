@@ -130,29 +130,14 @@ class ucx {
   int size() const noexcept { return state_->options.size; }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
-    auto op = state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size());
-    detail::ucx_op& posted = *op;
-    request r(state_, std::move(op));
-    state_->post_send(posted);
-    return r;
+    return detail::start_operation(state_, state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size()),
+                                   [&](detail::ucx_op& op) { state_->post_send(op); });
   }
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
-    auto op = state_->make_op(false, peer, tag, bytes.data(), bytes.size());
-    detail::ucx_op& posted = *op;
-    request r(state_, std::move(op));
-    state_->post_recv(posted);
-    return r;
+    return detail::start_operation(state_, state_->make_op(false, peer, tag, bytes.data(), bytes.size()),
+                                   [&](detail::ucx_op& op) { state_->post_recv(op); });
   }
-  void wait(request& r, deadline until) {
-    const auto op = r.take();
-    if (!op) throw error(errc::invalid_argument, "ucx: wait on an empty or already finished request");
-    try {
-      state_->wait(*op, until);
-    } catch (...) {
-      state_->cancel(*op);
-      throw;
-    }
-  }
+  void wait(request& r, deadline until) { detail::finish_operation(*state_, r, until, "ucx"); }
 
   // As asio_tcp::wait_any: the index of a request that wait() finishes without blocking.
   std::size_t wait_any(std::span<request* const> requests, deadline until) { return state_->wait_any(requests, until); }

@@ -2,7 +2,11 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <utility>
+
+#include "../../error.hpp"
+#include "../../timeouts.hpp"
 
 namespace gradwire::transport::detail {
 
@@ -40,5 +44,30 @@ class pending_request {
   std::shared_ptr<Engine> engine_;
   std::unique_ptr<Op> op_;
 };
+
+// Starts an operation: the request owns `op` before `post(op)` runs, so that an
+// exception while posting withdraws it (the request's destructor) instead of leaving
+// it queued and freed.
+template <class Engine, class Op, class Post>
+pending_request<Engine, Op> start_operation(const std::shared_ptr<Engine>& engine, std::unique_ptr<Op> op, Post&& post) {
+  Op& posted = *op;
+  pending_request<Engine, Op> r(engine, std::move(op));
+  post(posted);
+  return r;
+}
+
+// Finishes a request with engine.wait(op, until) (which returns or throws once the op is
+// done or withdrawn); whatever goes wrong, the op is withdrawn before it is freed.
+template <class Engine, class Op>
+void finish_operation(Engine& engine, pending_request<Engine, Op>& r, deadline until, const char* transport) {
+  const auto op = r.take();
+  if (!op) throw error(errc::invalid_argument, std::string(transport) + ": wait on an empty or already finished request");
+  try {
+    engine.wait(*op, until);
+  } catch (...) {
+    engine.cancel(*op);
+    throw;
+  }
+}
 
 }  // namespace gradwire::transport::detail
