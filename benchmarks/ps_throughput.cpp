@@ -273,7 +273,10 @@ int main(int argc, char** argv) {
     if (f.transport == "ucx") {
 #if GRADWIRE_HAS_UCX
       const char* tls = std::getenv("UCX_TLS");
-      return run(gw::cluster::join_ucx(), f, std::string("ucx(") + (tls ? tls : "default") + ")");
+      auto transport = gw::cluster::join_ucx();
+      // Which path the workers' pushes and pulls take: one-sided put/get, or tagged messages.
+      const bool rma = transport.prefers_one_sided(transport.size() - 1);
+      return run(std::move(transport), f, std::string("ucx(") + (tls ? tls : "default") + ")/" + (rma ? "rma" : "tag"));
 #else
       throw gw::error(gw::errc::config, "this build has no UCX (gradwire::ucx; Debian: libucx-dev)");
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Parameter-server step throughput beside the loopback TCP bound, in one run:
 # gradwire parameter_server<ps::sync> over transport::asio_tcp and over transport::ucx
-# (UCX_TLS=tcp and UCX_TLS=sm) under scripts/gradwire-run, for 4 workers with 1 and 2
+# (UCX_TLS=tcp and UCX_TLS=sm; over shared memory both paths: one-sided put/get, the
+# default there, and tagged messages) under scripts/gradwire-run, for 4 workers with 1 and 2
 # servers and 2 workers with 1 server, 64 KiB .. 64 MiB, and a
 # single-stream loopback socket test (Python, one sender thread, one receiver thread,
 # 1 GiB in 4 MiB sendall chunks, median of 3) as the bound. Prints each run's table and the
@@ -9,7 +10,8 @@
 # Usage: benchmarks/ps_throughput.sh [ps_throughput flags...]   e.g. --iters 20 --sizes 1M,16M
 #   (this script passes --iters 40: 200 steps at 64 KiB, 40 at 1 MiB, 20 at 16 MiB, 10 at 64 MiB)
 #   GRADWIRE_PS_CONFIGS (default "4:1 4:2 2:1", WORKERS:SERVERS),
-#   GRADWIRE_PS_TRANSPORTS (default "asio ucx:tcp ucx:sm"), GRADWIRE_RESULTS_DIR,
+#   GRADWIRE_PS_TRANSPORTS (default "asio ucx:tcp ucx:sm ucx:sm:off"; ucx:TLS[:auto|on|off]
+#   sets UCX_TLS and GRADWIRE_UCX_ONE_SIDED), GRADWIRE_RESULTS_DIR,
 #   GRADWIRE_BENCH_BUILD_DIR
 # Exits non-zero if any run failed or any result was wrong; never on time.
 set -euo pipefail
@@ -20,7 +22,7 @@ gradwire_require_packages "${gradwire_build_packages[@]}"
 build_dir=${GRADWIRE_BENCH_BUILD_DIR:-$gradwire_root/build-bench}
 results=${GRADWIRE_RESULTS_DIR:-$gradwire_root/results}
 configs=${GRADWIRE_PS_CONFIGS:-4:1 4:2 2:1}
-transports=${GRADWIRE_PS_TRANSPORTS:-asio ucx:tcp ucx:sm}
+transports=${GRADWIRE_PS_TRANSPORTS:-asio ucx:tcp ucx:sm ucx:sm:off}
 gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
   -DGRADWIRE_BUILD_BENCHMARKS=ON -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON
 cmake --build "$build_dir" --target ps_throughput -j"$(nproc)"
@@ -85,9 +87,12 @@ status=0
 for transport in $transports; do
   for config in $configs; do
     workers=${config%%:*} servers=${config##*:}
-    # asio, or ucx:TLS (UCX_TLS=TLS). Flags given to this script come last, so they override these defaults.
+    # asio, or ucx:TLS[:ONE_SIDED]. Flags given to this script come last, so they override these defaults.
     ucx_env=(UCX_WARN_UNUSED_ENV_VARS=n)
-    [[ $transport == ucx:* ]] && ucx_env+=("UCX_TLS=${transport#ucx:}")
+    if [[ $transport == ucx:* ]]; then
+      IFS=: read -r _ tls one_sided <<<"$transport"
+      ucx_env+=("UCX_TLS=$tls" "GRADWIRE_UCX_ONE_SIDED=${one_sided:-auto}")
+    fi
     if ! env "${ucx_env[@]}" \
       "$gradwire_root/scripts/gradwire-run" -n "$workers" --ps "$servers" --no-prefix --timeout 300 -- \
       "$build_dir/benchmarks/ps_throughput" --transport "${transport%%:*}" --iters 40 --csv "$runs" "$@" 2>&1 |
@@ -116,12 +121,12 @@ print(f"# parameter_server<ps::sync> beside the loopback bound ({bound:.0f} MB/s
 print("# aggregate = workers * 2 * size / step time, the servers' traffic in both directions; ratio = aggregate / bound")
 print("#")
 head = ("transport", "workers", "servers", "size", "step (ms)", "per-worker MB/s", "aggregate MB/s", "bound MB/s", "ratio")
-print("  %-14s %7s %7s %9s %10s %15s %14s %10s %6s" % head)
+print("  %-16s %7s %7s %9s %10s %15s %14s %10s %6s" % head)
 for r in rows:
     aggregate = float(r["aggregate_mbps"])
     r["bound_mbps"] = f"{bound:.1f}"
     r["aggregate_over_bound"] = f"{aggregate / bound:.3f}"
-    print("  %-14s %7s %7s %9s %10.3f %15.1f %14.1f %10.1f %6.3f" % (
+    print("  %-16s %7s %7s %9s %10.3f %15.1f %14.1f %10.1f %6.3f" % (
         r["transport"], r["workers"], r["servers"], human(int(r["size_bytes"])), float(r["time_us"]) / 1e3,
         float(r["per_worker_mbps"]), aggregate, bound, aggregate / bound))
 wrong = sum(int(r["wrong"]) for r in rows)

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "error.hpp"
 #include "tensor/dtype.hpp"
@@ -115,6 +116,28 @@ concept loss_tolerant_transport = transport<T> && requires(T& t, const T& ct, in
   t.tolerate_loss(peer);
   { ct.lost_peers() } -> std::convertible_to<std::vector<int>>;
 };
+
+// Optional transport capability: one-sided access to memory a peer exposed (RMA). A
+// parameter server takes it for push and pull to the peers the transport prefers it for
+// (a worker puts its gradient into the server's memory and gets the parameters back;
+// the server's loop copies nothing through messages).
+//   memory_window expose(span<byte>)           span<const byte> key() const: for a peer's attach()
+//   remote_window attach(int peer, span<const byte> key)
+//   request async_put(remote_window&, size_t offset, span<const byte>)  done: in the peer's memory
+//   request async_get(remote_window&, size_t offset, span<byte>)        done: here
+//   bool prefers_one_sided(int peer) const     put/get beat tagged messages to that peer
+template <class T>
+concept one_sided_transport =
+    transport<T> && requires(T& t, const T& ct, int peer, std::size_t offset, std::span<std::byte> memory,
+                             std::span<const std::byte> bytes, typename T::memory_window& window,
+                             typename T::remote_window& remote) {
+      { t.expose(memory) } -> std::same_as<typename T::memory_window>;
+      { std::as_const(window).key() } -> std::convertible_to<std::span<const std::byte>>;
+      { t.attach(peer, bytes) } -> std::same_as<typename T::remote_window>;
+      { t.async_put(remote, offset, bytes) } -> std::same_as<typename T::request>;
+      { t.async_get(remote, offset, memory) } -> std::same_as<typename T::request>;
+      { ct.prefers_one_sided(peer) } -> std::convertible_to<bool>;
+    };
 
 namespace detail {
 // Stands in for the callback strategy<> hands an aggregation: apply(i, grad, scale)

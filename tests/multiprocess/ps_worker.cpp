@@ -123,11 +123,11 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
     std::uint64_t max_staleness = st.staleness.empty() ? 0 : st.staleness.size() - 1;
     const std::string lost = join(std::vector<std::uint64_t>(st.lost_workers.begin(), st.lost_workers.end()));
     std::printf("rank %d: STATS resumed=%llu version=%llu applied=%llu dropped=%llu pushes=%s dropped_by=%s "
-                "max_staleness=%llu max_lead=%llu lost=%s\n",
+                "max_staleness=%llu max_lead=%llu lost=%s one_sided=%llu\n",
                 spec.rank, (unsigned long long)st.resumed_from, (unsigned long long)st.version,
                 (unsigned long long)st.applied, (unsigned long long)st.dropped, join(st.pushes).c_str(),
                 join(st.dropped_by).c_str(), (unsigned long long)max_staleness, (unsigned long long)st.max_lead,
-                lost.c_str());
+                lost.c_str(), (unsigned long long)st.one_sided);
     std::uint64_t pushes = 0;
     for (auto x : st.pushes) pushes += x;
     if (st.applied + st.dropped != pushes) fail("applied + dropped != gradients received");

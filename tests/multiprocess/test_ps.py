@@ -15,6 +15,7 @@ import time
 import unittest
 
 LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
+PATH = os.environ.get("GRADWIRE_TEST_PS_PATH", "")  # one-sided, tagged, or unchecked
 
 
 def run(workers, servers, *args, keep_going=False, bound=120):
@@ -52,10 +53,16 @@ class ParameterServer(unittest.TestCase):
         return lines, out
 
     def pushes_match(self, lines, workers, servers):
-        """Each server received exactly the gradients each worker says it pushed."""
+        """Each server received exactly the gradients each worker says it pushed, by the
+        path the transport should take (GRADWIRE_TEST_PS_PATH: one-sided or tagged)."""
         pushed = [int(re.search(r"pushes=(\d+)", " ".join(lines[w])).group(1)) for w in range(workers)]
         for s in range(workers, workers + servers):
             self.assertEqual(counts(stats(lines, s)["pushes"]), pushed)
+            one_sided = int(stats(lines, s)["one_sided"])
+            if PATH == "one-sided":
+                self.assertEqual(one_sided, sum(pushed), "every push should go through the server's window")
+            elif PATH == "tagged":
+                self.assertEqual(one_sided, 0, "no push should go through a window")
         return pushed
 
     def test_sync_equals_all_reduce(self):

@@ -7,7 +7,11 @@
 // A server owns its pieces' values and optimizer state and applies every update.
 //
 // A worker's step pushes its gradient (one message per server with that server's
-// pieces) and pulls the parameters back; both are non-blocking, with handles. The mode
+// pieces) and pulls the parameters back; both are non-blocking, with handles. Over a
+// transport with one-sided access (concepts::one_sided_transport, e.g. UCX between
+// processes of one machine) to a server it prefers it for, each server exposes one
+// landing zone per worker: the worker puts its gradient there and gets the parameters
+// from there, and only small request and reply headers travel as messages. The mode
 // decides when a server applies gradients and when it answers a pull:
 //   ps::sync               one gradient from every live worker, then one update (mean);
 //   ps::backup_workers<b>  a step closes after the first N-b gradients; gradients that
@@ -35,6 +39,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -126,6 +131,7 @@ struct server_stats {
   std::uint64_t updates = 0;        // optimizer updates applied
   std::uint64_t applied = 0;        // gradients applied (sync: part of a closed step)
   std::uint64_t dropped = 0;        // gradients dropped (backup workers: late for a closed step)
+  std::uint64_t one_sided = 0;      // gradients a worker put into this server's window (the rest came as messages)
   std::vector<std::uint64_t> pushes;            // per worker: gradients received
   std::vector<std::uint64_t> dropped_by;        // per worker: of those, dropped
   std::vector<std::uint64_t> staleness;         // histogram: staleness[k] = applied gradients of staleness k
@@ -179,13 +185,29 @@ namespace detail {
 // the 48 bits every transport carries.
 inline constexpr std::uint64_t tag_base = std::uint64_t{0xF5} << 40;
 inline constexpr std::uint64_t request_tag = tag_base | 1, gradient_tag = tag_base | 2, reply_tag = tag_base | 3;
+inline constexpr std::uint64_t window_size_tag = tag_base | 4, window_key_tag = tag_base | 5;
+
+// request_header::flags. push: the gradient is already in the worker's landing zone of
+// the server's window; pull: answer with the reply header only, the worker gets the
+// parameters from the window.
+inline constexpr std::uint32_t in_window = 1;
+
+// A server's window: per worker, [reply header][its shard's parameters] then [gradient],
+// each block 64-byte aligned. Both sides compute it from the plan.
+struct window_layout {
+  std::size_t reply_bytes = 0, gradient_bytes = 0;
+  static constexpr std::size_t round_up(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
+  std::size_t stride() const noexcept { return round_up(reply_bytes) + round_up(gradient_bytes); }
+  std::size_t reply(int worker) const noexcept { return static_cast<std::size_t>(worker) * stride(); }
+  std::size_t gradient(int worker) const noexcept { return reply(worker) + round_up(reply_bytes); }
+};
 
 enum class request_kind : std::uint32_t { push = 1, pull = 2, done = 3 };
 
 // Worker -> server, before a push's gradient or as a pull.
 struct request_header {
   request_kind kind{};
-  std::uint32_t reserved = 0;
+  std::uint32_t flags = 0;    // in_window
   std::uint64_t version = 0;  // push: the version its parameters came from; pull: the least version wanted
   std::uint64_t clock = 0;    // the worker's pushes so far (this one included)
   std::uint64_t updates = 0;  // push: the server's update count when the worker pulled
@@ -267,6 +289,7 @@ class parameter_server {
       if (Mode::on_arrival)  // async: workers may die; servers are never tolerated
         for (int r = 0; r < first_server(n); ++r)
           if (r != comm.rank()) comm.transport().tolerate_loss(r);
+    if constexpr (concepts::one_sided_transport<Tr>) share_windows<V>(comm);
     if (!is_server(comm.rank(), n)) {
       auto pulled = pull(comm, params);
       pulled.wait();
@@ -315,6 +338,7 @@ class parameter_server {
       for (auto& r : requests_)
         if (r) wrap_server_loss([&] { comm_->transport().wait(r, until_); });
       requests_.clear();
+      if constexpr (concepts::one_sided_transport<Tr>) ps_->get_parameters(*comm_, params_, until_);
       ps_->take_replies(comm_->rank(), params_);
     }
 
@@ -326,21 +350,25 @@ class parameter_server {
     deadline until_;
   };
 
+  // Over one-sided access it returns once the gradient is in the servers' memory.
   template <class Tr, class V>
   push_handle<Tr> push(collective::communicator<Tr>& comm, std::span<const std::span<const V>> grads) {
     auto& t = comm.transport();
     const int first = first_server(comm.size());
     ++clock_;
+    if constexpr (concepts::one_sided_transport<Tr>) put_gradients(comm, grads);
     std::vector<typename Tr::request> sends;
     sends.reserve(2 * static_cast<std::size_t>(options_.servers));
     for (int s = 0; s < options_.servers; ++s) {
       if (shard_elements_[static_cast<std::size_t>(s)] == 0) continue;  // a server with nothing of this model
       auto& link = links_[static_cast<std::size_t>(s)];
+      const std::uint32_t flags = link.put_clock == clock_ ? ps::detail::in_window : 0;
+      link.push = {ps::detail::request_kind::push, flags, link.version, clock_, link.updates};
+      sends.push_back(t.async_send(first + s, ps::detail::request_tag, ps::detail::bytes_of(link.push)));
+      if (flags) continue;
       V* out = reinterpret_cast<V*>(link.gradient.data());
       for (const auto& p : shard_pieces_[static_cast<std::size_t>(s)])
         out = std::copy_n(grads[p.tensor].data() + p.begin, p.size(), out);
-      link.push = {ps::detail::request_kind::push, 0, link.version, clock_, link.updates};
-      sends.push_back(t.async_send(first + s, ps::detail::request_tag, ps::detail::bytes_of(link.push)));
       sends.push_back(t.async_send(first + s, ps::detail::gradient_tag,
                                    {link.gradient.data(), shard_elements_[static_cast<std::size_t>(s)] * sizeof(V)}));
     }
@@ -358,10 +386,10 @@ class parameter_server {
       auto& link = links_[static_cast<std::size_t>(s)];
       // Sync modes: the step after the one this worker's gradient went into.
       const std::uint64_t wanted = (!Mode::on_arrival && clock_ > 0) ? link.version + 1 : 0;
-      link.pull = {ps::detail::request_kind::pull, 0, wanted, clock_, 0};
+      link.pull = {ps::detail::request_kind::pull, link.remote ? ps::detail::in_window : 0, wanted, clock_, 0};
+      const std::size_t parameters = link.remote ? 0 : shard_elements_[static_cast<std::size_t>(s)] * sizeof(V);
       requests.push_back(t.async_recv(first + s, ps::detail::reply_tag,
-                                      {link.reply.data(), sizeof(ps::detail::reply_header) +
-                                                              shard_elements_[static_cast<std::size_t>(s)] * sizeof(V)}));
+                                      {link.reply.data(), sizeof(ps::detail::reply_header) + parameters}));
       requests.push_back(t.async_send(first + s, ps::detail::request_tag, ps::detail::bytes_of(link.pull)));
     }
     return pull_handle<Tr, V>(*this, comm, params, std::move(requests), deadline_after(options_.timeout));
@@ -393,6 +421,12 @@ class parameter_server {
     aligned_buffer<std::byte> gradient, reply;
     ps::detail::request_header push, pull;
     std::uint64_t version = 0, updates = 0;
+    // One-sided access: the server's window (a Tr::remote_window), set when the transport
+    // prefers it to that server; the clock of the latest gradient put there, and of the
+    // latest one the server is known to have taken (a reply to a later pull): a gradient
+    // goes into the window only when the one before it was taken.
+    std::shared_ptr<void> remote;
+    std::uint64_t put_clock = 0, taken_clock = 0;
   };
 
   template <class F>
@@ -420,6 +454,7 @@ class parameter_server {
     }
     links_.clear();
     links_.resize(static_cast<std::size_t>(options_.servers));
+    window_.reset();
     for (std::size_t s = 0; s < links_.size(); ++s) {
       links_[s].gradient.reserve_discard(shard_elements_[s] * sizeof(V));
       links_[s].reply.reserve_discard(sizeof(ps::detail::reply_header) + shard_elements_[s] * sizeof(V));
@@ -435,11 +470,14 @@ class parameter_server {
       if (shard_elements_[s] == 0) continue;
       ps::detail::reply_header h;
       std::memcpy(&h, links_[s].reply.data(), sizeof h);
-      const V* in = reinterpret_cast<const V*>(links_[s].reply.data() + sizeof h);
-      for (const auto& p : shard_pieces_[s]) {
-        std::copy_n(in, p.size(), params[p.tensor].data() + p.begin);
-        in += p.size();
+      if (!links_[s].remote) {  // one-sided: get_parameters() put them in place
+        const V* in = reinterpret_cast<const V*>(links_[s].reply.data() + sizeof h);
+        for (const auto& p : shard_pieces_[s]) {
+          std::copy_n(in, p.size(), params[p.tensor].data() + p.begin);
+          in += p.size();
+        }
       }
+      links_[s].taken_clock = std::max(links_[s].taken_clock, links_[s].pull.clock);
       links_[s].version = h.version;
       links_[s].updates = h.updates;
       least = std::min(least, h.version);
@@ -456,6 +494,101 @@ class parameter_server {
     lost_ = std::max(lost_, lost);
   }
 
+  template <class V>
+  ps::detail::window_layout layout(int server) const {
+    const std::size_t elements = shard_elements_[static_cast<std::size_t>(server)];
+    return {sizeof(ps::detail::reply_header) + elements * sizeof(V), elements * sizeof(V)};
+  }
+
+  // Servers expose their windows and send each worker the key; workers attach the
+  // windows of the servers their transport prefers one-sided access to. Collective.
+  template <class V, class Tr>
+  void share_windows(collective::communicator<Tr>& comm) {
+    namespace d = ps::detail;
+    auto& t = comm.transport();
+    const int n = comm.size(), me = comm.rank(), workers = first_server(n);
+    const auto until = deadline_after(options_.timeout);
+    if (is_server(me, n)) {
+      const int server = me - workers;
+      if (shard_elements_[static_cast<std::size_t>(server)] == 0) return;
+      const auto zones = layout<V>(server);
+      window_memory_.reserve_discard(zones.stride() * static_cast<std::size_t>(workers));
+      auto window = std::make_shared<typename Tr::memory_window>(
+          t.expose({window_memory_.data(), zones.stride() * static_cast<std::size_t>(workers)}));
+      const auto key = window->key();
+      const std::uint64_t key_size = key.size();
+      std::vector<typename Tr::request> sends;
+      for (int w = 0; w < workers; ++w) {
+        sends.push_back(t.async_send(w, d::window_size_tag, d::bytes_of(key_size)));
+        sends.push_back(t.async_send(w, d::window_key_tag, key));
+      }
+      for (auto& r : sends) t.wait(r, until);
+      window_ = std::move(window);
+      return;
+    }
+    for (int s = 0; s < options_.servers; ++s) {
+      if (shard_elements_[static_cast<std::size_t>(s)] == 0) continue;
+      std::uint64_t key_size = 0;
+      auto size_message = t.async_recv(workers + s, d::window_size_tag, d::writable_bytes_of(key_size));
+      wrap_server_loss([&] { t.wait(size_message, until); });
+      if (key_size == 0 || key_size > (std::uint64_t{1} << 20))
+        throw error(errc::protocol, "parameter_server: server rank " + std::to_string(workers + s) +
+                                        " sent a window key of " + std::to_string(key_size) + " bytes");
+      std::vector<std::byte> key(key_size);
+      auto key_message = t.async_recv(workers + s, d::window_key_tag, key);
+      wrap_server_loss([&] { t.wait(key_message, until); });
+      auto& link = links_[static_cast<std::size_t>(s)];
+      link.remote.reset();
+      if (!t.prefers_one_sided(workers + s)) continue;
+      auto remote = std::make_shared<typename Tr::remote_window>(t.attach(workers + s, key));
+      if (remote->size() < layout<V>(s).stride() * static_cast<std::size_t>(workers))
+        throw error(errc::mismatch, "parameter_server: server rank " + std::to_string(workers + s) +
+                                        "'s window is smaller than this model's shard needs: do all ranks train "
+                                        "the same model?");
+      link.remote = std::move(remote);
+    }
+  }
+
+  // Puts this worker's gradient into the windows of the servers that took the one
+  // before it, straight from the gradient tensors, and waits until it is there.
+  template <class Tr, class V>
+  void put_gradients(collective::communicator<Tr>& comm, std::span<const std::span<const V>> grads) {
+    auto& t = comm.transport();
+    const auto until = deadline_after(options_.timeout);
+    std::vector<typename Tr::request> puts;
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      auto& link = links_[s];
+      if (!link.remote || shard_elements_[s] == 0 || link.taken_clock < link.put_clock) continue;
+      auto& remote = *std::static_pointer_cast<typename Tr::remote_window>(link.remote);
+      std::size_t at = layout<V>(static_cast<int>(s)).gradient(comm.rank());
+      for (const auto& p : shard_pieces_[s]) {
+        puts.push_back(t.async_put(remote, at, std::as_bytes(grads[p.tensor].subspan(p.begin, p.size()))));
+        at += p.size() * sizeof(V);
+      }
+      link.put_clock = clock_;
+    }
+    for (auto& r : puts) wrap_server_loss([&] { t.wait(r, until); });
+  }
+
+  // After the servers' reply headers: gets each shard's parameters from the windows
+  // straight into the parameter tensors.
+  template <class Tr, class V>
+  void get_parameters(collective::communicator<Tr>& comm, std::span<const std::span<V>> params, deadline until) {
+    auto& t = comm.transport();
+    std::vector<typename Tr::request> gets;
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      auto& link = links_[s];
+      if (!link.remote || shard_elements_[s] == 0) continue;
+      auto& remote = *std::static_pointer_cast<typename Tr::remote_window>(link.remote);
+      std::size_t at = layout<V>(static_cast<int>(s)).reply(comm.rank()) + sizeof(ps::detail::reply_header);
+      for (const auto& p : shard_pieces_[s]) {
+        gets.push_back(t.async_get(remote, at, std::as_writable_bytes(params[p.tensor].subspan(p.begin, p.size()))));
+        at += p.size() * sizeof(V);
+      }
+    }
+    for (auto& r : gets) wrap_server_loss([&] { t.wait(r, until); });
+  }
+
   ps::options options_;
   std::vector<ps::piece> pieces_;
   std::vector<std::vector<ps::piece>> shard_pieces_;  // [server], in (tensor, begin) order
@@ -465,6 +598,9 @@ class parameter_server {
   std::uint64_t min_version_ = 0, applied_ = 0;
   std::uint32_t lost_ = 0;
   bool finished_ = false;
+  // A server's window (a Tr::memory_window over window_memory_), when its transport has one-sided access.
+  aligned_buffer<std::byte> window_memory_;
+  std::shared_ptr<void> window_;
 };
 
 }  // namespace aggregation

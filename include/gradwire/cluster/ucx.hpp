@@ -9,7 +9,7 @@ namespace gradwire::cluster {
 
 // The UCX transport's settings for `spec`. gradwire reads GRADWIRE_TIMEOUT (seconds to
 // join) and GRADWIRE_POLL_US as for TCP, GRADWIRE_UCX_PEER_ERRORS=0 and
-// GRADWIRE_UCX_BULK_BYTES (see ucx_options); UCX reads its own environment (UCX_TLS,
+// GRADWIRE_UCX_BULK_BYTES, GRADWIRE_UCX_ONE_SIDED=auto|on|off (see ucx_options); UCX reads its own environment (UCX_TLS,
 // UCX_NET_DEVICES, ...; see docs/transports.md).
 inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lookup& env = process_env) {
   transport::ucx_options o;
@@ -24,6 +24,13 @@ inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lo
       std::chrono::microseconds(integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
   o.peer_error_handling = env("GRADWIRE_UCX_PEER_ERRORS").value_or("1") != "0";
   o.bulk_bytes = static_cast<std::size_t>(integer_from(env, "GRADWIRE_UCX_BULK_BYTES", static_cast<long long>(o.bulk_bytes), 1LL << 40));
+  if (const auto one_sided = env("GRADWIRE_UCX_ONE_SIDED")) {
+    using use = transport::ucx_options::one_sided_use;
+    if (*one_sided == "auto") o.one_sided = use::automatic;
+    else if (*one_sided == "on" || *one_sided == "1") o.one_sided = use::always;
+    else if (*one_sided == "off" || *one_sided == "0") o.one_sided = use::never;
+    else throw error(errc::config, "GRADWIRE_UCX_ONE_SIDED=" + *one_sided + ": expected auto, on or off");
+  }
   return o;
 }
 

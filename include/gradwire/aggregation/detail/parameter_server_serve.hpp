@@ -31,9 +31,12 @@ struct worker_slot {
   Request control;                    // posted receive of the worker's next request
   ps::detail::request_header header;  // ... lands here
   Request reply_send;                 // the latest reply, until it is known to be sent
-  aligned_buffer<std::byte> reply;
+  aligned_buffer<std::byte> own_reply;
+  std::byte* reply = nullptr;         // [reply header][parameters]: own_reply, or its block of the window
+  const std::byte* window_gradient = nullptr;  // where its one-sided pushes land (nullptr: no window)
   bool live = true;                   // neither finished nor lost
   bool pull_waiting = false;
+  bool pull_in_window = false;        // answer with the header only: it gets the parameters itself
   std::uint64_t pull_least = 0;       // sync modes: the least version the pull wants
   std::uint64_t clock = 0;            // gradients received (from the resumed version on)
 };
@@ -92,9 +95,17 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
   stats.pushes.assign(static_cast<std::size_t>(workers), 0);
   stats.dropped_by.assign(static_cast<std::size_t>(workers), 0);
   std::vector<d::worker_slot<typename Tr::request>> slots(static_cast<std::size_t>(workers));
-  for (auto& w : slots) {
-    w.clock = stats.version;
-    w.reply.reserve_discard(sizeof(d::reply_header) + elements * sizeof(V));
+  const auto zones = layout<V>(static_cast<int>(server));
+  for (int w = 0; w < workers; ++w) {
+    auto& slot = slots[w];
+    slot.clock = stats.version;
+    if (window_) {  // share_windows() exposed it: replies and one-sided pushes live there
+      slot.reply = window_memory_.data() + zones.reply(w);
+      slot.window_gradient = window_memory_.data() + zones.gradient(w);
+    } else {
+      slot.own_reply.reserve_discard(zones.reply_bytes);
+      slot.reply = slot.own_reply.data();
+    }
   }
   int active = workers;
   const auto wait_deadline = [&] { return deadline_after(options_.timeout); };
@@ -151,30 +162,45 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     ++stats.pushes[w];
     ++slot.clock;
     const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(incoming.data()), elements * sizeof(V));
-    if constexpr (Mode::on_arrival) {
-      auto r = t.async_recv(w, d::gradient_tag, bytes);
+    const bool in_window = (h.flags & d::in_window) != 0;
+    if (in_window && !slot.window_gradient)
+      throw error(errc::protocol, who + ": worker rank " + std::to_string(w) +
+                                      " pushed into a window this server does not have");
+    // A one-sided push is already here; a tagged one is received now.
+    const std::span<const V> landed(reinterpret_cast<const V*>(slot.window_gradient), in_window ? elements : 0);
+    stats.one_sided += in_window ? 1 : 0;
+    auto receive_into = [&](std::span<std::byte> into) {
+      if (in_window) return;
+      auto r = t.async_recv(w, d::gradient_tag, into);
       t.wait(r, wait_deadline());
+    };
+    if constexpr (Mode::on_arrival) {
+      receive_into(bytes);
       const std::uint64_t lag = stats.updates - std::min(stats.updates, h.updates);
       d::record(stats.staleness, stats.version - std::min(stats.version, h.version));
       d::record(stats.update_lag, lag);
-      apply(incoming, options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1));
+      apply(in_window ? landed : std::span<const V>(incoming),
+            options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1));
       ++stats.applied;
       advance_clock();
     } else if (h.version < stats.version) {  // late: its step has closed without it
-      auto r = t.async_recv(w, d::gradient_tag, bytes);
-      t.wait(r, wait_deadline());
+      receive_into(bytes);
       ++stats.dropped;
       ++stats.dropped_by[w];
     } else {
-      auto r = [&] {
-        if constexpr (concepts::accumulating_transport<Tr, V>)
-          return t.async_recv_accumulate(w, d::gradient_tag, std::span<V>(sum));
-        else
-          return t.async_recv(w, d::gradient_tag, bytes);
-      }();
-      t.wait(r, wait_deadline());
-      if constexpr (!concepts::accumulating_transport<Tr, V>)
-        for (std::size_t i = 0; i < elements; ++i) sum[i] += incoming[i];
+      if (in_window) {
+        for (std::size_t i = 0; i < elements; ++i) sum[i] += landed[i];
+      } else {
+        auto r = [&] {
+          if constexpr (concepts::accumulating_transport<Tr, V>)
+            return t.async_recv_accumulate(w, d::gradient_tag, std::span<V>(sum));
+          else
+            return t.async_recv(w, d::gradient_tag, bytes);
+        }();
+        t.wait(r, wait_deadline());
+        if constexpr (!concepts::accumulating_transport<Tr, V>)
+          for (std::size_t i = 0; i < elements; ++i) sum[i] += incoming[i];
+      }
       d::record(stats.staleness, 0);
       d::record(stats.update_lag, 0);
       ++stats.applied;
@@ -188,10 +214,12 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     if (slot.reply_send) t.wait(slot.reply_send, wait_deadline());  // the worker took it before asking again
     d::reply_header h{stats.version, stats.updates, stats.applied, static_cast<std::uint32_t>(stats.lost_workers.size()),
                       stats.lost_workers.empty() ? -1 : stats.lost_workers.back()};
-    std::memcpy(slot.reply.data(), &h, sizeof h);
-    V* out = reinterpret_cast<V*>(slot.reply.data() + sizeof h);
+    std::memcpy(slot.reply, &h, sizeof h);
+    V* out = reinterpret_cast<V*>(slot.reply + sizeof h);
     for (const auto& tensor : shard.tensors) out = std::copy(tensor.begin(), tensor.end(), out);
-    slot.reply_send = t.async_send(w, d::reply_tag, {slot.reply.data(), sizeof h + elements * sizeof(V)});
+    // One-sided: the worker gets the parameters from the window after this header (and
+    // asks again only once it has them, so they stay until then).
+    slot.reply_send = t.async_send(w, d::reply_tag, {slot.reply, sizeof h + (slot.pull_in_window ? 0 : elements * sizeof(V))});
     slot.pull_waiting = false;
   };
   auto answer_pulls = [&] {
@@ -233,7 +261,11 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
           post_control(static_cast<int>(w));
           break;
         case d::request_kind::pull:
+          if ((slot.header.flags & d::in_window) && !slot.window_gradient)
+            throw error(errc::protocol, who + ": worker rank " + std::to_string(w) +
+                                            " asked for a one-sided pull from a window this server does not have");
           slot.pull_waiting = true;
+          slot.pull_in_window = (slot.header.flags & d::in_window) != 0;
           slot.pull_least = slot.header.version;
           post_control(static_cast<int>(w));
           break;

@@ -4,12 +4,15 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -89,6 +92,19 @@ inline bool ucx_tls_allows(std::initializer_list<const char*> names) {
 
 inline bool ucx_may_use_shared_memory() { return ucx_tls_allows({"sm", "shm", "mm", "posix", "sysv"}); }
 inline bool ucx_may_use_tcp() { return ucx_tls_allows({"tcp"}); }
+
+// Names this machine (its host name and this boot), so that ranks can tell which peers
+// share it: FNV-1a over both.
+inline std::uint64_t ucx_host_id() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::string& part : {std::string(name), boot})
+    for (const char c : part) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
 
 // Sleeps until the worker's event fd signals or `timeout` passes.
 inline void wait_for_event(int fd, std::chrono::milliseconds timeout) {
