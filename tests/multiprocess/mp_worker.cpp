@@ -2,6 +2,7 @@
 //
 //   mp_worker collectives | bucketing | async | train       correctness against float64 references
 //   mp_worker kill K | mismatch KIND | wrong-token K | join   failure behaviour
+//   mp_worker_ucx one-sided                                  put / get against values computed from ranks
 //
 // Every rank prints "rank R: PASS ..." and exits 0 when its part holds, or prints
 // "rank R: FAIL ..." / the error and exits 1. Failure cases expect a specific error and
@@ -384,6 +385,111 @@ void point_to_point(transport_type& t) {
   std::printf("rank %d: PASS point-to-point\n", t.rank());
 }
 
+#if GRADWIRE_TEST_UCX
+// One-sided access: every rank exposes [inbox: n floats][own: n floats], puts its values
+// into the next rank's inbox (one large put through the bulk endpoint, one small one
+// through the other) and gets the previous rank's own values (and 9 unaligned bytes of
+// its inbox); everything is checked against values computed from the owner's rank.
+// Bounds and malformed keys are refused with clear errors.
+void one_sided(comm_type& c) {
+  auto& t = c.transport();
+  const int me = t.rank(), n = t.size(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  const std::size_t count = 1000003, small_at = 12345, small = 7;
+  auto value = [](int owner, std::size_t i, int salt) {
+    return static_cast<float>(mix(static_cast<std::uint64_t>(owner) * 1000003u + i + 77u * salt) % 100000) / 8.0f;
+  };
+  const float poison = -1.0f;
+  std::vector<float> window(2 * count, poison), mine(count), small_values(small);
+  for (std::size_t i = 0; i < count; ++i) window[count + i] = mine[i] = value(me, i, 0);
+  for (std::size_t i = 0; i < small; ++i) small_values[i] = value(me, i, 1);
+  auto exposed = t.expose(std::as_writable_bytes(std::span<float>(window)));
+
+  const auto until = [] { return gw::deadline_after(std::chrono::seconds(30)); };
+  const std::uint64_t key_size = exposed.key().size();
+  std::vector<transport_type::request> sends;
+  for (int r = 0; r < n; ++r)
+    if (r != me) {
+      sends.push_back(t.async_send(r, 900, std::as_bytes(std::span(&key_size, 1))));
+      sends.push_back(t.async_send(r, 901, exposed.key()));
+    }
+  std::uint64_t next_key_size = 0, prev_key_size = 0;
+  auto r1 = t.async_recv(next, 900, std::as_writable_bytes(std::span(&next_key_size, 1)));
+  t.wait(r1, until());
+  std::vector<std::byte> next_key(next_key_size);
+  auto r2 = t.async_recv(next, 901, next_key);
+  t.wait(r2, until());
+  std::vector<std::byte> prev_key;
+  if (prev != next) {
+    auto r3 = t.async_recv(prev, 900, std::as_writable_bytes(std::span(&prev_key_size, 1)));
+    t.wait(r3, until());
+    prev_key.resize(prev_key_size);
+    auto r4 = t.async_recv(prev, 901, prev_key);
+    t.wait(r4, until());
+  } else {
+    prev_key = next_key;
+  }
+  for (int r = 0; r < n; ++r)  // the keys of the ranks that are neither neighbour
+    if (r != me && r != next && r != prev) {
+      std::uint64_t size = 0;
+      auto a = t.async_recv(r, 900, std::as_writable_bytes(std::span(&size, 1)));
+      t.wait(a, until());
+      std::vector<std::byte> key(size);
+      auto b = t.async_recv(r, 901, key);
+      t.wait(b, until());
+    }
+  for (auto& r : sends) t.wait(r, until());
+
+  auto to_next = t.attach(next, next_key);
+  auto from_prev = t.attach(prev, prev_key);
+  if (to_next.size() != 2 * count * sizeof(float)) fail("the attached window's size");
+  auto big = t.async_put(to_next, 0, std::as_bytes(std::span<const float>(mine)));
+  t.wait(big, until());
+  auto little = t.async_put(to_next, small_at * sizeof(float), std::as_bytes(std::span<const float>(small_values)));
+  t.wait(little, until());
+  std::vector<float> got(count, poison);
+  auto g = t.async_get(from_prev, count * sizeof(float), std::as_writable_bytes(std::span<float>(got)));
+  t.wait(g, until());
+  for (std::size_t i = 0; i < count; ++i)
+    if (got[i] != value(prev, i, 0)) fail("get: element " + std::to_string(i) + " of rank " + std::to_string(prev));
+
+  col::barrier(c);  // every rank has put into its neighbour's inbox
+  for (std::size_t i = 0; i < count; ++i) {
+    const bool in_small = i >= small_at && i < small_at + small;
+    const float want = in_small ? value(prev, i - small_at, 1) : value(prev, i, 0);
+    if (window[i] != want) fail("put: inbox element " + std::to_string(i) + " from rank " + std::to_string(prev));
+  }
+  {  // 9 bytes from byte 3 of the small values the rank before prev put into prev's inbox
+    const int pp = (prev + n - 1) % n;
+    const float first[3] = {value(pp, 0, 1), value(pp, 1, 1), value(pp, 2, 1)};
+    std::byte got_bytes[9];
+    auto r = t.async_get(from_prev, small_at * sizeof(float) + 3, got_bytes);
+    t.wait(r, until());
+    if (std::memcmp(got_bytes, reinterpret_cast<const std::byte*>(first) + 3, 9) != 0) fail("get: 9 unaligned bytes");
+  }
+
+  auto refused = [&](gw::errc want, const std::string& text, const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const gw::error& e) {
+      if (e.kind() == want && std::string(e.what()).find(text) != std::string::npos) return;
+      fail(std::string("unexpected error: ") + e.what());
+    }
+    fail("no error for " + text);
+  };
+  refused(gw::errc::invalid_argument, "do not fit", [&] {
+    auto r = t.async_put(to_next, 2 * count * sizeof(float) - 4, std::as_bytes(std::span<const float>(mine).first(2)));
+  });
+  refused(gw::errc::invalid_argument, "do not fit", [&] {
+    auto r = t.async_get(from_prev, std::size_t{1} << 40, std::as_writable_bytes(std::span<float>(got).first(1)));
+  });
+  refused(gw::errc::protocol, "malformed", [&] { t.attach(next, std::span<const std::byte>(next_key).first(3)); });
+  refused(gw::errc::invalid_argument, "empty window", [&] { t.expose({}); });
+  refused(gw::errc::invalid_argument, "not in the job", [&] { t.attach(n, next_key); });
+  col::barrier(c);  // nobody's window goes while a peer may still read it
+  std::printf("rank %d: PASS one-sided\n", me);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -421,6 +527,13 @@ int main(int argc, char** argv) {
       col::barrier(c);
       return 0;
     }
+#if GRADWIRE_TEST_UCX
+    if (mode == "one-sided") {
+      comm_type c(join());
+      one_sided(c);
+      return 0;
+    }
+#endif
     if (mode == "join") {  // joining only (used for port-in-use)
       auto t = join();
       std::printf("rank %d: PASS join\n", spec.rank);
@@ -433,7 +546,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") kill_rank(comm, std::stoi(arg));
     else if (mode == "mismatch") mismatch(comm, arg);
     else {
-      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join\n");
+      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join|one-sided (UCX)\n");
       return 2;
     }
     col::barrier(comm);

@@ -57,6 +57,12 @@ class Correctness(unittest.TestCase):
     def test_point_to_point_out_of_order_and_size_mismatch(self):
         self.check_pass(2, "point-to-point")
 
+    @unittest.skipUnless("ucx" in os.path.basename(WORKER), "one-sided access is a UCX transport capability")
+    def test_one_sided_put_and_get(self):
+        for n in (2, 3):
+            with self.subTest(ranks=n):
+                self.check_pass(n, "one-sided")
+
     def test_multi_worker_mirrored_equals_one_device_large_batch(self):
         for n, opt in ((2, "sgd"), (3, "momentum"), (4, "adam"), (3, "central-momentum"), (3, "local-sgd")):
             with self.subTest(ranks=n, optimizer=opt):
