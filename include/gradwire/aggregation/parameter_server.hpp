@@ -500,8 +500,10 @@ class parameter_server {
     return {sizeof(ps::detail::reply_header) + elements * sizeof(V), elements * sizeof(V)};
   }
 
-  // Servers expose their windows and send each worker the key; workers attach the
-  // windows of the servers their transport prefers one-sided access to. Collective.
+  // Servers expose their windows and send each worker the key (an empty one when the
+  // server's transport prefers messages to every worker, so no memory is registered for
+  // nothing); workers attach the windows of the servers their transport prefers
+  // one-sided access to. Collective.
   template <class V, class Tr>
   void share_windows(collective::communicator<Tr>& comm) {
     namespace d = ps::detail;
@@ -511,16 +513,22 @@ class parameter_server {
     if (is_server(me, n)) {
       const int server = me - workers;
       if (shard_elements_[static_cast<std::size_t>(server)] == 0) return;
-      const auto zones = layout<V>(server);
-      window_memory_.reserve_discard(zones.stride() * static_cast<std::size_t>(workers));
-      auto window = std::make_shared<typename Tr::memory_window>(
-          t.expose({window_memory_.data(), zones.stride() * static_cast<std::size_t>(workers)}));
-      const auto key = window->key();
+      bool wanted = false;
+      for (int w = 0; w < workers; ++w) wanted = wanted || t.prefers_one_sided(w);
+      std::shared_ptr<typename Tr::memory_window> window;
+      std::span<const std::byte> key;
+      if (wanted) {
+        const auto zones = layout<V>(server);
+        window_memory_.reserve_discard(zones.stride() * static_cast<std::size_t>(workers));
+        window = std::make_shared<typename Tr::memory_window>(
+            t.expose({window_memory_.data(), zones.stride() * static_cast<std::size_t>(workers)}));
+        key = window->key();
+      }
       const std::uint64_t key_size = key.size();
       std::vector<typename Tr::request> sends;
       for (int w = 0; w < workers; ++w) {
         sends.push_back(t.async_send(w, d::window_size_tag, d::bytes_of(key_size)));
-        sends.push_back(t.async_send(w, d::window_key_tag, key));
+        if (!key.empty()) sends.push_back(t.async_send(w, d::window_key_tag, key));
       }
       for (auto& r : sends) t.wait(r, until);
       window_ = std::move(window);
@@ -531,14 +539,15 @@ class parameter_server {
       std::uint64_t key_size = 0;
       auto size_message = t.async_recv(workers + s, d::window_size_tag, d::writable_bytes_of(key_size));
       wrap_server_loss([&] { t.wait(size_message, until); });
-      if (key_size == 0 || key_size > (std::uint64_t{1} << 20))
+      auto& link = links_[static_cast<std::size_t>(s)];
+      link.remote.reset();
+      if (key_size == 0) continue;  // the server has no window: messages only
+      if (key_size > (std::uint64_t{1} << 20))
         throw error(errc::protocol, "parameter_server: server rank " + std::to_string(workers + s) +
                                         " sent a window key of " + std::to_string(key_size) + " bytes");
       std::vector<std::byte> key(key_size);
       auto key_message = t.async_recv(workers + s, d::window_key_tag, key);
       wrap_server_loss([&] { t.wait(key_message, until); });
-      auto& link = links_[static_cast<std::size_t>(s)];
-      link.remote.reset();
       if (!t.prefers_one_sided(workers + s)) continue;
       auto remote = std::make_shared<typename Tr::remote_window>(t.attach(workers + s, key));
       if (remote->size() < layout<V>(s).stride() * static_cast<std::size_t>(workers))

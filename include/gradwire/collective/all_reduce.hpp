@@ -6,6 +6,7 @@
 
 #include "communicator.hpp"
 #include "halving_doubling_all_reduce.hpp"
+#include "one_shot_all_reduce.hpp"
 #include "ring_all_reduce.hpp"
 
 namespace gradwire::collective {
@@ -20,8 +21,9 @@ template <class Algorithm>
 inline constexpr bool is_all_reduce_algorithm_v = std::is_same_v<Algorithm, auto_> || std::is_same_v<Algorithm, ring> ||
                                                   std::is_same_v<Algorithm, halving_doubling>;
 
-// Algorithm: auto_ (halving-doubling below communicator_options::small_all_reduce_bytes,
-// ring from there on), ring or halving_doubling. Every rank must pass the same count.
+// Algorithm: auto_ (one round of frames up to one_shot_max_bytes over at most
+// one_shot_max_ranks ranks, halving-doubling below communicator_options::small_all_reduce_bytes,
+// the ring from there on), ring or halving_doubling. Every rank must pass the same count.
 template <class Algorithm = auto_, class Tr, class V>
 void all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   static_assert(is_all_reduce_algorithm_v<Algorithm>,
@@ -30,6 +32,8 @@ void all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce
     ring_all_reduce(comm, data, op);
   } else if constexpr (std::is_same_v<Algorithm, halving_doubling>) {
     halving_doubling_all_reduce(comm, data, op);
+  } else if (takes_one_shot(comm, std::span<const V>(data))) {
+    one_shot_all_reduce(comm, data, op);
   } else if (data.size_bytes() < comm.options().small_all_reduce_bytes) {
     halving_doubling_all_reduce(comm, data, op);
   } else {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -16,7 +17,7 @@ enum class operation : std::uint32_t { all_reduce = 1, broadcast, barrier, reduc
 enum class reduce_op : std::uint32_t { sum = 1, average };
 // Which all-reduce algorithm a rank runs: ranks that choose differently (e.g. different
 // auto_ thresholds) would exchange different messages, so the check compares it too.
-enum class algorithm_id : std::uint8_t { none = 0, ring, halving_doubling };
+enum class algorithm_id : std::uint8_t { none = 0, ring, halving_doubling, one_shot };
 
 inline const char* name_of(operation op) noexcept {
   switch (op) {
@@ -37,6 +38,7 @@ inline const char* name_of(algorithm_id a) noexcept {
     case algorithm_id::none: return "none";
     case algorithm_id::ring: return "ring";
     case algorithm_id::halving_doubling: return "halving_doubling";
+    case algorithm_id::one_shot: return "one_shot";
   }
   return "?";
 }
@@ -70,43 +72,77 @@ namespace detail {
 // Steps of an operation's tag space used by the check (data steps count up from 0).
 inline constexpr std::uint32_t verify_from_left = 0xfff0;
 inline constexpr std::uint32_t verify_from_right = 0xfff1;
+
+// Throws errc::mismatch naming both calls unless `theirs` (rank `peer`'s) equals `mine`;
+// only the two ranks see the disagreement, so it tells every rank first where the
+// transport can.
+template <class Tr>
+void check_same_call(Tr& t, std::uint64_t sequence, int me, int peer, const call_descriptor& mine,
+                     const call_descriptor& theirs) {
+  if (theirs == mine) return;
+  const std::string what = "collective mismatch: rank " + std::to_string(me) + " called " + mine.to_string() +
+                           " but rank " + std::to_string(peer) + " called " + theirs.to_string() + " (operation #" +
+                           std::to_string(sequence) + ")";
+  if constexpr (concepts::failable_transport<Tr>) t.fail(errc::mismatch, what);
+  throw error(errc::mismatch, what);
+}
 }  // namespace detail
 
-// Exchanges descriptors with both ring neighbours. If every rank agrees with its
-// neighbours, all ranks agree; if two neighbours disagree, both of them throw
+// The call check: descriptors exchanged with both ring neighbours. If every rank agrees
+// with its neighbours, all ranks agree; if two neighbours disagree, both of them throw
 // errc::mismatch naming both ranks and both calls. Transports that propagate a rank's
 // failure (inproc does) then fail the other ranks with that same mismatch: no hang.
+// Construction posts the exchange; finish() waits for it and checks, so an algorithm can
+// send its data meanwhile (one_shot_all_reduce). Not movable: UCX and the peers hold its buffers.
+template <class Tr>
+class call_check {
+ public:
+  call_check(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine)
+      : comm_(comm), sequence_(sequence), mine_(mine) {
+    const int n = comm.size(), me = comm.rank();
+    left_ = (me + n - 1) % n;
+    right_ = (me + 1) % n;
+    auto& t = comm.transport();
+    const auto mine_bytes = std::as_bytes(std::span(&mine_, 1));
+    from_left_request_.emplace(t.async_recv(left_, make_tag(sequence, detail::verify_from_left),
+                                            std::as_writable_bytes(std::span(&from_left_, 1))));
+    from_right_request_.emplace(t.async_recv(right_, make_tag(sequence, detail::verify_from_right),
+                                             std::as_writable_bytes(std::span(&from_right_, 1))));
+    to_right_.emplace(t.async_send(right_, make_tag(sequence, detail::verify_from_left), mine_bytes));
+    to_left_.emplace(t.async_send(left_, make_tag(sequence, detail::verify_from_right), mine_bytes));
+  }
+  call_check(const call_check&) = delete;
+  call_check& operator=(const call_check&) = delete;
+
+  void finish() {
+    auto& t = comm_.transport();
+    const auto until = comm_.step_deadline();
+    // Each neighbour's call is checked as soon as it arrives: a rank that fails withdraws
+    // its own pending operations, so waiting for both first could turn a mismatch into
+    // a lost peer.
+    t.wait(*from_left_request_, until);
+    detail::check_same_call(t, sequence_, comm_.rank(), left_, mine_, from_left_);
+    t.wait(*from_right_request_, until);
+    detail::check_same_call(t, sequence_, comm_.rank(), right_, mine_, from_right_);
+    t.wait(*to_right_, until);
+    t.wait(*to_left_, until);
+  }
+
+ private:
+  communicator<Tr>& comm_;
+  std::uint64_t sequence_;
+  call_descriptor mine_, from_left_, from_right_;
+  int left_ = 0, right_ = 0;
+  std::optional<typename Tr::request> from_left_request_, from_right_request_, to_right_, to_left_;
+};
+
+// Runs the call check (when the communicator's options ask for it) before an algorithm
+// exchanges any data.
 template <class Tr>
 void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine) {
-  const int n = comm.size();
-  if (n == 1 || !comm.options().verify) return;
-  const int me = comm.rank(), left = (me + n - 1) % n, right = (me + 1) % n;
-  call_descriptor from_left, from_right;
-  auto& t = comm.transport();
-  const auto mine_bytes = std::as_bytes(std::span(&mine, 1));
-  auto r1 = t.async_recv(left, make_tag(sequence, detail::verify_from_left), std::as_writable_bytes(std::span(&from_left, 1)));
-  auto r2 = t.async_recv(right, make_tag(sequence, detail::verify_from_right), std::as_writable_bytes(std::span(&from_right, 1)));
-  auto s1 = t.async_send(right, make_tag(sequence, detail::verify_from_left), mine_bytes);
-  auto s2 = t.async_send(left, make_tag(sequence, detail::verify_from_right), mine_bytes);
-  const auto until = comm.step_deadline();
-  // Each neighbour's call is checked as soon as it arrives: a rank that fails withdraws
-  // its own pending operations, so waiting for both first could turn a mismatch into
-  // a lost peer.
-  auto check = [&](int peer, const call_descriptor& theirs) {
-    if (theirs == mine) return;
-    const std::string what = "collective mismatch: rank " + std::to_string(me) + " called " + mine.to_string() +
-                             " but rank " + std::to_string(peer) + " called " + theirs.to_string() + " (operation #" +
-                             std::to_string(sequence) + ")";
-    // Only the neighbours see the disagreement: tell every rank, where the transport can.
-    if constexpr (concepts::failable_transport<Tr>) t.fail(errc::mismatch, what);
-    throw error(errc::mismatch, what);
-  };
-  t.wait(r1, until);
-  check(left, from_left);
-  t.wait(r2, until);
-  check(right, from_right);
-  t.wait(s1, until);
-  t.wait(s2, until);
+  if (comm.size() == 1 || !comm.options().verify) return;
+  call_check<Tr> check(comm, sequence, mine);
+  check.finish();
 }
 
 }  // namespace gradwire::collective

@@ -1,0 +1,83 @@
+// One-shot all-reduce for tiny buffers: one round of messages, the call check riding along.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "../concepts.hpp"
+#include "../kernels/host.hpp"
+#include "communicator.hpp"
+#include "verify.hpp"
+
+namespace gradwire::collective {
+
+// Latency is all a tiny all-reduce has: halving-doubling needs 2 log2 N rounds after the
+// call check's own round. Here every rank sends its data to every other rank while the
+// call check is under way, and adds what arrives: one round, N - 1 data messages each
+// way beside the check's two. The check is waited for first, so ranks that disagree
+// (another count, dtype or collective) get the check's mismatch naming both calls. Every
+// rank adds the N buffers in rank order, so all get the same bits.
+inline constexpr int one_shot_max_ranks = 8;
+inline constexpr std::size_t one_shot_max_bytes = 256;
+
+namespace detail {
+inline constexpr std::uint32_t one_shot_step = 0;
+}  // namespace detail
+
+// Whether all_reduce<auto_> takes the one-shot path: small enough in bytes and in ranks,
+// and over a transport whose requests can wait in an array. Every rank decides the same
+// way from the same (count, dtype); ranks that differ get the call check's mismatch.
+template <class Tr, class V>
+bool takes_one_shot(const communicator<Tr>& comm, std::span<const V> data) {
+  if constexpr (!std::is_default_constructible_v<typename Tr::request>) {
+    return false;
+  } else {
+    return comm.size() > 1 && comm.size() <= one_shot_max_ranks && data.size_bytes() <= one_shot_max_bytes;
+  }
+}
+
+template <class Tr, class V>
+void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
+  static_assert(std::is_default_constructible_v<typename Tr::request>,
+                "one_shot_all_reduce keeps its requests in an array: Tr::request must be default-constructible");
+  const std::uint64_t sequence = comm.begin_operation();
+  const int n = comm.size(), me = comm.rank();
+  if (data.size_bytes() > one_shot_max_bytes || n > one_shot_max_ranks)
+    throw error(errc::invalid_argument, "one_shot_all_reduce: at most " + std::to_string(one_shot_max_bytes) +
+                                            " bytes over at most " + std::to_string(one_shot_max_ranks) + " ranks");
+  if (n == 1) return;
+  std::optional<call_check<Tr>> check;
+  if (comm.options().verify)
+    check.emplace(comm, sequence,
+                  call_descriptor{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                                  algorithm_id::one_shot});
+  // Slot r holds rank r's data (this rank's own: a copy, as `data` receives the sum).
+  const std::span<V> slots = comm.template scratch<V>(data.size() * static_cast<std::size_t>(n));
+  auto slot = [&](int r) { return slots.subspan(data.size() * static_cast<std::size_t>(r), data.size()); };
+  std::copy(data.begin(), data.end(), slot(me).begin());
+
+  auto& t = comm.transport();
+  const auto tag = make_tag(sequence, detail::one_shot_step);
+  std::array<typename Tr::request, one_shot_max_ranks> receives, sends;
+  for (int r = 0; r < n; ++r)
+    if (r != me) receives[r] = t.async_recv(r, tag, std::as_writable_bytes(slot(r)));
+  for (int r = 0; r < n; ++r)
+    if (r != me) sends[r] = t.async_send(r, tag, std::as_bytes(std::span<const V>(slot(me))));
+  if (check) check->finish();
+  const auto until = comm.step_deadline();
+  for (int r = 0; r < n; ++r)
+    if (r != me) t.wait(receives[r], until), t.wait(sends[r], until);
+
+  std::copy_n(slot(0).data(), data.size(), data.data());
+  for (int r = 1; r < n; ++r) kernels::add(data.data(), slot(r).data(), data.size());
+  if (op == reduce_op::average) kernels::scale(data.data(), V(1) / V(n), data.size());
+}
+
+}  // namespace gradwire::collective
