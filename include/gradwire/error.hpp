@@ -15,6 +15,7 @@ enum class errc {
   auth,              // wrong job token
   config,            // missing or contradictory configuration
   invalid_argument,  // a bad value passed by the caller (negative lr, wrong size, ...)
+  device,            // the CUDA runtime failed (no device, out of memory, a kernel fault)
 };
 
 namespace detail {
@@ -30,6 +31,7 @@ class error_category_impl final : public std::error_category {
       case errc::auth: return "authentication failed";
       case errc::config: return "configuration error";
       case errc::invalid_argument: return "invalid argument";
+      case errc::device: return "device error";
     }
     return "unknown gradwire error";
   }

@@ -19,7 +19,9 @@ struct communicator_options {
   // Check that all ranks entered the same collective with the same count and dtype
   // (one small exchange with each ring neighbour per call).
   bool verify = true;
-  // all_reduce<auto_> runs recursive halving-doubling (2 log2 N latency-bound steps)
+  // all_reduce<auto_> runs the one-shot exchange up to one_shot_max_bytes over at most
+  // one_shot_max_ranks ranks (one_shot_all_reduce.hpp), recursive halving-doubling (2 log2 N
+  // latency-bound steps)
   // for buffers smaller than this, and the ring (2(N-1) steps, bandwidth-optimal) from
   // this size on. The one place this number lives; every rank must use the same value
   // (the call check names a rank that does not). Measured on inproc, 2-core VM, 3-5
