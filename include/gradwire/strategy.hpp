@@ -23,6 +23,36 @@
 
 namespace gradwire {
 
+namespace detail {
+template <class>
+inline constexpr bool always_false_v = false;
+
+// How a strategy keeps a replica whose tensors live on a device (see
+// gradwire/cuda/device_replica.cuh, which specialises it for CUDA tensors).
+template <class Tensor, class Optimizer, class = void>
+class device_replica {
+  static_assert(always_false_v<Tensor>,
+                "gradwire::strategy: Tensor lives on a CUDA device: include <gradwire/cuda.cuh> and compile this "
+                "translation unit with nvcc");
+};
+struct no_device_replica {};
+template <class Optimizer, class V>
+struct host_state_of {
+  using state_type = typename Optimizer::template state<V>;
+};
+
+// Aggregations that change parameters only by calling apply() (all-reduce, local) say so
+// with `static constexpr bool updates_only_through_apply = true`; a device replica then
+// skips copying parameters to and from the host around their step.
+template <class A>
+constexpr bool updates_only_through_apply() {
+  if constexpr (requires { A::updates_only_through_apply; })
+    return A::updates_only_through_apply;
+  else
+    return false;
+}
+}  // namespace detail
+
 // Template parameters (each checked against its concept in concepts.hpp):
 //   Tensor       concepts::tensor       where this replica's parameters and gradients live
 //   Optimizer    concepts::optimizer  how an update is computed from a gradient
@@ -33,8 +63,6 @@ class strategy {
   static_assert(concepts::tensor<Tensor>,
                 "gradwire::strategy: Tensor does not satisfy gradwire::concepts::tensor: it needs value_type (float or "
                 "double), a static `location`, data(), size() and shape() (see gradwire/concepts.hpp)");
-  static_assert(concepts::host_tensor_type<Tensor>,
-                "gradwire::strategy: this build has host kernels only; Tensor::location must be host");
   static_assert(concepts::optimizer<Optimizer, typename Tensor::value_type>,
                 "gradwire::strategy: Optimizer does not satisfy gradwire::concepts::optimizer for Tensor's value_type: it "
                 "needs template<class V> struct state, init<V>(n) and step(state, params, grads, grad_scale) "
@@ -54,7 +82,12 @@ class strategy {
   using transport_type = Transport;
   using value_type = typename Tensor::value_type;
   using communicator_type = collective::communicator<Transport>;
-  using optimizer_state_type = typename Optimizer::template state<value_type>;
+  static constexpr bool on_device = Tensor::location == memory_location::cuda;
+  using device_replica_type =
+      std::conditional_t<on_device, detail::device_replica<Tensor, Optimizer>, detail::no_device_replica>;
+  // Host tensors: the optimizer's state<V>; CUDA tensors: optim::device_state<Optimizer, V>.
+  using optimizer_state_type = typename std::conditional_t<on_device, device_replica_type,
+                                                           detail::host_state_of<Optimizer, value_type>>::state_type;
 
   // Joins the replicas reachable through `transport` and makes their parameters equal
   // (the aggregation's setup, e.g. a broadcast from rank 0). Collective: every replica
@@ -65,14 +98,23 @@ class strategy {
         optimizer_(std::move(optimizer)),
         aggregation_(std::move(aggregation)),
         parameters_(std::move(parameters)) {
-    states_.reserve(parameters_.size());
     param_spans_.reserve(parameters_.size());
-    for (auto& p : parameters_) {
-      states_.push_back(optimizer_.template init<value_type>(p.size()));
-      param_spans_.emplace_back(p.data(), p.size());
-    }
     grad_spans_.reserve(parameters_.size());
-    aggregation_.setup(comm_, std::span<const std::span<value_type>>(param_spans_));
+    if constexpr (on_device) {
+      // The aggregation sees pinned host mirrors; setup may overwrite them (a broadcast).
+      device_.init(std::span<Tensor>(parameters_), optimizer_);
+      for (std::size_t i = 0; i < parameters_.size(); ++i) param_spans_.push_back(device_.host_parameters(i));
+      device_.download_parameters();
+      aggregation_.setup(comm_, std::span<const std::span<value_type>>(param_spans_));
+      device_.upload_parameters();
+    } else {
+      states_.reserve(parameters_.size());
+      for (auto& p : parameters_) {
+        states_.push_back(optimizer_.template init<value_type>(p.size()));
+        param_spans_.emplace_back(p.data(), p.size());
+      }
+      aggregation_.setup(comm_, std::span<const std::span<value_type>>(param_spans_));
+    }
   }
 
   // Move-only (the communicator is); a worker of a parameter-server job tells the
@@ -103,24 +145,31 @@ class strategy {
       throw error(errc::invalid_argument, "strategy::step: got " + std::to_string(gradients.size()) +
                                               " gradient tensors for " + std::to_string(parameters_.size()) +
                                               " parameter tensors");
-    grad_spans_.clear();
     for (std::size_t i = 0; i < gradients.size(); ++i) {
-      std::span<const value_type> g = as_span(gradients[i]);
-      if (g.size() != parameters_[i].size())
+      const std::size_t n = element_count(gradients[i]);
+      if (n != parameters_[i].size())
         throw error(errc::invalid_argument, "strategy::step: gradient " + std::to_string(i) + " has " +
-                                                std::to_string(g.size()) + " elements but parameter " +
-                                                std::to_string(i) + " has " + std::to_string(parameters_[i].size()));
-      grad_spans_.push_back(g);
+                                                std::to_string(n) + " elements but parameter " + std::to_string(i) +
+                                                " has " + std::to_string(parameters_[i].size()));
     }
-    aggregation_.step(comm_, std::span<const std::span<value_type>>(param_spans_),
-                      std::span<const std::span<const value_type>>(grad_spans_),
-                      [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
-                        optimizer_.step(states_[i], param_spans_[i], grad, grad_scale);
-                      });
-    // An aggregation that keeps replicas' optimizer state in step too (local SGD's
-    // average_optimizer_state) gets it after the update.
-    if constexpr (requires { aggregation_.template synchronise_state<value_type>(comm_, std::span(states_)); })
-      aggregation_.template synchronise_state<value_type>(comm_, std::span(states_));
+    if constexpr (on_device) {
+      static_assert(concepts::tensor<std::remove_const_t<Gradient>>,
+                    "strategy::step: the parameters are CUDA tensors, so the gradients must be CUDA tensors too "
+                    "(cuda_tensor or cuda_tensor_view)");
+      device_step(gradients);
+    } else {
+      grad_spans_.clear();
+      for (std::size_t i = 0; i < gradients.size(); ++i) grad_spans_.push_back(as_span(gradients[i]));
+      aggregation_.step(comm_, std::span<const std::span<value_type>>(param_spans_),
+                        std::span<const std::span<const value_type>>(grad_spans_),
+                        [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
+                          optimizer_.step(states_[i], param_spans_[i], grad, grad_scale);
+                        });
+      // An aggregation that keeps replicas' optimizer state in step too (local SGD's
+      // average_optimizer_state) gets it after the update (host tensors only so far).
+      if constexpr (requires { aggregation_.template synchronise_state<value_type>(comm_, std::span(states_)); })
+        aggregation_.template synchronise_state<value_type>(comm_, std::span(states_));
+    }
   }
   template <class Gradient>
   void step(const std::vector<Gradient>& gradients) {
@@ -140,7 +189,16 @@ class strategy {
       a.serve(c, std::span<const std::span<value_type>>(), o);
     }
   {
-    return aggregation_.serve(comm_, std::span<const std::span<value_type>>(param_spans_), optimizer_);
+    if constexpr (on_device) {
+      // A server keeps its shard and its optimizer state on the host; the tensors get the
+      // final values back.
+      device_.download_parameters();
+      auto result = aggregation_.serve(comm_, std::span<const std::span<value_type>>(param_spans_), optimizer_);
+      device_.upload_parameters();
+      return result;
+    } else {
+      return aggregation_.serve(comm_, std::span<const std::span<value_type>>(param_spans_), optimizer_);
+    }
   }
 
   int rank() const { return comm_.rank(); }
@@ -150,13 +208,45 @@ class strategy {
   Optimizer& optimizer() noexcept { return optimizer_; }
   const Optimizer& optimizer() const noexcept { return optimizer_; }
   // One state per parameter tensor, in the same order: what a checkpoint saves and restores.
-  std::span<optimizer_state_type> optimizer_states() noexcept { return states_; }
-  std::span<const optimizer_state_type> optimizer_states() const noexcept { return states_; }
+  std::span<optimizer_state_type> optimizer_states() noexcept {
+    if constexpr (on_device)
+      return device_.states();
+    else
+      return states_;
+  }
+  std::span<const optimizer_state_type> optimizer_states() const noexcept {
+    if constexpr (on_device)
+      return device_.states();
+    else
+      return states_;
+  }
   communicator_type& communicator() noexcept { return comm_; }
   Aggregation& aggregation() noexcept { return aggregation_; }
   const Aggregation& aggregation() const noexcept { return aggregation_; }
 
  private:
+  // The device path (gradwire/cuda/device_replica.cuh): gradients staged to the host only
+  // when the aggregation will read them, the optimizer on the device.
+  template <class Gradient>
+  void device_step(std::span<Gradient> gradients) {
+    constexpr bool apply_only = detail::updates_only_through_apply<Aggregation>();
+    device_.stage_gradients(gradients, apply_only && comm_.size() == 1, grad_spans_);
+    aggregation_.step(comm_, std::span<const std::span<value_type>>(param_spans_),
+                      std::span<const std::span<const value_type>>(grad_spans_),
+                      [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
+                        device_.apply(optimizer_, i, grad, grad_scale, !apply_only);
+                      });
+    device_.finish_step(!apply_only);
+  }
+
+  template <class Gradient>
+  static std::size_t element_count(const Gradient& g) {
+    if constexpr (concepts::tensor<std::remove_const_t<Gradient>>)
+      return g.size();
+    else
+      return std::span<const value_type>(g).size();
+  }
+
   template <class Gradient>
   static std::span<const value_type> as_span(const Gradient& g) {
     if constexpr (concepts::tensor<std::remove_const_t<Gradient>>)
@@ -169,7 +259,8 @@ class strategy {
   Optimizer optimizer_;
   Aggregation aggregation_;
   std::vector<Tensor> parameters_;
-  std::vector<optimizer_state_type> states_;
+  std::vector<typename detail::host_state_of<Optimizer, value_type>::state_type> states_;  // host tensors only
+  [[no_unique_address]] device_replica_type device_;                                       // CUDA tensors only
   std::vector<std::span<value_type>> param_spans_;
   std::vector<std::span<const value_type>> grad_spans_;  // reused across steps
 };

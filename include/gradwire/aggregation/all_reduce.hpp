@@ -39,6 +39,8 @@ template <class Algorithm = collective::auto_>
 class all_reduce_with {
  public:
   using algorithm = Algorithm;
+  // Parameters change only through apply(): a device replica keeps them on the device.
+  static constexpr bool updates_only_through_apply = true;
 
   // bucket_bytes: the budget of one bucket (collective::default_bucket_bytes = 25 MiB).
   explicit all_reduce_with(std::size_t bucket_bytes = collective::default_bucket_bytes) : buckets_(bucket_bytes) {}

@@ -9,6 +9,9 @@
 namespace gradwire::aggregation {
 
 struct local {
+  // Parameters change only through apply(): a device replica keeps them on the device.
+  static constexpr bool updates_only_through_apply = true;
+
   template <class Tr, class V>
   void setup(collective::communicator<Tr>&, std::span<const std::span<V>>) {}
 

@@ -1,0 +1,148 @@
+// How strategy<> trains CUDA tensors with every aggregation and transport unchanged: pinned host
+// mirrors for the aggregation, the optimizer on the device.
+//
+// Aggregations and transports work on host spans. For a replica whose tensors live on a
+// GPU the strategy hands them pinned host mirrors: gradients are copied down once per step
+// (or not at all when the aggregation only passes them to apply on one rank), and every
+// apply(i, grad, scale) copies the combined gradient up and runs the optimizer's fused
+// device step on the parameters, with optimizer state in device memory. Aggregations
+// that write parameters themselves (averaging, central storage, parameter servers) get
+// an up-to-date host mirror, and the mirror goes back to the device after their step.
+// Aggregations that declare `updates_only_through_apply` skip both parameter copies.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../optim/cuda.cuh"
+#include "../strategy.hpp"
+#include "runtime.cuh"
+
+namespace gradwire::detail {
+
+template <class Tensor, class Optimizer>
+class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == memory_location::cuda>> {
+  using V = typename Tensor::value_type;
+  static_assert(concepts::device_optimizer<Optimizer, V>,
+                "gradwire::strategy: Tensor lives on a CUDA device but Optimizer has no device path: it needs "
+                "optim::device_state<Optimizer, V>, init_device and step_device (see gradwire/optim/cuda.cuh)");
+
+ public:
+  using state_type = optim::device_state<Optimizer, V>;
+
+  void init(std::span<Tensor> parameters, const Optimizer& optimizer) {
+    parameters_ = parameters;
+    offsets_.clear();
+    std::size_t total = 0;
+    for (auto& p : parameters) {
+      offsets_.push_back(total);
+      total += p.size();
+    }
+    host_parameters_.reserve_discard(total);
+    host_gradients_.reserve_discard(total);
+    device_gradients_.reserve_discard(total);
+    states_.resize(parameters.size());
+    for (std::size_t i = 0; i < parameters.size(); ++i)
+      init_device(optimizer, states_[i], parameters[i].size(), parameters[i].stream());
+    // The scratch came from the legacy stream; the tensors' own streams use it from here on.
+    cuda::check(cudaDeviceSynchronize(), "strategy: setting up device state");
+    incoming_.assign(parameters.size(), nullptr);
+  }
+
+  std::span<V> host_parameters(std::size_t i) noexcept {
+    return {host_parameters_.data() + offsets_[i], parameters_[i].size()};
+  }
+  std::span<state_type> states() noexcept { return states_; }
+  std::span<const state_type> states() const noexcept { return states_; }
+
+  // The host mirror := the device parameters, and back.
+  void download_parameters() {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) copy(host_parameters(i).data(), parameters_[i].data(), i, cudaMemcpyDeviceToHost);
+    synchronize();
+  }
+  void upload_parameters() {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) copy(parameters_[i].data(), host_parameters(i).data(), i, cudaMemcpyHostToDevice);
+    synchronize();
+  }
+
+  // This step's gradients as the aggregation will see them: the device tensors themselves
+  // when `pass_through` (the aggregation gives them straight to apply), else host copies.
+  template <class Gradient>
+  void stage_gradients(std::span<Gradient> gradients, bool pass_through, std::vector<std::span<const V>>& out) {
+    static_assert(std::remove_const_t<Gradient>::location == memory_location::cuda,
+                  "strategy::step: the parameters are CUDA tensors, so the gradients must be too (cuda_tensor or "
+                  "cuda_tensor_view)");
+    out.clear();
+    for (std::size_t i = 0; i < gradients.size(); ++i) {
+      const V* device = gradients[i].data();
+      incoming_[i] = device;
+      if (pass_through) {
+        out.emplace_back(device, gradients[i].size());
+      } else {
+        V* host = host_gradients_.data() + offsets_[i];
+        // Ordered on the parameter's stream after the work that produced the gradient
+        // there; gradients made on another stream must be synchronised by the caller.
+        copy(host, device, i, cudaMemcpyDeviceToHost);
+        out.emplace_back(host, gradients[i].size());
+      }
+    }
+    if (!pass_through) synchronize();
+  }
+
+  // The optimizer on the device for tensor i with `gradient` * scale; `gradient` is this
+  // step's device gradient passed through, or host memory (a mirror or a reduced bucket).
+  void apply(const Optimizer& optimizer, std::size_t i, std::span<const V> gradient, V scale, bool refresh_host) {
+    const std::size_t n = parameters_[i].size();
+    if (gradient.size() != n)
+      throw error(errc::invalid_argument, "strategy: the aggregation applied " + std::to_string(gradient.size()) +
+                                              " gradient elements to parameter " + std::to_string(i) + " of " +
+                                              std::to_string(n));
+    const V* g = gradient.data();
+    if (g != incoming_[i]) {
+      V* staged = device_gradients_.data() + offsets_[i];
+      copy(staged, g, i, cudaMemcpyHostToDevice);
+      g = staged;
+    }
+    const V* grads[] = {g};
+    step_device(optimizer, states_[i], parameters_[i].data(), std::span<const V* const>(grads), n, scale,
+                parameters_[i].stream());
+    if (refresh_host) {
+      copy(host_parameters(i).data(), parameters_[i].data(), i, cudaMemcpyDeviceToHost);
+      cuda::check(cudaStreamSynchronize(parameters_[i].stream()), "strategy: cudaStreamSynchronize");
+    }
+  }
+
+  // End of a step: the host mirror back to the device if the aggregation wrote it, and
+  // every queued update finished (errors surface in this step, not in a later one).
+  void finish_step(bool upload) {
+    if (upload)
+      upload_parameters();
+    else
+      synchronize();
+  }
+
+ private:
+  void copy(V* to, const V* from, std::size_t i, cudaMemcpyKind kind) {
+    const std::size_t n = parameters_[i].size();
+    if (n)
+      cuda::check(cudaMemcpyAsync(to, from, n * sizeof(V), kind, parameters_[i].stream()),
+                  kind == cudaMemcpyHostToDevice ? "strategy: copy to the device" : "strategy: copy to the host");
+  }
+  void synchronize() {
+    for (auto& p : parameters_) cuda::check(cudaStreamSynchronize(p.stream()), "strategy: cudaStreamSynchronize");
+  }
+
+  std::span<Tensor> parameters_;
+  std::vector<std::size_t> offsets_;
+  cuda::pinned_buffer<V> host_parameters_, host_gradients_;
+  cuda::device_buffer<V> device_gradients_;
+  std::vector<state_type> states_;
+  std::vector<const V*> incoming_;  // this step's device gradients
+};
+
+}  // namespace gradwire::detail
