@@ -52,6 +52,7 @@
 #include <gradwire/ucx.hpp>
 #endif
 
+#include "cuda_training.hpp"
 #include "idx.hpp"
 #include "mlp.hpp"
 
@@ -71,6 +72,9 @@ constexpr const char* usage_text =
     "                                   the default) or one per process under a launcher (tcp, as\n"
     "                                   multi_worker_mirrored, or ucx: UCX, with UCX_TLS choosing shared memory,\n"
     "                                   TCP or RDMA); mirrored is inproc, multi_worker_mirrored tcp or ucx\n"
+    "  --device cpu|cuda                where the model and its parameters live (default cpu); cuda: the MLP on\n"
+    "                                   cuBLAS and gradwire's strategies over cuda_tensor, for one_device, mirrored\n"
+    "                                   and central_storage (replicas as threads, one stream each, on one GPU)\n"
     "  --replicas N                     threads: replicas, one thread each (default 2); one_device: must be 1;\n"
     "                                   tcp: the launcher's world size (may be left out)\n"
     "  --owner R                        central_storage: the rank that sums gradients and applies the optimizer\n"
@@ -107,6 +111,7 @@ struct usage_error : std::runtime_error {
 
 struct options {
   std::string strategy = "one_device";
+  std::string device = "cpu";
   std::string transport;  // inproc or tcp; empty until parse() picks the strategy's default
   int replicas = 0;       // 0: the strategy's default
   std::optional<int> owner;   // central_storage only
@@ -179,6 +184,10 @@ options parse(int argc, char** argv) {
             "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage, local_sgd or "
             "parameter_server, got '" +
             o.strategy + "'");
+    } else if (flag == "--device") {
+      o.device = next();
+      if (o.device != "cpu" && o.device != "cuda")
+        throw usage_error("--device must be cpu or cuda, got '" + o.device + "'");
     } else if (flag == "--transport") {
       o.transport = next();
       if (o.transport != "inproc" && o.transport != "tcp" && o.transport != "ucx")
@@ -293,6 +302,17 @@ options parse(int argc, char** argv) {
     if (o.straggler_rank >= o.replicas)
       throw usage_error("--straggler rank " + std::to_string(o.straggler_rank) + " is not a rank of " +
                         std::to_string(o.replicas) + " replica(s) (ranks 0.." + std::to_string(o.replicas - 1) + ")");
+  }
+  if (o.device == "cuda") {
+#if !GRADWIRE_HAS_CUDA
+    throw usage_error("--device cuda: this build has no CUDA (gradwire::cuda: reconfigure where nvcc is found)");
+#endif
+    if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "central_storage")
+      throw usage_error("--device cuda trains one_device, mirrored or central_storage (threads on one GPU), not " +
+                        o.strategy);
+    if (o.transport != "inproc") throw usage_error("--device cuda runs its replicas as threads (--transport inproc)");
+    if (!o.checkpoint_dir.empty() || o.straggler_rank >= 0 || o.timing)
+      throw usage_error("--device cuda does not take --checkpoint-dir, --straggler or --timing yet");
   }
 #if !defined(_OPENMP)
   if (o.threads > 1)
@@ -683,7 +703,47 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
   return out;
 }
 
+// --device cuda: the model's initial parameters (the host model's, from the same seed) and
+// the data set handed to train_cuda.cu, which sees no Eigen.
+summary train_on_gpu(const options& o, const fashion_mnist::fashion_mnist_data<float>& data) {
+  fashion_mnist::cuda_run run;
+  run.strategy = o.strategy;
+  run.optimizer = o.optimizer;
+  run.replicas = o.replicas;
+  run.owner = o.owner.value_or(0);
+  run.epochs = o.epochs;
+  run.batch = o.batch;
+  run.lr = *o.lr;
+  run.cosine = o.schedule == "cosine";
+  run.seed = o.seed;
+  run.target_accuracy = o.target_accuracy;
+  run.pixels = static_cast<std::size_t>(data.train.images.rows());
+  run.train_count = data.train.size();
+  run.test_count = data.test.size();
+  run.train_images = data.train.images.data();
+  run.train_labels = data.train.labels.data();
+  run.test_images = data.test.images.data();
+  run.test_labels = data.test.labels.data();
+  model_type model({}, o.seed);
+  for (const auto& p : model.parameter_views()) {
+    run.initial.emplace_back(p.data(), p.data() + p.size());
+    run.rows.push_back(p.shape()[0]);
+    run.cols.push_back(p.shape().rank() > 1 ? p.shape()[1] : 1);
+  }
+  summary out;
+#if GRADWIRE_HAS_CUDA
+  const auto r = fashion_mnist::train_on_cuda(run);
+  out.chief = true;
+  out.final_accuracy = r.final_accuracy;
+  out.total_seconds = r.total_seconds;
+  out.epoch_reached = r.epoch_reached;
+  out.seconds_reached = r.seconds_reached;
+#endif
+  return out;
+}
+
 summary train(const options& o, const fashion_mnist::fashion_mnist_data<float>& data) {
+  if (o.device == "cuda") return train_on_gpu(o, data);
   namespace optim = gradwire::optim;
   const double lr = *o.lr;
   if (o.optimizer == "sgd") return train(o, optim::sgd({.lr = lr}), data);

@@ -1,0 +1,40 @@
+// The GPU side of fashion_mnist (--device cuda), as main.cpp sees it: plain types only, no CUDA headers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fashion_mnist {
+
+struct cuda_run {
+  std::string strategy;  // one_device, mirrored or central_storage (replicas as threads on one GPU)
+  std::string optimizer;
+  int replicas = 1, owner = 0, epochs = 10, batch = 64;
+  double lr = 1e-3;
+  bool cosine = true;
+  std::uint64_t seed = 1;
+  double target_accuracy = 0.88;
+  // The data set, column-major: image j is images[j * pixels, (j + 1) * pixels).
+  std::size_t pixels = 784, classes = 10, train_count = 0, test_count = 0;
+  const float* train_images = nullptr;
+  const int* train_labels = nullptr;
+  const float* test_images = nullptr;
+  const int* test_labels = nullptr;
+  // The initial parameters W1, b1, W2, b2, W3, b3 (column-major, as mlp<float> makes them)
+  // and their rows and columns.
+  std::vector<std::vector<float>> initial;
+  std::vector<std::size_t> rows, cols;
+};
+
+struct cuda_result {
+  double final_accuracy = 0, total_seconds = 0, seconds_reached = 0;
+  int epoch_reached = 0;
+};
+
+// Trains on the GPU (train_cuda.cu, built with gradwire::cuda); throws gradwire::error
+// (errc::device) when there is no GPU.
+cuda_result train_on_cuda(const cuda_run& run);
+
+}  // namespace fashion_mnist
