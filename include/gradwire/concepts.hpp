@@ -139,6 +139,15 @@ concept one_sided_transport =
       { ct.prefers_one_sided(peer) } -> std::convertible_to<bool>;
     };
 
+// Optional transport capability: the ranks are threads of one process, so a pointer
+// means the same memory on every rank (device pointers too). Device collectives then
+// read and write each other's buffers directly instead of sending bytes.
+//   static constexpr bool shares_address_space = true
+template <class T>
+concept shared_address_space_transport = transport<T> && requires {
+  requires T::shares_address_space;
+};
+
 namespace detail {
 // Stands in for the callback strategy<> hands an aggregation: apply(i, grad, scale)
 // runs the optimizer on parameter tensor i with grad * scale.

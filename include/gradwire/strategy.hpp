@@ -229,6 +229,7 @@ class strategy {
   // when the aggregation will read them, the optimizer on the device.
   template <class Gradient>
   void device_step(std::span<Gradient> gradients) {
+    if (device_.step_in_device_memory(aggregation_, comm_, gradients, optimizer_)) return;
     constexpr bool apply_only = detail::updates_only_through_apply<Aggregation>();
     device_.stage_gradients(gradients, apply_only && comm_.size() == 1, grad_spans_);
     aggregation_.step(comm_, std::span<const std::span<value_type>>(param_spans_),

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "collective/collective_support.hpp"
 #include "support/least_squares.hpp"
 #include "support/reference.hpp"
 
@@ -171,6 +172,20 @@ TEST_CASE("mirrored with CUDA tensors (replicas on their own streams) trains lik
   compare_two_ranks_or_more<gw::mirrored, float>(ranks, gw::optim::sgd({.lr = 0.1, .weight_decay = 0.01}));
   compare_two_ranks_or_more<gw::mirrored, float>(ranks, gw::optim::adamw({.lr = 0.02}));
   compare_two_ranks_or_more<gw::mirrored, double>(ranks, gw::optim::momentum({.lr = 0.05, .momentum = 0.8}));
+}
+
+TEST_CASE("all-reduce with CUDA tensors over a transport without a shared address space (staged) trains like "
+          "with host tensors", "[cuda][strategy]") {
+  const auto data = training_data(3, 6);
+  const auto opt = gw::optim::adam({.lr = 0.02});
+  auto make = [&](auto& t, auto params) {
+    using Tensor = typename decltype(params)::value_type;
+    return gw::strategy<Tensor, gw::optim::adam, gw::aggregation::all_reduce, gw::test::staging_only>(
+        gw::test::staging_only{t}, std::move(params), opt);
+  };
+  using host_s = gw::strategy<gw::host_tensor<float>, gw::optim::adam, gw::aggregation::all_reduce, gw::test::staging_only>;
+  using cuda_s = gw::strategy<gw::cuda_tensor<float>, gw::optim::adam, gw::aggregation::all_reduce, gw::test::staging_only>;
+  require_close(train<cuda_kind, float, cuda_s>(3, data, make), train<host_kind, float, host_s>(3, data, make));
 }
 
 TEST_CASE("local_sgd<H = 2> and central_storage with CUDA tensors train like with host tensors", "[cuda][strategy]") {

@@ -8,7 +8,9 @@
 // device step on the parameters, with optimizer state in device memory. Aggregations
 // that write parameters themselves (averaging, central storage, parameter servers) get
 // an up-to-date host mirror, and the mirror goes back to the device after their step.
-// Aggregations that declare `updates_only_through_apply` skip both parameter copies.
+// Aggregations that declare `updates_only_through_apply` skip both parameter copies, and
+// an aggregation with a device path (a device_step found by ADL, as all-reduce has in
+// aggregation/cuda_all_reduce.cuh) never leaves device memory at all.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +19,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "../aggregation/cuda_all_reduce.cuh"
+#include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../optim/cuda.cuh"
@@ -94,6 +98,34 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
     if (!pass_through) synchronize();
   }
 
+  // The aggregation's own device path, when it has one (see the top of this header):
+  // returns false when it has none, and the caller stages through the host instead.
+  template <class Aggregation, class Tr, class Gradient>
+  bool step_in_device_memory(Aggregation& aggregation, collective::communicator<Tr>& comm,
+                             std::span<Gradient> gradients, const Optimizer& optimizer) {
+    using aggregation::device_step;
+    using device_spans = std::span<const std::span<const V>>;
+    auto apply_device = [&](std::size_t i, std::span<const V> g, V scale) {
+      const V* grads[] = {g.data()};
+      step_device(optimizer, states_[i], parameters_[i].data(), std::span<const V* const>(grads), g.size(), scale,
+                  parameters_[i].stream());
+    };
+    if constexpr (requires { device_step(aggregation, comm, device_spans(), apply_device, workspace_, cudaStream_t{}); }) {
+      if (comm.size() == 1 || parameters_.empty()) return false;  // nothing to reduce: apply straight away
+      device_spans_.clear();
+      for (std::size_t i = 0; i < gradients.size(); ++i) {
+        device_spans_.emplace_back(gradients[i].data(), gradients[i].size());
+        // The packing runs on the first tensor's stream, after every tensor's own work.
+        if (i > 0) cuda::check(cudaStreamSynchronize(parameters_[i].stream()), "strategy: cudaStreamSynchronize");
+      }
+      device_step(aggregation, comm, device_spans(device_spans_), apply_device, workspace_, parameters_[0].stream());
+      synchronize();
+      return true;
+    } else {
+      return false;
+    }
+  }
+
   // The optimizer on the device for tensor i with `gradient` * scale; `gradient` is this
   // step's device gradient passed through, or host memory (a mirror or a reduced bucket).
   void apply(const Optimizer& optimizer, std::size_t i, std::span<const V> gradient, V scale, bool refresh_host) {
@@ -143,6 +175,8 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
   cuda::device_buffer<V> device_gradients_;
   std::vector<state_type> states_;
   std::vector<const V*> incoming_;  // this step's device gradients
+  std::vector<std::span<const V>> device_spans_;
+  aggregation::device_workspace<V> workspace_;  // an aggregation's device path
 };
 
 }  // namespace gradwire::detail

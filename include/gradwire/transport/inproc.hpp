@@ -281,6 +281,8 @@ class inproc_hub {
 class inproc {
  public:
   using request = detail::pending_request<detail::inproc_hub, detail::inproc_op>;
+  // Ranks are threads of this process: device collectives share buffers directly.
+  static constexpr bool shares_address_space = true;
 
   inproc(std::shared_ptr<detail::inproc_hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {
     if (!hub_ || rank_ < 0 || rank_ >= hub_->size())
@@ -344,6 +346,7 @@ class inproc {
 static_assert(concepts::transport<inproc>);
 static_assert(concepts::accumulating_transport<inproc, float> && concepts::accumulating_transport<inproc, double>);
 static_assert(concepts::failable_transport<inproc> && concepts::multiplexing_transport<inproc>);
+static_assert(concepts::shared_address_space_transport<inproc>);
 
 // A group of N in-process ranks: hands out endpoints and runs one thread per rank.
 class inproc_group {
