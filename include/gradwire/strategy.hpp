@@ -101,6 +101,11 @@ class strategy {
     param_spans_.reserve(parameters_.size());
     grad_spans_.reserve(parameters_.size());
     if constexpr (on_device) {
+      if constexpr (requires { aggregation_.averages_optimizer_state(); })
+        if (aggregation_.averages_optimizer_state())
+          throw error(errc::invalid_argument,
+                      "gradwire::strategy: average_optimizer_state() is not available for CUDA tensors yet (the "
+                      "optimizer state lives on the device); leave it off");
       // The aggregation sees pinned host mirrors; setup may overwrite them (a broadcast).
       device_.init(std::span<Tensor>(parameters_), optimizer_);
       for (std::size_t i = 0; i < parameters_.size(); ++i) param_spans_.push_back(device_.host_parameters(i));

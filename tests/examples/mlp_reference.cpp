@@ -20,12 +20,26 @@ mlp_shapes make_mlp(std::size_t inputs, std::size_t hidden1, std::size_t hidden2
   return out;
 }
 
-loss_and_gradients mlp_loss_and_gradients(const mlp_shapes& model, const std::vector<float>& x,
-                                          const std::vector<int>& labels) {
+namespace {
+fashion_mnist::mlp<float> host_model(const mlp_shapes& model) {
   fashion_mnist::mlp<float> m({Eigen::Index(model.cols[0]), Eigen::Index(model.rows[0]), Eigen::Index(model.rows[2]),
                                Eigen::Index(model.rows[4])});
   auto views = m.parameter_views();
   for (std::size_t i = 0; i < views.size(); ++i) std::copy(model.parameters[i].begin(), model.parameters[i].end(), views[i].data());
+  return m;
+}
+}  // namespace
+
+std::size_t mlp_count_correct(const mlp_shapes& model, const std::vector<float>& x, const std::vector<int>& labels) {
+  auto m = host_model(model);
+  const Eigen::Map<const fashion_mnist::mlp<float>::matrix> batch(x.data(), Eigen::Index(model.cols[0]),
+                                                                  Eigen::Index(labels.size()));
+  return m.count_correct(batch, labels);
+}
+
+loss_and_gradients mlp_loss_and_gradients(const mlp_shapes& model, const std::vector<float>& x,
+                                          const std::vector<int>& labels) {
+  auto m = host_model(model);
   const Eigen::Map<const fashion_mnist::mlp<float>::matrix> batch(x.data(), Eigen::Index(model.cols[0]),
                                                                   Eigen::Index(labels.size()));
   loss_and_gradients out;

@@ -24,4 +24,7 @@ struct loss_and_gradients {
 loss_and_gradients mlp_loss_and_gradients(const mlp_shapes& model, const std::vector<float>& x,
                                           const std::vector<int>& labels);
 
+// Samples of the batch whose arg-max class equals the label.
+std::size_t mlp_count_correct(const mlp_shapes& model, const std::vector<float>& x, const std::vector<int>& labels);
+
 }  // namespace gradwire::test

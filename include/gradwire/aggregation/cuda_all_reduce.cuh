@@ -42,7 +42,9 @@ void device_step(all_reduce_with<Algorithm>&, collective::communicator<Tr>& comm
     offset += g.size();
   }
   const std::span<V> flat(workspace.flat.data(), total);
-  collective::device_all_reduce(comm, flat, stream, workspace.staging);  // synchronises `stream`
+  collective::device_all_reduce(comm, flat, stream, workspace.staging);
+  // apply_device runs on the tensors' own streams: the reduced bucket must be complete.
+  cuda::check(cudaStreamSynchronize(stream), "all_reduce (device): cudaStreamSynchronize");
   const V scale = V(1) / static_cast<V>(comm.size());
   offset = 0;
   for (std::size_t i = 0; i < device_grads.size(); ++i) {

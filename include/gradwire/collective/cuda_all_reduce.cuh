@@ -74,11 +74,19 @@ void direct_device_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_
       if (!can)
         throw error(errc::config, "device all_reduce: device " + std::to_string(device) + " cannot access device " +
                                       std::to_string(theirs) + " directly (no peer access)");
+      // cudaMalloc memory needs peer access, stream-ordered (pool) memory its pool's access.
       const cudaError_t status = cudaDeviceEnablePeerAccess(theirs, 0);
       if (status == cudaErrorPeerAccessAlreadyEnabled)
         (void)cudaGetLastError();
       else
         cuda::check(status, "cudaDeviceEnablePeerAccess");
+      cudaMemPool_t pool = nullptr;
+      cuda::check(cudaDeviceGetDefaultMemPool(&pool, theirs), "cudaDeviceGetDefaultMemPool");
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = device;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      cuda::check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess");
     }
   }
   // This rank's part, with its own buffer first: the sum lands there in place.

@@ -39,6 +39,15 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
  public:
   using state_type = optim::device_state<Optimizer, V>;
 
+  device_replica() = default;
+  device_replica(device_replica&&) = default;
+  device_replica& operator=(device_replica&&) = default;
+  // After an exception mid-step, work may still be queued on the tensors' streams that
+  // reads the scratch freed below: wait for it first.
+  ~device_replica() {
+    for (auto& p : parameters_) (void)cudaStreamSynchronize(p.stream());
+  }
+
   void init(std::span<Tensor> parameters, const Optimizer& optimizer) {
     parameters_ = parameters;
     offsets_.clear();
@@ -137,7 +146,7 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
     const V* g = gradient.data();
     if (g != incoming_[i]) {
       V* staged = device_gradients_.data() + offsets_[i];
-      copy(staged, g, i, cudaMemcpyHostToDevice);
+      copy(staged, g, i, cudaMemcpyDefault);  // usually host memory; any kind works
       g = staged;
     }
     const V* grads[] = {g};
@@ -163,7 +172,7 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
     const std::size_t n = parameters_[i].size();
     if (n)
       cuda::check(cudaMemcpyAsync(to, from, n * sizeof(V), kind, parameters_[i].stream()),
-                  kind == cudaMemcpyHostToDevice ? "strategy: copy to the device" : "strategy: copy to the host");
+                  kind == cudaMemcpyDeviceToHost ? "strategy: copy to the host" : "strategy: copy to the device");
   }
   void synchronize() {
     for (auto& p : parameters_) cuda::check(cudaStreamSynchronize(p.stream()), "strategy: cudaStreamSynchronize");

@@ -199,6 +199,14 @@ class device_buffer {
 
   T* data() noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+  // Grows on `on` from now on (freed there too): for scratch used by work on that stream.
+  void reserve_discard(std::size_t count, cudaStream_t on) {
+    if (count <= size_) return;
+    reset();
+    stream_ = on;
+    reserve_discard(count);
+  }
   void reserve_discard(std::size_t count) {
     if (count <= size_) return;
     reset();

@@ -166,7 +166,14 @@ template <class From, class To>
 __global__ void __launch_bounds__(block_threads) convert_kernel(const From* in, To* out, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = gradwire::cuda::from_compute<To>(static_cast<compute_t<To>>(gradwire::cuda::to_compute(in[i])));
+  {
+    if constexpr (std::is_same_v<From, double> && std::is_same_v<To, __half>)
+      out[i] = __double2half(in[i]);  // one rounding, not double -> float -> half
+    else if constexpr (std::is_same_v<From, double> && std::is_same_v<To, __nv_bfloat16>)
+      out[i] = __double2bfloat16(in[i]);
+    else
+      out[i] = gradwire::cuda::from_compute<To>(static_cast<compute_t<To>>(gradwire::cuda::to_compute(in[i])));
+  }
 }
 
 // --- dispatch -------------------------------------------------------------------------
@@ -319,7 +326,7 @@ void squared_norm(const T* x, std::size_t n, double* out_device, gradwire::cuda:
   gradwire::cuda::check(cub::DeviceReduce::TransformReduce(nullptr, bytes, x, out_device, n, ::cuda::std::plus<double>{},
                                                            detail::square<T>{}, 0.0, stream),
                         "kernels::cuda::squared_norm (size query)");
-  scratch.reserve_discard(bytes);
+  scratch.reserve_discard(bytes, stream);  // allocated and freed in order with the reduction
   gradwire::cuda::check(cub::DeviceReduce::TransformReduce(scratch.data(), bytes, x, out_device, n,
                                                            ::cuda::std::plus<double>{}, detail::square<T>{}, 0.0,
                                                            stream),
