@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <catch2/catch.hpp>
+
 #include "mlp.hpp"
 
 namespace gradwire::test {
@@ -21,6 +23,14 @@ mlp_shapes make_mlp(std::size_t inputs, std::size_t hidden1, std::size_t hidden2
 }
 
 namespace {
+// What the GPU test hands over must describe one model and one batch.
+void require_consistent(const mlp_shapes& model, const std::vector<float>& x, const std::vector<int>& labels) {
+  REQUIRE(model.parameters.size() == 6);
+  for (std::size_t i = 0; i < 6; ++i) REQUIRE(model.parameters[i].size() == model.rows[i] * model.cols[i]);
+  REQUIRE(x.size() == model.cols[0] * labels.size());
+  for (int y : labels) REQUIRE((y >= 0 && std::size_t(y) < model.rows[4]));
+}
+
 fashion_mnist::mlp<float> host_model(const mlp_shapes& model) {
   fashion_mnist::mlp<float> m({Eigen::Index(model.cols[0]), Eigen::Index(model.rows[0]), Eigen::Index(model.rows[2]),
                                Eigen::Index(model.rows[4])});
@@ -31,6 +41,7 @@ fashion_mnist::mlp<float> host_model(const mlp_shapes& model) {
 }  // namespace
 
 std::size_t mlp_count_correct(const mlp_shapes& model, const std::vector<float>& x, const std::vector<int>& labels) {
+  require_consistent(model, x, labels);
   auto m = host_model(model);
   const Eigen::Map<const fashion_mnist::mlp<float>::matrix> batch(x.data(), Eigen::Index(model.cols[0]),
                                                                   Eigen::Index(labels.size()));
@@ -39,6 +50,7 @@ std::size_t mlp_count_correct(const mlp_shapes& model, const std::vector<float>&
 
 loss_and_gradients mlp_loss_and_gradients(const mlp_shapes& model, const std::vector<float>& x,
                                           const std::vector<int>& labels) {
+  require_consistent(model, x, labels);
   auto m = host_model(model);
   const Eigen::Map<const fashion_mnist::mlp<float>::matrix> batch(x.data(), Eigen::Index(model.cols[0]),
                                                                   Eigen::Index(labels.size()));
