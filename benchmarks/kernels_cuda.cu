@@ -8,6 +8,8 @@
 // benchmarks/kernels_cuda.sh runs this and PyTorch's kernels on the same GPU.
 #include <gradwire/cuda.cuh>
 
+#include "bench_table.hpp"
+
 #include <thrust/device_ptr.h>
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
@@ -51,35 +53,23 @@ struct options {
   std::exit(error.empty() ? 0 : 2);
 }
 
-std::size_t parse_count(const char* program, const std::string& text) {
-  char* end = nullptr;
-  std::size_t v = std::strtoull(text.c_str(), &end, 10);
-  const std::string suffix = end ? end : "";
-  if (suffix == "K" || suffix == "k") v <<= 10;
-  else if (suffix == "M" || suffix == "m") v <<= 20;
-  else if (suffix == "G" || suffix == "g") v <<= 30;
-  else if (!suffix.empty() || text.empty()) usage(program, "not a count: " + text);
-  return v;
-}
-
+// The shared benchmark flag syntax (bench_table.hpp: "-b 64M", "--csv=FILE"), sizes in elements.
 options parse(int argc, char** argv) {
+  namespace bd = gradwire::bench::detail;
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") usage(argv[0]);
-    if (i + 1 >= argc) usage(argv[0], flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "-b") o.min_elements = parse_count(argv[0], value);
-    else if (flag == "-e") o.max_elements = parse_count(argv[0], value);
-    else if (flag == "-f") o.factor = parse_count(argv[0], value);
-    else if (flag == "-n") o.iters = static_cast<int>(parse_count(argv[0], value));
-    else if (flag == "-w") o.warmup = static_cast<int>(parse_count(argv[0], value));
-    else if (flag == "-k") o.k = static_cast<int>(parse_count(argv[0], value));
-    else if (flag == "--csv") o.csv = value;
-    else usage(argv[0], "unknown flag " + flag);
-  }
-  if (o.min_elements == 0 || o.factor < 2 || o.iters < 1 || o.k < 1 || o.k > kc::max_inputs)
-    usage(argv[0], "need -b > 0, -f >= 2, -n >= 1 and 1 <= -k <= 16");
+  bd::for_each_flag(
+      argc, argv,
+      [&](std::string_view flag, std::string_view value) {
+        if (flag == "-b") return bd::parse_size(value, o.min_elements) && o.min_elements > 0;
+        if (flag == "-e") return bd::parse_size(value, o.max_elements);
+        if (flag == "-f") return bd::parse_size(value, o.factor) && o.factor >= 2;
+        if (flag == "-n") return bd::parse_int(value, o.iters) && o.iters >= 1;
+        if (flag == "-w") return bd::parse_int(value, o.warmup) && o.warmup >= 0;
+        if (flag == "-k") return bd::parse_int(value, o.k) && o.k >= 1 && o.k <= kc::max_inputs;
+        if (flag == "--csv") return o.csv = std::string(value), !o.csv.empty();
+        usage(argv[0], "unknown flag " + std::string(flag));
+      },
+      [&](const std::string& error) { usage(argv[0], error); });
   return o;
 }
 
@@ -96,8 +86,7 @@ double median_ms(const options& o, cudaStream_t stream, F&& f) {
     stop.synchronize();
     ms.push_back(stop.elapsed_since(start));
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return gradwire::bench::median(std::move(ms));
 }
 
 // Thrust baselines: the formulation a user writes first.

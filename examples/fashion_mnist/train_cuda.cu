@@ -126,11 +126,16 @@ cuda_result train(const cuda_run& run, const Optimizer& optimizer) {
   const device_set train_set(run.train_images, run.train_labels, run.train_count, run.pixels, data_stream);
   const device_set test_set(run.test_images, run.test_labels, run.test_count, run.pixels, data_stream);
 
-  auto replica = [&]<class Transport>(Transport transport) {
-    gradwire::cuda::stream stream;
+  // A replica's initial parameters, on its stream.
+  auto initial_parameters = [&](cudaStream_t stream) {
     std::vector<tensor> parameters;
     for (std::size_t i = 0; i < run.initial.size(); ++i)
       parameters.emplace_back(gradwire::shape{run.rows[i], run.cols[i]}, run.initial[i], stream);
+    return parameters;
+  };
+  auto replica = [&]<class Transport>(Transport transport) {
+    gradwire::cuda::stream stream;
+    std::vector<tensor> parameters = initial_parameters(stream);
     mlp_cuda model(run.rows, run.cols, run.batch, stream);
     if (run.strategy == "central_storage") {
       gradwire::central_storage<tensor, Optimizer, Transport> strategy(std::move(transport), std::move(parameters),
@@ -144,11 +149,8 @@ cuda_result train(const cuda_run& run, const Optimizer& optimizer) {
   };
   if (run.strategy == "one_device") {
     gradwire::cuda::stream stream;
-    std::vector<tensor> parameters;
-    for (std::size_t i = 0; i < run.initial.size(); ++i)
-      parameters.emplace_back(gradwire::shape{run.rows[i], run.cols[i]}, run.initial[i], stream);
     mlp_cuda model(run.rows, run.cols, run.batch, stream);
-    gradwire::one_device<tensor, Optimizer> strategy(std::move(parameters), optimizer);
+    gradwire::one_device<tensor, Optimizer> strategy(initial_parameters(stream), optimizer);
     train_replica(strategy, model, train_set, test_set, run, stream, print, out);
   } else {
     gradwire::transport::run_inproc(run.replicas,

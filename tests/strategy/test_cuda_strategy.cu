@@ -13,6 +13,8 @@
 #include "support/least_squares.hpp"
 #include "support/reference.hpp"
 
+using gradwire::test::require_trajectories_close;
+
 namespace {
 
 namespace gw = gradwire;
@@ -105,20 +107,6 @@ std::vector<std::vector<batch_data>> training_data(int replicas, int steps) {
   return data;
 }
 
-template <class T>
-void require_close(const std::vector<std::vector<T>>& got, const std::vector<std::vector<T>>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t k = 0; k < want.size(); ++k) {
-    double scale = 0;
-    for (T v : want[k]) scale = std::max(scale, std::abs(double(v)));
-    REQUIRE(got[k].size() == want[k].size());
-    for (std::size_t i = 0; i < want[k].size(); ++i) {
-      CAPTURE(k, i);
-      REQUIRE(double(got[k][i]) == Approx(double(want[k][i])).epsilon(1e-5).margin(1e-5 * scale));
-    }
-  }
-}
-
 // The same strategy over host tensors and over CUDA tensors, compared step by step.
 template <template <class, class> class Strategy, class T, class O>
 void compare_two_ranks_or_more(int ranks, O opt) {
@@ -129,7 +117,7 @@ void compare_two_ranks_or_more(int ranks, O opt) {
   };
   const auto host = train<host_kind, T, Strategy<gw::host_tensor<T>, O>>(ranks, data, make);
   const auto device = train<cuda_kind, T, Strategy<gw::cuda_tensor<T>, O>>(ranks, data, make);
-  require_close(device, host);
+  require_trajectories_close(device, host);
 }
 
 template <class Tensor, class O>
@@ -159,9 +147,9 @@ TEST_CASE("one_device with a CUDA tensor trains like with a host tensor", "[cuda
     }
     return history;
   };
-  require_close(run(cuda_kind<float>(0), gw::optim::adam({.lr = 0.05})),
+  require_trajectories_close(run(cuda_kind<float>(0), gw::optim::adam({.lr = 0.05})),
                 run(host_kind<float>(0), gw::optim::adam({.lr = 0.05})));
-  require_close(run(cuda_kind<float>(0), gw::optim::momentum({.lr = 0.05, .momentum = 0.9, .nesterov = true})),
+  require_trajectories_close(run(cuda_kind<float>(0), gw::optim::momentum({.lr = 0.05, .momentum = 0.9, .nesterov = true})),
                 run(host_kind<float>(0), gw::optim::momentum({.lr = 0.05, .momentum = 0.9, .nesterov = true})));
 }
 
@@ -185,7 +173,7 @@ TEST_CASE("all-reduce with CUDA tensors over a transport without a shared addres
   };
   using host_s = gw::strategy<gw::host_tensor<float>, gw::optim::adam, gw::aggregation::all_reduce, gw::test::staging_only>;
   using cuda_s = gw::strategy<gw::cuda_tensor<float>, gw::optim::adam, gw::aggregation::all_reduce, gw::test::staging_only>;
-  require_close(train<cuda_kind, float, cuda_s>(3, data, make), train<host_kind, float, host_s>(3, data, make));
+  require_trajectories_close(train<cuda_kind, float, cuda_s>(3, data, make), train<host_kind, float, host_s>(3, data, make));
 }
 
 TEST_CASE("local_sgd<H = 2> and central_storage with CUDA tensors train like with host tensors", "[cuda][strategy]") {
@@ -209,7 +197,7 @@ TEST_CASE("parameter_server<sync> with CUDA tensors on workers and server trains
   using cuda_s = gw::parameter_server<gw::cuda_tensor<float>, gw::optim::momentum, gw::ps::sync>;
   const auto host = train<host_kind, float, host_s>(workers + servers, data, make);
   const auto device = train<cuda_kind, float, cuda_s>(workers + servers, data, make);
-  require_close(device, host);
+  require_trajectories_close(device, host);
 }
 
 TEST_CASE("a CUDA strategy refuses gradients of the wrong size with a clear error", "[cuda][strategy]") {

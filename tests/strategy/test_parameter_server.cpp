@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "../support/least_squares.hpp"
+#include "../support/reference.hpp"
+
+using gradwire::test::require_trajectories_close;
 
 namespace gw = gradwire;
 using gw::testing::batch_data;
@@ -113,20 +116,6 @@ std::vector<std::vector<T>> train_mirrored(int workers, O opt, const std::vector
   return history;
 }
 
-template <class T>
-void require_close(const std::vector<std::vector<T>>& got, const std::vector<std::vector<T>>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t k = 0; k < want.size(); ++k) {
-    double scale = 0;
-    for (T v : want[k]) scale = std::max(scale, std::abs(double(v)));
-    REQUIRE(got[k].size() == want[k].size());
-    for (std::size_t i = 0; i < want[k].size(); ++i) {
-      CAPTURE(k, i);
-      REQUIRE(double(got[k][i]) == Approx(double(want[k][i])).epsilon(1e-5).margin(1e-5 * scale));
-    }
-  }
-}
-
 double loss(std::span<const float> p, const std::vector<batch_data>& eval) {
   double sum = 0;
   for (const auto& d : eval)
@@ -178,12 +167,12 @@ TEST_CASE("parameter_server<sync> trains like all-reduce (SGD and momentum in fl
   const std::uint64_t seed = std::random_device{}();
   CAPTURE(workers, servers, seed);
   const auto data = make_batches(5, workers, seed);
-  require_close(train_ps<float, gw::ps::sync>(workers, servers, gw::optim::sgd({.lr = 0.1}), data, small_shards(servers)),
+  require_trajectories_close(train_ps<float, gw::ps::sync>(workers, servers, gw::optim::sgd({.lr = 0.1}), data, small_shards(servers)),
                 train_mirrored<float>(workers, gw::optim::sgd({.lr = 0.1}), data));
-  require_close(train_ps<float, gw::ps::sync>(workers, servers, gw::optim::momentum({.lr = 0.05, .momentum = 0.9}), data,
+  require_trajectories_close(train_ps<float, gw::ps::sync>(workers, servers, gw::optim::momentum({.lr = 0.05, .momentum = 0.9}), data,
                                               small_shards(servers)),
                 train_mirrored<float>(workers, gw::optim::momentum({.lr = 0.05, .momentum = 0.9}), data));
-  require_close(train_ps<double, gw::ps::sync>(workers, servers, gw::optim::adam({.lr = 0.01}), data, small_shards(servers)),
+  require_trajectories_close(train_ps<double, gw::ps::sync>(workers, servers, gw::optim::adam({.lr = 0.01}), data, small_shards(servers)),
                 train_mirrored<double>(workers, gw::optim::adam({.lr = 0.01}), data));
 }
 
@@ -291,8 +280,8 @@ TEST_CASE("parameter_server servers checkpoint their shards and a restarted job 
   for (const auto& st : stats) REQUIRE(st.version == 8);  // resumed at 4, then 4 more steps
   // Resumed (parameters and Adam state) == trained straight through.
   const auto straight = train_mirrored<double>(2, gw::optim::adam({.lr = 0.01}), data);
-  require_close(a, std::vector<std::vector<double>>(straight.begin(), straight.begin() + 4));
-  require_close(b, std::vector<std::vector<double>>(straight.begin() + 4, straight.end()));
+  require_trajectories_close(a, std::vector<std::vector<double>>(straight.begin(), straight.begin() + 4));
+  require_trajectories_close(b, std::vector<std::vector<double>>(straight.begin() + 4, straight.end()));
   // A shard file saved for other tensor sizes is refused with the file named.
   std::filesystem::resize_file(dir / "ps-shard-1-of-2.ckpt", 40);
   auto resume_again = [&] { train_ps<double, gw::ps::sync>(2, 2, gw::optim::adam({.lr = 0.01}), second, options); };
@@ -324,7 +313,7 @@ TEST_CASE("parameter_server skips a server that holds none of the model, and a m
   gw::ps::options o;
   o.timeout = std::chrono::seconds(60);
   std::vector<gw::ps::server_stats> stats;
-  require_close(train_ps<float, gw::ps::sync>(2, 3, gw::optim::sgd({.lr = 0.1}), data, o, &stats),
+  require_trajectories_close(train_ps<float, gw::ps::sync>(2, 3, gw::optim::sgd({.lr = 0.1}), data, o, &stats),
                 train_mirrored<float>(2, gw::optim::sgd({.lr = 0.1}), data));
   REQUIRE(stats.size() == 3);
   REQUIRE(std::count_if(stats.begin(), stats.end(), [](const auto& s) { return s.applied == 0; }) == 1);

@@ -89,9 +89,10 @@ void direct_device_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_
       cuda::check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess");
     }
   }
+  // Rank r reduces elements [part(r), part(r + 1)).
+  auto part = [&](int r) { return data.size() * static_cast<std::size_t>(r) / static_cast<std::size_t>(n); };
   // This rank's part, with its own buffer first: the sum lands there in place.
-  const std::size_t begin = data.size() * static_cast<std::size_t>(me) / static_cast<std::size_t>(n);
-  const std::size_t end = data.size() * static_cast<std::size_t>(me + 1) / static_cast<std::size_t>(n);
+  const std::size_t begin = part(me), end = part(me + 1);
   std::vector<const V*> inputs;
   inputs.push_back(data.data() + begin);
   for (int r = 0; r < n; ++r)
@@ -102,8 +103,7 @@ void direct_device_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_
   barrier(comm);  // every part is reduced
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
-    const std::size_t b = data.size() * static_cast<std::size_t>(r) / static_cast<std::size_t>(n);
-    const std::size_t e = data.size() * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(n);
+    const std::size_t b = part(r), e = part(r + 1);
     if (e > b)
       cuda::check(cudaMemcpyAsync(data.data() + b, buffers[static_cast<std::size_t>(r)] + b, (e - b) * sizeof(V),
                                   cudaMemcpyDefault, stream),
