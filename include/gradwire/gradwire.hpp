@@ -30,5 +30,6 @@
 #include "tensor/host_tensor.hpp"
 #include "tensor/shape.hpp"
 #include "timeouts.hpp"
+#include "transport/any.hpp"
 #include "transport/inproc.hpp"
 #include "transport/local.hpp"

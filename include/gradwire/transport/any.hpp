@@ -1,0 +1,178 @@
+// any_transport: a transport whose type is erased behind one virtual call per operation.
+//
+// Code compiled apart from the transport uses it: a CUDA translation unit (nvcc cannot
+// compile Boost.Asio's headers, and UCX's are best kept out of device code) trains with
+// strategy<cuda_tensor<float>, ..., any_transport>, while a host .cpp builds the real
+// transport and hands it over:
+//
+//   // join.cpp (g++)                              // train.cu (nvcc)
+//   any_transport join() {                          any_transport join();
+//     return cluster::join_tcp();                   strategy<cuda_tensor<float>, optim::adam,
+//   }                                                        aggregation::all_reduce, any_transport> s(join(), ...);
+//
+// It models transport, failable, multiplexing and loss_tolerant; each forwards to the
+// erased transport where that transport has the capability. Without it, fail() does
+// nothing (as if the concept were absent) and wait_any / tolerate_loss throw
+// invalid_argument naming the transport. It does not forward accumulate-on-receive or
+// one-sided access (collectives stage through scratch instead, a parameter server uses
+// tagged messages) and never shares an address space (device collectives stage through
+// pinned host memory). Costs: one allocation per request and a virtual call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../timeouts.hpp"
+
+namespace gradwire::transport {
+
+class any_transport {
+  struct held_request_base {
+    virtual ~held_request_base() = default;
+  };
+
+ public:
+  // Owns the erased transport's request: destroying it unfinished withdraws the operation.
+  class request {
+   public:
+    request() = default;
+    explicit operator bool() const noexcept { return held_ != nullptr; }
+
+   private:
+    friend class any_transport;
+    explicit request(std::unique_ptr<held_request_base> held) : held_(std::move(held)) {}
+    std::unique_ptr<held_request_base> held_;
+  };
+
+  // Takes ownership of any transport (implicitly, like std::function from a callable).
+  template <class T>
+    requires(!std::same_as<std::remove_cvref_t<T>, any_transport> && concepts::transport<std::remove_cvref_t<T>>)
+  any_transport(T&& transport)  // NOLINT(google-explicit-constructor)
+      : self_(std::make_unique<model<std::remove_cvref_t<T>>>(std::forward<T>(transport))) {}
+
+  any_transport(any_transport&&) noexcept = default;
+  any_transport& operator=(any_transport&&) noexcept = default;
+
+  int rank() const { return get().rank(); }
+  int size() const { return get().size(); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    return request(get().async_send(peer, tag, bytes));
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    return request(get().async_recv(peer, tag, bytes));
+  }
+  void wait(request& r, deadline until) {
+    if (!r) throw error(errc::invalid_argument, "any_transport: wait on an empty request");
+    get().wait(*r.held_, until);
+  }
+  std::size_t wait_any(std::span<request* const> requests, deadline until) { return get().wait_any(requests, until); }
+  void fail(errc cause, const std::string& reason) { get().fail(cause, reason); }
+  void tolerate_loss(int peer) { get().tolerate_loss(peer); }
+  std::vector<int> lost_peers() const { return get().lost_peers(); }
+
+  // The erased transport, when it is a T (nullptr otherwise): for its own settings.
+  template <class T>
+  T* target() noexcept {
+    auto* m = dynamic_cast<model<T>*>(self_.get());
+    return m ? &m->transport : nullptr;
+  }
+
+ private:
+  struct interface {
+    virtual ~interface() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual std::unique_ptr<held_request_base> async_send(int, std::uint64_t, std::span<const std::byte>) = 0;
+    virtual std::unique_ptr<held_request_base> async_recv(int, std::uint64_t, std::span<std::byte>) = 0;
+    virtual void wait(held_request_base&, deadline) = 0;
+    virtual std::size_t wait_any(std::span<request* const>, deadline) = 0;
+    virtual void fail(errc, const std::string&) = 0;
+    virtual void tolerate_loss(int) = 0;
+    virtual std::vector<int> lost_peers() const = 0;
+  };
+
+  template <class T>
+  struct model final : interface {
+    struct held final : held_request_base {
+      explicit held(typename T::request r) : request(std::move(r)) {}
+      typename T::request request;
+    };
+
+    template <class U>
+    explicit model(U&& t) : transport(std::forward<U>(t)) {}
+
+    int rank() const override { return transport.rank(); }
+    int size() const override { return transport.size(); }
+    std::unique_ptr<held_request_base> async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) override {
+      return std::make_unique<held>(transport.async_send(peer, tag, b));
+    }
+    std::unique_ptr<held_request_base> async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) override {
+      return std::make_unique<held>(transport.async_recv(peer, tag, b));
+    }
+    void wait(held_request_base& r, deadline until) override { transport.wait(mine(r).request, until); }
+
+    std::size_t wait_any(std::span<request* const> requests, deadline until) override {
+      if constexpr (concepts::multiplexing_transport<T>) {
+        pointers.clear();  // reused: a server calls this once per message
+        for (request* r : requests) pointers.push_back(r && r->held_ ? &mine(*r->held_).request : nullptr);
+        return transport.wait_any(std::span<typename T::request* const>(pointers), until);
+      } else {
+        lacks("wait_any (concepts::multiplexing_transport)");
+      }
+    }
+    void fail(errc cause, const std::string& reason) override {
+      if constexpr (concepts::failable_transport<T>) transport.fail(cause, reason);
+    }
+    void tolerate_loss(int peer) override {
+      if constexpr (concepts::loss_tolerant_transport<T>)
+        transport.tolerate_loss(peer);
+      else
+        lacks("tolerate_loss (concepts::loss_tolerant_transport)");
+    }
+    std::vector<int> lost_peers() const override {
+      if constexpr (concepts::loss_tolerant_transport<T>)
+        return transport.lost_peers();
+      else
+        return {};
+    }
+
+    // A request another any_transport made around a different transport type is refused,
+    // not reinterpreted.
+    static held& mine(held_request_base& r) {
+      auto* h = dynamic_cast<held*>(&r);
+      if (!h)
+        throw error(errc::invalid_argument, std::string("any_transport: a request made by a different transport type "
+                                                        "was handed to the one around ") +
+                                                typeid(T).name());
+      return *h;
+    }
+    [[noreturn]] static void lacks(const char* what) {
+      throw error(errc::invalid_argument,
+                  std::string("any_transport: the transport it holds (") + typeid(T).name() + ") has no " + what);
+    }
+
+    T transport;
+    std::vector<typename T::request*> pointers;
+  };
+
+  interface& get() const {
+    if (!self_) throw error(errc::invalid_argument, "any_transport: used after it was moved from");
+    return *self_;
+  }
+
+  std::unique_ptr<interface> self_;
+};
+
+static_assert(concepts::transport<any_transport> && concepts::failable_transport<any_transport>);
+static_assert(concepts::multiplexing_transport<any_transport> && concepts::loss_tolerant_transport<any_transport>);
+
+}  // namespace gradwire::transport
