@@ -27,11 +27,16 @@
 
 namespace gw = gradwire;
 namespace col = gradwire::collective;
-// Built twice: over Boost.Asio TCP (mp_worker) and over UCX (mp_worker_ucx, with
-// GRADWIRE_TEST_UCX; UCX_TLS picks shared memory or TCP).
+// Built three times: over Boost.Asio TCP (mp_worker), over UCX (mp_worker_ucx, with
+// GRADWIRE_TEST_UCX; UCX_TLS picks shared memory or TCP), and over TCP erased behind
+// transport::any_transport (mp_worker_any, with GRADWIRE_TEST_ANY).
 #if GRADWIRE_TEST_UCX
 using transport_type = gw::transport::ucx;
 transport_type join(const gw::cluster::overrides& o = {}) { return gw::cluster::join_ucx(o); }
+#elif GRADWIRE_TEST_ANY
+// The TCP transport behind any_transport, as a CUDA translation unit receives it.
+using transport_type = gw::transport::any_transport;
+transport_type join(const gw::cluster::overrides& o = {}) { return gw::cluster::join_tcp(o); }
 #else
 using transport_type = gw::transport::asio_tcp;
 transport_type join(const gw::cluster::overrides& o = {}) { return gw::cluster::join_tcp(o); }

@@ -1,0 +1,13 @@
+// The host half of mp_cuda_worker: joins over Boost.Asio TCP and hands the transport over erased.
+#include "cuda_join.hpp"
+
+#include <gradwire/asio.hpp>
+
+namespace gradwire::test {
+
+joined_job join_tcp_erased() {
+  const auto spec = cluster::detect();
+  return {cluster::join_tcp(), spec.count(cluster::task_type::ps)};
+}
+
+}  // namespace gradwire::test
