@@ -1,15 +1,21 @@
-// The GPU side of fashion_mnist (--device cuda), as main.cpp sees it: plain types only, no CUDA headers.
+// The GPU side of fashion_mnist (--device cuda), as main.cpp sees it: plain types only, no CUDA headers
+// (a transport crosses over as gradwire::transport::any_transport, built by main.cpp's compiler).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <gradwire/transport/any.hpp>
 #include <string>
 #include <vector>
 
 namespace fashion_mnist {
 
 struct cuda_run {
-  std::string strategy;  // one_device, mirrored or central_storage (replicas as threads on one GPU)
+  std::string strategy;  // one_device, mirrored, multi_worker_mirrored or central_storage
+  // Set for one replica per process: joins the job (TCP or UCX); empty: replicas as threads.
+  std::function<gradwire::transport::any_transport()> join;
+  int local_rank = 0;  // with join: this process's index on its machine, which picks its GPU
   std::string optimizer;
   int replicas = 1, owner = 0, epochs = 10, batch = 64;
   double lr = 1e-3;
@@ -29,6 +35,7 @@ struct cuda_run {
 };
 
 struct cuda_result {
+  bool chief = false;  // this process ran rank 0, which fills the rest
   double final_accuracy = 0, total_seconds = 0, seconds_reached = 0;
   int epoch_reached = 0;
 };

@@ -73,8 +73,10 @@ constexpr const char* usage_text =
     "                                   multi_worker_mirrored, or ucx: UCX, with UCX_TLS choosing shared memory,\n"
     "                                   TCP or RDMA); mirrored is inproc, multi_worker_mirrored tcp or ucx\n"
     "  --device cpu|cuda                where the model and its parameters live (default cpu); cuda: the MLP on\n"
-    "                                   cuBLAS and gradwire's strategies over cuda_tensor, for one_device, mirrored\n"
-    "                                   and central_storage (replicas as threads, one stream each, on one GPU)\n"
+    "                                   cuBLAS and gradwire's strategies over cuda_tensor, for one_device,\n"
+    "                                   mirrored and central_storage (threads, one stream each, on one GPU), and\n"
+    "                                   multi_worker_mirrored / central_storage over tcp or ucx (one process per\n"
+    "                                   replica, each on the GPU its local rank picks)\n"
     "  --replicas N                     threads: replicas, one thread each (default 2); one_device: must be 1;\n"
     "                                   tcp: the launcher's world size (may be left out)\n"
     "  --owner R                        central_storage: the rank that sums gradients and applies the optimizer\n"
@@ -307,10 +309,10 @@ options parse(int argc, char** argv) {
 #if !GRADWIRE_HAS_CUDA
     throw usage_error("--device cuda: this build has no CUDA (gradwire::cuda: reconfigure where nvcc is found)");
 #endif
-    if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "central_storage")
-      throw usage_error("--device cuda trains one_device, mirrored or central_storage (threads on one GPU), not " +
+    if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored" &&
+        o.strategy != "central_storage")
+      throw usage_error("--device cuda trains one_device, mirrored, multi_worker_mirrored or central_storage, not " +
                         o.strategy);
-    if (o.transport != "inproc") throw usage_error("--device cuda runs its replicas as threads (--transport inproc)");
     if (!o.checkpoint_dir.empty() || o.straggler_rank >= 0 || o.timing)
       throw usage_error("--device cuda does not take --checkpoint-dir, --straggler or --timing yet");
   }
@@ -730,10 +732,22 @@ summary train_on_gpu(const options& o, const fashion_mnist::fashion_mnist_data<f
     run.rows.push_back(p.shape()[0]);
     run.cols.push_back(p.shape().rank() > 1 ? p.shape()[1] : 1);
   }
+  if (uses_tcp(o)) {  // one replica per process: the transport is built here and handed over erased
+#if GRADWIRE_HAS_ASIO
+    run.local_rank = gradwire::cluster::detect().local_rank;
+    run.join = [&o]() -> gradwire::transport::any_transport {
+#if GRADWIRE_HAS_UCX
+      if (o.transport == "ucx") return gradwire::cluster::join_ucx();
+#endif
+      if (o.transport == "ucx") throw usage_error("--transport ucx: this build has no UCX (gradwire::ucx; Debian: libucx-dev)");
+      return gradwire::cluster::join_tcp();
+    };
+#endif
+  }
   summary out;
 #if GRADWIRE_HAS_CUDA
   const auto r = fashion_mnist::train_on_cuda(run);
-  out.chief = true;
+  out.chief = r.chief;
   out.final_accuracy = r.final_accuracy;
   out.total_seconds = r.total_seconds;
   out.epoch_reached = r.epoch_reached;

@@ -1,6 +1,9 @@
 // fashion_mnist --device cuda: the same training loop as main.cpp's, with the model on the GPU
-// (mlp_cuda.cuh) and gradwire's strategies over cuda_tensor: one_device, mirrored and
-// central_storage, replicas as threads, each on its own stream of one device.
+// (mlp_cuda.cuh) and gradwire's strategies over cuda_tensor: one_device; mirrored and
+// central_storage with replicas as threads, each on its own stream of one device; and
+// multi_worker_mirrored / central_storage with one replica per process, over the TCP or UCX
+// transport main.cpp joins (erased: transport::any_transport), each process on the device
+// its local rank picks.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -60,9 +63,10 @@ void train_replica(Strategy& strategy, mlp_cuda& model, const device_set& train,
   const std::size_t total_steps = steps * std::size_t(run.epochs);
   if (rank == 0) {
     std::lock_guard lock(print);
-    std::printf("strategy %s on the GPU (%d replica(s) as threads, one stream each), optimizer %s, lr %g (%s), batch "
+    std::printf("strategy %s on the GPU (%d replica(s) as %s), optimizer %s, lr %g (%s), batch "
                 "%zu per replica (%zu global), %zu steps/epoch\n",
-                run.strategy.c_str(), replicas, run.optimizer.c_str(), run.lr, run.cosine ? "cosine" : "constant",
+                run.strategy.c_str(), replicas, run.join ? "processes" : "threads, one stream each",
+                run.optimizer.c_str(), run.lr, run.cosine ? "cosine" : "constant",
                 batch, global_batch, steps);
     std::fflush(stdout);
   }
@@ -97,6 +101,7 @@ void train_replica(Strategy& strategy, mlp_cuda& model, const device_set& train,
                                           test.labels + test_begin, test_end - test_begin));
     gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(stats));
     if (rank == 0) {
+      out.chief = true;
       const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
       const double accuracy = stats[2] / double(run.test_count);
       std::lock_guard lock(print);
@@ -116,8 +121,11 @@ void train_replica(Strategy& strategy, mlp_cuda& model, const device_set& train,
 
 template <class Optimizer>
 cuda_result train(const cuda_run& run, const Optimizer& optimizer) {
-  if (gradwire::cuda::device_count() == 0)
+  const int devices = gradwire::cuda::device_count();
+  if (devices == 0)
     throw gradwire::error(gradwire::errc::device, "--device cuda: no CUDA device (or no driver) on this machine");
+  // One process per replica: spread them over the machine's GPUs (before anything is allocated).
+  if (run.join) gradwire::cuda::check(cudaSetDevice(run.local_rank % devices), "cudaSetDevice");
   namespace aggregation = gradwire::aggregation;
   cuda_result out;
   std::mutex print;
@@ -152,6 +160,8 @@ cuda_result train(const cuda_run& run, const Optimizer& optimizer) {
     mlp_cuda model(run.rows, run.cols, run.batch, stream);
     gradwire::one_device<tensor, Optimizer> strategy(initial_parameters(stream), optimizer);
     train_replica(strategy, model, train_set, test_set, run, stream, print, out);
+  } else if (run.join) {
+    replica(run.join());
   } else {
     gradwire::transport::run_inproc(run.replicas,
                                     [&](gradwire::transport::inproc endpoint) { replica(std::move(endpoint)); });
