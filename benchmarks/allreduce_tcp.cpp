@@ -5,6 +5,7 @@
 //
 //   gradwire-run -n 4 allreduce_tcp --algorithm ring -b 4 -e 64M -f 4 --csv out.csv
 //   UCX_TLS=sm gradwire-run -n 4 allreduce_tcp --transport ucx ...   (UCX: shared memory)
+//   gradwire-run -n 2 allreduce_tcp --transport asio-any ...   (TCP behind transport::any_transport)
 //
 // Each timed iteration: every rank refills its buffer from its pristine input (untimed),
 // the ranks meet in a barrier, each times its own all_reduce; an iteration's time is the
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <random>
 #include <gradwire/asio.hpp>
+#include <gradwire/transport/any.hpp>
 #if GRADWIRE_HAS_UCX
 #include <gradwire/ucx.hpp>
 #endif
@@ -156,10 +158,11 @@ int run(Transport transport, const bench::algorithm alg, bench::options o, const
 
 int main(int argc, char** argv) {
   const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
-  const std::string transport = bench::take_choice_flag(argc, argv, "--transport", {"asio", "ucx"}, "asio");
+  const std::string transport = bench::take_choice_flag(argc, argv, "--transport", {"asio", "ucx", "asio-any"}, "asio");
   bench::options o = bench::parse_options(argc, argv,
                                           "all_reduce (float32 sum, in place) across processes over gradwire's TCP "
-                                          "transport, or UCX with --transport ucx; start with scripts/gradwire-run -n N "
+                                          "transport, UCX with --transport ucx, or TCP behind transport::any_transport "
+                                          "with --transport asio-any; start with scripts/gradwire-run -n N "
                                           "or mpirun");
   try {
     if (transport == "ucx") {
@@ -171,6 +174,8 @@ int main(int argc, char** argv) {
       return 2;
 #endif
     }
+    if (transport == "asio-any")  // what a CUDA translation unit gets: one virtual call per operation
+      return run(gw::transport::any_transport(gw::cluster::join_tcp()), alg, o, "any_transport(asio_tcp)");
     return run(gw::cluster::join_tcp(), alg, o, "asio_tcp");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_tcp: %s\n", e.what());

@@ -67,7 +67,10 @@ std::vector<std::vector<double>> train(int ranks, int workers, int steps, Make m
 }
 }  // namespace
 
-TEST_CASE("any_transport: all-reduce through the erased transport matches a float64 reference", "[any_transport]") {
+// Holding inproc, receive-and-add is inproc's fused one; holding staging_only (no fused
+// receive), it is any_transport's own staged one.
+TEMPLATE_TEST_CASE("any_transport: all-reduce through the erased transport matches a float64 reference",
+                   "[any_transport]", inproc, gw::test::staging_only) {
   for (int ranks : {2, 3, 4})
     for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(100003)}) {
       const std::uint64_t seed = std::random_device{}();
@@ -75,9 +78,13 @@ TEST_CASE("any_transport: all-reduce through the erased transport matches a floa
       for (int r = 0; r < ranks; ++r) inputs.push_back(gw::test::random_input<float>(seed, r, n));
       const auto expected = gw::test::serial_reduce(inputs, true);
       gw::transport::run_inproc(ranks, [&](inproc t) {
-        gw::collective::communicator<any_transport> comm{any_transport(t)};
+        gw::collective::communicator<any_transport> comm{any_transport(TestType{t})};
         auto data = inputs[static_cast<std::size_t>(t.rank())];
+        // Twice: the second reuses the staging buffers the first gave back.
+        auto again = data;
         gw::collective::all_reduce(comm, std::span<float>(data), gw::collective::reduce_op::average);
+        gw::collective::all_reduce(comm, std::span<float>(again), gw::collective::reduce_op::average);
+        gw::test::expect(again == data, "a second all-reduce of the same data gives the same bits");
         results[static_cast<std::size_t>(t.rank())] = std::move(data);
       });
       for (int r = 0; r < ranks; ++r) {

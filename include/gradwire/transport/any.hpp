@@ -10,13 +10,14 @@
 //     return cluster::join_tcp();                   strategy<cuda_tensor<float>, optim::adam,
 //   }                                                        aggregation::all_reduce, any_transport> s(join(), ...);
 //
-// It models transport, failable, multiplexing and loss_tolerant; each forwards to the
-// erased transport where that transport has the capability. Without it, fail() does
-// nothing (as if the concept were absent) and wait_any / tolerate_loss throw
-// invalid_argument naming the transport. It does not forward accumulate-on-receive or
-// one-sided access (collectives stage through scratch instead, a parameter server uses
-// tagged messages) and never shares an address space (device collectives stage through
-// pinned host memory). Costs: one allocation per request and a virtual call.
+// It models transport, failable, multiplexing, loss_tolerant and accumulating (float,
+// double); each forwards to the erased transport where that transport has the capability.
+// Without it, fail() does nothing (as if the concept were absent), wait_any and
+// tolerate_loss throw invalid_argument naming the transport, and a receive-and-add lands
+// in a staging buffer (kept for reuse) that wait() adds in. It does not forward one-sided
+// access (a parameter server uses tagged messages) and never shares an address space
+// (device collectives stage through pinned host memory). Costs: one allocation per request
+// and a virtual call (benchmarks/README.md has the figures).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +32,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../kernels/host.hpp"
 #include "../timeouts.hpp"
 
 namespace gradwire::transport {
@@ -70,6 +72,12 @@ class any_transport {
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
     return request(get().async_recv(peer, tag, bytes));
   }
+  // Receives a message of inout.size() elements and adds it into inout.
+  template <class V>
+    requires(std::same_as<V, float> || std::same_as<V, double>)
+  request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
+    return request(get().async_recv_accumulate(peer, tag, inout));
+  }
   void wait(request& r, deadline until) {
     if (!r) throw error(errc::invalid_argument, "any_transport: wait on an empty request");
     get().wait(*r.held_, until);
@@ -93,6 +101,8 @@ class any_transport {
     virtual int size() const = 0;
     virtual std::unique_ptr<held_request_base> async_send(int, std::uint64_t, std::span<const std::byte>) = 0;
     virtual std::unique_ptr<held_request_base> async_recv(int, std::uint64_t, std::span<std::byte>) = 0;
+    virtual std::unique_ptr<held_request_base> async_recv_accumulate(int, std::uint64_t, std::span<float>) = 0;
+    virtual std::unique_ptr<held_request_base> async_recv_accumulate(int, std::uint64_t, std::span<double>) = 0;
     virtual void wait(held_request_base&, deadline) = 0;
     virtual std::size_t wait_any(std::span<request* const>, deadline) = 0;
     virtual void fail(errc, const std::string&) = 0;
@@ -102,8 +112,34 @@ class any_transport {
 
   template <class T>
   struct model final : interface {
-    struct held final : held_request_base {
+    // A request of T; finish() runs once wait() has completed it.
+    struct held_base : held_request_base {
+      virtual typename T::request& inner() = 0;
+      virtual void finish() {}
+    };
+    struct held final : held_base {
       explicit held(typename T::request r) : request(std::move(r)) {}
+      typename T::request& inner() override { return request; }
+      typename T::request request;
+    };
+    // A staging buffer lent by the model: goes back to its spares when the request is done.
+    struct lent_buffer {
+      model* owner;
+      std::vector<std::byte> bytes;
+      ~lent_buffer() { owner->spares.push_back(std::move(bytes)); }
+    };
+    // Receive-and-add where T has no fused one: the message lands in a lent buffer and
+    // finish() adds it in. The buffer is declared first, so it is given back only after
+    // the request (destroyed first) has withdrawn an unfinished receive.
+    template <class V>
+    struct staged_sum final : held_base {
+      staged_sum(model& m, std::span<V> into) : buffer{&m, m.take_spare(into.size_bytes())}, target(into) {}
+      typename T::request& inner() override { return request; }
+      void finish() override {
+        kernels::add(target.data(), reinterpret_cast<const V*>(buffer.bytes.data()), target.size());
+      }
+      lent_buffer buffer;
+      std::span<V> target;
       typename T::request request;
     };
 
@@ -118,12 +154,33 @@ class any_transport {
     std::unique_ptr<held_request_base> async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) override {
       return std::make_unique<held>(transport.async_recv(peer, tag, b));
     }
-    void wait(held_request_base& r, deadline until) override { transport.wait(mine(r).request, until); }
+    std::unique_ptr<held_request_base> async_recv_accumulate(int peer, std::uint64_t tag, std::span<float> v) override {
+      return accumulate(peer, tag, v);
+    }
+    std::unique_ptr<held_request_base> async_recv_accumulate(int peer, std::uint64_t tag,
+                                                             std::span<double> v) override {
+      return accumulate(peer, tag, v);
+    }
+    template <class V>
+    std::unique_ptr<held_request_base> accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
+      if constexpr (concepts::accumulating_transport<T, V>) {
+        return std::make_unique<held>(transport.async_recv_accumulate(peer, tag, inout));
+      } else {
+        auto staged = std::make_unique<staged_sum<V>>(*this, inout);
+        staged->request = transport.async_recv(peer, tag, std::span<std::byte>(staged->buffer.bytes));
+        return staged;
+      }
+    }
+    void wait(held_request_base& r, deadline until) override {
+      auto& h = mine(r);
+      transport.wait(h.inner(), until);
+      h.finish();
+    }
 
     std::size_t wait_any(std::span<request* const> requests, deadline until) override {
       if constexpr (concepts::multiplexing_transport<T>) {
         pointers.clear();  // reused: a server calls this once per message
-        for (request* r : requests) pointers.push_back(r && r->held_ ? &mine(*r->held_).request : nullptr);
+        for (request* r : requests) pointers.push_back(r && r->held_ ? &mine(*r->held_).inner() : nullptr);
         return transport.wait_any(std::span<typename T::request* const>(pointers), until);
       } else {
         lacks("wait_any (concepts::multiplexing_transport)");
@@ -147,8 +204,8 @@ class any_transport {
 
     // A request another any_transport made around a different transport type is refused,
     // not reinterpreted.
-    static held& mine(held_request_base& r) {
-      auto* h = dynamic_cast<held*>(&r);
+    static held_base& mine(held_request_base& r) {
+      auto* h = dynamic_cast<held_base*>(&r);
       if (!h)
         throw error(errc::invalid_argument, std::string("any_transport: a request made by a different transport type "
                                                         "was handed to the one around ") +
@@ -160,8 +217,18 @@ class any_transport {
                   std::string("any_transport: the transport it holds (") + typeid(T).name() + ") has no " + what);
     }
 
+    // A spare staging buffer of `bytes` (grown only when none is large enough: fresh
+    // memory is slow to touch, so buffers are reused across steps).
+    std::vector<std::byte> take_spare(std::size_t bytes) {
+      std::vector<std::byte> b;
+      if (!spares.empty()) b = std::move(spares.back()), spares.pop_back();
+      b.resize(bytes);
+      return b;
+    }
+
     T transport;
     std::vector<typename T::request*> pointers;
+    std::vector<std::vector<std::byte>> spares;
   };
 
   interface& get() const {
@@ -174,5 +241,7 @@ class any_transport {
 
 static_assert(concepts::transport<any_transport> && concepts::failable_transport<any_transport>);
 static_assert(concepts::multiplexing_transport<any_transport> && concepts::loss_tolerant_transport<any_transport>);
+static_assert(concepts::accumulating_transport<any_transport, float> &&
+              concepts::accumulating_transport<any_transport, double>);
 
 }  // namespace gradwire::transport
