@@ -736,10 +736,13 @@ summary train_on_gpu(const options& o, const fashion_mnist::fashion_mnist_data<f
 #if GRADWIRE_HAS_ASIO
     run.local_rank = gradwire::cluster::detect().local_rank;
     run.join = [&o]() -> gradwire::transport::any_transport {
+      if (o.transport == "ucx") {
 #if GRADWIRE_HAS_UCX
-      if (o.transport == "ucx") return gradwire::cluster::join_ucx();
+        return gradwire::cluster::join_ucx();
+#else
+        throw usage_error("--transport ucx: this build has no UCX (gradwire::ucx; Debian: libucx-dev)");
 #endif
-      if (o.transport == "ucx") throw usage_error("--transport ucx: this build has no UCX (gradwire::ucx; Debian: libucx-dev)");
+      }
       return gradwire::cluster::join_tcp();
     };
 #endif

@@ -117,6 +117,19 @@ concept loss_tolerant_transport = transport<T> && requires(T& t, const T& ct, in
   { ct.lost_peers() } -> std::convertible_to<std::vector<int>>;
 };
 
+// Whether `t` can lose a peer and go on: its type says so (loss_tolerant_transport), and a
+// transport whose answer depends on what it wraps (any_transport) may narrow it at run
+// time with `bool tolerates_loss() const`.
+template <class T>
+bool tolerates_loss(const T& t) {
+  if constexpr (!loss_tolerant_transport<T>)
+    return false;
+  else if constexpr (requires { { t.tolerates_loss() } -> std::convertible_to<bool>; })
+    return t.tolerates_loss();
+  else
+    return true;
+}
+
 // Optional transport capability: one-sided access to memory a peer exposed (RMA). A
 // parameter server takes it for push and pull to the peers the transport prefers it for
 // (a worker puts its gradient into the server's memory and gets the parameters back;

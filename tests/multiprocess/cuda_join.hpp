@@ -1,5 +1,5 @@
 // How mp_cuda_worker (nvcc) gets its transport: built in a host TU (cuda_join.cpp, g++),
-// because nvcc cannot compile Boost.Asio's headers. Plain types only.
+// because nvcc cannot compile Boost.Asio's headers. Nothing here needs Asio or CUDA.
 #pragma once
 
 #include <gradwire/transport/any.hpp>

@@ -12,8 +12,10 @@
 #include <gradwire/cuda.cuh>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <span>
 #include <string>

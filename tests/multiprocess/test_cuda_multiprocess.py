@@ -15,9 +15,11 @@ import unittest
 LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
 
 
-def run(ranks, mode, servers=0, bound=300):
-    cmd = [LAUNCHER, "-n", str(ranks)] + (["--ps", str(servers)] if servers else []) + ["--", WORKER, mode]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound,
+def run(ranks, mode, servers=0, bound=90):
+    # The launcher stops every rank after `bound` seconds; the outer timeout only backs it up.
+    cmd = [LAUNCHER, "-n", str(ranks), "--timeout", str(bound)] + (["--ps", str(servers)] if servers else [])
+    cmd += ["--", WORKER, mode]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound + 30,
                        env=dict(os.environ, GRADWIRE_TIMEOUT="60"))
     lines = {}
     for line in p.stdout.splitlines():

@@ -164,13 +164,16 @@ TEST_CASE("any_transport: errors of the held transport and of misuse are clear",
   any_transport::request empty;
   auto [kind, what] = error_of([&] { a.wait(empty, gw::deadline_after(1s)); });
   CHECK(kind == gw::errc::invalid_argument);
-  CHECK_THAT(what, Catch::Contains("empty request"));
+  CHECK_THAT(what, Catch::Contains("empty or already finished request"));
 
   // inproc cannot tolerate a lost peer: said, naming the capability.
   std::tie(kind, what) = error_of([&] { a.tolerate_loss(1); });
   CHECK(kind == gw::errc::invalid_argument);
   CHECK_THAT(what, Catch::Contains("loss_tolerant_transport"));
+  CHECK_THAT(what, Catch::Contains("gradwire::transport::inproc"));  // readable, not mangled
   CHECK(a.lost_peers().empty());
+  CHECK_FALSE(a.tolerates_loss());
+  CHECK_FALSE(gw::concepts::tolerates_loss(a));
 
   // A request made around another transport type is refused, not reinterpreted.
   any_transport staged(gw::test::staging_only{group.endpoint(0)});
@@ -189,6 +192,74 @@ TEST_CASE("any_transport: errors of the held transport and of misuse are clear",
   std::tie(kind, what) = error_of([&] { (void)a.size(); });  // NOLINT(bugprone-use-after-move): the point
   CHECK(kind == gw::errc::invalid_argument);
   CHECK_THAT(what, Catch::Contains("moved from"));
+}
+
+namespace {
+// staging_only (no fused receive-and-add) that can wait on whichever request is done first.
+struct staging_with_wait_any : gw::test::staging_only {
+  std::size_t wait_any(std::span<request* const> requests, gw::deadline until) { return inner.wait_any(requests, until); }
+};
+}  // namespace
+
+TEST_CASE("any_transport: a staged receive-and-add adds once, into its own target, and lends its buffer safely",
+          "[any_transport]") {
+  gw::transport::inproc_group group(2);
+  auto outcomes = group.run([&](inproc t) {
+    any_transport a(staging_with_wait_any{t});
+    const auto until = gw::deadline_after(10s);
+    std::vector<int> go{1};
+    if (a.rank() == 0) {
+      std::vector<float> message{1, 2, 3};
+      auto ready = a.async_recv(1, 11, bytes(go));
+      a.wait(ready, until);
+      auto sent = a.async_send(1, 9, std::as_bytes(std::span(message)));
+      a.wait(sent, until);
+      return;
+    }
+    std::vector<float> first(3, 10.0f), second(3, 20.0f), idle_target(3, 0.0f);
+    {  // withdrawn: its staging buffer goes back to the spares, to be lent again below
+      auto dropped = a.async_recv_accumulate(0, 9, std::span(first));
+    }
+    auto idle = a.async_recv_accumulate(0, 10, std::span(idle_target));  // never sent
+    auto r = a.async_recv_accumulate(0, 9, std::span(second));
+    auto ready = a.async_send(0, 11, bytes(go));
+    a.wait(ready, until);
+    any_transport::request* pending[] = {&idle, &r};
+    gw::test::expect(a.wait_any(pending, until) == 1, "wait_any picks the staged request that completed");
+    a.wait(r, until);
+    gw::test::expect(second == std::vector<float>{21, 22, 23}, "the message is added into its target");
+    gw::test::expect(first == std::vector<float>(3, 10.0f), "a withdrawn target is untouched");
+    gw::test::expect(!r, "a waited request is empty");
+    try {
+      a.wait(r, until);
+      gw::test::expect(false, "a second wait is refused");
+    } catch (const gw::error& e) {
+      gw::test::expect(e.kind() == gw::errc::invalid_argument, "a second wait is invalid_argument");
+    }
+    gw::test::expect(second == std::vector<float>{21, 22, 23}, "and adds nothing twice");
+  });
+  for (auto& e : outcomes) REQUIRE(what_of(e) == "");
+}
+
+TEST_CASE("any_transport: an async parameter server over a transport that cannot lose peers runs as over inproc",
+          "[any_transport]") {
+  // any_transport models loss_tolerant_transport, but inproc cannot survive a lost peer:
+  // the server must not ask it to (tolerates_loss() is false), and trains normally.
+  const gw::optim::sgd sgd({.lr = 0.05});
+  auto ps = [&](auto transport, auto params) {
+    gw::ps::options o;
+    o.servers = 1;
+    o.timeout = 60s;
+    using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::sgd, gw::ps::async, decltype(transport)>;
+    return S(std::move(transport), std::move(params), sgd, typename S::aggregation_type(o));
+  };
+  const auto history = train<any_transport>(3, 2, 6, ps);
+  REQUIRE(history.size() == 6);
+  for (const auto& step : history) {
+    REQUIRE(step.size() == model.outputs * model.inputs + model.outputs);
+    for (double v : step) REQUIRE(std::isfinite(v));
+  }
+  REQUIRE(history.back() != history.front());  // it trained
 }
 
 TEST_CASE("any_transport: fail() reaches the peers of the held transport", "[any_transport]") {

@@ -286,7 +286,7 @@ class parameter_server {
     std::size_t at = 0;
     for (auto p : params) std::copy_n(flat.data() + at, p.size(), p.data()), at += p.size();
     if constexpr (concepts::loss_tolerant_transport<Tr>)
-      if (Mode::on_arrival)  // async: workers may die; servers are never tolerated
+      if (Mode::on_arrival && concepts::tolerates_loss(comm.transport()))  // async: workers may die; servers never
         for (int r = 0; r < first_server(n); ++r)
           if (r != comm.rank()) comm.transport().tolerate_loss(r);
     if constexpr (concepts::one_sided_transport<Tr>) share_windows<V>(comm);

@@ -13,7 +13,8 @@
 // It models transport, failable, multiplexing, loss_tolerant and accumulating (float,
 // double); each forwards to the erased transport where that transport has the capability.
 // Without it, fail() does nothing (as if the concept were absent), wait_any and
-// tolerate_loss throw invalid_argument naming the transport, and a receive-and-add lands
+// tolerate_loss throw invalid_argument naming the transport (tolerates_loss() says false,
+// so a parameter server does not count on it), and a receive-and-add lands
 // in a staging buffer (kept for reuse) that wait() adds in. It does not forward one-sided
 // access (a parameter server uses tagged messages) and never shares an address space
 // (device collectives stage through pinned host memory). Costs: one allocation per request
@@ -22,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
@@ -29,6 +31,9 @@
 #include <typeinfo>
 #include <utility>
 #include <vector>
+#if __has_include(<cxxabi.h>)
+#include <cxxabi.h>
+#endif
 
 #include "../concepts.hpp"
 #include "../error.hpp"
@@ -56,8 +61,12 @@ class any_transport {
   };
 
   // Takes ownership of any transport (implicitly, like std::function from a callable).
+  // Its request type must be default-constructible and move-assignable (a staged
+  // receive-and-add starts empty and is filled once its buffer is lent).
   template <class T>
-    requires(!std::same_as<std::remove_cvref_t<T>, any_transport> && concepts::transport<std::remove_cvref_t<T>>)
+    requires(!std::same_as<std::remove_cvref_t<T>, any_transport> && concepts::transport<std::remove_cvref_t<T>> &&
+             std::default_initializable<typename std::remove_cvref_t<T>::request> &&
+             std::is_move_assignable_v<typename std::remove_cvref_t<T>::request>)
   any_transport(T&& transport)  // NOLINT(google-explicit-constructor)
       : self_(std::make_unique<model<std::remove_cvref_t<T>>>(std::forward<T>(transport))) {}
 
@@ -78,14 +87,20 @@ class any_transport {
   request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
     return request(get().async_recv_accumulate(peer, tag, inout));
   }
+  // The request is empty afterwards, whether the wait returns or throws (as the held
+  // transport's own requests are), so a second wait is refused rather than repeated.
   void wait(request& r, deadline until) {
-    if (!r) throw error(errc::invalid_argument, "any_transport: wait on an empty request");
-    get().wait(*r.held_, until);
+    if (!r) throw error(errc::invalid_argument, "any_transport: wait on an empty or already finished request");
+    const auto finished = std::move(r.held_);
+    get().wait(*finished, until);
   }
   std::size_t wait_any(std::span<request* const> requests, deadline until) { return get().wait_any(requests, until); }
   void fail(errc cause, const std::string& reason) { get().fail(cause, reason); }
   void tolerate_loss(int peer) { get().tolerate_loss(peer); }
   std::vector<int> lost_peers() const { return get().lost_peers(); }
+  // Whether the held transport can lose a peer and go on (concepts::tolerates_loss asks
+  // this, so a parameter server does not count on it where the held transport cannot).
+  bool tolerates_loss() const { return get().tolerates_loss(); }
 
   // The erased transport, when it is a T (nullptr otherwise): for its own settings.
   template <class T>
@@ -108,7 +123,12 @@ class any_transport {
     virtual void fail(errc, const std::string&) = 0;
     virtual void tolerate_loss(int) = 0;
     virtual std::vector<int> lost_peers() const = 0;
+    virtual bool tolerates_loss() const = 0;
   };
+
+  // Staging buffers for receive-and-add, shared with the requests that borrow them, so a
+  // request may outlive its transport as the transports' own requests may.
+  using spare_buffers = std::vector<std::vector<std::byte>>;
 
   template <class T>
   struct model final : interface {
@@ -124,16 +144,37 @@ class any_transport {
     };
     // A staging buffer lent by the model: goes back to its spares when the request is done.
     struct lent_buffer {
-      model* owner;
+      lent_buffer(std::shared_ptr<spare_buffers> pool, std::size_t size) : spares(std::move(pool)) {
+        // The smallest spare that is large enough; else the largest, grown (fresh memory
+        // is slow to touch, so buffers are reused across steps).
+        const auto fits = [size](const std::vector<std::byte>& b) { return b.capacity() >= size; };
+        auto best = spares->end();
+        for (auto it = spares->begin(); it != spares->end(); ++it) {
+          const bool better = best == spares->end() ||
+                              (fits(*it) ? !fits(*best) || it->capacity() < best->capacity()
+                                         : !fits(*best) && it->capacity() > best->capacity());
+          if (better) best = it;
+        }
+        if (best != spares->end()) bytes = std::move(*best), spares->erase(best);
+        bytes.resize(size);
+      }
+      lent_buffer(const lent_buffer&) = delete;
+      lent_buffer& operator=(const lent_buffer&) = delete;
+      ~lent_buffer() {
+        try {
+          spares->push_back(std::move(bytes));
+        } catch (...) {  // out of memory for the list: the buffer is simply freed
+        }
+      }
+      std::shared_ptr<spare_buffers> spares;
       std::vector<std::byte> bytes;
-      ~lent_buffer() { owner->spares.push_back(std::move(bytes)); }
     };
     // Receive-and-add where T has no fused one: the message lands in a lent buffer and
     // finish() adds it in. The buffer is declared first, so it is given back only after
     // the request (destroyed first) has withdrawn an unfinished receive.
     template <class V>
     struct staged_sum final : held_base {
-      staged_sum(model& m, std::span<V> into) : buffer{&m, m.take_spare(into.size_bytes())}, target(into) {}
+      staged_sum(model& m, std::span<V> into) : buffer(m.spares, into.size_bytes()), target(into) {}
       typename T::request& inner() override { return request; }
       void finish() override {
         kernels::add(target.data(), reinterpret_cast<const V*>(buffer.bytes.data()), target.size());
@@ -201,34 +242,37 @@ class any_transport {
       else
         return {};
     }
+    bool tolerates_loss() const override { return concepts::tolerates_loss(transport); }
 
     // A request another any_transport made around a different transport type is refused,
     // not reinterpreted.
     static held_base& mine(held_request_base& r) {
       auto* h = dynamic_cast<held_base*>(&r);
       if (!h)
-        throw error(errc::invalid_argument, std::string("any_transport: a request made by a different transport type "
-                                                        "was handed to the one around ") +
-                                                typeid(T).name());
+        throw error(errc::invalid_argument, "any_transport: a request made by a different transport type was handed "
+                                            "to the one around " + type_name());
       return *h;
     }
     [[noreturn]] static void lacks(const char* what) {
       throw error(errc::invalid_argument,
-                  std::string("any_transport: the transport it holds (") + typeid(T).name() + ") has no " + what);
+                  "any_transport: the transport it holds (" + type_name() + ") has no " + what);
     }
-
-    // A spare staging buffer of `bytes` (grown only when none is large enough: fresh
-    // memory is slow to touch, so buffers are reused across steps).
-    std::vector<std::byte> take_spare(std::size_t bytes) {
-      std::vector<std::byte> b;
-      if (!spares.empty()) b = std::move(spares.back()), spares.pop_back();
-      b.resize(bytes);
-      return b;
+    static std::string type_name() {
+      const char* mangled = typeid(T).name();
+#if __has_include(<cxxabi.h>)
+      int status = 0;
+      if (char* readable = abi::__cxa_demangle(mangled, nullptr, nullptr, &status)) {
+        std::string out(readable);
+        std::free(readable);
+        return out;
+      }
+#endif
+      return mangled;
     }
 
     T transport;
     std::vector<typename T::request*> pointers;
-    std::vector<std::vector<std::byte>> spares;
+    std::shared_ptr<spare_buffers> spares = std::make_shared<spare_buffers>();
   };
 
   interface& get() const {

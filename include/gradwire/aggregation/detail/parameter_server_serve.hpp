@@ -147,7 +147,7 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     }
   };
   auto lose = [&](int w, const error& e) {
-    if (!(Mode::on_arrival && concepts::loss_tolerant_transport<Tr>) || e.kind() != errc::peer_lost) throw e;
+    if (!(Mode::on_arrival && concepts::tolerates_loss(comm.transport())) || e.kind() != errc::peer_lost) throw e;
     slots[w].live = false;
     --active;
     stats.lost_workers.push_back(w);
