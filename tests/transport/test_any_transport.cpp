@@ -65,6 +65,18 @@ std::vector<std::vector<double>> train(int ranks, int workers, int steps, Make m
   });
   return history;
 }
+// Makes a parameter_server<Mode> strategy with one server rank (the last), for train().
+template <class Mode, class Optimizer>
+auto one_server(Optimizer opt) {
+  return [opt](auto transport, auto params) {
+    gw::ps::options o;
+    o.servers = 1;
+    o.timeout = 60s;
+    using S = gw::parameter_server<gw::host_tensor<double>, Optimizer, Mode, decltype(transport)>;
+    return S(std::move(transport), std::move(params), opt, typename S::aggregation_type(o));
+  };
+}
+
 }  // namespace
 
 // Holding inproc, receive-and-add is inproc's fused one; holding staging_only (no fused
@@ -105,14 +117,7 @@ TEST_CASE("any_transport: mirrored and a parameter server train as they do over 
   gw::test::require_trajectories_close(erased, direct);
 
   // Synchronous PS needs wait_any, which any_transport forwards; it equals all-reduce.
-  auto ps = [&](auto transport, auto params) {
-    gw::ps::options o;
-    o.servers = 1;
-    o.timeout = 60s;
-    using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::adam, gw::ps::sync, decltype(transport)>;
-    return S(std::move(transport), std::move(params), adam, typename S::aggregation_type(o));
-  };
-  const auto served = train<any_transport>(4, 3, 6, ps);
+  const auto served = train<any_transport>(4, 3, 6, one_server<gw::ps::sync>(adam));
   gw::test::require_trajectories_close(served, direct);
 }
 
@@ -245,15 +250,7 @@ TEST_CASE("any_transport: an async parameter server over a transport that cannot
           "[any_transport]") {
   // any_transport models loss_tolerant_transport, but inproc cannot survive a lost peer:
   // the server must not ask it to (tolerates_loss() is false), and trains normally.
-  const gw::optim::sgd sgd({.lr = 0.05});
-  auto ps = [&](auto transport, auto params) {
-    gw::ps::options o;
-    o.servers = 1;
-    o.timeout = 60s;
-    using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::sgd, gw::ps::async, decltype(transport)>;
-    return S(std::move(transport), std::move(params), sgd, typename S::aggregation_type(o));
-  };
-  const auto history = train<any_transport>(3, 2, 6, ps);
+  const auto history = train<any_transport>(3, 2, 6, one_server<gw::ps::async>(gw::optim::sgd({.lr = 0.05})));
   REQUIRE(history.size() == 6);
   for (const auto& step : history) {
     REQUIRE(step.size() == model.outputs * model.inputs + model.outputs);
