@@ -1,6 +1,10 @@
-# cmake -DSOURCE_DIR=... -DWORK_DIR=... -P install_and_consume.cmake
-# Installs gradwire into a fresh prefix, then builds and runs a consumer that finds it
-# with find_package(gradwire CONFIG REQUIRED).
+# cmake -DSOURCE_DIR=... -DWORK_DIR=... -DCOMPONENTS=asio,ucx,cuda [-DCUDA_COMPILER=...] -P install_and_consume.cmake
+#
+# 1. Installs gradwire (with the components this build has) into a fresh prefix, then builds
+#    and runs a consumer that asks for them: find_package(gradwire CONFIG REQUIRED COMPONENTS ...).
+# 2. Installs a core-only gradwire into another prefix: asking it for a component it lacks,
+#    or for one that does not exist, must stop the consumer's configure with a message
+#    that names the component and what to do.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -8,11 +12,52 @@ function(run)
     message(FATAL_ERROR "failed: ${ARGN}\n${out}")
   endif()
 endfunction()
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DGRADWIRE_BUILD_TESTS=OFF
-    -DGRADWIRE_BUILD_EXAMPLES=OFF -DGRADWIRE_BUILD_BENCHMARKS=OFF -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
+# Runs a command that must fail with output containing every one of `needles`.
+function(expect_failure needles)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(result EQUAL 0)
+    message(FATAL_ERROR "expected a failure, but it succeeded: ${ARGN}\n${out}")
+  endif()
+  string(REGEX REPLACE "[ \t\r\n]+" " " flat "${out}")  # CMake wraps long messages
+  foreach(needle IN LISTS needles)
+    string(FIND "${flat}" "${needle}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "the failure does not say \"${needle}\": ${ARGN}\n${out}")
+    endif()
+  endforeach()
+endfunction()
+set(off -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF -DGRADWIRE_BUILD_BENCHMARKS=OFF)
+set(consumer_flags -DCMAKE_BUILD_TYPE=Release)
+if(CUDA_COMPILER)
+  list(APPEND consumer_flags -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER})
+endif()
+
+# 1. Everything this build has.
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build ${off} -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --install ${WORK_DIR}/build)
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/consumer
-    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/consumer ${consumer_flags}
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix "-DGRADWIRE_COMPONENTS=${COMPONENTS}")
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
 run(${WORK_DIR}/consumer/consumer)
-message(STATUS "find_package(gradwire) consumer built and ran")
+message(STATUS "find_package(gradwire COMPONENTS ${COMPONENTS}): the consumer built and ran")
+# The consumer must have asked for every component this build has (not lost on the way).
+file(STRINGS ${WORK_DIR}/consumer/CMakeCache.txt asked REGEX "^GRADWIRE_COMPONENTS:")
+if(NOT asked STREQUAL "GRADWIRE_COMPONENTS:STRING=${COMPONENTS}")
+  message(FATAL_ERROR "the consumer was configured with ${asked}, not ${COMPONENTS}")
+endif()
+
+# 2. A core-only installation.
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/core-build ${off} -DGRADWIRE_ASIO=OFF -DGRADWIRE_UCX=OFF
+    -DGRADWIRE_CUDA=OFF -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/core-prefix)
+run(${CMAKE_COMMAND} --install ${WORK_DIR}/core-build)
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/core-consumer ${consumer_flags}
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/core-prefix)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/core-consumer)
+run(${WORK_DIR}/core-consumer/consumer)
+expect_failure("component 'ucx' is not in this installation;it was configured without it;-DGRADWIRE_UCX=ON;libucx-dev;Installed components: none."
+  ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/missing ${consumer_flags}
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/core-prefix "-DGRADWIRE_COMPONENTS=ucx")
+expect_failure("gradwire has no component 'mpi'"
+  ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/unknown ${consumer_flags}
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/core-prefix "-DGRADWIRE_COMPONENTS=mpi")
+message(STATUS "a missing or unknown component is a clear configure error")
