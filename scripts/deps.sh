@@ -1,7 +1,7 @@
 # Sourced by scripts/demo and scripts/test: installs the Debian packages gradwire needs.
 # Usage: gradwire_require_packages PKG...   (installs only what is missing)
 
-gradwire_build_packages=(cmake g++ make catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev python3 openmpi-bin)
+gradwire_build_packages=(cmake g++ make catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev python3 python3-venv openmpi-bin)
 
 gradwire_require_packages() {
   local missing=()
@@ -24,4 +24,18 @@ gradwire_require_packages() {
 gradwire_configure() {
   local build_dir=$1; shift
   cmake -S "$gradwire_root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
+}
+
+# Installs Conan 2 from PyPI into a virtual environment under $1 (once; reused after) and
+# prints the path of its conan executable. Used by the package test (conan create).
+gradwire_require_conan() {
+  local venv=$1/conan-venv
+  if [ ! -x "$venv/bin/conan" ]; then
+    echo "gradwire: installing Conan 2 from PyPI into $venv" >&2
+    /usr/bin/python3 -m venv "$venv" >&2 && "$venv/bin/pip" install -q "conan>=2,<3" >&2 || {
+      echo "gradwire: could not install Conan (no PyPI access?); the conan package test will be skipped" >&2
+      return 0
+    }
+  fi
+  echo "$venv/bin/conan"
 }
