@@ -2,8 +2,12 @@
 #include "cuda_join.hpp"
 
 #include <gradwire/asio.hpp>
+#include <type_traits>
 
 namespace gradwire::test {
+
+// What crosses to the nvcc side: the TCP transport, erased.
+static_assert(std::is_constructible_v<transport::any_transport, transport::asio_tcp>);
 
 joined_job join_tcp_erased() {
   const auto spec = cluster::detect();
