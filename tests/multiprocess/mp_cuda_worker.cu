@@ -27,6 +27,11 @@
 namespace gw = gradwire;
 using gw::testing::batch_data;
 
+// Across processes nothing is shared: the device all-reduce must take its staged path
+// (pinned chunks), with the host ring adding as it receives.
+static_assert(!gw::concepts::shared_address_space_transport<gw::transport::any_transport>);
+static_assert(gw::concepts::accumulating_transport<gw::transport::any_transport, float>);
+
 namespace {
 
 int my_rank = -1;
