@@ -421,8 +421,9 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
     strategy.optimizer().set_lr(*o.lr * 0.5 * (1.0 + std::cos(pi * double(global_step) / double(total_steps))));
   };
 
-  // Checkpoints: replicas of every strategy but local_sgd are identical, so the chief saves
-  // one file that every rank loads; local_sgd replicas each save and load their own.
+  // Checkpoints: replicas of every strategy but local_sgd hold the same parameters, so one
+  // rank saves one file that every rank loads: the chief, or central_storage's owner (the
+  // only rank whose optimizer state is used); local_sgd replicas each save and load their own.
   std::filesystem::path checkpoint;
   std::uint64_t resumed = 0;  // global steps already done by the run this one resumes
   if (!o.checkpoint_dir.empty()) {
@@ -438,7 +439,8 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
     }
   }
   auto save = [&](std::uint64_t done) {
-    if (!checkpoint.empty() && (rank == 0 || averaging)) gradwire::save_checkpoint(checkpoint, strategy, done);
+    const int saver = o.strategy == "central_storage" ? o.owner.value_or(0) : 0;
+    if (!checkpoint.empty() && (rank == saver || averaging)) gradwire::save_checkpoint(checkpoint, strategy, done);
   };
 
   const auto start = steady::now();
