@@ -7,10 +7,11 @@ Exits 77 (ctest: skipped, never passed) when the machine has no CUDA device. The
 share the machine's GPU(s); every case bounds its own time.
 """
 import os
-import re
 import subprocess
 import sys
 import unittest
+
+from mp_support import rank_lines
 
 LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
 
@@ -21,11 +22,7 @@ def run(ranks, mode, servers=0, bound=90):
     cmd += ["--", WORKER, mode]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound + 30,
                        env=dict(os.environ, GRADWIRE_TIMEOUT="60"))
-    lines = {}
-    for line in p.stdout.splitlines():
-        m = re.match(r"\[(\d+)\] (.*)", line)
-        if m:
-            lines.setdefault(int(m.group(1)), []).append(m.group(2))
+    lines = rank_lines(p.stdout)
     return p.returncode, lines, p.stdout
 
 

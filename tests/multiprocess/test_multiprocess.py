@@ -6,13 +6,14 @@
 Every case bounds its own time: a hang fails the test instead of stalling CI.
 """
 import os
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
 import unittest
+
+from mp_support import rank_lines
 
 LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
 # The deadline for joining a job in the failure cases: short, so that they finish fast.
@@ -26,11 +27,7 @@ def run(ranks, *args, keep_going=False, extra=(), env=None, bound=120):
     start = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound, env=e)
     took = time.monotonic() - start
-    lines = {}
-    for line in p.stdout.splitlines():
-        m = re.match(r"\[(\d+)\] (.*)", line)
-        if m:
-            lines.setdefault(int(m.group(1)), []).append(m.group(2))
+    lines = rank_lines(p.stdout)
     return p.returncode, lines, took, p.stdout
 
 

@@ -14,6 +14,8 @@ import tempfile
 import time
 import unittest
 
+from mp_support import rank_lines
+
 LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
 PATH = os.environ.get("GRADWIRE_TEST_PS_PATH", "")  # one-sided, tagged, or unchecked
 
@@ -24,11 +26,7 @@ def run(workers, servers, *args, keep_going=False, bound=120):
     cmd += ["--", WORKER, *args]
     env = dict(os.environ, GRADWIRE_TIMEOUT="20")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound, env=env)
-    lines = {}
-    for line in p.stdout.splitlines():
-        m = re.match(r"\[(\d+)\] (.*)", line)
-        if m:
-            lines.setdefault(int(m.group(1)), []).append(m.group(2))
+    lines = rank_lines(p.stdout)
     return p.returncode, lines, p.stdout
 
 
