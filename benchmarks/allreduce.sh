@@ -13,15 +13,11 @@ gradwire_root=$(cd "$(dirname "$0")/.." && pwd)
 source "$gradwire_root/scripts/deps.sh"
 
 gradwire_require_packages "${gradwire_build_packages[@]}" libopenmpi-dev libgloo-dev python3-torch python3-matplotlib
-build_dir=${GRADWIRE_BENCH_BUILD_DIR:-$gradwire_root/build-bench}
-results=${GRADWIRE_RESULTS_DIR:-$gradwire_root/results}
 ranks=${GRADWIRE_BENCH_RANKS:-2 4}
 max_bytes=67108864
-gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
-  -DGRADWIRE_BUILD_BENCHMARKS=ON -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON
+gradwire_configure_benchmarks -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON
 cmake --build "$build_dir" --target allreduce_tcp -j"$(nproc)"
 
-mkdir -p "$results"
 csv=$results/allreduce_tcp.csv
 rm -f "$csv"
 status=0

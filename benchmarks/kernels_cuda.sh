@@ -17,13 +17,9 @@ gradwire_root=$(cd "$(dirname "$0")/.." && pwd)
 source "$gradwire_root/scripts/deps.sh"
 
 gradwire_require_packages "${gradwire_build_packages[@]}"
-build_dir=${GRADWIRE_BENCH_BUILD_DIR:-$gradwire_root/build-bench}
-results=${GRADWIRE_RESULTS_DIR:-$gradwire_root/results}
-gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
-  -DGRADWIRE_BUILD_BENCHMARKS=ON -DGRADWIRE_CUDA=ON
+gradwire_configure_benchmarks -DGRADWIRE_CUDA=ON
 cmake --build "$build_dir" --target kernels_cuda -j"$(nproc)"
 
-mkdir -p "$results"
 ours=$results/kernels_cuda.csv
 theirs=$results/kernels_cuda_torch.csv
 rm -f "$ours" "$theirs" "$results/compare_kernels_cuda.csv"

@@ -19,15 +19,11 @@ gradwire_root=$(cd "$(dirname "$0")/.." && pwd)
 source "$gradwire_root/scripts/deps.sh"
 
 gradwire_require_packages "${gradwire_build_packages[@]}"
-build_dir=${GRADWIRE_BENCH_BUILD_DIR:-$gradwire_root/build-bench}
-results=${GRADWIRE_RESULTS_DIR:-$gradwire_root/results}
 configs=${GRADWIRE_PS_CONFIGS:-4:1 4:2 2:1}
 transports=${GRADWIRE_PS_TRANSPORTS:-asio ucx:tcp ucx:sm ucx:sm:off}
-gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
-  -DGRADWIRE_BUILD_BENCHMARKS=ON -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON
+gradwire_configure_benchmarks -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON
 cmake --build "$build_dir" --target ps_throughput -j"$(nproc)"
 
-mkdir -p "$results"
 txt=$results/ps_throughput.txt
 csv=$results/ps_throughput.csv
 runs=$(mktemp "${TMPDIR:-/tmp}/ps_throughput.XXXXXX.csv")

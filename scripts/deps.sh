@@ -39,3 +39,14 @@ gradwire_require_conan() {
   fi
   echo "$venv/bin/conan"
 }
+
+# For benchmark scripts: sets build_dir ($GRADWIRE_BENCH_BUILD_DIR, default build-bench) and
+# results ($GRADWIRE_RESULTS_DIR, default results; created), then configures a build of the
+# benchmarks only, with the given extra CMake arguments.
+gradwire_configure_benchmarks() {
+  build_dir=${GRADWIRE_BENCH_BUILD_DIR:-$gradwire_root/build-bench}
+  results=${GRADWIRE_RESULTS_DIR:-$gradwire_root/results}
+  mkdir -p "$results"
+  gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
+    -DGRADWIRE_BUILD_BENCHMARKS=ON "$@"
+}

@@ -63,54 +63,54 @@ inline cudaMemoryType memory_type_of(const void* p) {
   return attributes.type;
 }
 
-// An owned, non-blocking stream (does not synchronise with the legacy default stream).
-class stream {
+namespace detail {
+// Owns one runtime handle (a stream, an event): move-only, destroyed with Destroy.
+template <class Handle, cudaError_t (*Destroy)(Handle)>
+class owned_handle {
  public:
-  stream() { check(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
-  stream(stream&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-  stream& operator=(stream&& other) noexcept {
+  owned_handle() = default;
+  owned_handle(const owned_handle&) = delete;
+  owned_handle& operator=(const owned_handle&) = delete;
+  owned_handle(owned_handle&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  owned_handle& operator=(owned_handle&& other) noexcept {
     if (this != &other) {
       reset();
       handle_ = std::exchange(other.handle_, nullptr);
     }
     return *this;
   }
-  ~stream() { reset(); }
+  ~owned_handle() { reset(); }
 
-  cudaStream_t get() const noexcept { return handle_; }
-  operator cudaStream_t() const noexcept { return handle_; }  // NOLINT: passes where the runtime wants one
-  void synchronize() const { check(cudaStreamSynchronize(handle_), "cudaStreamSynchronize"); }
+  Handle get() const noexcept { return handle_; }
+
+ protected:
+  Handle handle_ = nullptr;
 
  private:
   void reset() noexcept {
-    if (handle_) (void)cudaStreamDestroy(handle_);
+    if (handle_) (void)Destroy(handle_);
     handle_ = nullptr;
   }
-  cudaStream_t handle_ = nullptr;
+};
+}  // namespace detail
+
+// An owned, non-blocking stream (does not synchronise with the legacy default stream).
+class stream : public detail::owned_handle<cudaStream_t, &cudaStreamDestroy> {
+ public:
+  stream() { check(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+
+  operator cudaStream_t() const noexcept { return handle_; }  // NOLINT: passes where the runtime wants one
+  void synchronize() const { check(cudaStreamSynchronize(handle_), "cudaStreamSynchronize"); }
 };
 
 // An event without timing, for ordering one stream after another or the host after a stream.
-class event {
+class event : public detail::owned_handle<cudaEvent_t, &cudaEventDestroy> {
  public:
   explicit event(bool timing = false) {
     check(cudaEventCreateWithFlags(&handle_, timing ? cudaEventDefault : cudaEventDisableTiming),
           "cudaEventCreateWithFlags");
   }
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-  event& operator=(event&& other) noexcept {
-    if (this != &other) {
-      reset();
-      handle_ = std::exchange(other.handle_, nullptr);
-    }
-    return *this;
-  }
-  ~event() { reset(); }
 
-  cudaEvent_t get() const noexcept { return handle_; }
   void record(cudaStream_t s) { check(cudaEventRecord(handle_, s), "cudaEventRecord"); }
   void synchronize() const { check(cudaEventSynchronize(handle_), "cudaEventSynchronize"); }
   // Later work on `s` waits for this event (on the device; the host does not block).
@@ -121,13 +121,6 @@ class event {
     check(cudaEventElapsedTime(&ms, start.handle_, handle_), "cudaEventElapsedTime");
     return ms;
   }
-
- private:
-  void reset() noexcept {
-    if (handle_) (void)cudaEventDestroy(handle_);
-    handle_ = nullptr;
-  }
-  cudaEvent_t handle_ = nullptr;
 };
 
 // Page-locked host memory: the staging area copies to and from the device run
