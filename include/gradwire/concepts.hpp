@@ -16,6 +16,7 @@
 #include "tensor/dtype.hpp"
 #include "tensor/shape.hpp"
 #include "timeouts.hpp"
+#include "transport/traffic.hpp"
 
 namespace gradwire {
 
@@ -129,6 +130,14 @@ bool tolerates_loss(const T& t) {
   else
     return true;
 }
+
+// Optional transport capability: count the payload this rank has sent and received, so
+// that a strategy can report bytes per step (a transport without it reports none).
+//   transport::traffic_counters traffic() const
+template <class T>
+concept metered_transport = transport<T> && requires(const T& ct) {
+  { ct.traffic() } -> std::convertible_to<transport::traffic_counters>;
+};
 
 // Optional transport capability: one-sided access to memory a peer exposed (RMA). A
 // parameter server takes it for push and pull to the peers the transport prefers it for

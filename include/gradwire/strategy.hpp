@@ -1,6 +1,7 @@
 // strategy<Tensor, Optimizer, Aggregation, Transport>: one replica's view of data-parallel training.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <span>
@@ -17,6 +18,10 @@
 #include "collective/communicator.hpp"
 #include "concepts.hpp"
 #include "error.hpp"
+#include "observe/log.hpp"
+#include "observe/step_stats.hpp"
+#include "observe/timeline.hpp"
+#include "observe/type_name.hpp"
 #include "tensor/host_tensor.hpp"
 #include "transport/inproc.hpp"
 #include "transport/local.hpp"
@@ -98,6 +103,7 @@ class strategy {
         optimizer_(std::move(optimizer)),
         aggregation_(std::move(aggregation)),
         parameters_(std::move(parameters)) {
+    const auto setup_began = clock::now();
     param_spans_.reserve(parameters_.size());
     grad_spans_.reserve(parameters_.size());
     if constexpr (on_device) {
@@ -120,6 +126,8 @@ class strategy {
       }
       aggregation_.setup(comm_, std::span<const std::span<value_type>>(param_spans_));
     }
+    last_step_end_ = clock::now();
+    if (observe::log_enabled(observe::log_level::info)) log_setup(last_step_end_ - setup_began);
   }
 
   // Move-only (the communicator is); a worker of a parameter-server job tells the
@@ -157,6 +165,11 @@ class strategy {
                                                 std::to_string(n) + " elements but parameter " + std::to_string(i) +
                                                 " has " + std::to_string(parameters_[i].size()));
     }
+    const auto began = clock::now();
+    const auto traffic_before = traffic();
+    auto trace = comm_.trace("step", 0, "strategy");
+    trace.arg("step", static_cast<std::int64_t>(cumulative_.steps + 1));
+    optimizer_time_ = {};
     if constexpr (on_device) {
       static_assert(concepts::tensor<std::remove_const_t<Gradient>>,
                     "strategy::step: the parameters are CUDA tensors, so the gradients must be CUDA tensors too "
@@ -168,13 +181,16 @@ class strategy {
       aggregation_.step(comm_, std::span<const std::span<value_type>>(param_spans_),
                         std::span<const std::span<const value_type>>(grad_spans_),
                         [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
-                          optimizer_.step(states_[i], param_spans_[i], grad, grad_scale);
+                          timed_optimizer(i, grad.size_bytes(),
+                                          [&] { optimizer_.step(states_[i], param_spans_[i], grad, grad_scale); });
                         });
       // An aggregation that keeps replicas' optimizer state in step too (local SGD's
       // average_optimizer_state) gets it after the update (host tensors only so far).
       if constexpr (requires { aggregation_.template synchronise_state<value_type>(comm_, std::span(states_)); })
         aggregation_.template synchronise_state<value_type>(comm_, std::span(states_));
     }
+    finish_step_stats(began, traffic_before);
+    trace.bytes(last_step_.traffic.bytes_sent);
   }
   template <class Gradient>
   void step(const std::vector<Gradient>& gradients) {
@@ -226,6 +242,11 @@ class strategy {
       return states_;
   }
   communicator_type& communicator() noexcept { return comm_; }
+
+  // What the latest step() cost this rank (bytes, communication vs optimizer vs the
+  // caller's compute, staleness), and the same added up over every step so far.
+  const observe::step_stats& last_step_stats() const noexcept { return last_step_; }
+  const observe::step_stats& cumulative_stats() const noexcept { return cumulative_; }
   Aggregation& aggregation() noexcept { return aggregation_; }
   const Aggregation& aggregation() const noexcept { return aggregation_; }
 
@@ -240,9 +261,55 @@ class strategy {
     aggregation_.step(comm_, std::span<const std::span<value_type>>(param_spans_),
                       std::span<const std::span<const value_type>>(grad_spans_),
                       [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
-                        device_.apply(optimizer_, i, grad, grad_scale, !apply_only);
+                        timed_optimizer(i, grad.size_bytes(),
+                                        [&] { device_.apply(optimizer_, i, grad, grad_scale, !apply_only); });
                       });
     device_.finish_step(!apply_only);
+  }
+
+  using clock = std::chrono::steady_clock;
+
+  // Runs the optimizer on tensor i: timed for the step's stats, traced on the timeline.
+  template <class F>
+  void timed_optimizer(std::size_t i, std::size_t bytes, F&& run) {
+    auto trace = comm_.trace("optimizer_step", bytes, "optimizer");
+    trace.arg("tensor", static_cast<std::int64_t>(i));
+    const auto began = clock::now();
+    run();
+    optimizer_time_ += clock::now() - began;
+  }
+
+  transport::traffic_counters traffic() const {
+    if constexpr (concepts::metered_transport<Transport>)
+      return comm_.transport().traffic();
+    else
+      return {};
+  }
+
+  void finish_step_stats(clock::time_point began, const transport::traffic_counters& traffic_before) {
+    const auto ended = clock::now();
+    last_step_ = {};
+    last_step_.steps = 1;
+    last_step_.traffic = traffic() - traffic_before;
+    last_step_.traffic_measured = concepts::metered_transport<Transport>;
+    last_step_.in_step = ended - began;
+    last_step_.optimizer = optimizer_time_;
+    last_step_.compute = began - last_step_end_;
+    if constexpr (requires { aggregation_.last_staleness(); }) last_step_.staleness = aggregation_.last_staleness();
+    cumulative_ += last_step_;
+    last_step_end_ = ended;
+    if (observe::log_enabled(observe::log_level::debug))
+      observe::log_debug(rank(), size(), "step ", cumulative_.steps, ": ", observe::to_string(last_step_));
+  }
+
+  void log_setup(clock::duration took) {
+    std::size_t elements = 0;
+    for (const auto& p : parameters_) elements += p.size();
+    observe::log_info(rank(), size(), "strategy ready in ",
+                      std::chrono::duration<double, std::milli>(took).count(), " ms: ",
+                      observe::type_name<Aggregation>(), ", ", parameters_.size(), " tensor(s), ", elements,
+                      " elements (", elements * sizeof(value_type), " bytes)",
+                      on_device ? ", on the CUDA device" : "", is_server() ? "; this rank serves" : "");
   }
 
   template <class Gradient>
@@ -269,6 +336,9 @@ class strategy {
   [[no_unique_address]] device_replica_type device_;                                       // CUDA tensors only
   std::vector<std::span<value_type>> param_spans_;
   std::vector<std::span<const value_type>> grad_spans_;  // reused across steps
+  observe::step_stats last_step_, cumulative_;
+  clock::time_point last_step_end_;
+  clock::duration optimizer_time_{};
 };
 
 // OneDeviceStrategy: a single replica, no communication.

@@ -61,8 +61,11 @@ class all_reduce_with {
     if (plan.size() == 1) {
       // One bucket: nothing to overlap, so reduce on this thread and spare the two
       // hand-offs to the engine's thread (they cost most when cores are oversubscribed).
-      buckets_.gather<V>(plan[0], grads);
-      collective::all_reduce<Algorithm>(comm, buckets_.flat<V>(plan[0]));
+      {
+        auto trace = trace_bucket(comm, plan[0], buckets_.flat<V>(plan[0]).size_bytes(), 0);
+        buckets_.gather<V>(plan[0], grads);
+        collective::all_reduce<Algorithm>(comm, buckets_.flat<V>(plan[0]));
+      }
       apply_bucket(plan[0], grads, apply, V(1) / static_cast<V>(comm.size()));
       return;
     }
@@ -82,9 +85,13 @@ class all_reduce_with {
                         std::span<const collective::bucket> plan, std::span<const std::span<const V>> grads,
                         Apply& apply) {
     // Start every bucket as soon as it is packed: bucket k is reduced while k+1 is packed.
-    for (const auto& b : plan) {
+    for (std::size_t k = 0; k < plan.size(); ++k) {
+      const collective::bucket& b = plan[k];
       buckets_.gather<V>(b, grads);
-      pending_.push_back(collective::async_all_reduce<Alg>(engine, buckets_.flat<V>(b)));
+      pending_.push_back(engine.submit([data = buckets_.flat<V>(b), bucket = &b, k](collective::communicator<Tr>& c) {
+        auto trace = trace_bucket(c, *bucket, data.size_bytes(), k);
+        collective::all_reduce<Alg>(c, data);
+      }));
     }
     // Apply bucket k while bucket k+1 is still being reduced.
     const V scale = V(1) / static_cast<V>(comm.size());
@@ -93,6 +100,16 @@ class all_reduce_with {
       apply_bucket(plan[k], grads, apply, scale);
     }
     pending_.clear();
+  }
+
+  // A bucket's reduction on the timeline (GRADWIRE_TIMELINE): its bytes, index and tensors.
+  template <class Tr>
+  static observe::trace_scope trace_bucket(const collective::communicator<Tr>& comm, const collective::bucket& b,
+                                           std::size_t bytes, std::size_t index) {
+    auto trace = comm.trace("bucket", bytes, "bucket");
+    trace.arg("index", static_cast<std::int64_t>(index))
+        .arg("tensors", static_cast<std::int64_t>(b.end_tensor - b.first_tensor));
+    return trace;
   }
 
   // The optimizer step on every tensor of a reduced bucket.

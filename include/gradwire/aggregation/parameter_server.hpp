@@ -217,10 +217,11 @@ struct reply_header {
   std::uint64_t version = 0;
   std::uint64_t updates = 0;
   std::uint64_t applied = 0;
-  std::uint32_t lost = 0;     // workers lost so far
+  std::uint64_t staleness = 0;  // of this worker's latest gradient the server took (0: sync modes)
+  std::uint32_t lost = 0;       // workers lost so far
   std::int32_t last_lost = -1;  // the latest of them
 };
-static_assert(sizeof(request_header) == 32 && sizeof(reply_header) == 32);
+static_assert(sizeof(request_header) == 32 && sizeof(reply_header) == 40);
 
 template <class T>
 std::span<const std::byte> bytes_of(const T& v) {
@@ -267,6 +268,9 @@ class parameter_server {
   std::uint64_t version() const noexcept { return min_version_; }
   std::uint64_t applied() const noexcept { return applied_; }
   std::uint32_t lost_workers() const noexcept { return lost_; }
+  // The staleness of this worker's latest gradient (the servers' version when it arrived
+  // minus the version it was computed on; the largest over servers; 0 in sync modes).
+  std::uint64_t last_staleness() const noexcept { return staleness_; }
 
   // Every rank starts from the chief's parameters (rank 0, a worker); then each worker
   // pulls from the servers, which may have resumed from a checkpoint.
@@ -303,10 +307,20 @@ class parameter_server {
     if (is_server(comm.rank(), comm.size()))
       throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(comm.rank()) +
                                               " is a server: call serve() on it instead of step()");
+    // On the timeline the pull nests in the push: the push is done only once it is sent.
+    std::size_t model_bytes = 0;
+    for (auto g : grads) model_bytes += g.size_bytes();
+    auto push_trace = comm.trace("push", model_bytes, "ps");
+    push_trace.arg("clock", static_cast<std::int64_t>(clock_ + 1));
     auto pushed = push(comm, grads);
-    auto pulled = pull(comm, params);
-    pulled.wait();
+    {
+      auto pull_trace = comm.trace("pull", model_bytes, "ps");
+      auto pulled = pull(comm, params);
+      pulled.wait();
+      pull_trace.arg("version", static_cast<std::int64_t>(min_version_));
+    }
     pushed.wait();
+    push_trace.arg("staleness", static_cast<std::int64_t>(staleness_));
   }
 
   // Handles of a worker's non-blocking push and pull. One of each may be in flight.
@@ -466,6 +480,7 @@ class parameter_server {
     std::uint64_t least = ~std::uint64_t{0}, updates = 0;
     std::uint32_t lost = 0;
     int last_lost = -1;
+    staleness_ = 0;
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (shard_elements_[s] == 0) continue;
       ps::detail::reply_header h;
@@ -482,6 +497,7 @@ class parameter_server {
       links_[s].updates = h.updates;
       least = std::min(least, h.version);
       updates = std::max(updates, h.applied);
+      staleness_ = std::max(staleness_, h.staleness);
       if (h.lost > lost) lost = h.lost, last_lost = h.last_lost;
     }
     if (least != ~std::uint64_t{0}) min_version_ = least;
@@ -604,7 +620,7 @@ class parameter_server {
   std::vector<std::size_t> shard_elements_;           // [server]
   std::vector<server_link> links_;                    // [server]; workers only use them
   std::uint64_t clock_ = 0;                           // this worker's pushes
-  std::uint64_t min_version_ = 0, applied_ = 0;
+  std::uint64_t min_version_ = 0, applied_ = 0, staleness_ = 0;
   std::uint32_t lost_ = 0;
   bool finished_ = false;
   // A server's window (a Tr::memory_window over window_memory_), when its transport has one-sided access.

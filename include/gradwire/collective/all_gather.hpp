@@ -19,6 +19,7 @@ namespace gradwire::collective {
 // receives (N-1)/N of the buffer.
 template <class Tr, class V>
 void all_gather(communicator<Tr>& comm, std::span<V> data) {
+  auto trace = comm.trace("all_gather", data.size_bytes());
   const std::uint64_t sequence = comm.begin_operation();
   verify_same_call(comm, sequence, {operation::all_gather, 0, data.size(), dtype_of_v<V>});
   if (comm.size() == 1 || data.empty()) return;

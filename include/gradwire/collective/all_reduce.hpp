@@ -28,15 +28,21 @@ template <class Algorithm = auto_, class Tr, class V>
 void all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   static_assert(is_all_reduce_algorithm_v<Algorithm>,
                 "gradwire::collective::all_reduce: unknown algorithm tag (use auto_, ring or halving_doubling)");
+  auto trace = comm.trace("all_reduce", data.size_bytes());
   if constexpr (std::is_same_v<Algorithm, ring>) {
+    trace.arg("algorithm", "ring");
     ring_all_reduce(comm, data, op);
   } else if constexpr (std::is_same_v<Algorithm, halving_doubling>) {
+    trace.arg("algorithm", "halving_doubling");
     halving_doubling_all_reduce(comm, data, op);
   } else if (takes_one_shot(comm, std::span<const V>(data))) {
+    trace.arg("algorithm", "one_shot");
     one_shot_all_reduce(comm, data, op);
   } else if (data.size_bytes() < comm.options().small_all_reduce_bytes) {
+    trace.arg("algorithm", "halving_doubling");
     halving_doubling_all_reduce(comm, data, op);
   } else {
+    trace.arg("algorithm", "ring");
     ring_all_reduce(comm, data, op);
   }
 }

@@ -194,6 +194,7 @@ class async_engine {
 
  private:
   void serve() {
+    observe::detail::this_thread_track() = 1;  // its collectives get their own timeline track
     auto& core = *core_;
     std::unique_lock lock(core.mutex);
     for (;;) {

@@ -13,6 +13,7 @@ namespace gradwire::collective {
 // Returns on each rank only after every rank has entered the barrier.
 template <class Tr>
 void barrier(communicator<Tr>& comm) {
+  auto trace = comm.trace("barrier");
   const std::uint64_t sequence = comm.begin_operation();
   verify_same_call(comm, sequence, {operation::barrier, 0, 0, dtype::f32});
   const int n = comm.size(), me = comm.rank();

@@ -17,6 +17,8 @@ void broadcast(communicator<Tr>& comm, std::span<V> data, int root = 0) {
   const int n = comm.size();
   if (root < 0 || root >= n)
     throw error(errc::invalid_argument, "broadcast: root " + std::to_string(root) + " outside 0.." + std::to_string(n - 1));
+  auto trace = comm.trace("broadcast", data.size_bytes());
+  trace.arg("root", root);
   const std::uint64_t sequence = comm.begin_operation();
   verify_same_call(comm, sequence, {operation::broadcast, static_cast<std::uint32_t>(root), data.size(), dtype_of_v<V>});
   if (n == 1) return;

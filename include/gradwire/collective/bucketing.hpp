@@ -121,7 +121,11 @@ class bucket_buffer {
 template <class Algorithm = auto_, class Tr, class V>
 void bucketed_all_reduce(communicator<Tr>& comm, std::span<const std::span<V>> tensors, bucket_buffer& buffer,
                          reduce_op op = reduce_op::sum) {
-  for (const bucket& b : buffer.plan<V>(tensors)) {
+  const auto plan = buffer.plan<V>(tensors);
+  for (std::size_t k = 0; k < plan.size(); ++k) {
+    const bucket& b = plan[k];
+    auto trace = comm.trace("bucket", buffer.flat<V>(b).size_bytes(), "bucket");
+    trace.arg("index", static_cast<std::int64_t>(k)).arg("tensors", static_cast<std::int64_t>(b.end_tensor - b.first_tensor));
     buffer.gather<V>(b, tensors);
     all_reduce<Algorithm>(comm, buffer.flat<V>(b), op);
     buffer.scatter<V>(b, tensors);

@@ -8,6 +8,9 @@
 #include <utility>
 
 #include "../concepts.hpp"
+#include "../observe/log.hpp"
+#include "../observe/timeline.hpp"
+#include "../observe/type_name.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../timeouts.hpp"
 
@@ -43,7 +46,12 @@ class communicator {
   using transport_type = Transport;
 
   explicit communicator(Transport t, communicator_options options = {})
-      : transport_(std::move(t)), options_(options) {}
+      : transport_(std::move(t)), options_(options) {
+    observe::timeline::global().add_rank(rank(), size());
+    if (observe::log_enabled(observe::log_level::info))
+      observe::log_info(rank(), size(), "communicator over ", observe::type_name<Transport>(), " (timeout ",
+                        options_.timeout.count(), " ms, call checks ", options_.verify ? "on" : "off", ")");
+  }
   // Move-only: a copy would reuse this one's sequence numbers (and so its message tags)
   // on the same connections, and a strategy copied with it would update the original's
   // parameters through spans into them.
@@ -55,10 +63,17 @@ class communicator {
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   Transport& transport() noexcept { return transport_; }
+  const Transport& transport() const noexcept { return transport_; }
   const communicator_options& options() const noexcept { return options_; }
 
   // Deadline for one blocking step started now.
   deadline step_deadline() const { return deadline_after(options_.timeout); }
+
+  // Times an operation of this rank for GRADWIRE_TIMELINE and GRADWIRE_LOG=debug
+  // (observe/timeline.hpp); `name` and `category` must be string literals.
+  observe::trace_scope trace(const char* name, std::uint64_t bytes = 0, const char* category = "collective") const {
+    return observe::trace_scope(rank(), size(), name, category, bytes);
+  }
 
   // Starts an operation: returns its sequence number.
   std::uint64_t begin_operation() noexcept { return ++sequence_; }

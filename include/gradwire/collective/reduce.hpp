@@ -78,6 +78,8 @@ void reduce(communicator<Tr>& comm, std::span<V> data, int root, reduce_op op = 
   if (root < 0 || root >= n)
     throw error(errc::invalid_argument, "reduce: root " + std::to_string(root) + " outside 0.." + std::to_string(n - 1));
   const bool tree = n <= 2 || data.size_bytes() < comm.options().small_all_reduce_bytes;
+  auto trace = comm.trace("reduce", data.size_bytes());
+  trace.arg("algorithm", tree ? "tree" : "scatter_gather").arg("root", root);
   const std::uint64_t sequence = comm.begin_operation();
   // The descriptor has one argument: the root in the high bits, then the algorithm (ranks
   // with different thresholds would exchange different messages), then the reduce_op.

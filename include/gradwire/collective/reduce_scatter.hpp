@@ -17,6 +17,7 @@ namespace gradwire::collective {
 // Each rank sends and receives (N-1)/N of the buffer.
 template <class Tr, class V>
 std::span<V> reduce_scatter(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
+  auto trace = comm.trace("reduce_scatter", data.size_bytes());
   const std::uint64_t sequence = comm.begin_operation();
   verify_same_call(comm, sequence,
                    {operation::reduce_scatter, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>});

@@ -23,22 +23,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
-#include <typeinfo>
 #include <utility>
 #include <vector>
-#if __has_include(<cxxabi.h>)
-#include <cxxabi.h>
-#endif
 
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../kernels/host.hpp"
+#include "../observe/type_name.hpp"
 #include "../timeouts.hpp"
+#include "traffic.hpp"
 
 namespace gradwire::transport {
 
@@ -76,15 +73,18 @@ class any_transport {
   int rank() const { return get().rank(); }
   int size() const { return get().size(); }
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    traffic_.sent(bytes.size());
     return request(get().async_send(peer, tag, bytes));
   }
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    traffic_.received(bytes.size());
     return request(get().async_recv(peer, tag, bytes));
   }
   // Receives a message of inout.size() elements and adds it into inout.
   template <class V>
     requires(std::same_as<V, float> || std::same_as<V, double>)
   request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
+    traffic_.received(inout.size_bytes());
     return request(get().async_recv_accumulate(peer, tag, inout));
   }
   // The request is empty afterwards, whether the wait returns or throws (as the held
@@ -101,6 +101,8 @@ class any_transport {
   // Whether the held transport can lose a peer and go on (concepts::tolerates_loss asks
   // this, so a parameter server does not count on it where the held transport cannot).
   bool tolerates_loss() const { return get().tolerates_loss(); }
+  // Payload sent and received through this interface (concepts::metered_transport).
+  traffic_counters traffic() const noexcept { return traffic_; }
 
   // The erased transport, when it is a T (nullptr otherwise): for its own settings.
   template <class T>
@@ -257,18 +259,7 @@ class any_transport {
       throw error(errc::invalid_argument,
                   "any_transport: the transport it holds (" + type_name() + ") has no " + what);
     }
-    static std::string type_name() {
-      const char* mangled = typeid(T).name();
-#if __has_include(<cxxabi.h>)
-      int status = 0;
-      if (char* readable = abi::__cxa_demangle(mangled, nullptr, nullptr, &status)) {
-        std::string out(readable);
-        std::free(readable);
-        return out;
-      }
-#endif
-      return mangled;
-    }
+    static std::string type_name() { return observe::type_name<T>(); }
 
     T transport;
     std::vector<typename T::request*> pointers;
@@ -281,10 +272,12 @@ class any_transport {
   }
 
   std::unique_ptr<interface> self_;
+  traffic_counters traffic_;
 };
 
 static_assert(concepts::transport<any_transport> && concepts::failable_transport<any_transport>);
 static_assert(concepts::multiplexing_transport<any_transport> && concepts::loss_tolerant_transport<any_transport>);
+static_assert(concepts::metered_transport<any_transport>);
 static_assert(concepts::accumulating_transport<any_transport, float> &&
               concepts::accumulating_transport<any_transport, double>);
 

@@ -48,6 +48,7 @@
 #include "detail/deliver.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
+#include "traffic.hpp"
 #include "wire.hpp"
 
 namespace gradwire::transport {
@@ -162,10 +163,12 @@ class asio_tcp {
   int size() const noexcept { return state_->options.size; }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    traffic_.sent(bytes.size());
     return detail::start_operation(state_, state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size()),
                                    [&](detail::tcp_op& op) { state_->post_send(op); });
   }
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    traffic_.received(bytes.size());
     return detail::start_operation(state_, state_->make_op(false, peer, tag, bytes.data(), bytes.size()),
                                    [&](detail::tcp_op& op) { state_->post_recv(op); });
   }
@@ -173,6 +176,7 @@ class asio_tcp {
   // chunk, so the reduction overlaps the transfer and needs no full-size staging.
   template <class V>
   request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
+    traffic_.received(inout.size_bytes());
     auto op = state_->make_op(false, peer, tag, reinterpret_cast<std::byte*>(inout.data()), inout.size_bytes());
     op->deliver = &detail::deliver_accumulate<V>;
     return detail::start_operation(state_, std::move(op), [&](detail::tcp_op& o) { state_->post_recv(o); });
@@ -196,6 +200,9 @@ class asio_tcp {
     if (auto& link = state_->links[peer]) link->tolerated = true;
   }
   std::vector<int> lost_peers() const { return state_->lost; }
+
+  // Payload this rank has sent and received (concepts::metered_transport).
+  traffic_counters traffic() const noexcept { return traffic_; }
 
   // Marks this rank failed and tells every peer why (best effort, within a second), so
   // they fail with this reason instead of a bare lost connection. Used when a rank
@@ -898,10 +905,12 @@ class asio_tcp {
   };
 
   std::shared_ptr<state> state_;
+  traffic_counters traffic_;
 };
 
 static_assert(concepts::transport<asio_tcp> && concepts::failable_transport<asio_tcp>);
 static_assert(concepts::multiplexing_transport<asio_tcp> && concepts::loss_tolerant_transport<asio_tcp>);
 static_assert(concepts::accumulating_transport<asio_tcp, float> && concepts::accumulating_transport<asio_tcp, double>);
+static_assert(concepts::metered_transport<asio_tcp>);
 
 }  // namespace gradwire::transport

@@ -40,6 +40,7 @@
 #include "detail/deliver.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
+#include "traffic.hpp"
 
 namespace gradwire::transport {
 
@@ -321,6 +322,9 @@ class inproc {
   // Marks this rank failed so that peers stop waiting for it (see inproc_group::run).
   void fail(errc cause, const std::string& reason) { hub_->fail(rank_, cause, reason); }
 
+  // Payload this rank has sent and received (concepts::metered_transport).
+  traffic_counters traffic() const noexcept { return traffic_; }
+
  private:
   request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
                detail::deliver_fn deliver = &detail::deliver_copy) {
@@ -336,17 +340,19 @@ class inproc {
     op->bytes = bytes;
     op->deliver = deliver;
     hub_->post(*op);
+    is_send ? traffic_.sent(bytes) : traffic_.received(bytes);
     return request(hub_, std::move(op));
   }
 
   std::shared_ptr<detail::inproc_hub> hub_;
   int rank_;
+  traffic_counters traffic_;
 };
 
 static_assert(concepts::transport<inproc>);
 static_assert(concepts::accumulating_transport<inproc, float> && concepts::accumulating_transport<inproc, double>);
 static_assert(concepts::failable_transport<inproc> && concepts::multiplexing_transport<inproc>);
-static_assert(concepts::shared_address_space_transport<inproc>);
+static_assert(concepts::shared_address_space_transport<inproc> && concepts::metered_transport<inproc>);
 
 // A group of N in-process ranks: hands out endpoints and runs one thread per rank.
 class inproc_group {

@@ -8,6 +8,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "traffic.hpp"
 
 namespace gradwire::transport {
 
@@ -22,6 +23,8 @@ class local {
   request async_send(int peer, std::uint64_t, std::span<const std::byte>) { no_peer(peer); }
   request async_recv(int peer, std::uint64_t, std::span<std::byte>) { no_peer(peer); }
   void wait(request&, deadline) {}
+  // Nothing ever moves (concepts::metered_transport).
+  traffic_counters traffic() const noexcept { return {}; }
 
  private:
   [[noreturn]] static void no_peer(int peer) {
@@ -30,6 +33,6 @@ class local {
   }
 };
 
-static_assert(concepts::transport<local>);
+static_assert(concepts::transport<local> && concepts::metered_transport<local>);
 
 }  // namespace gradwire::transport

@@ -37,6 +37,7 @@
 #include "../timeouts.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
+#include "traffic.hpp"
 #include "detail/ucx_support.hpp"
 
 namespace gradwire::transport {
@@ -142,10 +143,12 @@ class ucx {
   int size() const noexcept { return state_->options.size; }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    traffic_.sent(bytes.size());
     return detail::start_operation(state_, state_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size()),
                                    [&](detail::ucx_op& op) { state_->post_send(op); });
   }
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    traffic_.received(bytes.size());
     return detail::start_operation(state_, state_->make_op(false, peer, tag, bytes.data(), bytes.size()),
                                    [&](detail::ucx_op& op) { state_->post_recv(op); });
   }
@@ -161,6 +164,9 @@ class ucx {
     state_->peers[peer].tolerated = true;
   }
   std::vector<int> lost_peers() const { return state_->lost; }
+
+  // Payload this rank has sent and received, puts and gets included (concepts::metered_transport).
+  traffic_counters traffic() const noexcept { return traffic_; }
 
   // Marks this rank failed and tells every peer why (see asio_tcp::fail).
   void fail(errc cause, const std::string& reason) { state_->abort_all(cause, reason); }
@@ -209,6 +215,7 @@ class ucx {
 
   // Writes `bytes` at `offset` of the peer's window; done once they are in its memory.
   request async_put(remote_window& to, std::size_t offset, std::span<const std::byte> bytes) {
+    traffic_.sent(bytes.size());
     auto op = state_->make_one_sided_op(to, offset, const_cast<std::byte*>(bytes.data()), bytes.size(), "put to");
     return detail::start_operation(state_, std::move(op), [&](detail::ucx_op& o) {
       state_->post_one_sided(o, to, to.address_ + offset, true);
@@ -216,6 +223,7 @@ class ucx {
   }
   // Reads `bytes.size()` bytes at `offset` of the peer's window into `bytes`.
   request async_get(remote_window& from, std::size_t offset, std::span<std::byte> bytes) {
+    traffic_.received(bytes.size());
     auto op = state_->make_one_sided_op(from, offset, bytes.data(), bytes.size(), "get from");
     return detail::start_operation(state_, std::move(op), [&](detail::ucx_op& o) {
       state_->post_one_sided(o, from, from.address_ + offset, false);
@@ -982,10 +990,11 @@ class ucx {
   };
 
   std::shared_ptr<state> state_;
+  traffic_counters traffic_;
 };
 
 static_assert(concepts::transport<ucx> && concepts::failable_transport<ucx>);
 static_assert(concepts::multiplexing_transport<ucx> && concepts::loss_tolerant_transport<ucx>);
-static_assert(concepts::one_sided_transport<ucx>);
+static_assert(concepts::one_sided_transport<ucx> && concepts::metered_transport<ucx>);
 
 }  // namespace gradwire::transport

@@ -39,6 +39,7 @@ struct worker_slot {
   bool pull_in_window = false;        // answer with the header only: it gets the parameters itself
   std::uint64_t pull_least = 0;       // sync modes: the least version the pull wants
   std::uint64_t clock = 0;            // gradients received (from the resumed version on)
+  std::uint64_t staleness = 0;        // of its latest gradient taken (async modes), for its replies
 };
 
 inline void record(std::vector<std::uint64_t>& histogram, std::uint64_t value) {
@@ -108,6 +109,9 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     }
   }
   int active = workers;
+  observe::log_info(me, n, "parameter server (", Mode::name, ") for ", workers, " worker(s): shard of ", elements,
+                    " elements in ", mine.size(), " piece(s)", stats.resumed_from ? ", resumed from version " : "",
+                    stats.resumed_from ? std::to_string(stats.resumed_from) : std::string());
   const auto wait_deadline = [&] { return deadline_after(options_.timeout); };
   auto post_control = [&](int w) {
     slots[w].control = t.async_recv(w, d::request_tag, d::writable_bytes_of(slots[w].header));
@@ -122,6 +126,8 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
         throw error(errc::invalid_argument, "parameter_server: ps::options::learning_rate needs an optimizer with "
                                             "set_lr(double)");
     }
+    auto trace = comm.trace("optimizer_step", gradient.size_bytes(), "optimizer");
+    trace.arg("version", static_cast<std::int64_t>(stats.version));
     const V* g = gradient.data();
     for (std::size_t k = 0; k < mine.size(); ++k) {
       scheduled.step(shard.states[k], shard.tensors[k], std::span<const V>(g, mine[k].size()), scale);
@@ -153,10 +159,13 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     stats.lost_workers.push_back(w);
     if (options_.report)
       std::fprintf(options_.report, "gradwire %s: dropped worker rank %d: %s\n", who.c_str(), w, e.what());
+    observe::log_info(me, n, "dropped worker rank ", w, ": ", e.what());
     if constexpr (Mode::on_arrival) advance_clock();
   };
 
   auto on_push = [&](int w) {
+    auto trace = comm.trace("push", elements * sizeof(V), "ps.server");
+    trace.arg("worker", w);
     auto& slot = slots[w];
     const d::request_header h = slot.header;
     ++stats.pushes[w];
@@ -177,7 +186,8 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     if constexpr (Mode::on_arrival) {
       receive_into(bytes);
       const std::uint64_t lag = stats.updates - std::min(stats.updates, h.updates);
-      d::record(stats.staleness, stats.version - std::min(stats.version, h.version));
+      slot.staleness = stats.version - std::min(stats.version, h.version);
+      d::record(stats.staleness, slot.staleness);
       d::record(stats.update_lag, lag);
       apply(in_window ? landed : std::span<const V>(incoming),
             options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1));
@@ -210,9 +220,12 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
   };
 
   auto send_reply = [&](int w) {
+    auto trace = comm.trace("pull", elements * sizeof(V), "ps.server");
+    trace.arg("worker", w).arg("version", static_cast<std::int64_t>(stats.version));
     auto& slot = slots[w];
     if (slot.reply_send) t.wait(slot.reply_send, wait_deadline());  // the worker took it before asking again
-    d::reply_header h{stats.version, stats.updates, stats.applied, static_cast<std::uint32_t>(stats.lost_workers.size()),
+    d::reply_header h{stats.version, stats.updates, stats.applied, slot.staleness,
+                      static_cast<std::uint32_t>(stats.lost_workers.size()),
                       stats.lost_workers.empty() ? -1 : stats.lost_workers.back()};
     std::memcpy(slot.reply, &h, sizeof h);
     V* out = reinterpret_cast<V*>(slot.reply + sizeof h);
@@ -293,6 +306,9 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
       }
     }
   save();
+  observe::log_info(me, n, "parameter server done: version ", stats.version, ", ", stats.updates, " updates, ",
+                    stats.applied, " gradients applied, ", stats.dropped, " dropped, ", stats.lost_workers.size(),
+                    " worker(s) lost");
   return stats;
 }
 

@@ -1,0 +1,103 @@
+// GRADWIRE_LOG=info|debug: what a job does, as one line per event on stderr, prefixed by rank.
+//
+//   info   joining, roles, setup, lost peers, servers' summaries: a few lines per run
+//   debug  also every step's stats and every collective: for finding where time goes
+//
+// Unset, empty or "off": nothing. Lines are written whole (one write per line), so ranks
+// that share a terminal do not interleave within a line.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace gradwire::observe {
+
+enum class log_level : int { off = 0, info = 1, debug = 2 };
+
+namespace detail {
+// An unknown value is not silently ignored: it says so once and logs at info.
+inline log_level log_level_from(std::string_view value) {
+  if (value.empty() || value == "off" || value == "0") return log_level::off;
+  if (value == "info" || value == "1") return log_level::info;
+  if (value == "debug" || value == "2") return log_level::debug;
+  std::fprintf(stderr, "gradwire: GRADWIRE_LOG=%.*s is not one of off, info, debug; logging at info\n",
+               static_cast<int>(value.size()), value.data());
+  return log_level::info;
+}
+
+struct log_state {
+  explicit log_state(const char* env) : level(static_cast<int>(log_level_from(env ? env : ""))) {}
+  std::atomic<int> level;
+  std::mutex mutex;  // one line at a time; guards sink
+  std::FILE* sink = stderr;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+};
+
+// Read once, on first use.
+inline log_state& logger() {
+  static log_state state(std::getenv("GRADWIRE_LOG"));
+  return state;
+}
+
+inline void append(std::ostringstream&) {}
+template <class First, class... Rest>
+void append(std::ostringstream& out, First&& first, Rest&&... rest) {
+  out << std::forward<First>(first);
+  append(out, std::forward<Rest>(rest)...);
+}
+}  // namespace detail
+
+// Whether lines of `level` are written: check it before building an expensive message.
+inline bool log_enabled(log_level level) noexcept {
+  return static_cast<int>(level) <= detail::logger().level.load(std::memory_order_relaxed);
+}
+
+// Overrides GRADWIRE_LOG for this process (tests, or a program's own --verbose flag).
+inline void set_log_level(log_level level) noexcept {
+  detail::logger().level.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+// Where lines go (default stderr); the caller keeps `sink` open while logging is on.
+inline void set_log_sink(std::FILE* sink) noexcept {
+  auto& state = detail::logger();
+  std::lock_guard lock(state.mutex);
+  state.sink = sink ? sink : stderr;
+}
+
+// Writes "[gradwire R/N +T.TTTs] level: message" (rank R of N, seconds since the process
+// first logged) when `level` is enabled; the parts are streamed into the message.
+template <class... Parts>
+void log(log_level level, int rank, int size, Parts&&... parts) {
+  if (!log_enabled(level)) return;
+  auto& state = detail::logger();
+  std::ostringstream line;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - state.start).count();
+  char prefix[96];
+  std::snprintf(prefix, sizeof prefix, "[gradwire %d/%d +%.3fs] %s: ", rank, size, seconds,
+                level == log_level::debug ? "debug" : "info");
+  line << prefix;
+  detail::append(line, std::forward<Parts>(parts)...);
+  line << '\n';
+  const std::string text = std::move(line).str();
+  std::lock_guard lock(state.mutex);
+  std::fwrite(text.data(), 1, text.size(), state.sink);
+  std::fflush(state.sink);
+}
+
+template <class... Parts>
+void log_info(int rank, int size, Parts&&... parts) {
+  log(log_level::info, rank, size, std::forward<Parts>(parts)...);
+}
+template <class... Parts>
+void log_debug(int rank, int size, Parts&&... parts) {
+  log(log_level::debug, rank, size, std::forward<Parts>(parts)...);
+}
+
+}  // namespace gradwire::observe

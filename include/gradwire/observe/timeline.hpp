@@ -1,0 +1,387 @@
+// GRADWIRE_TIMELINE=path.json: Chrome trace events of every step, collective, bucket, push,
+// pull and optimizer step (with bytes and duration), one track per rank, for Perfetto
+// (ui.perfetto.dev) or chrome://tracing.
+//
+// Events are kept in memory (no I/O on the hot path) and written when the process exits
+// or write_timeline() is called. The ranks of a multi-process job all write to the same
+// file: each process merges its events in under an exclusive lock (flock), and the file
+// is a complete JSON document after every merge. The process holding rank 0 empties the
+// file when that rank joins (before any rank can have finished), so a rerun replaces the
+// previous run's trace instead of adding to it.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "log.hpp"
+
+#if __has_include(<sys/file.h>) && __has_include(<unistd.h>)
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define GRADWIRE_TIMELINE_POSIX 1
+#endif
+
+namespace gradwire::observe {
+
+// One argument of an event: a number, or a string with static storage duration.
+struct trace_arg {
+  const char* key = nullptr;  // nullptr: unused
+  const char* text = nullptr;
+  std::int64_t number = 0;
+};
+
+// A complete event ("ph":"X"). Names, categories and texts must have static storage
+// duration (string literals): recording copies no strings.
+struct trace_event {
+  const char* name = "";
+  const char* category = "";
+  int rank = 0;
+  int track = 0;  // the rank's thread: 0 the caller's, 1 the background collectives
+  std::int64_t begin_ns = 0;     // Unix time
+  std::int64_t duration_ns = 0;
+  std::uint64_t bytes = 0;
+  trace_arg args[2];
+};
+
+// The process's recorder (one per process: ranks that are threads share it).
+class timeline {
+ public:
+  // At most this many events are kept between writes; later ones are counted and dropped.
+  static constexpr std::size_t max_events = std::size_t{1} << 21;
+
+  static timeline& global() {
+    static timeline instance(std::getenv("GRADWIRE_TIMELINE"));
+    return instance;
+  }
+
+  timeline(const timeline&) = delete;
+  timeline& operator=(const timeline&) = delete;
+  ~timeline() {
+    try {
+      write();
+    } catch (...) {  // exiting: nothing better to do than lose the trace
+    }
+  }
+
+  bool enabled() const noexcept { return enabled_.load(std::memory_order_relaxed); }
+
+  // Starts recording into `path` (what GRADWIRE_TIMELINE does at start-up). A file that
+  // cannot be opened is reported on stderr, and nothing is recorded.
+  void start(const std::filesystem::path& path) {
+    std::lock_guard lock(mutex_);
+    start_locked(path);
+  }
+  // Stops recording; what was recorded is still written.
+  void stop() noexcept { enabled_.store(false, std::memory_order_relaxed); }
+
+  std::filesystem::path path() const {
+    std::lock_guard lock(mutex_);
+    return path_;
+  }
+
+  // A rank joined (its communicator was made): names its track. The first time rank 0
+  // joins in this process, and before anything was written, the file is emptied.
+  void add_rank(int rank, int size) {
+    if (!enabled()) return;
+    std::lock_guard lock(mutex_);
+    if (std::find(ranks_.begin(), ranks_.end(), std::pair{rank, size}) == ranks_.end())
+      ranks_.emplace_back(rank, size);
+    if (rank == 0 && !emptied_ && !written_) {
+      emptied_ = true;
+      with_locked_file([](int fd) { return ::ftruncate(fd, 0) == 0; });
+    }
+  }
+
+  void record(const trace_event& e) {
+    std::lock_guard lock(mutex_);
+    if (events_.size() >= max_events) {
+      ++dropped_;
+      return;
+    }
+    events_.push_back(e);
+  }
+
+  // The events recorded and not yet written (for tests and tools).
+  std::vector<trace_event> events() const {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+
+  // Merges what was recorded into the file and forgets it. Returns false (and says why
+  // on stderr) when the file cannot be written.
+  bool write() {
+    std::lock_guard lock(mutex_);
+    if (path_.empty() || (events_.empty() && ranks_.empty())) return true;
+    const std::string body = render();
+    const bool ok = with_locked_file([&](int fd) { return merge(fd, body); });
+    events_.clear();
+    ranks_.clear();
+    written_ = true;
+    return ok;
+  }
+
+  // Now, in the timeline's clock: Unix time, advanced by the steady clock (so durations
+  // never go backwards; processes of one machine share the Unix epoch).
+  std::int64_t now_ns() const noexcept {
+    return unix_at_start_ns_ + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - steady_at_start_)
+                                   .count();
+  }
+
+ private:
+  static constexpr std::string_view head = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  static constexpr std::string_view tail = "\n]}\n";
+
+  explicit timeline(const char* env)
+      : unix_at_start_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count()),
+        steady_at_start_(std::chrono::steady_clock::now()) {
+    if (env && *env) start_locked(env);
+  }
+
+  void start_locked(const std::filesystem::path& path) {
+    enabled_.store(false, std::memory_order_relaxed);
+#ifdef GRADWIRE_TIMELINE_POSIX
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      std::fprintf(stderr, "gradwire: GRADWIRE_TIMELINE=%s: cannot open it for writing (%s); no timeline is recorded\n",
+                   path.c_str(), std::strerror(errno));
+      return;
+    }
+    ::close(fd);
+    path_ = path;
+    events_.reserve(std::size_t{1} << 14);
+    enabled_.store(true, std::memory_order_relaxed);
+#else
+    std::fprintf(stderr, "gradwire: GRADWIRE_TIMELINE=%s: timelines need a POSIX system; none is recorded\n",
+                 path.string().c_str());
+#endif
+  }
+
+  // Runs fn(fd) on the file, opened and locked exclusively against the job's other processes.
+  template <class F>
+  bool with_locked_file(F&& fn) {
+#ifdef GRADWIRE_TIMELINE_POSIX
+    if (path_.empty()) return false;
+    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
+      std::fprintf(stderr, "gradwire: timeline %s: cannot open and lock it (%s)\n", path_.c_str(),
+                   std::strerror(errno));
+      if (fd >= 0) ::close(fd);
+      return false;
+    }
+    const bool ok = fn(fd);
+    ::flock(fd, LOCK_UN);
+    ::close(fd);
+    return ok;
+#else
+    (void)fn;
+    return false;
+#endif
+  }
+
+#ifdef GRADWIRE_TIMELINE_POSIX
+  // Appends `body` (events separated by ",\n") inside the file's event list.
+  bool merge(int fd, const std::string& body) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return false;
+    const auto size = static_cast<std::size_t>(st.st_size);
+    std::string out;
+    bool append = false;
+    if (size >= head.size() + tail.size()) {
+      std::string end(tail.size(), '\0');
+      append = ::pread(fd, end.data(), end.size(), static_cast<off_t>(size - tail.size())) ==
+                   static_cast<ssize_t>(end.size()) &&
+               end == tail;
+    }
+    if (append) {
+      out.append(",\n").append(body).append(tail);
+      if (::ftruncate(fd, static_cast<off_t>(size - tail.size())) != 0) return false;
+    } else {
+      if (size > 0)
+        std::fprintf(stderr, "gradwire: timeline %s held something other than a gradwire trace; replaced it\n",
+                     path_.c_str());
+      out.append(head).append(body).append(tail);
+      if (::ftruncate(fd, 0) != 0) return false;
+    }
+    const off_t at = ::lseek(fd, 0, SEEK_END);
+    if (at < 0 || ::pwrite(fd, out.data(), out.size(), at) != static_cast<ssize_t>(out.size())) {
+      std::fprintf(stderr, "gradwire: timeline %s: write failed (%s)\n", path_.c_str(), std::strerror(errno));
+      return false;
+    }
+    return true;
+  }
+#endif
+
+  static void json_string(std::string& out, const char* s) {
+    out += '"';
+    for (; *s; ++s) {
+      const char c = *s;
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) {
+        char escaped[8];
+        std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+        out += escaped;
+      } else {
+        out += c;
+      }
+    }
+    out += '"';
+  }
+
+  // Events in the Trace Event Format: ts and dur in microseconds; pid = rank, tid = track.
+  std::string render() const {
+    std::string out;
+    out.reserve(160 * (events_.size() + 3 * ranks_.size() + 1));
+    char number[96];
+    bool first = true;
+    auto next = [&] {
+      if (!first) out += ",\n";
+      first = false;
+    };
+    for (const auto& [rank, size] : ranks_) {
+      next();
+      std::snprintf(number, sizeof number, "rank %d of %d", rank, size);
+      out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) + ",\"args\":{\"name\":";
+      json_string(out, number);
+      out += "}}";
+      next();
+      out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
+             ",\"args\":{\"sort_index\":" + std::to_string(rank) + "}}";
+      for (int track = 0; track < 2; ++track) {
+        next();
+        out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
+               ",\"tid\":" + std::to_string(track) + ",\"args\":{\"name\":" +
+               (track == 0 ? "\"step\"" : "\"background collectives\"") + "}}";
+      }
+    }
+    for (const auto& e : events_) {
+      next();
+      out += "{\"name\":";
+      json_string(out, e.name);
+      out += ",\"cat\":";
+      json_string(out, e.category);
+      // Microseconds with nanosecond decimals, without going through a double.
+      std::snprintf(number, sizeof number, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%lld.%03lld,\"dur\":%lld.%03lld",
+                    e.rank, e.track, static_cast<long long>(e.begin_ns / 1000),
+                    static_cast<long long>(e.begin_ns % 1000), static_cast<long long>(e.duration_ns / 1000),
+                    static_cast<long long>(e.duration_ns % 1000));
+      out += number;
+      out += ",\"args\":{\"bytes\":" + std::to_string(e.bytes);
+      for (const auto& a : e.args) {
+        if (!a.key) continue;
+        out += ',';
+        json_string(out, a.key);
+        out += ':';
+        if (a.text)
+          json_string(out, a.text);
+        else
+          out += std::to_string(a.number);
+      }
+      out += "}}";
+    }
+    if (dropped_ > 0) {
+      next();
+      out += "{\"name\":\"gradwire: events dropped (more than " + std::to_string(max_events) +
+             " between writes)\",\"ph\":\"i\",\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":0,\"args\":{\"dropped\":" +
+             std::to_string(dropped_) + "}}";
+    }
+    return out;
+  }
+
+  std::atomic<bool> enabled_{false};
+  mutable std::mutex mutex_;
+  std::filesystem::path path_;
+  std::vector<trace_event> events_;
+  std::vector<std::pair<int, int>> ranks_;  // (rank, size) joined since the last write
+  std::uint64_t dropped_ = 0;
+  bool emptied_ = false, written_ = false;
+  std::int64_t unix_at_start_ns_;
+  std::chrono::steady_clock::time_point steady_at_start_;
+};
+
+// Writes what this process recorded now (it is also written at exit).
+inline bool write_timeline() { return timeline::global().write(); }
+
+namespace detail {
+// The timeline track of this thread: 0 for the caller's thread, 1 for a communicator's
+// background collectives (collective::async_engine sets it).
+inline int& this_thread_track() noexcept {
+  thread_local int track = 0;
+  return track;
+}
+}  // namespace detail
+
+// Times a region of one rank's work: records a timeline event when GRADWIRE_TIMELINE is
+// on, and logs a line at GRADWIRE_LOG=debug; costs one branch when both are off.
+class trace_scope {
+ public:
+  trace_scope(int rank, int size, const char* name, const char* category, std::uint64_t bytes = 0) noexcept
+      : traced_(timeline::global().enabled()), logged_(log_enabled(log_level::debug)) {
+    if (!traced_ && !logged_) return;
+    event_.name = name;
+    event_.category = category;
+    event_.rank = rank;
+    event_.track = detail::this_thread_track();
+    event_.bytes = bytes;
+    size_ = size;
+    event_.begin_ns = timeline::global().now_ns();
+  }
+  // Movable (a helper may return one); the moved-from scope records nothing.
+  trace_scope(trace_scope&& other) noexcept
+      : traced_(std::exchange(other.traced_, false)),
+        logged_(std::exchange(other.logged_, false)),
+        size_(other.size_),
+        event_(other.event_) {}
+  trace_scope& operator=(trace_scope&&) = delete;
+
+  ~trace_scope() {
+    if (!traced_ && !logged_) return;
+    event_.duration_ns = timeline::global().now_ns() - event_.begin_ns;
+    try {
+      if (traced_) timeline::global().record(event_);
+      if (logged_) log_line();
+    } catch (...) {  // observing must never turn into a failure of what is observed
+    }
+  }
+
+  // Up to two arguments besides bytes (a third replaces the second).
+  trace_scope& arg(const char* key, std::int64_t number) noexcept { return add({key, nullptr, number}); }
+  trace_scope& arg(const char* key, const char* text) noexcept { return add({key, text, 0}); }
+  trace_scope& bytes(std::uint64_t n) noexcept {
+    event_.bytes = n;
+    return *this;
+  }
+
+ private:
+  trace_scope& add(trace_arg a) noexcept {
+    event_.args[event_.args[0].key ? 1 : 0] = a;
+    return *this;
+  }
+  void log_line() const {
+    std::string args;
+    for (const auto& a : event_.args)
+      if (a.key) args += std::string(" ") + a.key + "=" + (a.text ? std::string(a.text) : std::to_string(a.number));
+    log(log_level::debug, event_.rank, size_, event_.name, ": ", event_.bytes, " B in ",
+        static_cast<double>(event_.duration_ns) / 1e3, " us", args);
+  }
+
+  bool traced_, logged_;
+  int size_ = 0;
+  trace_event event_;
+};
+
+}  // namespace gradwire::observe

@@ -1,0 +1,270 @@
+// Observability: per-step stats, the timeline recorder and GRADWIRE_LOG lines, checked
+// against what the ranks really did (traffic conservation, the servers' own histograms).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <gradwire/gradwire.hpp>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace gw = gradwire;
+using namespace std::chrono_literals;
+
+namespace {
+std::vector<gw::host_tensor<float>> make_params(std::initializer_list<std::size_t> sizes) {
+  std::vector<gw::host_tensor<float>> params;
+  for (std::size_t n : sizes) {
+    params.emplace_back(gw::shape{n});
+    for (std::size_t i = 0; i < n; ++i) params.back()[i] = 0.01f * static_cast<float>(i % 97);
+  }
+  return params;
+}
+std::vector<std::vector<float>> make_grads(const std::vector<gw::host_tensor<float>>& params, int rank, int step) {
+  std::vector<std::vector<float>> grads;
+  for (const auto& p : params) {
+    grads.emplace_back(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) grads.back()[i] = 0.001f * static_cast<float>((i + rank + step) % 13);
+  }
+  return grads;
+}
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("step stats: bytes match the transport's counters, and what ranks send, ranks receive") {
+  for (int ranks : {2, 3, 4}) {
+    CAPTURE(ranks);
+    constexpr int steps = 3;
+    const std::size_t model_bytes = (1000 + 37) * sizeof(float);
+    std::vector<gw::observe::step_stats> last(ranks), total(ranks);
+    std::vector<gw::transport::traffic_counters> in_steps(ranks);
+    gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+      const int r = t.rank();
+      auto params = make_params({1000, 37});
+      gw::mirrored<gw::host_tensor<float>, gw::optim::sgd> s(t, std::move(params), gw::optim::sgd({.lr = 0.1}));
+      for (int k = 0; k < steps; ++k) {
+        const auto before = s.communicator().transport().traffic();
+        s.step(make_grads(make_params({1000, 37}), r, k));
+        in_steps[r] += s.communicator().transport().traffic() - before;
+        REQUIRE(s.last_step_stats().traffic == s.communicator().transport().traffic() - before);
+      }
+      last[r] = s.last_step_stats();
+      total[r] = s.cumulative_stats();
+    });
+    std::uint64_t sent = 0, received = 0, sent_last_step = 0;
+    for (int r = 0; r < ranks; ++r) {
+      REQUIRE(last[r].steps == 1);
+      REQUIRE(last[r].traffic_measured);
+      REQUIRE(total[r].steps == steps);
+      REQUIRE(total[r].traffic == in_steps[r]);
+      REQUIRE(last[r].in_step >= last[r].optimizer);
+      REQUIRE(last[r].optimizer > 0ns);
+      sent += total[r].traffic.bytes_sent;
+      sent_last_step += last[r].traffic.bytes_sent;
+      received += total[r].traffic.bytes_received;
+    }
+    REQUIRE(sent == received);
+    // Every all-reduce algorithm moves at least 2(N-1)/N of the buffer per rank on average.
+    REQUIRE(sent_last_step >= 2 * (ranks - 1) * model_bytes);
+  }
+}
+
+TEST_CASE("step stats: compute is the time between steps, and totals add up") {
+  gw::one_device<gw::host_tensor<float>, gw::optim::sgd> s(make_params({64}), gw::optim::sgd({.lr = 0.1}));
+  const auto grads = make_grads(make_params({64}), 0, 0);
+  s.step(grads);
+  std::this_thread::sleep_for(30ms);  // the caller's "forward and backward pass"
+  s.step(grads);
+  const auto& last = s.last_step_stats();
+  REQUIRE(last.compute >= 30ms);
+  REQUIRE(last.traffic.bytes_sent == 0);
+  REQUIRE_FALSE(last.staleness.has_value());
+  REQUIRE(s.cumulative_stats().steps == 2);
+  REQUIRE(s.cumulative_stats().compute >= last.compute);
+  const std::string line = gw::observe::to_string(s.cumulative_stats());
+  REQUIRE_THAT(line, Catch::StartsWith("2 steps: sent 0 MB/step") && Catch::Contains("compute"));
+}
+
+TEST_CASE("step stats: a parameter-server worker's staleness is what the server recorded for its gradients") {
+  constexpr int workers = 3, steps = 12;
+  std::mutex mutex;
+  std::map<std::uint64_t, std::uint64_t> reported;  // staleness -> gradients, as the workers saw it
+  gw::ps::server_stats server;
+  gw::transport::run_inproc(workers + 1, [&](gw::transport::inproc t) {
+    const int r = t.rank();
+    gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::async> s(
+        t, make_params({300, 5}), gw::optim::sgd({.lr = 0.05}), gw::aggregation::parameter_server<gw::ps::async>());
+    if (s.is_server()) {
+      server = s.serve();
+      return;
+    }
+    for (int k = 0; k < steps; ++k) {
+      if (r == 0) std::this_thread::sleep_for(2ms);  // a slow worker: the others run ahead
+      s.step(make_grads(make_params({300, 5}), r, k));
+      REQUIRE(s.last_step_stats().staleness.has_value());
+      std::lock_guard lock(mutex);
+      ++reported[*s.last_step_stats().staleness];
+    }
+    REQUIRE(s.cumulative_stats().staleness.has_value());
+  });
+  std::map<std::uint64_t, std::uint64_t> recorded;
+  for (std::size_t k = 0; k < server.staleness.size(); ++k)
+    if (server.staleness[k]) recorded[k] = server.staleness[k];
+  REQUIRE(reported == recorded);
+}
+
+TEST_CASE("step stats: sync parameter servers report staleness 0") {
+  gw::transport::run_inproc(3, [&](gw::transport::inproc t) {
+    gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync> s(t, make_params({40}),
+                                                                              gw::optim::sgd({.lr = 0.05}));
+    if (s.is_server()) {
+      s.serve();
+      return;
+    }
+    for (int k = 0; k < 4; ++k) {
+      s.step(make_grads(make_params({40}), t.rank(), k));
+      REQUIRE(s.last_step_stats().staleness == std::optional<std::uint64_t>(0));
+      REQUIRE(s.last_step_stats().traffic.bytes_sent >= 40 * sizeof(float));
+    }
+  });
+}
+
+TEST_CASE("timeline: steps, buckets, collectives and optimizer steps, with bytes, per rank") {
+  auto& timeline = gw::observe::timeline::global();
+  const auto path = std::filesystem::temp_directory_path() / ("gradwire-test-timeline-" + std::to_string(::getpid()) + ".json");
+  timeline.start(path);
+  constexpr int ranks = 2, steps = 3;
+  // Two tensors of 4 KiB in 4 KiB buckets: two buckets, reduced on the background thread.
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::all_reduce, gw::transport::inproc> s(
+        t, make_params({1024, 1024}), gw::optim::sgd({.lr = 0.1}), gw::aggregation::all_reduce(4096));
+    for (int k = 0; k < steps; ++k) s.step(make_grads(make_params({1024, 1024}), t.rank(), k));
+  });
+  timeline.stop();
+  const auto events = timeline.events();
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    auto named = [&](const char* name) {
+      std::vector<gw::observe::trace_event> out;
+      for (const auto& e : events)
+        if (e.rank == r && std::string(e.name) == name) out.push_back(e);
+      return out;
+    };
+    const auto step_events = named("step"), buckets = named("bucket"), reductions = named("all_reduce"),
+               updates = named("optimizer_step"), broadcasts = named("broadcast");
+    REQUIRE(step_events.size() == steps);
+    REQUIRE(buckets.size() == 2 * steps);
+    REQUIRE(reductions.size() == 2 * steps);
+    REQUIRE(updates.size() == 2 * steps);
+    REQUIRE(broadcasts.size() == 2);  // setup: one per tensor
+    for (const auto& b : buckets) {
+      REQUIRE(b.bytes == 4096);
+      REQUIRE(b.track == 1);  // the communicator's background thread
+    }
+    for (const auto& u : updates) {
+      REQUIRE(u.bytes == 4096);
+      REQUIRE(u.track == 0);
+      // Every optimizer step lies inside one of the rank's steps.
+      REQUIRE(std::any_of(step_events.begin(), step_events.end(), [&](const auto& s) {
+        return s.begin_ns <= u.begin_ns && u.begin_ns + u.duration_ns <= s.begin_ns + s.duration_ns;
+      }));
+    }
+    for (const auto& s : step_events) REQUIRE(s.bytes >= 2 * 4096);  // 2(N-1)/N of both buckets, at least
+  }
+  REQUIRE(timeline.write());
+  const std::string first = read_file(path);
+  REQUIRE_THAT(first, Catch::StartsWith("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n") &&
+                          Catch::EndsWith("\n]}\n") && Catch::Contains("\"name\":\"rank 1 of 2\""));
+  REQUIRE(count(first, "\"ph\":\"X\"") == events.size());
+  // A second write (another process of the job, say) merges into the same document.
+  timeline.start(path);
+  gw::transport::run_inproc(3, [&](gw::transport::inproc t) {
+    gw::mirrored<gw::host_tensor<float>, gw::optim::sgd> s(t, make_params({8}), gw::optim::sgd({.lr = 0.1}));
+    s.step(make_grads(make_params({8}), t.rank(), 0));
+  });
+  timeline.stop();
+  const std::size_t more = timeline.events().size();
+  REQUIRE(more > 0);
+  REQUIRE(timeline.write());
+  const std::string merged = read_file(path);
+  REQUIRE_THAT(merged, Catch::EndsWith("\n]}\n"));
+  REQUIRE(count(merged, "\"ph\":\"X\"") == events.size() + more);
+  REQUIRE(count(merged, "]}") == 1);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("timeline: a path that cannot be written is reported, and nothing is recorded") {
+  auto& timeline = gw::observe::timeline::global();
+  const auto path = std::filesystem::temp_directory_path() / ("gradwire-test-timeline-ok-" + std::to_string(::getpid()));
+  timeline.start(path);
+  REQUIRE(timeline.enabled());
+  timeline.start("/nonexistent-gradwire-dir/trace.json");
+  REQUIRE_FALSE(timeline.enabled());
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("GRADWIRE_LOG: levels, and lines prefixed by rank") {
+  using gw::observe::log_level;
+  REQUIRE(gw::observe::detail::log_level_from("") == log_level::off);
+  REQUIRE(gw::observe::detail::log_level_from("off") == log_level::off);
+  REQUIRE(gw::observe::detail::log_level_from("info") == log_level::info);
+  REQUIRE(gw::observe::detail::log_level_from("debug") == log_level::debug);
+  REQUIRE(gw::observe::detail::log_level_from("loud") == log_level::info);  // and says so on stderr
+
+  const auto path = std::filesystem::temp_directory_path() / ("gradwire-test-log-" + std::to_string(::getpid()));
+  std::FILE* sink = std::fopen(path.c_str(), "w");
+  REQUIRE(sink);
+  gw::observe::set_log_sink(sink);
+  auto train = [] {
+    gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+      gw::mirrored<gw::host_tensor<float>, gw::optim::sgd> s(t, make_params({16}), gw::optim::sgd({.lr = 0.1}));
+      for (int k = 0; k < 2; ++k) s.step(make_grads(make_params({16}), t.rank(), k));
+    });
+  };
+  gw::observe::set_log_level(log_level::off);
+  train();
+  std::fflush(sink);
+  REQUIRE(read_file(path).empty());
+
+  gw::observe::set_log_level(log_level::info);
+  train();
+  std::fflush(sink);
+  const std::string info = read_file(path);
+  gw::observe::set_log_level(log_level::debug);
+  train();
+  gw::observe::set_log_level(log_level::off);
+  gw::observe::set_log_sink(nullptr);
+  std::fclose(sink);
+  const std::string all = read_file(path);
+  std::filesystem::remove(path);
+
+  for (const char* rank : {"[gradwire 0/2 +", "[gradwire 1/2 +"}) {
+    CAPTURE(rank);
+    REQUIRE(count(info, std::string(rank)) == 2);  // communicator, strategy ready
+    REQUIRE(count(info, std::string(rank)) == count(info, "\n") / 2);
+  }
+  REQUIRE_THAT(info, Catch::Contains("info: communicator over gradwire::transport::inproc") &&
+                         Catch::Contains("info: strategy ready in") && !Catch::Contains("debug:"));
+  const std::string debug = all.substr(info.size());
+  REQUIRE(count(debug, "debug: step 1: 1 step: sent ") == 2);
+  REQUIRE(count(debug, "debug: step 2: 1 step: sent ") == 2);
+  REQUIRE(count(debug, "debug: all_reduce: 64 B in ") == 4);
+}
