@@ -47,7 +47,7 @@ struct trace_arg {
 struct trace_event {
   const char* name = "";
   const char* category = "";
-  int rank = 0;
+  int rank = 0, size = 1;  // of the communicator it ran on
   int track = 0;  // the rank's thread: 0 the caller's, 1 the background collectives
   std::int64_t begin_ns = 0;     // Unix time
   std::int64_t duration_ns = 0;
@@ -58,6 +58,12 @@ struct trace_event {
 // The process's recorder (one per process: ranks that are threads share it).
 class timeline {
  public:
+  // The trace's process id ("pid", one track per rank) of rank `rank` of a job of `size`:
+  // the rank itself, except that a one-rank job (one_device, or a reference run beside the
+  // real job in the same process) gets a pid of its own instead of colliding with rank 0.
+  static constexpr int one_rank_pid = 100000;
+  static constexpr int pid_of(int rank, int size) noexcept { return size == 1 ? one_rank_pid : rank; }
+
   // At most this many events are kept between writes; later ones are counted and dropped.
   static constexpr std::size_t max_events = std::size_t{1} << 21;
 
@@ -242,7 +248,7 @@ class timeline {
     out += '"';
   }
 
-  // Events in the Trace Event Format: ts and dur in microseconds; pid = rank, tid = track.
+  // Events in the Trace Event Format: ts and dur in microseconds; pid = pid_of(rank, size), tid = track.
   std::string render() const {
     std::string out;
     out.reserve(160 * (events_.size() + 3 * ranks_.size() + 1));
@@ -253,17 +259,18 @@ class timeline {
       first = false;
     };
     for (const auto& [rank, size] : ranks_) {
+      const std::string pid = std::to_string(pid_of(rank, size));
       next();
       std::snprintf(number, sizeof number, "rank %d of %d", rank, size);
-      out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) + ",\"args\":{\"name\":";
+      out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid + ",\"args\":{\"name\":";
       json_string(out, number);
       out += "}}";
       next();
-      out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
-             ",\"args\":{\"sort_index\":" + std::to_string(rank) + "}}";
+      out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + pid + ",\"args\":{\"sort_index\":" + pid +
+             "}}";
       for (int track = 0; track < 2; ++track) {
         next();
-        out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
+        out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + pid +
                ",\"tid\":" + std::to_string(track) + ",\"args\":{\"name\":" +
                (track == 0 ? "\"step\"" : "\"background collectives\"") + "}}";
       }
@@ -276,7 +283,7 @@ class timeline {
       json_string(out, e.category);
       // Microseconds with nanosecond decimals, without going through a double.
       std::snprintf(number, sizeof number, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%lld.%03lld,\"dur\":%lld.%03lld",
-                    e.rank, e.track, static_cast<long long>(e.begin_ns / 1000),
+                    pid_of(e.rank, e.size), e.track, static_cast<long long>(e.begin_ns / 1000),
                     static_cast<long long>(e.begin_ns % 1000), static_cast<long long>(e.duration_ns / 1000),
                     static_cast<long long>(e.duration_ns % 1000));
       out += number;
@@ -335,16 +342,15 @@ class trace_scope {
     event_.name = name;
     event_.category = category;
     event_.rank = rank;
+    event_.size = size;
     event_.track = detail::this_thread_track();
     event_.bytes = bytes;
-    size_ = size;
     event_.begin_ns = timeline::global().now_ns();
   }
   // Movable (a helper may return one); the moved-from scope records nothing.
   trace_scope(trace_scope&& other) noexcept
       : traced_(std::exchange(other.traced_, false)),
         logged_(std::exchange(other.logged_, false)),
-        size_(other.size_),
         event_(other.event_) {}
   trace_scope& operator=(trace_scope&&) = delete;
 
@@ -375,12 +381,11 @@ class trace_scope {
     std::string args;
     for (const auto& a : event_.args)
       if (a.key) args += std::string(" ") + a.key + "=" + (a.text ? std::string(a.text) : std::to_string(a.number));
-    log(log_level::debug, event_.rank, size_, event_.name, ": ", event_.bytes, " B in ",
+    log(log_level::debug, event_.rank, event_.size, event_.name, ": ", event_.bytes, " B in ",
         static_cast<double>(event_.duration_ns) / 1e3, " us", args);
   }
 
   bool traced_, logged_;
-  int size_ = 0;
   trace_event event_;
 };
 
