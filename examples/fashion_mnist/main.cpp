@@ -456,6 +456,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
     // Where a replica's step time goes: its own forward/backward vs strategy.step
     // (all-reduce, waiting for the slowest replica, optimizer).
     steady::duration compute_time{}, step_time{};
+    gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
     for (std::size_t step = 0; step < steps; ++step) {
       const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
       if (global_step < resumed) continue;
@@ -469,6 +470,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
       const auto computed = steady::now();
       strategy.step(gradients);
+      epoch_stats += strategy.last_step_stats();
       compute_time += computed - step_start;
       step_time += steady::now() - computed;
       ++steps_done;
@@ -519,7 +521,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       if (o.timing)
         std::printf("  [per replica: forward/backward %.2f s, step %.2f s, of %.2f s]", stats[3] / replicas,
                     stats[4] / replicas, train_seconds);
-      std::printf("\n");
+      std::printf("\n          rank 0: %s\n", gradwire::observe::to_string(epoch_stats).c_str());
       std::fflush(stdout);
       out.record(epoch, accuracy, elapsed, o.target_accuracy);
     }
@@ -587,12 +589,15 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
   const auto start = steady::now();
   int evaluated_epochs = 0;
   std::uint64_t my_steps = 0;
+  gradwire::observe::step_stats epoch_stats;  // worker 0's steps since the last evaluation
   auto evaluate = [&](int epoch) {
     const double accuracy = model.accuracy(data.test.images, data.test.labels);
     const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
     std::printf("epoch %2d/%d  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s  lost_workers %u\n", epoch,
                 o.epochs, 100.0 * accuracy, progress() * double(steps * global_batch) / elapsed, elapsed,
                 strategy.aggregation().lost_workers());
+    std::printf("          rank 0: %s\n", gradwire::observe::to_string(epoch_stats).c_str());
+    epoch_stats = {};
     std::fflush(stdout);
     out.record(epoch, accuracy, elapsed, o.target_accuracy);
   };
@@ -611,6 +616,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
     model.loss_and_gradient(x, y);
     if (straggling) std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
     strategy.step(gradients);
+    epoch_stats += strategy.last_step_stats();
     ++my_steps;
   }
 }

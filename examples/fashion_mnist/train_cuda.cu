@@ -84,6 +84,7 @@ void train_replica(Strategy& strategy, mlp_cuda& model, const device_set& train,
                           "order to the device");
     const auto epoch_start = steady::now();
     double loss_sum = 0;
+    gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
     for (std::size_t step = 0; step < steps; ++step) {
       model.load_batch(train.images.data(), train.labels, order_on_device, step * global_batch + std::size_t(rank) * batch,
                        run.batch);
@@ -94,6 +95,7 @@ void train_replica(Strategy& strategy, mlp_cuda& model, const device_set& train,
         strategy.optimizer().set_lr(run.lr * 0.5 * (1.0 + std::cos(pi * t)));
       }
       strategy.step(model.gradients());
+      epoch_stats += strategy.last_step_stats();
     }
     const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
     std::array<double, 3> stats{loss_sum, double(steps), 0.0};
@@ -108,6 +110,7 @@ void train_replica(Strategy& strategy, mlp_cuda& model, const device_set& train,
       std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s\n", epoch,
                   run.epochs, stats[0] / stats[1], 100.0 * accuracy, double(steps * global_batch) / train_seconds,
                   elapsed);
+      std::printf("          rank 0: %s\n", gradwire::observe::to_string(epoch_stats).c_str());
       std::fflush(stdout);
       out.final_accuracy = accuracy;
       out.total_seconds = elapsed;

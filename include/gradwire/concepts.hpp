@@ -70,6 +70,9 @@ concept optimizer = std::copy_constructible<O> &&
 //   request async_recv(int peer, uint64_t tag, span<byte>)   sizes must match the send
 //   void wait(request&, deadline)
 // Tags are below 2^48 - 1 (UCX carries the sender's rank in the upper bits of its tag).
+// Requests: some algorithms also need `explicit operator bool` (a request still to be
+// waited for: the parameter server, the one-shot all-reduce) and a default-constructible,
+// move-assignable request (any_transport); the library's transports have all three.
 template <class T>
 concept transport = std::move_constructible<T> &&
                     requires(T& t, const T& ct, int peer, std::uint64_t tag, std::span<const std::byte> out,
@@ -184,6 +187,11 @@ struct apply_archetype {
 //   step(comm, params, grads, apply)  combine the replicas' gradients and call
 //                                     apply(i, grad_i, scale) where the update is applied
 // params and grads are lists of per-tensor spans, in the same order on every rank.
+// apply runs the optimizer before it returns and keeps no reference to grad_i, so one
+// buffer may serve every tensor. Optional:
+//   static constexpr bool updates_only_through_apply = true   parameters change only in
+//       apply(): a strategy over device tensors then keeps them on the device
+//   finish(comm), is_server(rank, size), serve(comm, params, optimizer)   parameter servers
 template <class A, class V, class Transport>
 concept aggregation = std::move_constructible<A> &&
                       requires(A& a, collective::communicator<Transport>& comm, std::span<const std::span<V>> params,

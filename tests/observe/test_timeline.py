@@ -92,6 +92,12 @@ class Timeline(unittest.TestCase):
             logged = [l for l in lines.get(r, []) if l.startswith(f"[gradwire {r}/2 +")]
             self.assertTrue(any("info: communicator over gradwire::transport::asio_tcp" in l for l in logged), out)
             self.assertTrue(any("info: strategy ready in" in l for l in logged), out)
+        # scripts/timeline-summary reads it: a row per rank and event.
+        summary = subprocess.run([os.path.join(os.path.dirname(LAUNCHER), "timeline-summary"), self.path],
+                                 stdout=subprocess.PIPE, text=True, check=True).stdout
+        for r in range(2):
+            row = next(l for l in summary.splitlines() if l.split()[:5] == ["rank", str(r), "of", "2", "step"])
+            self.assertEqual(int(row.split()[5]), steps[r], summary)
         # A rerun replaces the trace instead of adding to it.
         status, out = run(["-n", "2", "--", MP_WORKER, "train", "sgd"], {"GRADWIRE_TIMELINE": self.path})
         self.assertEqual(status, 0, out)

@@ -162,10 +162,14 @@ template <class Tr, class V>
 void device_all_reduce(communicator<Tr>& comm, std::span<V> data, cudaStream_t stream, device_staging& staging,
                        reduce_op op = reduce_op::sum) {
   if (comm.size() == 1) return;  // one rank: the sum and the average are the data
-  if constexpr (concepts::shared_address_space_transport<Tr>)
+  auto trace = comm.trace("device_all_reduce", data.size_bytes());
+  if constexpr (concepts::shared_address_space_transport<Tr>) {
+    trace.arg("path", "direct");
     detail::direct_device_all_reduce(comm, data, op, stream);
-  else
+  } else {
+    trace.arg("path", "staged");  // each pinned chunk's host all_reduce nests inside
     detail::staged_device_all_reduce(comm, data, op, stream, staging);
+  }
 }
 
 }  // namespace gradwire::collective
