@@ -51,15 +51,7 @@ void using_it(unsigned seed) {
   });
   // [/docs:using_it]
 
-  const auto replicas_done = Model::take_finished();
-  const auto want = snippets::reference_training(Model::shape, Model::initial_values(seed), global,
-                                                 snippets::reference_adam(1e-3));
-  snippets::expect("using it: both replicas finished", replicas_done.size() == replicas);
-  for (const auto& got : replicas_done) {
-    snippets::expect("using it: replicas are bit-identical", got == replicas_done.front());
-    snippets::expect_close("using it: 2 replicas of batch 4 against one device (float64) with batch 8",
-                           std::span<const float>(got), std::span<const double>(want), 1e-4);
-  }
+  snippets::expect_replicas_follow("using it", replicas, seed, global, snippets::reference_adam(1e-3), 1e-4);
 }
 
 // "Checkpoints": resumed training is bit-identical to training that never stopped.

@@ -7,13 +7,10 @@
 #include <gradwire/gradwire.hpp>
 #include <gradwire/asio.hpp>
 
-#include <algorithm>
 #include <cstdint>
-#include <filesystem>
 #include <string>
-#include <system_error>
-#include <vector>
 
+#include "ps_job.hpp"
 #include "snippet_support.hpp"
 
 namespace gw = gradwire;
@@ -33,23 +30,13 @@ void across_processes(unsigned seed) {
   snippets::train_and_check("README across processes", model, strategy, seed, snippets::reference_adam(1e-3));
 }
 
-// Asynchronous parameter servers: nothing to compare bit for bit, so a worker checks that
-// training lowered the loss on its data, and a server that it wrote its shard's checkpoint.
+// Asynchronous parameter servers: a worker checks that training lowered its loss, a server
+// that it wrote its shard's checkpoint (snippets::ps_job).
 void parameter_servers(unsigned seed) {
-  const gw::cluster::cluster_spec job = gw::cluster::detect();
-  if (job.rank == 0) {  // a fresh job: no checkpoint of an earlier run to resume from
-    std::error_code ignored;
-    std::filesystem::remove_all("ckpt", ignored);
-  }
-  const int workers = job.world_size - job.count(gw::cluster::task_type::ps);
-  const std::vector<snippets::batch> data =
-      snippets::shard(Model::shape, snippets::make_batches(Model::shape, 8, 4 * std::size_t(workers), seed + 1),
-                      std::min(job.rank, workers - 1), workers);
-  std::size_t next = 0;
-  auto next_batch = [&]() -> const snippets::batch& { return data[next++ % data.size()]; };
-  const std::uint64_t budget = 60;
+  snippets::ps_job job(seed);  // before joining: rank 0 clears ckpt/
+  auto next_batch = [&]() -> const snippets::batch& { return job.next_batch(); };
+  const std::uint64_t budget = snippets::ps_job::budget;
   Model model(seed);
-  const double before = snippets::loss(Model::shape, std::span<const float>(model.values()), data);
 
   // [docs:parameter_servers]
   // Launch: scripts/gradwire-run -n 4 --ps 2 -- ./train   (or a TF_CONFIG with a "ps" list)
@@ -66,18 +53,10 @@ void parameter_servers(unsigned seed) {
   }
   // [/docs:parameter_servers]
 
-  if (strategy.is_server()) {
-    const int shard = strategy.rank() - (strategy.size() - ps.servers);
-    const auto file = "ckpt/ps-shard-" + std::to_string(shard) + "-of-" + std::to_string(ps.servers) + ".ckpt";
-    snippets::expect("the server wrote " + file, std::filesystem::exists(file));
-  } else {
-    const double after = snippets::loss(Model::shape, std::span<const float>(model.values()), data);
-    snippets::expect("the worker's loop ended once the servers had applied the budget",
-                     strategy.aggregation().applied() >= budget);
-    snippets::expect("asynchronous training lowered the worker's loss (" + std::to_string(before) + " -> " +
-                         std::to_string(after) + ")",
-                     after < before);
-  }
+  if (strategy.is_server())
+    job.expect_checkpoint_written("");
+  else
+    job.expect_worker_trained("asynchronous training", model, strategy.aggregation().applied());
 }
 
 int main(int argc, char** argv) {

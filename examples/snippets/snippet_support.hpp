@@ -296,6 +296,26 @@ inline int report(const char* program, unsigned seed) {
   return 1;
 }
 
+// For the in-process snippets, once run_inproc has joined the replicas (and so destroyed
+// their Models): all `replicas` finished, they hold the same bits, and each follows one
+// device in float64 on the whole global batches (Model(seed)'s start), within `tolerance`.
+template <class Reference>
+void expect_replicas_follow(const std::string& what, int replicas, unsigned seed, const std::vector<batch>& global,
+                            Reference reference, double tolerance) {
+  const auto done = Model::take_finished();
+  const auto want = reference_training(Model::shape, Model::initial_values(seed), global, std::move(reference));
+  const std::size_t rows = global.empty() ? 0 : global.front().rows;
+  expect(what + ": " + std::to_string(replicas) + " replicas finished (" + std::to_string(done.size()) + " did)",
+         done.size() == std::size_t(replicas));
+  for (const auto& got : done) {
+    expect(what + ": replicas are bit-identical", got == done.front());
+    expect_close(what + ": " + std::to_string(replicas) + " replicas of batch " +
+                     std::to_string(rows / std::size_t(replicas)) + " against one device (float64) with batch " +
+                     std::to_string(rows),
+                 std::span<const float>(got), std::span<const double>(want), tolerance);
+  }
+}
+
 // For the multi-process snippets, once the strategy is built: trains `model` on this
 // rank's shard of 8 global batches (4 rows per replica) and checks the result against
 // one device in float64 on the global batches (what synchronous strategies reproduce).

@@ -5,7 +5,6 @@
 #include <gradwire/gradwire.hpp>
 
 #include <random>
-#include <span>
 
 #include "snippet_support.hpp"
 
@@ -32,14 +31,6 @@ int main() {
   });
   // [/docs:threads]
 
-  const auto done = Model::take_finished();
-  const auto want = snippets::reference_training(Model::shape, Model::initial_values(seed), global,
-                                                 snippets::reference_adam(1e-3));
-  snippets::expect("both replicas finished", done.size() == replicas);
-  for (const auto& got : done) {
-    snippets::expect("replicas are bit-identical", got == done.front());
-    snippets::expect_close("mirrored: 2 replicas of batch 3 against one device (float64) with batch 6",
-                           std::span<const float>(got), std::span<const double>(want), 1e-4);
-  }
+  snippets::expect_replicas_follow("mirrored", replicas, seed, global, snippets::reference_adam(1e-3), 1e-4);
   return snippets::report("snippet strategies_mirrored", seed);
 }

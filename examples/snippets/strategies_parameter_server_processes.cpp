@@ -6,16 +6,11 @@
 #include <gradwire/gradwire.hpp>
 #include <gradwire/asio.hpp>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
-#include <span>
-#include <string>
-#include <system_error>
 #include <type_traits>
-#include <vector>
 
+#include "ps_job.hpp"
 #include "snippet_support.hpp"
 
 // The alias as the page states it, checked against gradwire's.
@@ -32,25 +27,14 @@ static_assert(std::is_same_v<parameter_server<tensor_view<float>, optim::sgd, ps
 
 using snippets::Model;
 
-// Bounded staleness: nothing to compare bit for bit, so a worker checks that training
-// lowered the loss on its data, and a server that it wrote its shard's checkpoint.
+// Bounded staleness: a worker checks that training lowered its loss, a server that it wrote
+// its shard's checkpoint by the time its strategy was destroyed (snippets::ps_job).
 int main() {
   const unsigned seed = snippets::job_seed();
-  const gradwire::cluster::cluster_spec job = gradwire::cluster::detect();
-  if (job.rank == 0) {  // a fresh job: no checkpoint of an earlier run to resume from
-    std::error_code ignored;
-    std::filesystem::remove_all("ckpt", ignored);
-  }
-  const int workers = job.world_size - job.count(gradwire::cluster::task_type::ps);
-  const std::vector<snippets::batch> data =
-      snippets::shard(Model::shape, snippets::make_batches(Model::shape, 8, 4 * std::size_t(workers), seed + 1),
-                      std::min(job.rank, workers - 1), workers);
-  std::size_t next = 0;
-  auto next_batch = [&]() -> const snippets::batch& { return data[next++ % data.size()]; };
-  const std::uint64_t budget = 60;
+  snippets::ps_job job(seed);  // before joining: rank 0 clears ckpt/
+  auto next_batch = [&]() -> const snippets::batch& { return job.next_batch(); };
+  const std::uint64_t budget = snippets::ps_job::budget;
   Model model(seed);
-  const double before = snippets::loss(Model::shape, std::span<const float>(model.values()), data);
-  double after = before;
   bool served = false;
   {
     // [docs:example]
@@ -76,21 +60,8 @@ int main() {
     }   // the worker's destructor tells the servers it has finished
     // [/docs:example]
     served = strategy.is_server();
-    if (!served) {
-      snippets::expect("the worker's loop ended once the servers had applied the budget",
-                       strategy.aggregation().applied() >= budget);
-      after = snippets::loss(Model::shape, std::span<const float>(model.values()), data);
-    }
+    if (!served) job.expect_worker_trained("bounded-staleness training", model, strategy.aggregation().applied());
   }
-  if (served) {
-    const int servers = job.count(gradwire::cluster::task_type::ps);
-    const int shard = job.rank - (job.world_size - servers);
-    const auto file = "ckpt/ps-shard-" + std::to_string(shard) + "-of-" + std::to_string(servers) + ".ckpt";
-    snippets::expect("the server wrote " + file + " at exit", std::filesystem::exists(file));
-  } else {
-    snippets::expect("bounded-staleness training lowered the worker's loss (" + std::to_string(before) + " -> " +
-                         std::to_string(after) + ")",
-                     after < before);
-  }
+  if (served) job.expect_checkpoint_written("at exit");
   return snippets::report("snippet strategies_parameter_server_processes", seed);
 }
