@@ -336,16 +336,11 @@ inline int& this_thread_track() noexcept {
 // on, and logs a line at GRADWIRE_LOG=debug; costs one branch when both are off.
 class trace_scope {
  public:
-  trace_scope(int rank, int size, const char* name, const char* category, std::uint64_t bytes = 0) noexcept
-      : traced_(timeline::global().enabled()), logged_(log_enabled(log_level::debug)) {
-    if (!traced_ && !logged_) return;
-    event_.name = name;
-    event_.category = category;
-    event_.rank = rank;
-    event_.size = size;
-    event_.track = detail::this_thread_track();
-    event_.bytes = bytes;
-    event_.begin_ns = timeline::global().now_ns();
+  trace_scope(int rank, int size, const char* name, const char* category, std::uint64_t bytes = 0) noexcept {
+    // Off: two relaxed loads and nothing else inline; the rest is out of line and cold,
+    // so that an instrumented collective compiles to nearly what it was without it.
+    if (timeline::global().enabled() || log_enabled(log_level::debug)) [[unlikely]]
+      begin(rank, size, name, category, bytes);
   }
   // Movable (a helper may return one); the moved-from scope records nothing.
   trace_scope(trace_scope&& other) noexcept
@@ -355,13 +350,8 @@ class trace_scope {
   trace_scope& operator=(trace_scope&&) = delete;
 
   ~trace_scope() {
-    if (!traced_ && !logged_) return;
-    event_.duration_ns = timeline::global().now_ns() - event_.begin_ns;
-    try {
-      if (traced_) timeline::global().record(event_);
-      if (logged_) log_line();
-    } catch (...) {  // observing must never turn into a failure of what is observed
-    }
+    if (traced_ || logged_) [[unlikely]]
+      end();
   }
 
   // Up to two arguments besides bytes (a third replaces the second).
@@ -373,6 +363,26 @@ class trace_scope {
   }
 
  private:
+  [[gnu::noinline, gnu::cold]] void begin(int rank, int size, const char* name, const char* category,
+                                          std::uint64_t bytes) noexcept {
+    traced_ = timeline::global().enabled();
+    logged_ = log_enabled(log_level::debug);
+    event_.name = name;
+    event_.category = category;
+    event_.rank = rank;
+    event_.size = size;
+    event_.track = detail::this_thread_track();
+    event_.bytes = bytes;
+    event_.begin_ns = timeline::global().now_ns();
+  }
+  [[gnu::noinline, gnu::cold]] void end() noexcept {
+    event_.duration_ns = timeline::global().now_ns() - event_.begin_ns;
+    try {
+      if (traced_) timeline::global().record(event_);
+      if (logged_) log_line();
+    } catch (...) {  // observing must never turn into a failure of what is observed
+    }
+  }
   trace_scope& add(trace_arg a) noexcept {
     event_.args[event_.args[0].key ? 1 : 0] = a;
     return *this;
@@ -385,7 +395,7 @@ class trace_scope {
         static_cast<double>(event_.duration_ns) / 1e3, " us", args);
   }
 
-  bool traced_, logged_;
+  bool traced_ = false, logged_ = false;
   trace_event event_;
 };
 
