@@ -71,7 +71,8 @@ inline void set_log_sink(std::FILE* sink) noexcept {
 }
 
 // Writes "[gradwire R/N +T.TTTs] level: message" (rank R of N, seconds since the process
-// first logged) when `level` is enabled; the parts are streamed into the message.
+// first logged) when `level` is enabled; the parts are streamed into the message
+// (floating-point parts with 3 decimals).
 template <class... Parts>
 void log(log_level level, int rank, int size, Parts&&... parts) {
   if (!log_enabled(level)) return;
@@ -83,6 +84,8 @@ void log(log_level level, int rank, int size, Parts&&... parts) {
   std::snprintf(prefix, sizeof prefix, "[gradwire %d/%d +%.3fs] %s: ", rank, size, seconds,
                 level == log_level::debug ? "debug" : "info");
   line << prefix;
+  line.setf(std::ios::fixed);  // durations as 2.763 ms, not 2.76229 ms
+  line.precision(3);
   detail::append(line, std::forward<Parts>(parts)...);
   line << '\n';
   const std::string text = std::move(line).str();
