@@ -62,7 +62,7 @@ class all_reduce_with {
       // One bucket: nothing to overlap, so reduce on this thread and spare the two
       // hand-offs to the engine's thread (they cost most when cores are oversubscribed).
       {
-        auto trace = trace_bucket(comm, plan[0], buckets_.flat<V>(plan[0]).size_bytes(), 0);
+        auto trace = collective::trace_bucket<Tr, V>(comm, plan[0], 0);
         buckets_.gather<V>(plan[0], grads);
         collective::all_reduce<Algorithm>(comm, buckets_.flat<V>(plan[0]));
       }
@@ -89,7 +89,7 @@ class all_reduce_with {
       const collective::bucket& b = plan[k];
       buckets_.gather<V>(b, grads);
       pending_.push_back(engine.submit([data = buckets_.flat<V>(b), bucket = &b, k](collective::communicator<Tr>& c) {
-        auto trace = trace_bucket(c, *bucket, data.size_bytes(), k);
+        auto trace = collective::trace_bucket<Tr, V>(c, *bucket, k);
         collective::all_reduce<Alg>(c, data);
       }));
     }
@@ -100,16 +100,6 @@ class all_reduce_with {
       apply_bucket(plan[k], grads, apply, scale);
     }
     pending_.clear();
-  }
-
-  // A bucket's reduction on the timeline (GRADWIRE_TIMELINE): its bytes, index and tensors.
-  template <class Tr>
-  static observe::trace_scope trace_bucket(const collective::communicator<Tr>& comm, const collective::bucket& b,
-                                           std::size_t bytes, std::size_t index) {
-    auto trace = comm.trace("bucket", bytes, "bucket");
-    trace.arg("index", static_cast<std::int64_t>(index))
-        .arg("tensors", static_cast<std::int64_t>(b.end_tensor - b.first_tensor));
-    return trace;
   }
 
   // The optimizer step on every tensor of a reduced bucket.

@@ -116,6 +116,15 @@ class bucket_buffer {
   aligned_buffer<std::byte> flat_;
 };
 
+// A bucket's reduction on the timeline (GRADWIRE_TIMELINE): its bytes, index and tensors.
+template <class Tr, class V>
+observe::trace_scope trace_bucket(const communicator<Tr>& comm, const bucket& b, std::size_t index) {
+  auto trace = comm.trace("bucket", b.count * sizeof(V), "bucket");
+  trace.arg("index", static_cast<std::int64_t>(index))
+      .arg("tensors", static_cast<std::int64_t>(b.end_tensor - b.first_tensor));
+  return trace;
+}
+
 // Reduces every tensor across ranks, with the same result as one all_reduce per tensor
 // but one call per bucket. Every rank passes tensors of the same sizes in the same order.
 template <class Algorithm = auto_, class Tr, class V>
@@ -124,8 +133,7 @@ void bucketed_all_reduce(communicator<Tr>& comm, std::span<const std::span<V>> t
   const auto plan = buffer.plan<V>(tensors);
   for (std::size_t k = 0; k < plan.size(); ++k) {
     const bucket& b = plan[k];
-    auto trace = comm.trace("bucket", buffer.flat<V>(b).size_bytes(), "bucket");
-    trace.arg("index", static_cast<std::int64_t>(k)).arg("tensors", static_cast<std::int64_t>(b.end_tensor - b.first_tensor));
+    auto trace = trace_bucket<Tr, V>(comm, b, k);
     buffer.gather<V>(b, tensors);
     all_reduce<Algorithm>(comm, buffer.flat<V>(b), op);
     buffer.scatter<V>(b, tensors);

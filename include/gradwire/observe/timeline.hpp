@@ -92,11 +92,6 @@ class timeline {
   // Stops recording; what was recorded is still written.
   void stop() noexcept { enabled_.store(false, std::memory_order_relaxed); }
 
-  std::filesystem::path path() const {
-    std::lock_guard lock(mutex_);
-    return path_;
-  }
-
   // A rank joined (its communicator was made): names its track. The first time rank 0
   // joins in this process, and before anything was written, the file is emptied.
   void add_rank(int rank, int size) {
@@ -104,8 +99,8 @@ class timeline {
     std::lock_guard lock(mutex_);
     if (std::find(ranks_.begin(), ranks_.end(), std::pair{rank, size}) == ranks_.end())
       ranks_.emplace_back(rank, size);
-    if (rank == 0 && !emptied_ && !written_) {
-      emptied_ = true;
+    if (rank == 0 && !touched_file_) {
+      touched_file_ = true;
       with_locked_file([](int fd) { return ::ftruncate(fd, 0) == 0; });
     }
   }
@@ -134,7 +129,8 @@ class timeline {
     const bool ok = with_locked_file([&](int fd) { return merge(fd, body); });
     events_.clear();
     ranks_.clear();
-    written_ = true;
+    dropped_ = 0;
+    touched_file_ = true;
     return ok;
   }
 
@@ -315,7 +311,7 @@ class timeline {
   std::vector<trace_event> events_;
   std::vector<std::pair<int, int>> ranks_;  // (rank, size) joined since the last write
   std::uint64_t dropped_ = 0;
-  bool emptied_ = false, written_ = false;
+  bool touched_file_ = false;  // emptied it, or merged into it: never empty it (again)
   std::int64_t unix_at_start_ns_;
   std::chrono::steady_clock::time_point steady_at_start_;
 };
