@@ -182,6 +182,70 @@ class Signals(unittest.TestCase):
                     self.assertFalse(alive(int(pid)), f"process {pid} of rank {name} survived")
 
 
+class MultiNode(unittest.TestCase):
+    """--nnodes: one launcher per node; here every "node" is this machine (the namespace tests
+    in tests/cluster_ns run them on emulated hosts)."""
+    NAMES = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
+             "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_JOB_TOKEN"]
+
+    def nodes(self, counts, per_node, env):
+        program = "import json, os; print(json.dumps({n: os.environ.get(n) for n in %r}))" % self.NAMES
+        seen, errs = [], []
+        for node in range(len(counts)):
+            code, out, err, _ = run("--nnodes", str(len(counts)), "--node-rank", str(node), "--nproc-per-node",
+                                    per_node, "--master-addr", "127.0.0.1", "--master-port", "29999",
+                                    sys.executable, "-c", program, env=env)
+            self.assertEqual(code, 0, err)
+            seen += [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()]
+            errs.append(err)
+        return seen, errs
+
+    def test_uneven_nodes_get_torchrun_variables(self):
+        env = {k: v for k, v in os.environ.items() if k != "GRADWIRE_JOB_TOKEN"}
+        counts = [1, 2, 3]
+        seen, errs = self.nodes(counts, "1,2,3", env)
+        self.assertEqual(sorted(int(v["RANK"]) for v in seen), list(range(6)))
+        offsets = [0, 1, 3]
+        for v in seen:
+            node = int(v["NODE_RANK"])
+            self.assertEqual(v["GROUP_RANK"], v["NODE_RANK"])
+            self.assertEqual(int(v["RANK"]), offsets[node] + int(v["LOCAL_RANK"]))
+            self.assertEqual(int(v["LOCAL_WORLD_SIZE"]), counts[node])
+            self.assertEqual((v["WORLD_SIZE"], v["GROUP_WORLD_SIZE"], v["MASTER_PORT"]), ("6", "3", "29999"))
+        # No token given: every node derives the same one, and says that it is not a secret.
+        self.assertEqual(len({v["GRADWIRE_JOB_TOKEN"] for v in seen}), 1)
+        self.assertRegex(seen[0]["GRADWIRE_JOB_TOKEN"], r"^[0-9a-f]{32}$")
+        for node, err in enumerate(errs):
+            self.assertIn(f"GRADWIRE_JOB_TOKEN is not set: node {node} derives the job token", err)
+
+    def test_a_given_token_is_used_and_one_count_means_every_node(self):
+        seen, errs = self.nodes([2, 2], "2", dict(os.environ, GRADWIRE_JOB_TOKEN="secret"))
+        self.assertEqual(sorted((v["NODE_RANK"], v["RANK"], v["LOCAL_RANK"]) for v in seen),
+                         [("0", "0", "0"), ("0", "1", "1"), ("1", "2", "0"), ("1", "3", "1")])
+        self.assertTrue(all(v["GRADWIRE_JOB_TOKEN"] == "secret" and v["WORLD_SIZE"] == "4" for v in seen))
+        self.assertFalse(any("derives" in e for e in errs))
+
+    def test_failure_names_the_global_rank(self):
+        code, _, err, _ = run("--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-port", "29999",
+                              "sh", "-c", 'test "$LOCAL_RANK" = 1 && exit 5; sleep 30')
+        self.assertEqual(code, 5, err)
+        self.assertIn("gradwire-run: rank 3 exited with status 5; stopping the other ranks", err)
+
+    def test_bad_multi_node_usage(self):
+        cases = {("--nnodes", "2", "--nproc-per-node", "2", "--master-port", "1"): "needs --node-rank",
+                 ("--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2"): "needs --master-port",
+                 ("--nnodes", "2", "--node-rank", "2", "--nproc-per-node", "2", "--master-port", "1"): "out of range",
+                 ("--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1,2,3", "--master-port", "1"): "3 counts",
+                 ("--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1,0", "--master-port", "1"): "at least 1",
+                 ("-n", "2", "--nproc-per-node", "2"): "not both",
+                 ("--nnodes", "2", "--node-rank", "0", "-n", "2", "--ps", "1", "--master-port", "1"): "GRADWIRE_NUM_PS"}
+        for args, message in cases.items():
+            with self.subTest(args=args):
+                code, _, err, _ = run(*args, "true")
+                self.assertEqual(code, 2, err)
+                self.assertIn(message, err)
+
+
 class Usage(unittest.TestCase):
     def test_bad_usage_exits_2(self):
         for args in (["true"], ["-n", "0", "true"], ["-n", "-1", "true"], ["-n", "two", "true"], ["-n", "2"],
