@@ -11,7 +11,8 @@ The library behind scripts/cluster, importable by tests and benchmarks:
 Layout of cluster NAME with H hosts (root only; every command is `ip` or `tc`):
 
     namespace gw-NAME-sw : lo, bridge br0, ports p0..p{H-1} (one per host)
-    namespace gw-NAME-hI : lo (up), eth0 = 198.18.X.(I+1)/24, the other end of pI
+    namespace gw-NAME-hI : lo (up), eth0 = 198.18.X.(I+1)/24, the other end of pI;
+                           commands run there see hostname gw-NAME-hI
 
 X comes from one free /24 of 198.18.0.0/15 (RFC 2544's benchmarking range), so several
 clusters coexist and none is bridged to the machine's own network. A rate shapes both
@@ -343,10 +344,15 @@ class Cluster:
 
     # --- running things -------------------------------------------------------------
     def exec_args(self, host, cmd):
-        """The argv that runs `cmd` (a list) inside host `host` (for subprocess)."""
+        """The argv that runs `cmd` (a list) inside host `host` (for subprocess).
+
+        The command also gets its own UTS namespace with the host's name as hostname, so that
+        every emulated host has its own name, as real hosts do: OpenMPI, for one, names its
+        shared-memory segments after the hostname, and ranks of two hosts with one name
+        collide. Every step execs, so the command keeps the pid the caller sees."""
         s = self._require()
         host = self._check_host(s, host)
-        return ["ip", "netns", "exec", self.host_ns(host)] + list(cmd)
+        return in_namespace(self.host_ns(host), cmd)
 
     def run(self, host, cmd, **kwargs):
         """subprocess.run of `cmd` inside host `host`."""
@@ -392,6 +398,11 @@ class Cluster:
             rate = s["rates"].get(str(h)) or "unshaped"
             lines.append(f"  host {h}: {ns} {self.addr(h)} eth0 {state}, {rate}")
         return "\n".join(lines)
+
+
+def in_namespace(ns, cmd):
+    """argv running `cmd` in network namespace `ns` with hostname `ns` (see Cluster.exec_args)."""
+    return ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', ns] + list(cmd)
 
 
 def all_clusters():
