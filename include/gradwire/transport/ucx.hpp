@@ -49,6 +49,11 @@ struct ucx_options {
   std::string job_token;  // the rendezvous store refuses ranks of other jobs
   std::string store_host = "127.0.0.1";
   std::uint16_t store_port = 0;
+  // Rank 0 serves the store unless another transport of the job already does (per_peer
+  // joins UCX among one host's ranks through the store its network transport serves),
+  // and the ranks publish their addresses under this key prefix (one per such group).
+  bool serve_store = true;
+  std::string store_prefix = "gradwire/ucx/";
   // Joining (store, address exchange, endpoints) must finish within this.
   std::chrono::milliseconds connect_timeout = default_timeout;
   // Ranks of this job on this machine: polling before sleeping only pays when each can
@@ -326,14 +331,14 @@ class ucx {
         if (options.store_port == 0)
           throw error(errc::config, "ucx: a job of " + std::to_string(n) +
                                         " ranks needs the rendezvous store's port (MASTER_PORT)");
-        if (me == 0) store_server.emplace(options.store_host, options.store_port, options.job_token);
+        if (me == 0 && options.serve_store) store_server.emplace(options.store_host, options.store_port, options.job_token);
         auto& store = client.emplace(options.store_host, options.store_port, options.job_token, left());
-        store.set("gradwire/ucx/" + std::to_string(me), addresses[me]);
+        store.set(options.store_prefix + std::to_string(me), addresses[me]);
         for (int r = 0; r < n; ++r) {
           if (r == me) continue;
           store.set_timeout(left());
           try {
-            addresses[r] = store.get("gradwire/ucx/" + std::to_string(r));
+            addresses[r] = store.get(options.store_prefix + std::to_string(r));
           } catch (const error& e) {
             if (e.kind() != errc::timeout) throw;
             throw error(errc::timeout, "rank " + std::to_string(me) + ": rank " + std::to_string(r) +
