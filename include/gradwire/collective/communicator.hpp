@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "../concepts.hpp"
@@ -31,6 +32,13 @@ struct communicator_options {
   // ranks (allreduce_inproc --algorithm, see benchmarks/README.md): halving-doubling
   // wins by 10-35% below 64 KiB, the ring from 128-256 KiB on. Re-measure per transport.
   std::size_t small_all_reduce_bytes = 128 * 1024;
+  // all_reduce<auto_> runs the hierarchical all-reduce (hierarchical_all_reduce.hpp) from
+  // this size on when the ranks span two or more hosts and some host has two or more
+  // (cluster::topology::spans_hosts_with_shared_host); below it, the flat choices above.
+  // The one place this number lives; every rank must use the same value. A first guess
+  // (64 KiB): benchmarks/cluster.sh measures the crossover against the flat ring across
+  // emulated hosts, and this is to be set from it.
+  std::size_t hierarchical_min_bytes = 64 * 1024;
 };
 
 // Every rank must call collectives in the same order: each call takes the next
@@ -46,11 +54,14 @@ class communicator {
   using transport_type = Transport;
 
   explicit communicator(Transport t, communicator_options options = {})
-      : transport_(std::move(t)), options_(options) {
+      : transport_(std::move(t)), options_(options), topology_(topology_of(transport_)) {
     observe::timeline::global().add_rank(rank(), size());
-    if (observe::log_enabled(observe::log_level::info))
+    if (observe::log_enabled(observe::log_level::info)) {
       observe::log_info(rank(), size(), "communicator over ", observe::type_name<Transport>(), " (timeout ",
                         options_.timeout.count(), " ms, call checks ", options_.verify ? "on" : "off", ")");
+      observe::log_info(rank(), size(), "topology: ", topology_.to_string(), "; this rank is local rank ",
+                        local_rank(), " of ", local_size(), " on host ", host_index());
+    }
   }
   // Move-only: a copy would reuse this one's sequence numbers (and so its message tags)
   // on the same connections, and a strategy copied with it would update the original's
@@ -65,6 +76,14 @@ class communicator {
   Transport& transport() noexcept { return transport_; }
   const Transport& transport() const noexcept { return transport_; }
   const communicator_options& options() const noexcept { return options_; }
+
+  // Which ranks share a host: the transport's (concepts::topology_aware_transport), read
+  // once at construction, or one host when the transport cannot tell.
+  const cluster::topology& topology() const noexcept { return topology_; }
+  int host_index() const { return topology_.host(rank()); }
+  int host_count() const noexcept { return topology_.host_count(); }
+  int local_rank() const { return topology_.local_rank(rank()); }
+  int local_size() const { return topology_.local_size(rank()); }
 
   // Deadline for one blocking step started now.
   deadline step_deadline() const { return deadline_after(options_.timeout); }
@@ -87,8 +106,21 @@ class communicator {
   }
 
  private:
+  static cluster::topology topology_of(const Transport& t) {
+    if constexpr (concepts::topology_aware_transport<Transport>) {
+      cluster::topology topology = t.topology();
+      if (topology.size() != t.size())
+        throw error(errc::config, "communicator: the transport's topology has " + std::to_string(topology.size()) +
+                                      " ranks but the job has " + std::to_string(t.size()));
+      return topology;
+    } else {
+      return cluster::topology::one_host(t.size());
+    }
+  }
+
   Transport transport_;
   communicator_options options_;
+  cluster::topology topology_;
   std::uint64_t sequence_ = 0;
   aligned_buffer<std::byte> scratch_;
 };
