@@ -12,6 +12,7 @@
 #include <vector>
 #include <utility>
 
+#include "cluster/topology.hpp"
 #include "error.hpp"
 #include "tensor/dtype.hpp"
 #include "tensor/shape.hpp"
@@ -171,6 +172,16 @@ concept one_sided_transport =
 template <class T>
 concept shared_address_space_transport = transport<T> && requires {
   requires T::shares_address_space;
+};
+
+// Optional transport capability: which ranks share a host (learnt at join, e.g. from a
+// host identity every rank publishes). The communicator exposes it (local rank, local
+// size, host index) and hierarchical all-reduce splits its work by it; a transport
+// without it counts as one host.
+//   const cluster::topology& topology() const
+template <class T>
+concept topology_aware_transport = transport<T> && requires(const T& ct) {
+  { ct.topology() } -> std::convertible_to<const cluster::topology&>;
 };
 
 namespace detail {

@@ -34,7 +34,7 @@ struct engine_holder final : engine_holder_base {
 };
 }  // namespace detail
 
-// Algorithm: collective::auto_, ring or halving_doubling (see collective/all_reduce.hpp).
+// Algorithm: collective::auto_, ring, halving_doubling or hierarchical (see collective/all_reduce.hpp).
 template <class Algorithm = collective::auto_>
 class all_reduce_with {
  public:

@@ -17,7 +17,7 @@ enum class operation : std::uint32_t { all_reduce = 1, broadcast, barrier, reduc
 enum class reduce_op : std::uint32_t { sum = 1, average };
 // Which all-reduce algorithm a rank runs: ranks that choose differently (e.g. different
 // auto_ thresholds) would exchange different messages, so the check compares it too.
-enum class algorithm_id : std::uint8_t { none = 0, ring, halving_doubling, one_shot };
+enum class algorithm_id : std::uint8_t { none = 0, ring, halving_doubling, one_shot, hierarchical };
 
 inline const char* name_of(operation op) noexcept {
   switch (op) {
@@ -39,6 +39,7 @@ inline const char* name_of(algorithm_id a) noexcept {
     case algorithm_id::ring: return "ring";
     case algorithm_id::halving_doubling: return "halving_doubling";
     case algorithm_id::one_shot: return "one_shot";
+    case algorithm_id::hierarchical: return "hierarchical";
   }
   return "?";
 }

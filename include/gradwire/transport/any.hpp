@@ -10,11 +10,12 @@
 //     return cluster::join_tcp();                   strategy<cuda_tensor<float>, optim::adam,
 //   }                                                        aggregation::all_reduce, any_transport> s(join(), ...);
 //
-// It models transport, failable, multiplexing, loss_tolerant and accumulating (float,
-// double); each forwards to the erased transport where that transport has the capability.
-// Without it, fail() does nothing (as if the concept were absent), wait_any and
-// tolerate_loss throw invalid_argument naming the transport (tolerates_loss() says false,
-// so a parameter server does not count on it), and a receive-and-add lands
+// It models transport, failable, multiplexing, loss_tolerant, topology_aware and
+// accumulating (float, double); each forwards to the erased transport where that
+// transport has the capability. Without it, fail() does nothing (as if the concept were
+// absent), wait_any and tolerate_loss throw invalid_argument naming the transport
+// (tolerates_loss() says false, so a parameter server does not count on it), topology()
+// says one host, and a receive-and-add lands
 // in a staging buffer (kept for reuse) that wait() adds in. It does not forward one-sided
 // access (a parameter server uses tagged messages) and never shares an address space
 // (device collectives stage through pinned host memory). Costs: one allocation per request
@@ -103,6 +104,9 @@ class any_transport {
   bool tolerates_loss() const { return get().tolerates_loss(); }
   // Payload sent and received through this interface (concepts::metered_transport).
   traffic_counters traffic() const noexcept { return traffic_; }
+  // The held transport's hosts (concepts::topology_aware_transport), or one host when it
+  // has no topology.
+  const cluster::topology& topology() const { return get().topology(); }
 
   // The erased transport, when it is a T (nullptr otherwise): for its own settings.
   template <class T>
@@ -126,6 +130,7 @@ class any_transport {
     virtual void tolerate_loss(int) = 0;
     virtual std::vector<int> lost_peers() const = 0;
     virtual bool tolerates_loss() const = 0;
+    virtual const cluster::topology& topology() const = 0;
   };
 
   // Staging buffers for receive-and-add, shared with the requests that borrow them, so a
@@ -245,6 +250,12 @@ class any_transport {
         return {};
     }
     bool tolerates_loss() const override { return concepts::tolerates_loss(transport); }
+    const cluster::topology& topology() const override {
+      if constexpr (concepts::topology_aware_transport<T>)
+        return transport.topology();
+      else
+        return one_host;
+    }
 
     // A request another any_transport made around a different transport type is refused,
     // not reinterpreted.
@@ -262,6 +273,7 @@ class any_transport {
     static std::string type_name() { return observe::type_name<T>(); }
 
     T transport;
+    cluster::topology one_host = cluster::topology::one_host(transport.size());  // for T without a topology
     std::vector<typename T::request*> pointers;
     std::shared_ptr<spare_buffers> spares = std::make_shared<spare_buffers>();
   };
@@ -277,7 +289,7 @@ class any_transport {
 
 static_assert(concepts::transport<any_transport> && concepts::failable_transport<any_transport>);
 static_assert(concepts::multiplexing_transport<any_transport> && concepts::loss_tolerant_transport<any_transport>);
-static_assert(concepts::metered_transport<any_transport>);
+static_assert(concepts::metered_transport<any_transport> && concepts::topology_aware_transport<any_transport>);
 static_assert(concepts::accumulating_transport<any_transport, float> &&
               concepts::accumulating_transport<any_transport, double>);
 

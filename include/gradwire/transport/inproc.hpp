@@ -34,6 +34,7 @@
 #include <immintrin.h>
 #endif
 
+#include "../cluster/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"
@@ -81,14 +82,16 @@ class inproc_hub {
   using status = inproc_op::status;
 
  public:
-  explicit inproc_hub(int size)
+  explicit inproc_hub(int size, cluster::topology topology)
       : size_(size),
+        topology_(std::move(topology)),
         dedicated_cores_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency())),
         wakeups_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(size))),
         sends_(static_cast<std::size_t>(size) * size),
         receives_(static_cast<std::size_t>(size) * size) {}
 
   int size() const noexcept { return size_; }
+  const cluster::topology& topology() const noexcept { return topology_; }
 
   void post(inproc_op& op) {
     std::unique_lock lock(mutex_);
@@ -267,6 +270,7 @@ class inproc_hub {
   }
 
   const int size_;
+  const cluster::topology topology_;
   const bool dedicated_cores_;  // every rank can have a core of its own
   std::mutex mutex_;
   std::unique_ptr<std::condition_variable[]> wakeups_;  // one per rank: wake only the owner
@@ -325,6 +329,10 @@ class inproc {
   // Payload this rank has sent and received (concepts::metered_transport).
   traffic_counters traffic() const noexcept { return traffic_; }
 
+  // The hosts the group's threads pretend to be on (inproc_group's topology; one host
+  // unless a test says otherwise): concepts::topology_aware_transport.
+  const cluster::topology& topology() const noexcept { return hub_->topology(); }
+
  private:
   request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
                detail::deliver_fn deliver = &detail::deliver_copy) {
@@ -353,13 +361,20 @@ static_assert(concepts::transport<inproc>);
 static_assert(concepts::accumulating_transport<inproc, float> && concepts::accumulating_transport<inproc, double>);
 static_assert(concepts::failable_transport<inproc> && concepts::multiplexing_transport<inproc>);
 static_assert(concepts::shared_address_space_transport<inproc> && concepts::metered_transport<inproc>);
+static_assert(concepts::topology_aware_transport<inproc>);
 
 // A group of N in-process ranks: hands out endpoints and runs one thread per rank.
 class inproc_group {
  public:
   explicit inproc_group(int size) {
     if (size < 1) throw error(errc::invalid_argument, "inproc_group: size must be >= 1, got " + std::to_string(size));
-    hub_ = std::make_shared<detail::inproc_hub>(size);
+    hub_ = std::make_shared<detail::inproc_hub>(size, cluster::topology::one_host(size));
+  }
+  // Threads that pretend to sit on the hosts `topology` says (tests of topology-aware
+  // collectives): one rank per rank of the topology.
+  explicit inproc_group(cluster::topology topology) {
+    const int size = topology.size();
+    hub_ = std::make_shared<detail::inproc_hub>(size, std::move(topology));
   }
 
   int size() const noexcept { return hub_->size(); }
@@ -403,11 +418,12 @@ class inproc_group {
   std::shared_ptr<detail::inproc_hub> hub_;
 };
 
-// Runs fn(endpoint) on `size` threads and rethrows the root cause if any rank failed:
-// the first failure that is not a consequence (peer_lost) of another's.
+// Runs fn(endpoint) on topology.size() threads, placed on the hosts `topology` says, and
+// rethrows the root cause if any rank failed: the first failure that is not a
+// consequence (peer_lost) of another's.
 template <class Fn>
-void run_inproc(int size, Fn&& fn) {
-  inproc_group group(size);
+void run_inproc(cluster::topology topology, Fn&& fn) {
+  inproc_group group(std::move(topology));
   auto outcomes = group.run(std::forward<Fn>(fn));
   std::exception_ptr first, root;
   for (auto& e : outcomes) {
@@ -422,6 +438,13 @@ void run_inproc(int size, Fn&& fn) {
     }
   }
   if (root || first) std::rethrow_exception(root ? root : first);
+}
+
+// As above on `size` threads of one host.
+template <class Fn>
+void run_inproc(int size, Fn&& fn) {
+  if (size < 1) throw error(errc::invalid_argument, "run_inproc: size must be >= 1, got " + std::to_string(size));
+  run_inproc(cluster::topology::one_host(size), std::forward<Fn>(fn));
 }
 
 }  // namespace gradwire::transport

@@ -1,9 +1,11 @@
-// The ring's two phases, shared by ring_all_reduce, reduce_scatter and all_gather.
+// The ring's two phases, shared by ring_all_reduce, reduce_scatter, all_gather, reduce and hierarchical_all_reduce.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 #include "../../concepts.hpp"
 #include "../../kernels/host.hpp"
@@ -14,42 +16,83 @@
 
 namespace gradwire::collective::detail {
 
-// Reduce-scatter around the ring (N > 1): N-1 steps, each sending one chunk right and
-// adding the one from the left. On return rank r holds chunk r (see chunk_of) reduced
-// over all ranks (averaged for reduce_op::average); other chunks hold partial sums.
-// `step` is the next step of the operation's tag space; it is advanced.
-template <class Tr, class V>
-void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, std::span<V> data,
-                         reduce_op op) {
-  const int n = comm.size(), me = comm.rank(), right = (me + 1) % n, left = (me + n - 1) % n;
-  const chunking chunks{data.size(), static_cast<std::size_t>(n)};
-  auto chunk = [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); };
+// The ranks a ring runs over, in ring order, and this rank's position among them: every
+// rank of the communicator (`ranks` empty: position i is rank i) or a subset (the ranks
+// of one host, or one rank per host, for hierarchical_all_reduce).
+struct ring_group {
+  int size = 1, position = 0;
+  std::span<const int> ranks;
+
+  int rank_at(int i) const noexcept { return ranks.empty() ? i : ranks[static_cast<std::size_t>(i)]; }
+  int right() const noexcept { return rank_at((position + 1) % size); }
+  int left() const noexcept { return rank_at((position + size - 1) % size); }
+};
+
+template <class Tr>
+ring_group everyone(const communicator<Tr>& comm) noexcept {
+  return {comm.size(), comm.rank(), {}};
+}
+
+// Reduce-scatter around the ring of `group` (size > 1): size-1 steps, each sending one
+// part right and adding the one from the left, where part(i) is the span<V> that ring
+// position i ends up owning (any partition: the ring's even chunks, a host's columns).
+// On return this rank's part(position) holds the reduction over the group (scaled by
+// 1 / divisor for reduce_op::average); other parts hold partial sums. `step` is the next
+// step of the operation's tag space; it is advanced by size-1.
+template <class Tr, class Part>
+void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, const ring_group& group,
+                         Part&& part, reduce_op op, int divisor) {
+  using V = typename std::remove_cvref_t<decltype(part(0))>::value_type;
+  const int n = group.size, me = group.position, right = group.right(), left = group.left();
   // Staging for transports that cannot add on delivery; none is allocated for those that can.
   std::span<V> incoming;
-  if constexpr (!concepts::accumulating_transport<Tr, V>) incoming = comm.template scratch<V>(chunks.length(0));
-  // After step s, the chunk received holds the sum over s+2 ranks; the last one is chunk me.
+  if constexpr (!concepts::accumulating_transport<Tr, V>) {
+    std::size_t longest = 0;
+    for (int i = 0; i < n; ++i) longest = std::max(longest, part(i).size());
+    incoming = comm.template scratch<V>(longest);
+  }
+  // After step s, the part received holds the sum over s+2 ranks; the last one is part me.
   for (int s = 0; s < n - 1; ++s, ++step) {
     const int send_index = (me - s - 1 + 2 * n) % n, recv_index = (me - s - 2 + 2 * n) % n;
-    send_recv_accumulate(comm, make_tag(sequence, step), right, std::span<const V>(chunk(send_index)), left,
-                         chunk(recv_index), incoming);
+    send_recv_accumulate(comm, make_tag(sequence, step), right, std::span<const V>(part(send_index)), left,
+                         part(recv_index), incoming);
   }
   if (op == reduce_op::average) {
-    auto owned = chunk(me);
-    kernels::scale(owned.data(), V(1) / V(n), owned.size());
+    auto owned = part(me);
+    kernels::scale(owned.data(), V(1) / V(divisor), owned.size());
   }
 }
 
-// All-gather around the ring (N > 1): rank r's chunk r travels N-1 steps to the right,
-// received straight into place, so every rank ends with every chunk.
-template <class Tr, class V>
-void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, std::span<V> data) {
-  const int n = comm.size(), me = comm.rank(), right = (me + 1) % n, left = (me + n - 1) % n;
-  const chunking chunks{data.size(), static_cast<std::size_t>(n)};
-  auto chunk = [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); };
+// All-gather around the ring of `group` (size > 1): position i's part(i) travels size-1
+// steps to the right, received straight into place, so every member ends with every part.
+template <class Tr, class Part>
+void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, const ring_group& group,
+                     Part&& part) {
+  using V = typename std::remove_cvref_t<decltype(part(0))>::value_type;
+  const int n = group.size, me = group.position, right = group.right(), left = group.left();
   for (int s = 0; s < n - 1; ++s, ++step) {
     const int send_index = (me - s + n) % n, recv_index = (me - s - 1 + n) % n;
-    send_recv(comm, make_tag(sequence, step), right, std::span<const V>(chunk(send_index)), left, chunk(recv_index));
+    send_recv(comm, make_tag(sequence, step), right, std::span<const V>(part(send_index)), left, part(recv_index));
   }
+}
+
+// The whole communicator, `data` in the ring's chunks (chunk_of): rank r ends owning chunk
+// r reduced over all ranks (averaged for reduce_op::average).
+template <class Tr, class V>
+void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, std::span<V> data,
+                         reduce_op op) {
+  const chunking chunks{data.size(), static_cast<std::size_t>(comm.size())};
+  ring_reduce_scatter(
+      comm, sequence, step, everyone(comm), [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); }, op,
+      comm.size());
+}
+
+// The whole communicator: rank r's chunk r reaches every rank.
+template <class Tr, class V>
+void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, std::span<V> data) {
+  const chunking chunks{data.size(), static_cast<std::size_t>(comm.size())};
+  ring_all_gather(comm, sequence, step, everyone(comm),
+                  [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); });
 }
 
 }  // namespace gradwire::collective::detail

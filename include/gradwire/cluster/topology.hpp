@@ -1,0 +1,139 @@
+// Which ranks share a host: host index, local rank and local size of every rank of a job.
+//
+// Hosts are numbered in order of first appearance by rank (rank 0 is on host 0), so
+// every rank that sees the same per-rank host identities builds the same numbering.
+// Collectives read it from the communicator (hierarchical all-reduce), transports that
+// learn it at join expose it (concepts::topology_aware_transport).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+
+namespace gradwire::cluster {
+
+class topology {
+ public:
+  // One rank on one host.
+  topology() : topology(std::vector<int>{0}) {}
+
+  // From a host label per rank: ranks with equal labels share a host. Labels are
+  // renumbered by first appearance (so {5, 3, 5} becomes hosts {0, 1, 0}). `names`, if
+  // given, holds one display name per renumbered host.
+  explicit topology(std::vector<int> host_labels, std::vector<std::string> names = {}) {
+    if (host_labels.empty()) throw error(errc::invalid_argument, "topology: a job has at least one rank");
+    std::vector<std::string> keys;
+    for (int label : host_labels) keys.push_back(std::to_string(label));
+    build(keys);
+    if (!names.empty()) {
+      if (names.size() != ranks_on_.size())
+        throw error(errc::invalid_argument, "topology: " + std::to_string(names.size()) + " host names for " +
+                                                std::to_string(ranks_on_.size()) + " hosts");
+      names_ = std::move(names);
+    }
+  }
+
+  // From the host identity each rank published (rank order) and, optionally, a display
+  // name per rank (a host is shown by the name its lowest rank gave).
+  static topology from_identities(std::span<const std::string> identities,
+                                  std::span<const std::string> display_names = {}) {
+    if (identities.empty()) throw error(errc::invalid_argument, "topology: a job has at least one rank");
+    if (!display_names.empty() && display_names.size() != identities.size())
+      throw error(errc::invalid_argument, "topology: " + std::to_string(display_names.size()) +
+                                              " display names for " + std::to_string(identities.size()) + " ranks");
+    topology t;
+    t.build(std::vector<std::string>(identities.begin(), identities.end()));
+    if (!display_names.empty())
+      for (std::size_t h = 0; h < t.ranks_on_.size(); ++h) t.names_[h] = display_names[t.ranks_on_[h].front()];
+    return t;
+  }
+
+  // `ranks` ranks on one host: what a transport that knows no better reports.
+  static topology one_host(int ranks, std::string name = "localhost") {
+    if (ranks < 1) throw error(errc::invalid_argument, "topology::one_host: ranks must be >= 1");
+    topology t(std::vector<int>(static_cast<std::size_t>(ranks), 0));
+    t.names_[0] = std::move(name);
+    return t;
+  }
+
+  int size() const noexcept { return static_cast<int>(host_of_.size()); }
+  int host_count() const noexcept { return static_cast<int>(ranks_on_.size()); }
+  int host(int rank) const { return host_of_.at(checked(rank)); }
+  // The ranks on `host`, ascending.
+  std::span<const int> ranks_on(int host) const { return ranks_on_.at(static_cast<std::size_t>(host)); }
+  // Position of `rank` among the ranks of its host, and how many ranks that host has.
+  int local_rank(int rank) const { return local_rank_.at(checked(rank)); }
+  int local_size(int rank) const { return static_cast<int>(ranks_on(host(rank)).size()); }
+  const std::string& host_name(int host) const { return names_.at(static_cast<std::size_t>(host)); }
+  // The most ranks any host has.
+  int max_local_size() const noexcept {
+    std::size_t most = 0;
+    for (const auto& r : ranks_on_) most = std::max(most, r.size());
+    return static_cast<int>(most);
+  }
+
+  // Ranks span two or more hosts and some host has two or more: a hierarchy to exploit
+  // (one host, or one rank per host, is a flat ring's case).
+  bool spans_hosts_with_shared_host() const noexcept { return host_count() >= 2 && max_local_size() >= 2; }
+
+  // "2 hosts: 0 (a) ranks 0,2; 1 (b) ranks 1,3"
+  std::string to_string() const {
+    // Appended piece by piece (GCC 12 warns falsely about `"literal" + std::string`).
+    std::string s = std::to_string(host_count());
+    s += host_count() == 1 ? " host:" : " hosts:";
+    for (int h = 0; h < host_count(); ++h) {
+      s += h ? "; " : " ";
+      s += std::to_string(h);
+      s += " (";
+      s += names_[static_cast<std::size_t>(h)];
+      s += ") ranks ";
+      bool first = true;
+      for (int r : ranks_on(h)) {
+        if (!first) s += ',';
+        s += std::to_string(r);
+        first = false;
+      }
+    }
+    return s;
+  }
+
+  friend bool operator==(const topology& a, const topology& b) {
+    return a.host_of_ == b.host_of_ && a.names_ == b.names_;
+  }
+
+ private:
+  void build(const std::vector<std::string>& keys) {
+    std::unordered_map<std::string, int> index;
+    host_of_.assign(keys.size(), 0);
+    local_rank_.assign(keys.size(), 0);
+    ranks_on_.clear();
+    for (std::size_t r = 0; r < keys.size(); ++r) {
+      const auto [it, fresh] = index.try_emplace(keys[r], static_cast<int>(ranks_on_.size()));
+      if (fresh) ranks_on_.emplace_back();
+      host_of_[r] = it->second;
+      local_rank_[r] = static_cast<int>(ranks_on_[static_cast<std::size_t>(it->second)].size());
+      ranks_on_[static_cast<std::size_t>(it->second)].push_back(static_cast<int>(r));
+    }
+    names_.clear();
+    for (std::size_t h = 0; h < ranks_on_.size(); ++h) names_.push_back("host" + std::to_string(h));
+  }
+
+  std::size_t checked(int rank) const {
+    if (rank < 0 || rank >= size())
+      throw error(errc::invalid_argument, "topology: rank " + std::to_string(rank) + " outside 0.." +
+                                              std::to_string(size() - 1));
+    return static_cast<std::size_t>(rank);
+  }
+
+  std::vector<int> host_of_, local_rank_;
+  std::vector<std::vector<int>> ranks_on_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace gradwire::cluster
