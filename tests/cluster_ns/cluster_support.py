@@ -72,6 +72,25 @@ def listening(c, host):
     return sockets
 
 
+def descendants(pids):
+    """Every process below `pids` (from /proc), children first found first."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 class Job:
     """Processes of one job, each inside an emulated host; output to files, read at any time."""
 
@@ -122,11 +141,16 @@ class Job:
         return None
 
     def kill(self, sig=signal.SIGKILL):
-        """Sends `sig` to every process's session (SIGKILL: and reaps them)."""
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, sig)
+        """Sends `sig` to every process and all it started (SIGKILL: and reaps them).
+
+        SIGTERM to a gradwire-run lets it stop its ranks itself (with its 5 s grace); SIGKILL goes
+        to every descendant at once, as gradwire-run puts each rank in a process group of its own."""
+        targets = [p.pid for p in self.procs if p.poll() is None]
+        if sig == signal.SIGKILL:
+            targets += descendants(targets)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
         if sig == signal.SIGKILL:
             for p in self.procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
