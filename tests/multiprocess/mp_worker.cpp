@@ -131,6 +131,7 @@ void check_collectives(comm_type& comm, std::uint64_t seed) {
     };
     run(col::ring{}, "ring");
     run(col::halving_doubling{}, "halving_doubling");
+    run(col::hierarchical{}, "hierarchical");  // the flat ring where all ranks share a host
     run(col::auto_{}, "auto");
 
     auto avg = inputs<V>(seed, me, count);
@@ -166,6 +167,10 @@ void check_collectives(comm_type& comm, std::uint64_t seed) {
 }
 
 void collectives(comm_type& comm) {
+  // What the multi-host tests assert (which ranks the transport saw on this rank's host).
+  std::printf("rank %d: topology hosts=%d local_rank=%d local_size=%d\n", comm.rank(), comm.host_count(),
+              comm.local_rank(), comm.local_size());
+  std::fflush(stdout);
   const auto seed = shared_seed(comm);
   check_collectives<float>(comm, seed);
   check_collectives<double>(comm, seed + 1);

@@ -40,7 +40,9 @@
 #include <utility>
 #include <vector>
 
+#include "../cluster/host_identity.hpp"
 #include "../cluster/store.hpp"
+#include "../cluster/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"
@@ -82,6 +84,10 @@ struct asio_tcp_options {
   std::chrono::microseconds poll_before_sleep{50};
   // Socket buffer sizes (SO_SNDBUF / SO_RCVBUF); 0 leaves the kernel's autotuning on.
   int socket_buffer_bytes = 0;
+  // This rank's host identity, which tells the ranks that share its host (topology());
+  // empty: GRADWIRE_HOST_ID, else hostname, boot id and network namespace
+  // (cluster::local_host_identity says why).
+  std::string host_id;
 };
 
 namespace detail {
@@ -161,6 +167,9 @@ class asio_tcp {
 
   int rank() const noexcept { return state_->options.rank; }
   int size() const noexcept { return state_->options.size; }
+  // Which ranks share a host, from the host identities exchanged at join
+  // (concepts::topology_aware_transport); hosts are shown by the address they listen on.
+  const cluster::topology& topology() const noexcept { return state_->topology; }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
     traffic_.sent(bytes.size());
@@ -225,6 +234,7 @@ class asio_tcp {
         throw error(errc::config, "asio_tcp: rank " + std::to_string(o.rank) + " is outside 0.." +
                                       std::to_string(o.size - 1) + " (world size " + std::to_string(o.size) + ")");
       links.resize(static_cast<std::size_t>(o.size));
+      topology = cluster::topology::one_host(o.size);  // until join() learns better
     }
     ~state() {
       for (auto& l : links)
@@ -266,6 +276,9 @@ class asio_tcp {
         addresses[r] = detail::split_address(store.get_string("gradwire/tcp/" + std::to_string(r)),
                                              "the address rank " + std::to_string(r) + " published");
       }
+      // Which ranks share this rank's host: one more store key per rank.
+      topology = cluster::exchange_topology(store, "gradwire/tcp/host/", me, n, cluster::local_host_identity(options.host_id),
+                                            wildcard ? store.local_address() : host, left());
 
       // Dial down, accept up, all at once, so no rank waits for another to finish.
       joining = true;
@@ -890,6 +903,7 @@ class asio_tcp {
     // Keeps run_one_until sleeping until its deadline when nothing is outstanding.
     boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work;
     std::optional<cluster::store_server> store_server;  // rank 0 only
+    cluster::topology topology;
     std::vector<std::unique_ptr<detail::tcp_link>> links;  // [peer]; empty for this rank
     std::deque<detail::tcp_op*> self_receives;
     std::deque<detail::arrived_message> self_arrived;
@@ -912,5 +926,6 @@ static_assert(concepts::transport<asio_tcp> && concepts::failable_transport<asio
 static_assert(concepts::multiplexing_transport<asio_tcp> && concepts::loss_tolerant_transport<asio_tcp>);
 static_assert(concepts::accumulating_transport<asio_tcp, float> && concepts::accumulating_transport<asio_tcp, double>);
 static_assert(concepts::metered_transport<asio_tcp>);
+static_assert(concepts::topology_aware_transport<asio_tcp>);
 
 }  // namespace gradwire::transport

@@ -31,7 +31,9 @@
 #include <utility>
 #include <vector>
 
+#include "../cluster/host_identity.hpp"
 #include "../cluster/store.hpp"
+#include "../cluster/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"
@@ -56,6 +58,10 @@ struct ucx_options {
   std::string store_prefix = "gradwire/ucx/";
   // Joining (store, address exchange, endpoints) must finish within this.
   std::chrono::milliseconds connect_timeout = default_timeout;
+  // This rank's host identity, which tells the ranks that share its host (topology());
+  // empty: GRADWIRE_HOST_ID, else hostname, boot id and network namespace
+  // (cluster::local_host_identity says why).
+  std::string host_id;
   // Ranks of this job on this machine: polling before sleeping only pays when each can
   // have a core (oversubscribed ranks would starve each other), as for asio_tcp.
   int local_size = 1;
@@ -146,6 +152,9 @@ class ucx {
 
   int rank() const noexcept { return state_->options.rank; }
   int size() const noexcept { return state_->options.size; }
+  // Which ranks share a host, from the host identities exchanged at join
+  // (concepts::topology_aware_transport); hosts are shown by their identity.
+  const cluster::topology& topology() const noexcept { return state_->topology; }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
     traffic_.sent(bytes.size());
@@ -256,6 +265,7 @@ class ucx {
       if (o.rank < 0 || o.rank >= o.size)
         throw error(errc::config, "ucx: rank " + std::to_string(o.rank) + " is outside 0.." + std::to_string(o.size - 1));
       peers.resize(static_cast<std::size_t>(o.size));
+      topology = cluster::topology::one_host(o.size);  // until join() learns better
       open_worker();
     }
     ~state() {
@@ -355,6 +365,9 @@ class ucx {
                                           std::to_string(size) + ", rank " + std::to_string(me) + " with " +
                                           std::to_string(n) + ": give every rank the same WORLD_SIZE");
         }
+        // Which ranks share this rank's host: one more store key per rank.
+        const std::string identity = cluster::local_host_identity(options.host_id);
+        topology = cluster::exchange_topology(store, options.store_prefix + "host/", me, n, identity, identity, left());
       }
       // A second endpoint for bulk messages only pays where it unlocks a transport: shared memory.
       const bool bulk = options.peer_error_handling && options.bulk_bytes > 0 && detail::ucx_may_use_shared_memory();
@@ -980,6 +993,7 @@ class ucx {
     detail::ucp_worker_ptr worker;
     int event_fd = -1;
     std::optional<cluster::store_server> store_server;  // rank 0 only
+    cluster::topology topology;
     std::vector<detail::ucx_peer> peers;
     std::vector<detail::ucx_op*> in_flight;  // ops UCX holds a request for
     std::vector<int> lost;
@@ -1001,5 +1015,6 @@ class ucx {
 static_assert(concepts::transport<ucx> && concepts::failable_transport<ucx>);
 static_assert(concepts::multiplexing_transport<ucx> && concepts::loss_tolerant_transport<ucx>);
 static_assert(concepts::one_sided_transport<ucx> && concepts::metered_transport<ucx>);
+static_assert(concepts::topology_aware_transport<ucx>);
 
 }  // namespace gradwire::transport
