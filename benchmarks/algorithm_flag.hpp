@@ -12,10 +12,13 @@
 
 namespace gradwire::bench {
 
-enum class algorithm { automatic, ring, halving_doubling };
+enum class algorithm { automatic, ring, halving_doubling, hierarchical };
 
 inline const char* name_of(algorithm a) {
-  return a == algorithm::ring ? "ring" : a == algorithm::halving_doubling ? "halving_doubling" : "auto";
+  return a == algorithm::ring               ? "ring"
+         : a == algorithm::halving_doubling ? "halving_doubling"
+         : a == algorithm::hierarchical     ? "hierarchical"
+                                            : "auto";
 }
 
 template <class Tr>
@@ -23,6 +26,7 @@ void run_all_reduce(algorithm a, collective::communicator<Tr>& comm, std::span<f
   switch (a) {
     case algorithm::ring: return collective::all_reduce<collective::ring>(comm, data);
     case algorithm::halving_doubling: return collective::all_reduce<collective::halving_doubling>(comm, data);
+    case algorithm::hierarchical: return collective::all_reduce<collective::hierarchical>(comm, data);
     case algorithm::automatic: return collective::all_reduce(comm, data);
   }
 }
@@ -50,10 +54,14 @@ inline std::string take_choice_flag(int& argc, char** argv, std::string_view fla
   return chosen;
 }
 
-// Takes "--algorithm ring|halving_doubling|auto" out of argv.
+// Takes "--algorithm ring|halving_doubling|hierarchical|auto" out of argv.
 inline algorithm take_algorithm_flag(int& argc, char** argv) {
-  const std::string a = take_choice_flag(argc, argv, "--algorithm", {"ring", "halving_doubling", "auto"}, "auto");
-  return a == "ring" ? algorithm::ring : a == "halving_doubling" ? algorithm::halving_doubling : algorithm::automatic;
+  const std::string a =
+      take_choice_flag(argc, argv, "--algorithm", {"ring", "halving_doubling", "hierarchical", "auto"}, "auto");
+  return a == "ring"               ? algorithm::ring
+         : a == "halving_doubling" ? algorithm::halving_doubling
+         : a == "hierarchical"     ? algorithm::hierarchical
+                                   : algorithm::automatic;
 }
 
 }  // namespace gradwire::bench

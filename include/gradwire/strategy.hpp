@@ -169,6 +169,7 @@ class strategy {
     const auto traffic_before = traffic();
     auto trace = comm_.trace("step", 0, "strategy");
     trace.arg("step", static_cast<std::int64_t>(cumulative_.steps + 1));
+    observe::current_step().store(cumulative_.steps + 1, std::memory_order_relaxed);  // for stall reports
     optimizer_time_ = {};
     if constexpr (on_device) {
       static_assert(concepts::tensor<std::remove_const_t<Gradient>>,

@@ -7,9 +7,11 @@ Every case bounds its own time: a hang fails the test instead of stalling CI.
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -111,6 +113,76 @@ class Failures(unittest.TestCase):
         self.assertIn(f"127.0.0.1:{port}", got, out)
         self.assertIn("in use", got, out)
         self.assertLess(took, 30)
+
+
+class Stall(unittest.TestCase):
+    """A rank stopped with SIGSTOP (alive, connected, not calling) while the others train."""
+
+    def run_frozen(self, ranks, victim, freeze_s, env, steps=150):
+        """Runs `stall` on `ranks` ranks, stops `victim` a second in for freeze_s, continues it."""
+        with tempfile.TemporaryDirectory(prefix="gw-stall-") as pids:
+            e = dict(os.environ, GRADWIRE_TIMEOUT=str(JOIN_TIMEOUT_S), GW_TEST_PID_DIR=pids,
+                     GW_TEST_ELEMENTS="65536", **env)  # 256 KiB steps: the ring, so waits form a chain
+            cmd = [LAUNCHER, "-n", str(ranks), "--keep-going", "--", WORKER, "stall", str(victim), str(steps)]
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
+                                 start_new_session=True)
+            try:
+                path = os.path.join(pids, f"rank{victim}.pid")
+                deadline = time.monotonic() + 60
+                while not (os.path.exists(path) and os.path.getsize(path)) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertTrue(os.path.exists(path), "the victim never started")
+                time.sleep(0.05)
+                with open(path) as f:
+                    pid = int(f.read())
+                time.sleep(1.0)  # some steps in
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(freeze_s)
+                os.kill(pid, signal.SIGCONT)
+                out, _ = p.communicate(timeout=90)
+            finally:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        return p.returncode, rank_lines(out), out
+
+    def test_stall_warning_names_the_frozen_rank_and_is_only_a_warning(self):
+        # Frozen for 7 s with GRADWIRE_HEARTBEAT=1 (lost after 5 silent intervals): its kernel
+        # still answers, so it is not reported lost; every waiting rank warns once, naming it.
+        ranks, victim = 4, 2
+        status, lines, out = self.run_frozen(ranks, victim, 7, {"GRADWIRE_STALL_WARN": "2", "GRADWIRE_HEARTBEAT": "1"})
+        self.assertEqual(status, 0, out)
+        for r in range(ranks):
+            got = "\n".join(lines.get(r, []))
+            self.assertIn(f"rank {r}: PASS stall", got, out)
+            self.assertNotIn("lost", got, out)
+            if r == victim:
+                continue
+            warnings = [l for l in lines.get(r, []) if "warning:" in l]
+            self.assertEqual(len(warnings), 1, f"rank {r} must warn exactly once:\n{out}")
+            self.assertIn("in all_reduce (operation #", warnings[0])
+            self.assertRegex(warnings[0], r"step \d+\)")
+            self.assertIn(f"rank {victim} has said nothing: it is alive", warnings[0], out)
+
+    def test_stall_timeout_fails_every_other_rank_naming_the_frozen_one(self):
+        ranks, victim = 3, 1
+        start = time.monotonic()
+        status, lines, out = self.run_frozen(ranks, victim, 6, {"GRADWIRE_STALL_TIMEOUT": "4"})
+        self.assertNotEqual(status, 0, out)  # the frozen rank fails once continued
+        for r in range(ranks):
+            if r != victim:
+                got = " ".join(lines.get(r, []))
+                self.assertIn("EXPECTED timeout", got, out)
+                self.assertIn(f"rank {victim} stalled", got, out)
+        self.assertLess(time.monotonic() - start, 60)
+
+    def test_bad_settings_are_config_errors(self):
+        for name, value in (("GRADWIRE_HEARTBEAT", "-1"), ("GRADWIRE_STALL_WARN", "soon"),
+                            ("GRADWIRE_STALL_TIMEOUT", "0"), ("GRADWIRE_HEARTBEAT", "1.5")):
+            with self.subTest(name=name, value=value):
+                status, lines, _, out = run(2, "join", keep_going=True, env={name: value}, bound=60)
+                self.assertNotEqual(status, 0, out)
+                self.assertIn(f"{name}='{value}'", out)
 
 
 class Mpirun(unittest.TestCase):

@@ -18,7 +18,8 @@
 namespace gradwire::collective {
 
 struct communicator_options {
-  // Deadline of every blocking step of a collective (default: gradwire::default_timeout).
+  // Deadline of every blocking step of a collective (default: gradwire::default_timeout,
+  // or GRADWIRE_STEP_TIMEOUT seconds when set: see gradwire::step_timeout()).
   std::chrono::milliseconds timeout = default_timeout;
   // Check that all ranks entered the same collective with the same count and dtype
   // (one small exchange with each ring neighbour per call).
@@ -55,6 +56,8 @@ class communicator {
 
   explicit communicator(Transport t, communicator_options options = {})
       : transport_(std::move(t)), options_(options), topology_(topology_of(transport_)) {
+    // GRADWIRE_STEP_TIMEOUT sets the deadline where the options leave the default.
+    if (options_.timeout == default_timeout) options_.timeout = step_timeout();
     observe::timeline::global().add_rank(rank(), size());
     if (observe::log_enabled(observe::log_level::info)) {
       observe::log_info(rank(), size(), "communicator over ", observe::type_name<Transport>(), " (timeout ",
@@ -94,8 +97,8 @@ class communicator {
     return observe::trace_scope(rank(), size(), name, category, bytes);
   }
 
-  // Starts an operation: returns its sequence number.
-  std::uint64_t begin_operation() noexcept { return ++sequence_; }
+  // Starts an operation: returns its sequence number (also named in stall reports).
+  std::uint64_t begin_operation() noexcept { return observe::current_activity().operation = ++sequence_; }
 
   // Scratch memory that lives as long as the communicator: grown (and pre-faulted) once,
   // then reused, so no collective allocates on the hot path.

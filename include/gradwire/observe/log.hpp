@@ -3,6 +3,8 @@
 //   info   joining, roles, setup, lost peers, servers' summaries: a few lines per run
 //   debug  also every step's stats and every collective: for finding where time goes
 //
+// Warnings (a rank waiting long for a stalled peer) are written at every level, even off.
+//
 // Unset, empty or "off": nothing. Lines are written whole (one write per line), so ranks
 // that share a terminal do not interleave within a line.
 #pragma once
@@ -19,7 +21,7 @@
 
 namespace gradwire::observe {
 
-enum class log_level : int { off = 0, info = 1, debug = 2 };
+enum class log_level : int { warning = -1, off = 0, info = 1, debug = 2 };
 
 namespace detail {
 // An unknown value is not silently ignored: it says so once and logs at info.
@@ -82,7 +84,7 @@ void log(log_level level, int rank, int size, Parts&&... parts) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - state.start).count();
   char prefix[96];
   std::snprintf(prefix, sizeof prefix, "[gradwire %d/%d +%.3fs] %s: ", rank, size, seconds,
-                level == log_level::debug ? "debug" : "info");
+                level == log_level::debug ? "debug" : level == log_level::warning ? "warning" : "info");
   line << prefix;
   line.setf(std::ios::fixed);  // durations as 2.763 ms, not 2.76229 ms
   line.precision(3);
@@ -97,6 +99,11 @@ void log(log_level level, int rank, int size, Parts&&... parts) {
 template <class... Parts>
 void log_info(int rank, int size, Parts&&... parts) {
   log(log_level::info, rank, size, std::forward<Parts>(parts)...);
+}
+// Always written, whatever GRADWIRE_LOG says: something a user must hear about.
+template <class... Parts>
+void log_warning(int rank, int size, Parts&&... parts) {
+  log(log_level::warning, rank, size, std::forward<Parts>(parts)...);
 }
 template <class... Parts>
 void log_debug(int rank, int size, Parts&&... parts) {

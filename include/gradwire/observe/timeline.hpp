@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "activity.hpp"
 #include "log.hpp"
 
 #if __has_include(<sys/file.h>) && __has_include(<unistd.h>)
@@ -329,10 +330,12 @@ inline int& this_thread_track() noexcept {
 }  // namespace detail
 
 // Times a region of one rank's work: records a timeline event when GRADWIRE_TIMELINE is
-// on, and logs a line at GRADWIRE_LOG=debug; costs one branch when both are off.
+// on, and logs a line at GRADWIRE_LOG=debug; costs one branch when both are off. It also
+// names this thread's current activity for stall reports (observe/activity.hpp).
 class trace_scope {
  public:
-  trace_scope(int rank, int size, const char* name, const char* category, std::uint64_t bytes = 0) noexcept {
+  trace_scope(int rank, int size, const char* name, const char* category, std::uint64_t bytes = 0) noexcept
+      : outer_name_(std::exchange(current_activity().name, name)) {
     // Off: two relaxed loads and nothing else inline; the rest is out of line and cold,
     // so that an instrumented collective compiles to nearly what it was without it.
     if (timeline::global().enabled() || log_enabled(log_level::debug)) [[unlikely]]
@@ -342,10 +345,13 @@ class trace_scope {
   trace_scope(trace_scope&& other) noexcept
       : traced_(std::exchange(other.traced_, false)),
         logged_(std::exchange(other.logged_, false)),
+        restores_(std::exchange(other.restores_, false)),
+        outer_name_(other.outer_name_),
         event_(other.event_) {}
   trace_scope& operator=(trace_scope&&) = delete;
 
   ~trace_scope() {
+    if (restores_) current_activity().name = outer_name_;
     if (traced_ || logged_) [[unlikely]]
       end();
   }
@@ -392,6 +398,8 @@ class trace_scope {
   }
 
   bool traced_ = false, logged_ = false;
+  bool restores_ = true;    // gives the activity back to the enclosing scope (not when moved from)
+  const char* outer_name_;  // the enclosing scope's activity name
   trace_event event_;
 };
 

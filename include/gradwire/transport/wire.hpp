@@ -35,7 +35,8 @@
 namespace gradwire::transport::wire {
 
 inline constexpr std::uint32_t magic = 0x46525747;  // "GWRF" in memory order
-inline constexpr std::uint16_t protocol_version = 1;
+// 2: status frames (a rank that has waited long says what for; see asio_tcp's stall watch).
+inline constexpr std::uint16_t protocol_version = 2;
 inline constexpr std::size_t header_size = 48;
 // A bound on one frame's payload, far above any message gradwire sends, so that a
 // corrupt length is refused before anything is allocated or read for it.
@@ -50,8 +51,9 @@ enum class frame_kind : std::uint8_t {
   store_request,  // rendezvous store: tag = request kind, payload = key/value
   store_reply,    // rendezvous store: tag = status
   goodbye,        // the sender closes its end in good order: no more frames follow
+  status,         // the sender has waited long: tag = its operation number, payload = status_payload
 };
-inline constexpr std::uint8_t last_kind = static_cast<std::uint8_t>(frame_kind::goodbye);
+inline constexpr std::uint8_t last_kind = static_cast<std::uint8_t>(frame_kind::status);
 
 inline constexpr std::uint8_t raw_bytes = 0xff;  // dtype byte of untyped payloads
 
