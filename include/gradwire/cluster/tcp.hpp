@@ -17,11 +17,7 @@ namespace gradwire::cluster {
 inline std::optional<std::chrono::milliseconds> seconds_from(const env_lookup& env, const char* name) {
   const auto text = env(name);
   if (!text || text->empty()) return std::nullopt;
-  char* end = nullptr;
-  const double seconds = std::strtod(text->c_str(), &end);
-  if (end == text->c_str() || *end != '\0' || !(seconds >= 0.001) || seconds > 1e7)
-    throw error(errc::config, std::string(name) + "='" + *text + "' is not a number of seconds from 0.001 to 1e7");
-  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+  return parse_seconds(name, *text);
 }
 
 // A non-negative integer from an environment variable; `fallback` if unset or empty.
@@ -40,7 +36,9 @@ inline long long integer_from(const env_lookup& env, const char* name, long long
 // GRADWIRE_LISTEN_HOST (address to accept peers on; default loopback for a job on one
 // machine, else the address this rank reaches MASTER_ADDR from), GRADWIRE_WIRE_CHECKSUM=1
 // (CRC-32C over payloads too), GRADWIRE_SOCKET_BUFFER (bytes), GRADWIRE_POLL_US,
-// GRADWIRE_HOST_ID (which ranks share a host; see cluster/host_identity.hpp).
+// GRADWIRE_HOST_ID (which ranks share a host; see cluster/host_identity.hpp), and the
+// failure detection's GRADWIRE_HEARTBEAT (whole seconds, 0: off), GRADWIRE_STALL_WARN and
+// GRADWIRE_STALL_TIMEOUT (seconds; defaults in timeouts.hpp, all listed in docs/errors.md#timeouts).
 inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const env_lookup& env = process_env) {
   transport::asio_tcp_options o;
   o.rank = spec.rank;
@@ -57,6 +55,9 @@ inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const e
   o.socket_buffer_bytes = static_cast<int>(integer_from(env, "GRADWIRE_SOCKET_BUFFER", 0, 1 << 30));
   o.poll_before_sleep = std::chrono::microseconds(
       integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
+  o.heartbeat_interval = std::chrono::seconds(integer_from(env, "GRADWIRE_HEARTBEAT", o.heartbeat_interval.count(), 3600));
+  if (auto t = seconds_from(env, "GRADWIRE_STALL_WARN")) o.stall_warn = *t;
+  if (auto t = seconds_from(env, "GRADWIRE_STALL_TIMEOUT")) o.stall_timeout = *t;
   return o;
 }
 

@@ -40,11 +40,19 @@
 #include <utility>
 #include <vector>
 
+#if defined(__linux__)
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#endif
+
 #include "../cluster/host_identity.hpp"
 #include "../cluster/store.hpp"
 #include "../cluster/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../observe/activity.hpp"
+#include "../observe/log.hpp"
 #include "../timeouts.hpp"
 #include "detail/asio_support.hpp"
 #include "detail/deliver.hpp"
@@ -88,6 +96,15 @@ struct asio_tcp_options {
   // empty: GRADWIRE_HOST_ID, else hostname, boot id and network namespace
   // (cluster::local_host_identity says why).
   std::string host_id;
+  // Failure detection (defaults and reasons in timeouts.hpp). Heartbeats: TCP keepalive
+  // probes every interval on an idle link; a peer whose host answers nothing for
+  // heartbeat_misses intervals is lost (peer_lost). 0 s: off.
+  std::chrono::seconds heartbeat_interval = default_heartbeat_interval;
+  int heartbeat_misses = default_heartbeat_misses;
+  // A wait that lasts stall_warn logs once which rank it waits for and where the chain of
+  // waits ends; with stall_timeout > 0 the wait fails with timeout after that long.
+  std::chrono::milliseconds stall_warn = default_stall_warn;
+  std::chrono::milliseconds stall_timeout = default_stall_timeout;
 };
 
 namespace detail {
@@ -110,6 +127,14 @@ struct tcp_op {
     failure = e;
     message = std::move(why);
   }
+};
+
+// What a peer said it waits for in its latest status frame (it has waited long).
+struct peer_status {
+  std::vector<int> waits_for;  // empty: it no longer waits
+  std::uint64_t operation = 0;
+  std::uint64_t step = 0;
+  std::string activity;        // the collective's name, if any
 };
 
 // A message that arrived before its receive was posted (eager) or self-sent.
@@ -138,6 +163,12 @@ struct tcp_link {
   // Writing side: front() is being written when `writing`.
   std::deque<tcp_op*> sends;
   bool writing = false;
+  // Failure detection: the peer's address (for messages), its latest status frame, and
+  // this rank's own status frame to it (queued like a send; one at a time).
+  std::string address;
+  std::optional<peer_status> status;
+  tcp_op status_out;
+  std::vector<std::byte> status_bytes;
 };
 
 }  // namespace detail
@@ -235,6 +266,11 @@ class asio_tcp {
                                       std::to_string(o.size - 1) + " (world size " + std::to_string(o.size) + ")");
       links.resize(static_cast<std::size_t>(o.size));
       topology = cluster::topology::one_host(o.size);  // until join() learns better
+      if (o.heartbeat_interval.count() < 0 || o.heartbeat_misses < 1 || o.stall_warn.count() <= 0 ||
+          o.stall_timeout.count() < 0)
+        throw error(errc::config, "asio_tcp: heartbeat_interval must be >= 0 s, heartbeat_misses >= 1, stall_warn > 0 "
+                                  "and stall_timeout >= 0 (0: off)");
+      waiting_for.reserve(links.size());
     }
     ~state() {
       for (auto& l : links)
@@ -299,6 +335,7 @@ class asio_tcp {
       }
       for (auto& l : links)
         if (l) read_header(*l);
+      start_watch();
     }
 
     void dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until) {
@@ -400,7 +437,10 @@ class asio_tcp {
         socket.set_option(boost::asio::socket_base::send_buffer_size(options.socket_buffer_bytes), ignored);
         socket.set_option(boost::asio::socket_base::receive_buffer_size(options.socket_buffer_bytes), ignored);
       }
+      watch_link(socket);
       links[peer] = std::make_unique<detail::tcp_link>(std::move(socket), peer);
+      links[peer]->address = links[peer]->socket.remote_endpoint(ignored).address().to_string();
+      links[peer]->status_out.state = status::done;
       // The stage that chunked receives read through, allocated and touched now, not
       // on the first step (first touch is slow on these machines).
       links[peer]->stage.assign(stage_bytes, std::byte{0});
@@ -476,6 +516,8 @@ class asio_tcp {
           read_eager(*link);
         }
       poll_briefly(op);
+      if (op.state != status::done) begin_wait(op.peer);  // going to sleep: the stall watch's business
+      const watched_wait watched{*this};
       if (!detail::run_until(io, [&] { return op.state == status::done; }, until)) {
         cancel(op);
         throw error(errc::timeout, detail::timeout_message(options.rank, describe(op)));
@@ -491,8 +533,16 @@ class asio_tcp {
           if (const auto* op = requests[i] ? requests[i]->peek() : nullptr; op && op->state == status::done) ready = i;
         return ready.has_value();
       };
-      if (!find() && !detail::run_until(io, [&] { return find() || failed.has_value(); }, until))
-        throw error(errc::timeout, detail::wait_any_timeout_message(options.rank, requests.size()));
+      if (!find()) {
+        bool first = true;
+        for (auto* r : requests)
+          if (const auto* op = r ? r->peek() : nullptr; op && op->state != status::done) {
+            begin_wait(op->peer, !std::exchange(first, false));
+          }
+        const watched_wait watched{*this};
+        if (!detail::run_until(io, [&] { return find() || failed.has_value(); }, until))
+          throw error(errc::timeout, detail::wait_any_timeout_message(options.rank, requests.size()));
+      }
       if (!ready) throw_if_failed();  // the run ended because the rank failed
       return *ready;
     }
@@ -555,6 +605,10 @@ class asio_tcp {
         return read_eager(link);
       }
       if (h.kind == wire::frame_kind::goodbye) return on_goodbye(link);
+      if (h.kind == wire::frame_kind::status) {  // what the peer waits for follows
+        if (h.length > max_status_bytes) return lose(link, errc::protocol, who + " sent an oversized status frame");
+        return read_eager(link);
+      }
       if (h.kind != wire::frame_kind::data)
         return lose(link, errc::protocol, who + " sent an unexpected frame kind " + std::to_string(int(h.kind)));
       for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
@@ -652,6 +706,12 @@ class asio_tcp {
                                 if (link.incoming.kind == wire::frame_kind::abort)
                                   return on_abort(link, std::string(reinterpret_cast<const char*>(m.payload.data()),
                                                                     m.payload.size()));
+                                if (link.incoming.kind == wire::frame_kind::status) {
+                                  const bool fine = on_status(link, m.payload);
+                                  give_back(std::move(m.payload));
+                                  if (fine) read_header(link);
+                                  return;
+                                }
                                 on_eager(link, std::move(m));
                                 read_header(link);
                               });
@@ -740,7 +800,9 @@ class asio_tcp {
       if (link.tolerated)
         return isolate(link, "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(link.peer) +
                                  ": it failed: " + reason);
-      fail_everything(cause == errc::mismatch ? errc::mismatch : errc::peer_lost,
+      // A mismatch or a stall timeout stays what it is on every rank; anything else is,
+      // to this rank, a lost peer.
+      fail_everything(cause == errc::mismatch || cause == errc::timeout ? cause : errc::peer_lost,
                       "rank " + std::to_string(options.rank) + ": rank " + std::to_string(link.peer) +
                           " failed: " + reason);
     }
@@ -790,6 +852,291 @@ class asio_tcp {
       self_receives.push_back(&op);
     }
 
+    // --- the watch: heartbeats and stalls ------------------------------------------------
+    //
+    // Heartbeats are the kernel's: TCP keepalive probes every interval on an idle link,
+    // and retransmissions or zero-window probes on a busy one, all answered by the peer's
+    // kernel, even while the peer's process is stopped. So the time since anything came
+    // back from a peer's host (TCP_INFO) stays below about one interval while its host is
+    // up, and grows without bound once it is cut off or dead, which no FIN or RST would
+    // ever tell. Application heartbeats would need a thread in every rank (progress is
+    // made only by the thread that waits) and would take a stopped process for a dead one.
+    // The watch is a timer on the rank's io_context, so it runs only while a thread waits
+    // there and costs a fast path nothing; a wait that sleeps reads the clock once.
+
+    void watch_link(tcp::socket& socket) {
+      if (options.heartbeat_interval.count() == 0) return;
+      boost::system::error_code ignored;
+      socket.set_option(boost::asio::socket_base::keep_alive(true), ignored);
+#if defined(__linux__)
+      // TCP_USER_TIMEOUT is left alone: it would also abort a connection to a stopped
+      // peer whose receive window stays closed, and that peer is alive.
+      const int interval = static_cast<int>(options.heartbeat_interval.count());
+      const int count = options.heartbeat_misses + 1;  // the watch decides first; the kernel backs it up
+      ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPIDLE, &interval, sizeof interval);
+      ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+      ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+#endif
+    }
+
+    std::chrono::milliseconds heartbeat_limit() const { return options.heartbeat_interval * options.heartbeat_misses; }
+
+    // How often the watch looks: twice per heartbeat interval, and often enough to keep
+    // the stall times to within an eighth.
+    std::chrono::milliseconds watch_period() const {
+      std::chrono::milliseconds p = options.stall_warn / 8;
+      if (options.heartbeat_interval.count() > 0) p = std::min<std::chrono::milliseconds>(p, options.heartbeat_interval / 2);
+      if (options.stall_timeout.count() > 0) p = std::min(p, options.stall_timeout / 8);
+      return std::clamp(p, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+    }
+
+    void start_watch() {
+      watch_timer.emplace(io);
+      arm_watch();
+    }
+    void arm_watch() {
+      watch_timer->expires_after(watch_period());
+      watch_timer->async_wait([this](const boost::system::error_code& ec) {
+        if (ec || failed) return;
+        if (!aborting) {
+          const auto now = clock::now();
+          if (options.heartbeat_interval.count() > 0) check_heartbeats();
+          if (waiting && !failed) check_stall(now);
+        }
+        if (!failed) arm_watch();
+      });
+    }
+
+    // Milliseconds since the peer's host last answered anything (ACKs or data); -1 unknown.
+    static long long silence_ms(tcp::socket& socket) {
+#if defined(__linux__)
+      tcp_info info{};
+      socklen_t length = sizeof info;
+      if (::getsockopt(socket.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return -1;
+      return std::min(info.tcpi_last_ack_recv, info.tcpi_last_data_recv);
+#else
+      (void)socket;
+      return -1;
+#endif
+    }
+
+    // A peer silent for more than heartbeat_limit() is lost, and with it every peer silent
+    // for more than half of it (the other ranks of a host that was cut off, whose silence
+    // began at the same moment but was noticed a little later).
+    void check_heartbeats() {
+      const long long limit = heartbeat_limit().count();
+      std::vector<std::pair<int, std::chrono::milliseconds>> silent;
+      bool over = false;
+      for (auto& l : links)
+        if (l && l->alive && !l->finished)
+          if (const long long ms = silence_ms(l->socket); ms > limit / 2) {
+            silent.emplace_back(l->peer, std::chrono::milliseconds(ms));
+            over = over || ms > limit;
+          }
+      if (!over) return;
+      const std::string why = lost_message(silent, false);
+      bool all_tolerated = true;
+      for (const auto& [peer, ms] : silent) {
+        auto& link = *links[peer];
+        if (link.tolerated) isolate(link, why);
+        else all_tolerated = false;
+      }
+      if (all_tolerated) return;
+      for (const auto& [peer, ms] : silent) links[peer]->alive = false;
+      send_abort(errc::peer_lost, why);  // the survivors learn it at once (they detect it too)
+      fail_everything(errc::peer_lost, why);
+    }
+
+    // "rank 0: lost ranks 2, 3 (host 198.18.0.3): no answer to heartbeats for 5.1 s; ..."
+    std::string lost_message(const std::vector<std::pair<int, std::chrono::milliseconds>>& peers, bool by_kernel) const {
+      std::vector<std::pair<std::string, std::vector<int>>> hosts;  // in order of first appearance
+      std::chrono::milliseconds longest{0};
+      for (const auto& [peer, ms] : peers) {
+        const std::string& address = links[peer]->address;
+        auto it = std::find_if(hosts.begin(), hosts.end(), [&](const auto& h) { return h.first == address; });
+        if (it == hosts.end()) it = hosts.insert(hosts.end(), {address, {}});
+        it->second.push_back(peer);
+        longest = std::max(longest, ms);
+      }
+      std::string text = "rank " + std::to_string(options.rank) + ": lost ";
+      for (std::size_t h = 0; h < hosts.size(); ++h) {
+        const auto& ranks = hosts[h].second;
+        text += (h ? ", " : "") + std::string(ranks.size() > 1 ? "ranks " : "rank ");
+        for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+        text += " (host " + (hosts[h].first.empty() ? std::string("unknown") : hosts[h].first) + ")";
+      }
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f s", static_cast<double>(longest.count()) / 1000);
+      return text + ": no answer to heartbeats " + (by_kernel ? "(the connection timed out)" : "for " + std::string(seconds)) +
+             "; a network partition or a dead host (GRADWIRE_HEARTBEAT=" +
+             std::to_string(options.heartbeat_interval.count()) + " s, lost after " +
+             std::to_string(options.heartbeat_misses) + " silent intervals)";
+    }
+
+    // A wait goes to sleep waiting for `peer` (add: one more peer of the same wait).
+    void begin_wait(int peer, bool add = false) {
+      if (!add) {
+        waiting = true;
+        wait_began = clock::now();
+        waiting_for.clear();
+        status_said = warned = false;
+      }
+      if (std::find(waiting_for.begin(), waiting_for.end(), peer) == waiting_for.end()) waiting_for.push_back(peer);
+    }
+    void end_wait() noexcept {
+      if (!std::exchange(waiting, false) || !status_said || failed) return;
+      try {
+        send_status(false);  // no longer waiting: the peers forget what this rank said
+      } catch (...) {
+      }
+    }
+    struct watched_wait {
+      state& s;
+      ~watched_wait() { s.end_wait(); }
+    };
+
+    // Near the warning time a waiting rank tells its peers what it waits for, so that
+    // each can follow the chain of waits to the rank that has said nothing; it warns
+    // once; and with a stall timeout it gives up, telling the peers why.
+    void check_stall(clock::time_point now) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - wait_began);
+      const auto give_up = options.stall_timeout;
+      const auto first_word = give_up.count() > 0 ? std::min(options.stall_warn, give_up) : options.stall_warn;
+      if (!status_said && waited >= first_word * 3 / 4) {
+        status_said = true;
+        send_status(true);
+      }
+      if (!warned && waited >= options.stall_warn && (give_up.count() == 0 || waited < give_up)) {
+        warned = true;
+        std::vector<int> stalled;
+        observe::log_warning(options.rank, options.size, stall_report(waited, stalled));
+      }
+      if (give_up.count() > 0 && waited >= give_up) {
+        std::vector<int> stalled;
+        const std::string report = stall_report(waited, stalled);
+        std::string names;
+        for (std::size_t i = 0; i < stalled.size(); ++i) names += (i ? ", " : "") + std::to_string(stalled[i]);
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", static_cast<double>(give_up.count()) / 1000);
+        const std::string why =
+            (stalled.empty() ? "no rank is stalled but the ranks wait for each other"
+                             : std::string(stalled.size() > 1 ? "ranks " : "rank ") + names + " stalled") +
+            " (gave up after GRADWIRE_STALL_TIMEOUT=" + limit + " s): " + report;
+        send_abort(errc::timeout, why);
+        fail_everything(errc::timeout, why);
+      }
+    }
+
+    // "rank 0: waited 60.0 s in all_reduce (operation #12, step 40) for rank 1; rank 1 waits
+    // for rank 2; rank 2 has said nothing: ..."; `stalled` gets the ranks the chains end at.
+    std::string stall_report(std::chrono::milliseconds waited, std::vector<int>& stalled) const {
+      const observe::activity& doing = observe::current_activity();
+      const std::uint64_t step = observe::current_step().load(std::memory_order_relaxed);
+      auto ranks = [](const std::vector<int>& v) {
+        std::string t = v.size() > 1 ? "ranks " : "rank ";
+        for (std::size_t i = 0; i < v.size(); ++i) t += (i ? ", " : "") + std::to_string(v[i]);
+        return t;
+      };
+      char head[160];
+      std::snprintf(head, sizeof head, "rank %d: waited %.1f s in %s (operation #%llu, step %llu) for ", options.rank,
+                    static_cast<double>(waited.count()) / 1000, doing.name ? doing.name : "a transport wait",
+                    static_cast<unsigned long long>(doing.operation), static_cast<unsigned long long>(step));
+      std::string text = head + ranks(waiting_for);
+      // Breadth-first along "waits for" until the ranks that said nothing.
+      std::vector<char> seen(links.size(), 0);
+      seen[static_cast<std::size_t>(options.rank)] = 1;
+      std::deque<int> todo;
+      for (int p : waiting_for)
+        if (!std::exchange(seen[static_cast<std::size_t>(p)], 1)) todo.push_back(p);
+      while (!todo.empty()) {
+        const int p = todo.front();
+        todo.pop_front();
+        const auto& link = links[static_cast<std::size_t>(p)];
+        if (link && link->status && !link->status->waits_for.empty()) {
+          const auto& st = *link->status;
+          text += "; rank " + std::to_string(p) + " waits for " + ranks(st.waits_for);
+          if (!st.activity.empty()) text += " (in " + st.activity + ", operation #" + std::to_string(st.operation) + ")";
+          for (int q : st.waits_for)
+            if (q >= 0 && q < static_cast<int>(seen.size()) && !std::exchange(seen[static_cast<std::size_t>(q)], 1))
+              todo.push_back(q);
+        } else {
+          stalled.push_back(p);
+        }
+      }
+      for (int p : stalled) text += "; rank " + std::to_string(p) + " has said nothing: " + liveness(p);
+      if (stalled.empty()) text += "; the ranks wait for each other in a cycle (do all ranks call the same collectives in the same order?)";
+      return text;
+    }
+
+    std::string liveness(int peer) const {
+      const auto& link = links[static_cast<std::size_t>(peer)];
+      if (!link || !link->alive) return "its connection is gone";
+      if (options.heartbeat_interval.count() > 0) {
+        const long long ms = silence_ms(link->socket);
+        if (ms >= 0 && ms <= 2 * options.heartbeat_interval.count() * 1000)
+          return "it is alive (its host answers) but not calling gradwire (stopped, hung or in a long computation)";
+        if (ms >= 0)
+          return "its host has not answered for " + std::to_string(ms / 1000) + " s (network trouble?)";
+      }
+      return "it is connected but not calling gradwire (stopped, hung or in a long computation)";
+    }
+
+    // Status frame: tag = operation number; payload = step u64, count u32, the ranks waited
+    // for (u32 each), then the activity's name. An empty list: no longer waiting.
+    void send_status(bool still_waiting) {
+      const observe::activity& doing = observe::current_activity();
+      const std::uint64_t step = observe::current_step().load(std::memory_order_relaxed);
+      const std::string_view name = doing.name ? doing.name : "";
+      const std::uint32_t count = still_waiting ? static_cast<std::uint32_t>(waiting_for.size()) : 0;
+      for (auto& l : links) {
+        if (!l || !l->alive || l->finished || l->status_out.state != status::done) continue;
+        auto& bytes = l->status_bytes;
+        bytes.assign(12 + 4 * count + name.size(), std::byte{0});
+        wire::detail::put<std::uint64_t>(bytes.data(), step);
+        wire::detail::put<std::uint32_t>(bytes.data() + 8, count);
+        for (std::uint32_t i = 0; i < count; ++i)
+          wire::detail::put<std::uint32_t>(bytes.data() + 12 + 4 * i, static_cast<std::uint32_t>(waiting_for[i]));
+        std::memcpy(bytes.data() + 12 + 4 * count, name.data(), name.size());
+        wire::frame_header h;
+        h.kind = wire::frame_kind::status;
+        h.token_hash = token;
+        h.tag = doing.operation;
+        h.length = bytes.size();
+        h.source = static_cast<std::uint32_t>(options.rank);
+        detail::tcp_op& op = l->status_out;
+        op = detail::tcp_op{};
+        op.is_send = true;
+        op.peer = l->peer;
+        op.data = bytes.data();
+        op.bytes = bytes.size();
+        op.header = wire::encode(h);
+        // Ahead of queued messages (it is about them), behind the one being written.
+        l->sends.insert(l->sends.begin() + (l->writing ? 1 : 0), &op);
+        if (!l->writing) write_next(*l);
+      }
+    }
+
+    // False if the frame did not parse (the rank failed).
+    bool on_status(detail::tcp_link& link, std::span<const std::byte> payload) {
+      const std::string who = "rank " + std::to_string(link.peer);
+      auto refuse = [&](const char* what) {
+        lose(link, errc::protocol, who + " sent a " + what + " status frame");
+        return false;
+      };
+      if (payload.size() < 12) return refuse("truncated");
+      detail::peer_status st;
+      st.operation = link.incoming.tag;
+      st.step = wire::detail::get<std::uint64_t>(payload.data());
+      const auto count = wire::detail::get<std::uint32_t>(payload.data() + 8);
+      if (count > links.size() || payload.size() < 12 + 4 * std::size_t{count}) return refuse("malformed");
+      for (std::uint32_t i = 0; i < count; ++i)
+        st.waits_for.push_back(static_cast<int>(wire::detail::get<std::uint32_t>(payload.data() + 12 + 4 * i)));
+      const auto name = payload.subspan(12 + 4 * std::size_t{count});
+      st.activity.assign(reinterpret_cast<const char*>(name.data()), name.size());
+      link.status = std::move(st);
+      return true;
+    }
+
     // --- failure -----------------------------------------------------------------------
 
     void broken(detail::tcp_link& link, const boost::system::error_code& ec) {
@@ -803,9 +1150,13 @@ class asio_tcp {
       const bool closed = ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset ||
                           ec == boost::asio::error::broken_pipe;
       link.alive = false;
-      const std::string why = "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(link.peer) + ": " +
-                              (closed ? "its connection closed (the process exited or was killed)"
-                                      : "connection error: " + ec.message());
+      // The kernel's keepalive gave up (no answer to its probes): a partition or a dead host.
+      const std::string why =
+          ec == boost::asio::error::timed_out
+              ? lost_message({{link.peer, heartbeat_limit()}}, true)
+              : "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(link.peer) + ": " +
+                    (closed ? "its connection closed (the process exited or was killed)"
+                            : "connection error: " + ec.message());
       if (link.tolerated) return isolate(link, why);
       // A rank that failed for a reason sends abort frames before it exits, but they may
       // arrive on other connections after this one closed: give them a moment, so the
@@ -896,6 +1247,7 @@ class asio_tcp {
 
     static constexpr std::size_t stage_bytes = std::size_t{1} << 20;  // chunk of accumulating receives and drains
     static constexpr std::size_t max_abort_bytes = std::size_t{64} << 10;
+    static constexpr std::size_t max_status_bytes = 4096;
     asio_tcp_options options;
     std::uint64_t token;
     bool dedicated;  // every local rank can have a core
@@ -912,6 +1264,14 @@ class asio_tcp {
     std::optional<boost::asio::steady_timer> loss_grace;  // running once a connection broke
     std::vector<int> lost;                                // tolerated peers that were lost
     bool aborting = false;
+    // The watch (heartbeats, stalls): a timer that runs while a thread waits.
+    std::optional<boost::asio::steady_timer> watch_timer;
+    // The wait in progress past its polling (begin_wait): whom for and since when.
+    bool waiting = false;
+    clock::time_point wait_began{};
+    std::vector<int> waiting_for;
+    bool status_said = false;  // this wait told the peers what it waits for
+    bool warned = false;       // this wait logged its stall warning
     // While joining.
     bool joining = false;
     int join_pending = 0;
