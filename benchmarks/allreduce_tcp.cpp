@@ -6,6 +6,8 @@
 //   gradwire-run -n 4 allreduce_tcp --algorithm ring -b 4 -e 64M -f 4 --csv out.csv
 //   UCX_TLS=sm gradwire-run -n 4 allreduce_tcp --transport ucx ...   (UCX: shared memory)
 //   gradwire-run -n 2 allreduce_tcp --transport asio-any ...   (TCP behind transport::any_transport)
+//   allreduce_tcp --transport per-peer ...   (per_peer<ucx, asio_tcp>: UCX shared memory inside a
+//                                             host, TCP between hosts; for jobs across hosts)
 //
 // Each timed iteration: every rank refills its buffer from its pristine input (untimed),
 // the ranks meet in a barrier, each times its own all_reduce; an iteration's time is the
@@ -23,6 +25,7 @@
 #include <gradwire/asio.hpp>
 #include <gradwire/transport/any.hpp>
 #if GRADWIRE_HAS_UCX
+#include <gradwire/cluster/per_peer.hpp>
 #include <gradwire/ucx.hpp>
 #endif
 #include <gradwire/collective/all_gather.hpp>
@@ -123,7 +126,7 @@ int run(Transport transport, const bench::algorithm alg, bench::options o, const
         if (fresh) std::fprintf(csv, "%s\n", bench::csv_header);
       }
       bench::print_table_header("gradwire all_reduce (" + std::string(bench::name_of(alg)) + ") over " + transport_name + ", " +
-                                    std::to_string(n) + " processes on loopback; float32 sum in place; time = median "
+                                    std::to_string(n) + " processes; float32 sum in place; time = median "
                                     "over iterations of the slowest rank",
                                 o, n);
       std::vector<bench::row> rows;
@@ -158,13 +161,22 @@ int run(Transport transport, const bench::algorithm alg, bench::options o, const
 
 int main(int argc, char** argv) {
   const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
-  const std::string transport = bench::take_choice_flag(argc, argv, "--transport", {"asio", "ucx", "asio-any"}, "asio");
+  const std::string transport = bench::take_choice_flag(argc, argv, "--transport", {"asio", "ucx", "asio-any", "per-peer"}, "asio");
   bench::options o = bench::parse_options(argc, argv,
                                           "all_reduce (float32 sum, in place) across processes over gradwire's TCP "
                                           "transport, UCX with --transport ucx, or TCP behind transport::any_transport "
-                                          "with --transport asio-any; start with scripts/gradwire-run -n N "
+                                          "with --transport asio-any, UCX inside a host and TCP between hosts with "
+                                          "--transport per-peer; start with scripts/gradwire-run -n N "
                                           "or mpirun");
   try {
+    if (transport == "per-peer") {
+#if GRADWIRE_HAS_UCX
+      return run(gw::cluster::join_per_peer(), alg, o, "per_peer(ucx,asio_tcp)");
+#else
+      std::fprintf(stderr, "allreduce_tcp: this build has no UCX (gradwire::ucx; Debian: libucx-dev)\n");
+      return 2;
+#endif
+    }
     if (transport == "ucx") {
 #if GRADWIRE_HAS_UCX
       const char* tls = std::getenv("UCX_TLS");
