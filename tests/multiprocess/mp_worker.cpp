@@ -2,6 +2,7 @@
 //
 //   mp_worker collectives | bucketing | async | train       correctness against float64 references
 //   mp_worker kill K | mismatch KIND | wrong-token K | join   failure behaviour
+//   mp_worker stall K STEPS | partition R,...                 stopped ranks, cut-off hosts (see loop_steps)
 //   mp_worker_ucx one-sided                                  put / get against values computed from ranks
 //
 // Every rank prints "rank R: PASS ..." and exits 0 when its part holds, or prints
@@ -24,7 +25,9 @@
 #include <gradwire/gradwire.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+#include <unistd.h>
 
 #include "mlp.hpp"  // examples/fashion_mnist
 
@@ -140,6 +143,7 @@ void check_collectives(comm_type& comm, std::uint64_t seed) {
     };
     run(col::ring{}, "ring");
     run(col::halving_doubling{}, "halving_doubling");
+    run(col::hierarchical{}, "hierarchical");  // the flat ring where all ranks share a host
     run(col::auto_{}, "auto");
 
     auto avg = inputs<V>(seed, me, count);
@@ -175,6 +179,10 @@ void check_collectives(comm_type& comm, std::uint64_t seed) {
 }
 
 void collectives(comm_type& comm) {
+  // What the multi-host tests assert (which ranks the transport saw on this rank's host).
+  std::printf("rank %d: topology hosts=%d local_rank=%d local_size=%d\n", comm.rank(), comm.host_count(),
+              comm.local_rank(), comm.local_size());
+  std::fflush(stdout);
   const auto seed = shared_seed(comm);
   check_collectives<float>(comm, seed);
   check_collectives<double>(comm, seed + 1);
@@ -332,6 +340,89 @@ void kill_rank(comm_type& comm, int victim) {
       col::all_reduce(comm, std::span<float>(data));
     }
   });
+}
+
+// Training steps in a loop for the stall and partition tests, which stop or cut off a
+// rank from outside (kill -STOP, a link taken down) while the others are in a step:
+//   stall K STEPS     every rank but K: PASS after STEPS steps whose result matches a
+//                     float64 reference (K was frozen and continued: the warning was only
+//                     a warning), or, with GRADWIRE_STALL_TIMEOUT set, EXPECTED timeout
+//                     naming rank K.
+//   partition R,..    every rank not listed: EXPECTED peer lost naming the listed ranks
+//                     (the test cuts their host off; no step may finish after that).
+// Each rank prints its pid and "ready" (and writes the pid to $GW_TEST_PID_DIR/rankR.pid)
+// before the first step; steps pause briefly so that the test can act mid-run.
+// GW_TEST_ELEMENTS (default 4096) sets the gradient's size.
+void loop_steps(const std::string& mode, const std::string& arg, const std::string& steps_text) {
+  auto transport = join();
+  const int me = transport.rank(), n = transport.size();
+  const std::size_t count = std::strtoull(std::getenv("GW_TEST_ELEMENTS") ? std::getenv("GW_TEST_ELEMENTS") : "4096", nullptr, 10);
+  const int steps = steps_text.empty() ? 1000000 : std::stoi(steps_text);
+  const float lr = 0.5f;
+  std::vector<float> weights(count, 0.0f), gradient(count);
+  gw::strategy<gw::tensor_view<float>, gw::optim::sgd, gw::aggregation::all_reduce, transport_type> strategy(
+      std::move(transport), {gw::tensor_view<float>(std::span<float>(weights))}, gw::optim::sgd({.lr = lr}));
+  std::printf("rank %d: pid %d ready\n", me, static_cast<int>(getpid()));
+  std::fflush(stdout);
+  if (const char* dir = std::getenv("GW_TEST_PID_DIR")) {  // for the test, which may see stdout late
+    if (std::FILE* f = std::fopen((std::string(dir) + "/rank" + std::to_string(me) + ".pid").c_str(), "w")) {
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+    }
+  }
+  std::vector<std::string> names;
+  std::vector<int> cut;
+  if (mode == "partition") {
+    std::size_t at = 0;
+    for (std::size_t comma; (comma = arg.find(',', at)) != std::string::npos; at = comma + 1) cut.push_back(std::stoi(arg.substr(at, comma - at)));
+    cut.push_back(std::stoi(arg.substr(at)));
+    names = {cut.size() > 1 ? "lost ranks " : "lost rank ", "no answer to heartbeats"};
+    for (int r : cut) names.push_back(std::to_string(r));
+  }
+  auto run = [&] {
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t i = 0; i < count; ++i) gradient[i] = input<float>(static_cast<std::uint64_t>(s), me, i);
+      strategy.step(std::vector<std::span<const float>>{std::span<const float>(gradient)});
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+  if (mode == "partition") {
+    if (std::find(cut.begin(), cut.end(), me) != cut.end()) {  // cut off: nothing to check here
+      try { run(); } catch (const std::exception&) {}
+      std::exit(0);
+    }
+    // Like expect_error, with the moment of detection (the test compares it with the
+    // moment it cut the link; every host shares this machine's clock).
+    try {
+      run();
+    } catch (const gw::error& e) {
+      const double at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      const std::string what = e.what();
+      for (const auto& want : names)
+        if (what.find(want) == std::string::npos) fail("'" + want + "' missing from: " + what);
+      if (e.kind() != gw::errc::peer_lost) fail("expected peer_lost: " + what);
+      std::printf("rank %d: EXPECTED peer lost at %.3f: %s\n", me, at, what.c_str());
+      std::fflush(stdout);
+      std::exit(0);
+    }
+    fail("the steps finished although ranks were cut off");
+  }
+  const int frozen = std::stoi(arg);
+  if (std::getenv("GRADWIRE_STALL_TIMEOUT") && me != frozen)
+    expect_error(gw::errc::timeout, {"rank " + std::to_string(frozen) + " stalled"}, run);
+  run();
+  double worst = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double want = 0;
+    for (int s = 0; s < steps; ++s) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += static_cast<double>(input<float>(static_cast<std::uint64_t>(s), r, i));
+      want -= lr * (sum / n);
+    }
+    worst = std::max(worst, std::abs(weights[i] - want));
+  }
+  if (!(worst <= 1e-4)) fail("stall: weights differ from the float64 reference by " + std::to_string(worst));
+  std::printf("rank %d: PASS stall (%d steps, max abs error %.3g)\n", me, steps, worst);
 }
 
 void mismatch(comm_type& comm, const std::string& kind) {
@@ -535,6 +626,10 @@ int main(int argc, char** argv) {
     }
     if (mode == "train") {
       train(arg);
+      return 0;
+    }
+    if (mode == "stall" || mode == "partition") {
+      loop_steps(mode, arg, argc > 3 ? argv[3] : "");
       return 0;
     }
     if (mode == "point-to-point") {
