@@ -20,6 +20,13 @@ static_assert(concepts::aggregation<gw::aggregation::all_reduce, float, gw::tran
 static_assert(concepts::aggregation<gw::aggregation::local, double, gw::transport::local>);
 static_assert(!concepts::transport<int>);
 static_assert(!concepts::aggregation<int, float, gw::transport::inproc>);
+// Topology: inproc tells (its group's hosts), a transport without topology() does not, and
+// the aggregation over all_reduce_with<hierarchical> composes like the others.
+static_assert(concepts::topology_aware_transport<gw::transport::inproc>);
+static_assert(!concepts::topology_aware_transport<gw::transport::local>);
+static_assert(concepts::aggregation<gw::aggregation::all_reduce_with<gw::collective::hierarchical>, float,
+                                    gw::transport::inproc>);
+static_assert(gw::collective::is_all_reduce_algorithm_v<gw::collective::hierarchical>);
 
 // --- a user's own policies, one of each kind -------------------------------------------
 

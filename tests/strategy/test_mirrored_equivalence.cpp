@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -112,20 +113,23 @@ std::vector<std::vector<T>> train_one_device(const run_settings& s, const sample
 }
 
 // mirrored: replica r trains on the `batch` samples from first_sample(step, r) on.
-// Returns every replica's final parameters.
-template <class T, class Optimizer>
+// Returns every replica's final parameters. Aggregation and `hosts` (threads placed on
+// pretend hosts; default one) let the same run check other all-reduce algorithms.
+template <class T, class Optimizer, class Aggregation = gradwire::aggregation::all_reduce>
 std::vector<std::vector<std::vector<T>>> train_mirrored(
     const run_settings& s, const samples<T>& data, const Optimizer& opt,
-    const std::function<Eigen::Index(int step, int rank)>& first_sample) {
+    const std::function<Eigen::Index(int step, int rank)>& first_sample,
+    const std::optional<gradwire::cluster::topology>& hosts = std::nullopt) {
   // Only rank 0 starts from the reference's weights: the others are initialised
   // differently on purpose, so the strategy's setup (broadcast from rank 0) is tested too.
   std::vector<mlp<T>> models;
   models.reserve(static_cast<std::size_t>(s.replicas));
   for (int r = 0; r < s.replicas; ++r) models.emplace_back(s.sizes, r == 0 ? s.seed : s.seed + 1000 + r);
-  gradwire::transport::run_inproc(s.replicas, [&](gradwire::transport::inproc endpoint) {
+  gradwire::transport::run_inproc(hosts.value_or(gradwire::cluster::topology::one_host(s.replicas)), [&](gradwire::transport::inproc endpoint) {
     const int rank = endpoint.rank();
     mlp<T>& m = models[static_cast<std::size_t>(rank)];
-    gradwire::mirrored<gradwire::tensor_view<T>, Optimizer> strategy(std::move(endpoint), m.parameter_views(), opt);
+    gradwire::strategy<gradwire::tensor_view<T>, Optimizer, Aggregation, gradwire::transport::inproc> strategy(
+        std::move(endpoint), m.parameter_views(), opt);
     auto grads = m.gradient_views();
     for (int step = 0; step < s.steps; ++step) {
       const Eigen::Index first = first_sample(step, rank);
@@ -260,6 +264,35 @@ TEST_CASE("mirrored result does not depend on which replica takes which slice", 
   const double error = max_relative_error(swapped[0], reference);
   CAPTURE(error);
   CHECK(error <= tolerance);
+}
+
+namespace {
+// Hierarchical all-reduce with small buckets: several buckets in flight on the engine.
+struct hierarchical_small_buckets : gradwire::aggregation::all_reduce_with<gradwire::collective::hierarchical> {
+  hierarchical_small_buckets() : all_reduce_with(64 << 10) {}
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("mirrored over hierarchical all-reduce on pretend hosts matches one_device with batch N*b",
+                   "[strategy][mirrored][hierarchical]", gradwire::aggregation::all_reduce_with<gradwire::collective::hierarchical>,
+                   hierarchical_small_buckets) {
+  const std::vector<int> hosts = GENERATE(std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 1, 2, 2, 2});
+  run_settings s;
+  s.replicas = static_cast<int>(hosts.size());
+  CAPTURE(hosts);
+  const auto data = random_samples<float>(s.sizes, s.batch * s.replicas * s.steps, 4321 + s.replicas);
+  const auto opt = make_optimizer<gradwire::optim::sgd>();
+  const auto reference = train_one_device(s, data, opt);
+  const auto replicas = train_mirrored<float, gradwire::optim::sgd, TestType>(
+      s, data, opt,
+      [&](int step, int rank) { return Eigen::Index(step) * s.batch * s.replicas + Eigen::Index(rank) * s.batch; },
+      gradwire::cluster::topology(hosts));
+  const double error = max_relative_error(replicas[0], reference);
+  CAPTURE(error);
+  CHECK(error <= tolerance);
+  for (std::size_t r = 1; r < replicas.size(); ++r)
+    for (std::size_t t = 0; t < reference.size(); ++t)
+      CHECK(std::memcmp(replicas[r][t].data(), replicas[0][t].data(), replicas[0][t].size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("mlp gradient is the gradient of the mean loss (finite differences, double)", "[strategy][mlp]") {
