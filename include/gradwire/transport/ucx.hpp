@@ -68,6 +68,17 @@ struct ucx_options {
   std::chrono::microseconds poll_before_sleep{50};
   // How often a sleeping wait wakes to run UCX's keepalive (peer failure detection).
   std::chrono::milliseconds keepalive_wake{100};
+  // Heartbeats (timeouts.hpp; GRADWIRE_HEARTBEAT): UCX's keepalive interval, and TCP
+  // keepalive on UCX's TCP sockets (UCX_TCP_KEEPIDLE = KEEPINTVL = the interval, KEEPCNT =
+  // heartbeat_misses), unless UCX_* variables say otherwise. 0 s: UCX's keepalive every
+  // second (it also finds dead peers over shared memory), TCP keepalive as UCX sets it.
+  // This covers idle links only: a link with data in flight to a host that was cut off
+  // retransmits for many minutes (checked across emulated hosts: no failure within 40 s),
+  // and TCP_USER_TIMEOUT, which would end that, also ends the connection to a stopped
+  // peer that is alive. So over UCX such a partition is found at the operation deadline
+  // (GRADWIRE_STEP_TIMEOUT); asio_tcp reads TCP_INFO itself and finds it in 5 s.
+  std::chrono::seconds heartbeat_interval = default_heartbeat_interval;
+  int heartbeat_misses = default_heartbeat_misses;
   // Endpoints with UCX's peer error handling: a dead peer becomes peer_lost within about
   // a second. Off: a dead peer is noticed only through deadlines (timeout).
   bool peer_error_handling = true;
@@ -282,9 +293,16 @@ class ucx {
       // 1.1-1.2 -> 1.4-2.3 GB/s busbw, the 2-core development VM).
       // (Through the environment, without overwriting: UCX 1.13's TCP transport does not
       // take these from ucp_config_modify.)
+      const long long beat = options.heartbeat_interval.count();
+      const std::string beat_text = std::to_string(beat > 0 ? beat : 1) + "s";
       if (detail::ucx_may_use_tcp()) {
         ::setenv("UCX_TCP_TX_SEG_SIZE", "256k", 0);
         ::setenv("UCX_TCP_RX_SEG_SIZE", "1m", 0);
+        if (beat > 0) {  // a host cut off from the network answers no probe: its sockets fail
+          ::setenv("UCX_TCP_KEEPIDLE", beat_text.c_str(), 0);
+          ::setenv("UCX_TCP_KEEPINTVL", beat_text.c_str(), 0);
+          ::setenv("UCX_TCP_KEEPCNT", std::to_string(std::max(1, options.heartbeat_misses)).c_str(), 0);
+        }
       }
       ucp_config_t* raw_config = nullptr;
       detail::ucx_check(ucp_config_read(nullptr, nullptr, &raw_config), "ucp_config_read");
@@ -292,7 +310,7 @@ class ucx {
       // Shared-memory transports detect a dead peer only when asked to (keepalive checks
       // that its process still exists), and keepalive runs every 20 s unless told otherwise.
       if (detail::ucx_may_use_shared_memory()) detail::ucx_default(config.get(), "MM_ERROR_HANDLING", "y");
-      detail::ucx_default(config.get(), "KEEPALIVE_INTERVAL", "1s");
+      detail::ucx_default(config.get(), "KEEPALIVE_INTERVAL", beat_text.c_str());
       ucp_params_t params{};
       params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
       params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
