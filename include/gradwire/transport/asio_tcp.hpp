@@ -885,7 +885,7 @@ class asio_tcp {
     // the stall times to within an eighth.
     std::chrono::milliseconds watch_period() const {
       std::chrono::milliseconds p = options.stall_warn / 8;
-      if (options.heartbeat_interval.count() > 0) p = std::min<std::chrono::milliseconds>(p, options.heartbeat_interval / 2);
+      if (options.heartbeat_interval.count() > 0) p = std::min(p, std::chrono::milliseconds(options.heartbeat_interval) / 2);
       if (options.stall_timeout.count() > 0) p = std::min(p, options.stall_timeout / 8);
       return std::clamp(p, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
     }
