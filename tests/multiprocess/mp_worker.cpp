@@ -347,7 +347,8 @@ void kill_rank(comm_type& comm, int victim) {
 //   stall K STEPS     every rank but K: PASS after STEPS steps whose result matches a
 //                     float64 reference (K was frozen and continued: the warning was only
 //                     a warning), or, with GRADWIRE_STALL_TIMEOUT set, EXPECTED timeout
-//                     naming rank K.
+//                     naming rank K (with GRADWIRE_STEP_TIMEOUT: EXPECTED timeout at the
+//                     operation deadline, or peer lost from a rank that reached it first).
 //   partition R,..    every rank not listed: EXPECTED peer lost naming the listed ranks
 //                     (the test cuts their host off; no step may finish after that).
 // Each rank prints its pid and "ready" (and writes the pid to $GW_TEST_PID_DIR/rankR.pid)
@@ -410,6 +411,8 @@ void loop_steps(const std::string& mode, const std::string& arg, const std::stri
   const int frozen = std::stoi(arg);
   if (std::getenv("GRADWIRE_STALL_TIMEOUT") && me != frozen)
     expect_error(gw::errc::timeout, {"rank " + std::to_string(frozen) + " stalled"}, run);
+  if (std::getenv("GRADWIRE_STEP_TIMEOUT") && me != frozen)  // the strategy left the deadline at its default
+    expect_error(gw::errc::timeout, {"before its deadline"}, run, gw::errc::peer_lost);
   run();
   double worst = 0;
   for (std::size_t i = 0; i < count; ++i) {

@@ -176,6 +176,20 @@ class Stall(unittest.TestCase):
                 self.assertIn(f"rank {victim} stalled", got, out)
         self.assertLess(time.monotonic() - start, 60)
 
+    def test_step_timeout_from_the_environment_bounds_each_operation(self):
+        ranks, victim = 3, 1
+        start = time.monotonic()
+        status, lines, out = self.run_frozen(ranks, victim, 5, {"GRADWIRE_STEP_TIMEOUT": "2"})
+        for r in range(ranks):
+            if r != victim:
+                got = " ".join(lines.get(r, []))
+                self.assertRegex(got, r"EXPECTED (timeout|peer lost)", out)
+                self.assertIn("before its deadline", got, out)
+        self.assertLess(time.monotonic() - start, 60)
+        status, lines, _, out = run(2, "stall", "0", "1", keep_going=True, env={"GRADWIRE_STEP_TIMEOUT": "soon"}, bound=60)
+        self.assertNotEqual(status, 0, out)
+        self.assertIn("GRADWIRE_STEP_TIMEOUT='soon'", out)
+
     def test_bad_settings_are_config_errors(self):
         for name, value in (("GRADWIRE_HEARTBEAT", "-1"), ("GRADWIRE_STALL_WARN", "soon"),
                             ("GRADWIRE_STALL_TIMEOUT", "0"), ("GRADWIRE_HEARTBEAT", "1.5")):
