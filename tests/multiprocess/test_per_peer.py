@@ -6,7 +6,8 @@
 
 loopback: hosts told apart by GRADWIRE_HOST_ID per rank (2 hosts x 2 ranks; 3 hosts with
 1, 2, 3 ranks): every collective of mp_worker against float64; ring all-reduces, whose
-intra-host steps must travel through UCX (Intra) and inter-host steps through TCP (Inter).
+intra-host steps must travel through UCX (Intra) and inter-host steps through TCP (Inter);
+a killed rank and a collective mismatch reported by every other rank.
 namespaces (root; exits 77 otherwise): 2 emulated hosts x 2 ranks (scripts/cluster):
 the same collectives, and the bytes on each host's link are the inter-host bytes the
 ring must send (UCX left to itself would take shared memory past the link: see
@@ -63,6 +64,30 @@ def start_ranks(placement, prog_args, launch, master_addr):
     return outputs
 
 
+def run_expecting(placement, prog_args, launch, master_addr, victim, words):
+    """Like start_ranks for a failure case: every rank but `victim` names the cause (`words`)."""
+    port, token = free_port(), secrets.token_hex(8)
+    hosts = sorted(set(placement))
+    procs = []
+    for rank, host in enumerate(placement):
+        local = [r for r, h in enumerate(placement) if h == host]
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(placement)), LOCAL_RANK=str(local.index(rank)),
+                   LOCAL_WORLD_SIZE=str(len(local)), GROUP_RANK=str(hosts.index(host)), MASTER_ADDR=master_addr,
+                   MASTER_PORT=str(port), GRADWIRE_JOB_TOKEN=token, GRADWIRE_TIMEOUT="60")
+        procs.append(launch(host, prog_args, env))
+    try:
+        outputs = [p.communicate(timeout=RUN_TIMEOUT_S)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+        fail(f"{prog_args} on hosts {placement}: a survivor hung instead of failing")
+    # The cause, wherever it reaches a rank: in the collective (EXPECTED) or, for a rank
+    # still finishing the join when a faster one failed, in the join (FAIL with the cause).
+    for rank, out in enumerate(outputs):
+        if rank != victim and not all(w in out for w in words):
+            fail(f"rank {rank} of {prog_args} should report {words}:\n" + "".join(outputs))
+
+
 def check_ring_traffic(placement, outputs):
     """Each rank's bytes through Intra and Inter are what a ring all-reduce sends to its successor."""
     n = len(placement)
@@ -98,6 +123,12 @@ def loopback(scripts, mp_worker, per_peer_worker):
         outputs = start_ranks(placement, [per_peer_worker, str(COUNT), str(REPEATS)], launch, "127.0.0.1")
         check_ring_traffic(placement, outputs)
         print(f"PASS loopback hosts {placement}: collectives, ring traffic split by host")
+    # A rank killed (one survivor shares its host, two do not) and a mismatch seen by two ranks
+    # reach every rank, through whichever part links them.
+    run_expecting([0, 0, 1, 1], [mp_worker, "kill", "2"], launch, "127.0.0.1", 2, ["peer lost", "lost rank 2"])
+    run_expecting([0, 0, 1, 1], [mp_worker, "mismatch", "count"], launch, "127.0.0.1", -1,
+                  ["mismatch", "count=1001", "count=1000"])
+    print("PASS loopback hosts [0, 0, 1, 1]: a killed rank and a mismatch reported by every rank")
 
 
 def link_bytes(c, host):

@@ -33,6 +33,7 @@
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"
+#include "detail/messages.hpp"
 #include "traffic.hpp"
 
 namespace gradwire::transport {
@@ -62,8 +63,9 @@ class per_peer {
 
    private:
     friend class per_peer;
-    template <class R>
-    explicit request(R&& r) : held_(std::forward<R>(r)) {}
+    // By index, not type: Intra and Inter may be one type (and so their requests).
+    template <std::size_t I, class R>
+    request(std::in_place_index_t<I> part, R&& r) : held_(part, std::forward<R>(r)) {}
     std::variant<std::monostate, typename Intra::request, typename Inter::request> held_;
   };
 
@@ -93,18 +95,18 @@ class per_peer {
   Inter& inter() noexcept { return inter_; }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
-    if (is_local(peer)) return request(intra_.async_send(topology_.local_rank(peer), tag, bytes));
-    return request(inter_.async_send(peer, tag, bytes));
+    if (is_local(peer)) return request(std::in_place_index<1>, intra_.async_send(topology_.local_rank(peer), tag, bytes));
+    return request(std::in_place_index<2>, inter_.async_send(peer, tag, bytes));
   }
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
-    if (is_local(peer)) return request(intra_.async_recv(topology_.local_rank(peer), tag, bytes));
-    return request(inter_.async_recv(peer, tag, bytes));
+    if (is_local(peer)) return request(std::in_place_index<1>, intra_.async_recv(topology_.local_rank(peer), tag, bytes));
+    return request(std::in_place_index<2>, inter_.async_recv(peer, tag, bytes));
   }
   template <class V>
     requires concepts::accumulating_transport<Intra, V> && concepts::accumulating_transport<Inter, V>
   request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
-    if (is_local(peer)) return request(intra_.async_recv_accumulate(topology_.local_rank(peer), tag, inout));
-    return request(inter_.async_recv_accumulate(peer, tag, inout));
+    if (is_local(peer)) return request(std::in_place_index<1>, intra_.async_recv_accumulate(topology_.local_rank(peer), tag, inout));
+    return request(std::in_place_index<2>, inter_.async_recv_accumulate(peer, tag, inout));
   }
 
   // Waits on one transport while the other keeps moving: a rank that sleeps in Intra
@@ -113,9 +115,9 @@ class per_peer {
   // in slices, each followed by a short turn of the other transport (an empty wait_any:
   // it progresses and reports that transport's failures).
   void wait(request& r, deadline until) {
-    if (auto* a = std::get_if<typename Intra::request>(&r.held_))
+    if (auto* a = std::get_if<1>(&r.held_))
       wait_on(intra_, inter_, *a, until);
-    else if (auto* b = std::get_if<typename Inter::request>(&r.held_))
+    else if (auto* b = std::get_if<2>(&r.held_))
       wait_on(inter_, intra_, *b, until);
     r.held_ = std::monostate{};
   }
@@ -125,10 +127,10 @@ class per_peer {
     std::vector<typename Inter::request*> inter;
     std::vector<std::size_t> intra_at, inter_at;
     for (std::size_t i = 0; i < requests.size(); ++i) {
-      if (auto* a = std::get_if<typename Intra::request>(&requests[i]->held_)) {
+      if (auto* a = std::get_if<1>(&requests[i]->held_)) {
         intra.push_back(a);
         intra_at.push_back(i);
-      } else if (auto* b = std::get_if<typename Inter::request>(&requests[i]->held_)) {
+      } else if (auto* b = std::get_if<2>(&requests[i]->held_)) {
         inter.push_back(b);
         inter_at.push_back(i);
       }
@@ -136,10 +138,9 @@ class per_peer {
     if (intra.empty() && inter.empty()) throw error(errc::invalid_argument, "per_peer::wait_any: no request to wait for");
     for (;;) {
       const bool last = clock::now() >= until;
-      if (auto i = ready_within(intra_, std::span(intra), last ? until : clock::now() + slice)) return intra_at[*i];
-      if (auto i = ready_within(inter_, std::span(inter), last ? until : clock::now() + turn)) return inter_at[*i];
-      if (last) throw error(errc::timeout, "rank " + std::to_string(rank()) + ": none of " +
-                                               std::to_string(requests.size()) + " operations completed before the deadline");
+      if (auto i = ready_within(intra_, std::span<typename Intra::request* const>(intra), last ? until : clock::now() + slice)) return intra_at[*i];
+      if (auto i = ready_within(inter_, std::span<typename Inter::request* const>(inter), last ? until : clock::now() + turn)) return inter_at[*i];
+      if (last) throw error(errc::timeout, detail::wait_any_timeout_message(rank(), requests.size()));
     }
   }
 

@@ -1,0 +1,127 @@
+// per_peer<Intra, Inter> over threads: routing by host, forwarded capabilities, collectives against float64.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/collective/broadcast.hpp>
+#include <gradwire/collective/communicator.hpp>
+#include <gradwire/transport/inproc.hpp>
+#include <gradwire/transport/per_peer.hpp>
+#include <memory>
+#include <vector>
+
+namespace gw = gradwire;
+namespace col = gradwire::collective;
+using gw::transport::inproc;
+using pair_type = gw::transport::per_peer<inproc, inproc>;
+using namespace std::chrono_literals;
+
+// Both parts have every capability, so the pair has them all (and inproc's fused add).
+static_assert(gw::concepts::transport<pair_type> && gw::concepts::multiplexing_transport<pair_type>);
+static_assert(gw::concepts::failable_transport<pair_type> && gw::concepts::metered_transport<pair_type>);
+static_assert(gw::concepts::accumulating_transport<pair_type, float> &&
+              gw::concepts::accumulating_transport<pair_type, double>);
+static_assert(gw::concepts::topology_aware_transport<pair_type>);
+
+namespace {
+// Runs fn(per_peer) on one thread per rank of `hosts`: Inter spans every rank, Intra each host's.
+template <class Fn>
+void run_on(const gw::cluster::topology& hosts, Fn fn) {
+  gw::transport::inproc_group inter(hosts.size());
+  std::vector<std::unique_ptr<gw::transport::inproc_group>> intra;
+  for (int h = 0; h < hosts.host_count(); ++h)
+    intra.push_back(std::make_unique<gw::transport::inproc_group>(static_cast<int>(hosts.ranks_on(h).size())));
+  auto outcomes = inter.run([&](inproc t) {
+    const int me = t.rank();
+    pair_type p(intra[static_cast<std::size_t>(hosts.host(me))]->endpoint(hosts.local_rank(me)), std::move(t), hosts);
+    fn(p);
+  });
+  for (auto& e : outcomes)
+    if (e) std::rethrow_exception(e);
+}
+
+double input(int rank, std::size_t i) { return (rank + 1) * 0.5 + double(i % 97); }
+}  // namespace
+
+TEST_CASE("per_peer routes each peer to Intra on its host and Inter elsewhere, by local rank") {
+  const gw::cluster::topology hosts(std::vector<int>{0, 1, 1, 0, 1});  // non-contiguous, uneven
+  run_on(hosts, [&](pair_type& p) {
+    const int me = p.rank(), n = p.size();
+    const auto until = gw::deadline_after(10s);
+    std::vector<int> got(static_cast<std::size_t>(n), -1);
+    std::vector<int> mine{me};
+    std::vector<pair_type::request> ops;
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      ops.push_back(p.async_send(r, 3, std::as_bytes(std::span(mine))));
+      ops.push_back(p.async_recv(r, 3, std::as_writable_bytes(std::span(&got[static_cast<std::size_t>(r)], 1))));
+    }
+    for (auto& o : ops) {
+      REQUIRE(o);
+      p.wait(o, until);
+      REQUIRE_FALSE(o);
+    }
+    for (int r = 0; r < n; ++r)
+      if (r != me) REQUIRE(got[static_cast<std::size_t>(r)] == r);
+    const int local_peers = hosts.local_size(me) - 1, remote_peers = n - 1 - local_peers;
+    REQUIRE(p.intra().traffic().messages_sent == static_cast<std::uint64_t>(local_peers));
+    REQUIRE(p.inter().traffic().messages_sent == static_cast<std::uint64_t>(remote_peers));
+    REQUIRE(p.traffic().messages_sent == static_cast<std::uint64_t>(n - 1));
+  });
+}
+
+TEST_CASE("per_peer wait_any finds a completed request among both transports' requests") {
+  const gw::cluster::topology hosts(std::vector<int>{0, 0, 1});
+  run_on(hosts, [&](pair_type& p) {
+    const auto until = gw::deadline_after(10s);
+    std::vector<int> a(1), b(1), one{1}, two{2};
+    if (p.rank() == 0) {
+      auto from_local = p.async_recv(1, 9, std::as_writable_bytes(std::span(a)));
+      auto from_remote = p.async_recv(2, 9, std::as_writable_bytes(std::span(b)));
+      pair_type::request* both[] = {&from_local, &from_remote};
+      std::size_t first = p.wait_any(both, until);
+      p.wait(*both[first], until);
+      const std::size_t second = 1 - first;
+      REQUIRE(p.wait_any(std::span(both).subspan(second, 1), until) == 0);
+      p.wait(*both[second], until);
+      REQUIRE(a[0] == 1);
+      REQUIRE(b[0] == 2);
+    } else {
+      auto s = p.async_send(0, 9, std::as_bytes(std::span(p.rank() == 1 ? one : two)));
+      p.wait(s, until);
+    }
+  });
+}
+
+TEST_CASE("per_peer carries ring and hierarchical all-reduce and broadcast on uneven hosts") {
+  for (const auto& labels : {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 1, 2, 2, 2}, std::vector<int>{0, 1, 0, 1, 0}}) {
+    const gw::cluster::topology hosts(labels);
+    run_on(hosts, [&](pair_type& p) {
+      col::communicator<pair_type> comm(std::move(p), {.timeout = std::chrono::seconds(30)});
+      const int n = comm.size(), me = comm.rank();
+      REQUIRE(comm.host_count() == hosts.host_count());
+      for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{65537}}) {
+        std::vector<float> ring(count), hier(count);
+        for (std::size_t i = 0; i < count; ++i) ring[i] = hier[i] = static_cast<float>(input(me, i));
+        col::all_reduce<col::ring>(comm, std::span<float>(ring));
+        col::all_reduce<col::hierarchical>(comm, std::span<float>(hier));
+        for (std::size_t i = 0; i < count; ++i) {
+          double want = 0;
+          for (int r = 0; r < n; ++r) want += static_cast<float>(input(r, i));
+          REQUIRE(ring[i] == Approx(want).epsilon(1e-6));
+          REQUIRE(hier[i] == Approx(want).epsilon(1e-6));
+        }
+      }
+      std::vector<double> b(33, me == n - 1 ? 7.25 : 0.0);
+      col::broadcast(comm, std::span<double>(b), n - 1);
+      for (double x : b) REQUIRE(x == 7.25);
+    });
+  }
+}
+
+TEST_CASE("per_peer refuses an Intra that does not span this rank's host") {
+  const gw::cluster::topology hosts(std::vector<int>{0, 0, 1});
+  gw::transport::inproc_group inter(3), wrong(3);
+  REQUIRE_THROWS_WITH(pair_type(wrong.endpoint(0), inter.endpoint(0), hosts),
+                      Catch::Contains("join it among the host's ranks only"));
+}
