@@ -8,7 +8,7 @@
 namespace gradwire::cluster {
 
 // The UCX transport's settings for `spec`. gradwire reads GRADWIRE_TIMEOUT (seconds to
-// join), GRADWIRE_POLL_US and GRADWIRE_HEARTBEAT as for TCP, GRADWIRE_UCX_PEER_ERRORS=0 and
+// join), GRADWIRE_POLL_US, GRADWIRE_HEARTBEAT and GRADWIRE_STALL_WARN as for TCP, GRADWIRE_UCX_PEER_ERRORS=0 and
 // GRADWIRE_UCX_BULK_BYTES, GRADWIRE_UCX_ONE_SIDED=auto|on|off (see ucx_options); UCX reads its own environment (UCX_TLS,
 // UCX_NET_DEVICES, ...; see docs/transports.md).
 inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lookup& env = process_env) {
@@ -25,6 +25,7 @@ inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lo
       std::chrono::microseconds(integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
   o.peer_error_handling = env("GRADWIRE_UCX_PEER_ERRORS").value_or("1") != "0";
   o.heartbeat_interval = std::chrono::seconds(integer_from(env, "GRADWIRE_HEARTBEAT", o.heartbeat_interval.count(), 3600));
+  if (auto t = seconds_from(env, "GRADWIRE_STALL_WARN")) o.stall_warn = *t;
   o.bulk_bytes = static_cast<std::size_t>(integer_from(env, "GRADWIRE_UCX_BULK_BYTES", static_cast<long long>(o.bulk_bytes), 1LL << 40));
   if (const auto one_sided = env("GRADWIRE_UCX_ONE_SIDED")) {
     using use = transport::ucx_options::one_sided_use;

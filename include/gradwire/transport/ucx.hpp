@@ -36,6 +36,8 @@
 #include "../cluster/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../observe/activity.hpp"
+#include "../observe/log.hpp"
 #include "../timeouts.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
@@ -79,6 +81,9 @@ struct ucx_options {
   // (GRADWIRE_STEP_TIMEOUT); asio_tcp reads TCP_INFO itself and finds it in 5 s.
   std::chrono::seconds heartbeat_interval = default_heartbeat_interval;
   int heartbeat_misses = default_heartbeat_misses;
+  // A wait that lasts this long logs once which rank it waits for (GRADWIRE_STALL_WARN;
+  // unlike asio_tcp, without the chain of waits behind it, and without a stall timeout).
+  std::chrono::milliseconds stall_warn = default_stall_warn;
   // Endpoints with UCX's peer error handling: a dead peer becomes peer_lost within about
   // a second. Off: a dead peer is noticed only through deadlines (timeout).
   bool peer_error_handling = true;
@@ -678,7 +683,7 @@ class ucx {
 
     void wait(detail::ucx_op& op, deadline until) {
       if (op.state == status::cancelled) throw error(errc::invalid_argument, "ucx: wait on a withdrawn request");
-      if (!progress_until([&] { return op.state == status::done; }, until)) {
+      if (!progress_until([&] { return op.state == status::done; }, until, op.peer)) {
         cancel(op);
         throw error(errc::timeout, detail::timeout_message(options.rank, describe(op)));
       }
@@ -738,6 +743,19 @@ class ucx {
 
     // --- progress ------------------------------------------------------------------
 
+    void warn_stall(clock::duration waited, int peer) const {
+      const observe::activity& doing = observe::current_activity();
+      char text[256];
+      std::snprintf(text, sizeof text, "rank %d: waited %.1f s in %s (operation #%llu, step %llu) for %s%s", options.rank,
+                    std::chrono::duration<double>(waited).count(), doing.name ? doing.name : "a transport wait",
+                    static_cast<unsigned long long>(doing.operation),
+                    static_cast<unsigned long long>(observe::current_step().load(std::memory_order_relaxed)),
+                    peer >= 0 ? "rank " : "its peers", peer >= 0 ? std::to_string(peer).c_str() : "");
+      observe::log_warning(options.rank, options.size, text,
+                           ": it is alive as far as UCX can tell but has not answered (stopped, hung, in a long "
+                           "computation, or waiting for another rank: look at its own warning)");
+    }
+
     unsigned progress_once() {
       unsigned n = 0;
       while (unsigned k = ucp_worker_progress(worker.get())) n += k;
@@ -745,9 +763,12 @@ class ucx {
       return n;
     }
 
+    // `peer`: the rank waited for, named if the wait lasts options.stall_warn (-1: several).
     template <class Done>
-    bool progress_until(Done&& done, deadline until) {
-      const auto poll_stop = clock::now() + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
+    bool progress_until(Done&& done, deadline until, int peer = -1) {
+      const auto began = clock::now();
+      const auto poll_stop = began + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
+      bool warned = false;
       for (;;) {
         progress_once();
         if (done()) return true;
@@ -756,6 +777,10 @@ class ucx {
         if (now < poll_stop) {
           if (!dedicated) std::this_thread::yield();
           continue;
+        }
+        if (!warned && now - began >= options.stall_warn) {  // sleeping waits wake every keepalive_wake
+          warned = true;
+          warn_stall(now - began, peer);
         }
         const ucs_status_t armed = ucp_worker_arm(worker.get());
         if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress them
