@@ -258,11 +258,11 @@ TEST_CASE("GRADWIRE_LOG: levels, and lines prefixed by rank") {
 
   for (const char* rank : {"[gradwire 0/2 +", "[gradwire 1/2 +"}) {
     CAPTURE(rank);
-    REQUIRE(count(info, std::string(rank)) == 2);  // communicator, strategy ready
+    REQUIRE(count(info, std::string(rank)) == 3);  // communicator, topology, strategy ready
     REQUIRE(count(info, std::string(rank)) == count(info, "\n") / 2);
   }
   REQUIRE_THAT(info, Catch::Contains("info: communicator over gradwire::transport::inproc") &&
-                         Catch::Contains("info: strategy ready in") && !Catch::Contains("debug:"));
+                         Catch::Contains("info: topology: ") && Catch::Contains("info: strategy ready in") && !Catch::Contains("debug:"));
   const std::string debug = all.substr(info.size());
   REQUIRE(count(debug, "debug: step 1: 1 step: sent ") == 2);
   REQUIRE(count(debug, "debug: step 2: 1 step: sent ") == 2);

@@ -59,8 +59,9 @@ inline topology exchange_topology(store_client& store, const std::string& prefix
     } catch (const error& e) {
       if (e.kind() != errc::timeout) throw;
       throw error(errc::timeout, "rank " + std::to_string(rank) + ": rank " + std::to_string(r) +
-                                     " did not publish its host identity within " + std::to_string(timeout.count()) +
-                                     " ms: did it start, with the same WORLD_SIZE and job token?");
+                                     " did not connect within " + std::to_string(timeout.count()) +
+                                     " ms (it never published its host identity): did it start, with the same "
+                                     "WORLD_SIZE and job token?");
     }
     const auto cut = value.rfind('\n');
     identities[r] = value.substr(0, cut);
