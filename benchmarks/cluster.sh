@@ -2,15 +2,16 @@
 # All-reduce and Fashion-MNIST across emulated hosts (network namespaces of scripts/cluster), in one run.
 #
 #   benchmarks/cluster.sh [--clusters "2x2 2x4 4x1"] [--rates "1gbit 10gbit"] [--max-bytes 64M]
-#                         [--iters N] [--warmup N] [--run-timeout S] [--epochs E] [--no-peers] [--no-fmnist]
-#                         [--no-allreduce]
+#                         [--hd-max-bytes 4M] [--iters N] [--warmup N] [--run-timeout S] [--epochs E]
+#                         [--no-peers] [--no-fmnist] [--no-allreduce]
 #
 # For every cluster HxP (H hosts, P ranks per host) and inter-host rate: gradwire's all_reduce
 # (ring, halving_doubling, hierarchical, auto) over TCP (asio_tcp) and over UCX (UCX_TLS=tcp),
 # and over every further transport benchmarks/allreduce_tcp offers (the per-peer mix), started
 # with scripts/gradwire-run on each host; OpenMPI's MPI_Allreduce (mpirun inside host 0,
 # scripts/cluster-rsh) and Gloo's ring (file store on the shared filesystem) across the same
-# namespaces. Float32 sum, 4 B .. 64 MiB by factors of 4. Then Fashion-MNIST
+# namespaces. Float32 sum, 4 B .. 64 MiB by factors of 4 (halving_doubling only to 4 MiB: from
+# 1 MiB it is far behind the ring across hosts, and its large sizes took half the run). Then Fashion-MNIST
 # multi_worker_mirrored on 2 hosts x 1 rank at the first rate, beside PyTorch DDP (gloo)
 # across the same 2 hosts. Prints nccl-tests tables as it goes, then busbw, ratio, crossover
 # and target tables; writes results/cluster_allreduce.csv, results/cluster_ratios.csv,
@@ -25,6 +26,7 @@ gradwire_root=$(dirname "$here")
 clusters="2x2 2x4 4x1"
 rates="1gbit 10gbit"
 max_bytes=64M
+hd_max_bytes=4M    # halving_doubling's largest size
 iters=10           # allreduce_tcp: x5 below 1 MiB, /2 from 4 MiB, /4 from 64 MiB (never fewer than 5)
 warmup=2
 run_timeout=300    # seconds, one job (one algorithm over one transport, the whole sweep)
@@ -33,12 +35,13 @@ peers=1
 fmnist=1
 allreduce=1
 
-usage() { sed -n '4,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,20p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --clusters) clusters=${2:?--clusters needs a list such as \"2x2 4x1\"}; shift 2 ;;
     --rates) rates=${2:?--rates needs a list such as \"1gbit 10gbit\"}; shift 2 ;;
     --max-bytes) max_bytes=${2:?}; shift 2 ;;
+    --hd-max-bytes) hd_max_bytes=${2:?}; shift 2 ;;
     --iters) iters=${2:?}; shift 2 ;;
     --warmup) warmup=${2:?}; shift 2 ;;
     --run-timeout) run_timeout=${2:?}; shift 2 ;;
@@ -179,15 +182,22 @@ for t in $transports; do
 done
 
 # In bytes: the peers read -e with atol, so "64M" would be 64 to them.
-case $max_bytes in
-  *[kK]) max_bytes=$(( ${max_bytes%?} << 10 )) ;;
-  *[mM]) max_bytes=$(( ${max_bytes%?} << 20 )) ;;
-  *[gG]) max_bytes=$(( ${max_bytes%?} << 30 )) ;;
-esac
-[[ "$max_bytes" =~ ^[0-9]+$ ]] && [ "$max_bytes" -ge 4 ] || { echo "cluster.sh: --max-bytes takes bytes (K, M, G suffixes), >= 4" >&2; exit 2; }
+bytes() {
+  local v=$1
+  case $v in
+    *[kK]) v=$(( ${v%?} << 10 )) ;;
+    *[mM]) v=$(( ${v%?} << 20 )) ;;
+    *[gG]) v=$(( ${v%?} << 30 )) ;;
+  esac
+  [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -ge 4 ] || { echo "cluster.sh: sizes are bytes (K, M, G suffixes), >= 4; got '$1'" >&2; exit 2; }
+  echo "$v"
+}
+max_bytes=$(bytes "$max_bytes")
+hd_max_bytes=$(bytes "$hd_max_bytes")
+[ "$hd_max_bytes" -le "$max_bytes" ] || hd_max_bytes=$max_bytes
 sweep=(-b 4 -e "$max_bytes" -f 4)
 echo "# cluster.sh: $(date -u '+%F %T') UTC, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# clusters: $clusters; rates: $rates; sizes 4 B .. $max_bytes x4; -n $iters -w $warmup; algorithms: $wanted_algorithms;"
+echo "# clusters: $clusters; rates: $rates; sizes 4 B .. $max_bytes B x4 (halving_doubling to $hd_max_bytes B); -n $iters -w $warmup; algorithms: $wanted_algorithms;"
 echo "# transports: asio_tcp, ucx(UCX_TLS=tcp) ${extra_transports:+, $extra_transports}; peers: $([ "$peers" = 1 ] && echo 'OpenMPI, Gloo' || echo none)"
 
 wrong_total=0
@@ -195,14 +205,15 @@ wrong_total=0
 gradwire_job() {
   local label=$1 transport=$2 algorithm=$3
   shift 3
-  local dir=$out/${rate}_$shape h status=0 t0=$SECONDS
+  local dir=$out/${rate}_$shape h status=0 t0=$SECONDS e=$max_bytes
+  [ "$algorithm" != halving_doubling ] || e=$hd_max_bytes
   port=$((port + 1))
   mkdir -p "$dir/logs"
   rm -f "$dir/$label.csv"
   for h in $(seq 0 $((hosts - 1))); do
     start "$dir/logs/$label.node$h.log" "$h" env "$@" "$run" --nnodes "$hosts" --node-rank "$h" \
       --nproc-per-node "$per_host" --master-addr "$master" --master-port "$port" --timeout "$run_timeout" --no-prefix -- \
-      "$bench" --transport "$transport" --algorithm "$algorithm" "${sweep[@]}" -n "$iters" -w "$warmup" --repeats 1 \
+      "$bench" --transport "$transport" --algorithm "$algorithm" -b 4 -e "$e" -f 4 -n "$iters" -w "$warmup" --repeats 1 \
       --csv "$dir/$label.csv"
   done
   wait_job || status=$?

@@ -90,14 +90,19 @@ def plot(path, data, order):
         for j, shape in enumerate(clusters):
             ax = axes[i][j]
             runs = data.get((rate, shape), {})
+            # Colour by algorithm (or peer), line style by transport.
+            colours = {"ring": "tab:blue", "halving_doubling": "tab:green", "hierarchical": "tab:red", "auto": "tab:purple",
+                       "mpi": "black", "gloo": "tab:brown"}
+            styles = {"tcp": "-", "ucx": ":"}
             for label, run in runs.items():
                 sizes = [s for s in sorted(run["rows"]) if s >= 1024]
                 if not sizes:
                     continue
                 peer = run["kind"] != "gradwire"
-                ax.plot(sizes, [run["rows"][s][1] for s in sizes], marker="." if peer else "o",
-                        linestyle="--" if peer else ("-" if label.startswith("tcp") else ":"), linewidth=2 if peer else 1.5,
-                        label=short(label))
+                transport, _, algorithm = label.rpartition("-")
+                ax.plot(sizes, [run["rows"][s][1] for s in sizes], marker="s" if peer else ".",
+                        color=colours.get(label if peer else algorithm), linewidth=2.2 if peer else 1.4,
+                        linestyle="--" if peer else styles.get(transport, "-."), label=short(label))
             link = rate_gbytes(rate)
             if link:
                 ax.axhline(link, color="grey", linewidth=0.8)
@@ -213,20 +218,25 @@ def main():
                     summary["vs_mpi"].append((rm, shape, rate, s))
                 if rg:
                     summary["vs_gloo"].append((rg, shape, rate, s))
-                if hosts > 1 and per_host > 1 and hr.get("tcp"):
-                    summary["hier_vs_ring"].append((hr["tcp"], shape, rate, s, "tcp"))
-                if hosts > 1 and per_host > 1 and hr.get("ucx"):
-                    summary["hier_vs_ring"].append((hr["ucx"], shape, rate, s, "ucx"))
+                for t, v in hr.items():
+                    if hosts > 1 and per_host > 1 and v:
+                        summary["hier_vs_ring"].append((v, shape, rate, s, t))
+                # hierarchical over its best transport against the flat ring over its best
+                hb = max((v for l in ours if l.endswith("-hierarchical") and (v := bw(l, s))), default=None)
+                rb = max((v for l in ours if l.endswith("-ring") and (v := bw(l, s))), default=None)
+                if hosts > 1 and per_host > 1 and hb and rb:
+                    summary["hier_vs_ring"].append((hb / rb, shape, rate, s, "best/best"))
 
         # Crossover: the smallest size from which hierarchical is faster than both flat
         # algorithms at every larger size measured (auto should switch there).
         if per_host > 1 and hosts > 1:
             for t in transports:
                 hier, flat = f"{t}-hierarchical", [f"{t}-ring", f"{t}-halving_doubling"]
-                common = [s for s in sizes if tm(hier, s) and all(tm(f, s) for f in flat)]
+                # Against the flat algorithms measured at that size (halving_doubling stops early).
+                common = [s for s in sizes if tm(hier, s) and tm(flat[0], s)]
                 if not common:
                     continue
-                wins = [tm(hier, s) < min(tm(f, s) for f in flat) for s in common]
+                wins = [tm(hier, s) < min(tm(f, s) for f in flat if tm(f, s)) for s in common]
                 cross = None
                 for i in range(len(common)):
                     if all(wins[i:]):
@@ -280,8 +290,10 @@ def main():
         met = sum(1 for x in items if x[0] >= goal)
         print(f"# {what} (goal >= {goal}): met at {met} of {len(items)} points; worst {fmt(lo)}; best {fmt(hi)}")
 
-    worst([x for x in summary["hier_vs_ring"] if x[2].startswith("1g")], "hierarchical / flat ring, 1 Gbit/s", 1.5,
-          lambda x: f"{x[0]:.2f}x ({x[4]}) at {x[1]} {x[2]} {size_text(x[3])}")
+    for t in dict.fromkeys(x[4] for x in summary["hier_vs_ring"]):
+        worst([x for x in summary["hier_vs_ring"] if x[2].startswith("1g") and x[4] == t],
+              f"hierarchical / flat ring over {t}, 1 Gbit/s", 1.5,
+              lambda x: f"{x[0]:.2f}x at {x[1]} {x[2]} {size_text(x[3])}")
     worst([x for x in summary["vs_mpi"] if not x[1].startswith("1x")], "gradwire best / OpenMPI", 1.2)
     worst([x for x in summary["vs_gloo"] if not x[1].startswith("1x")], "gradwire best / Gloo", 1.5)
     best_link = {}
