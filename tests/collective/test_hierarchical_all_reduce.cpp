@@ -123,6 +123,23 @@ TEMPLATE_TEST_CASE("hierarchical all-reduce over a transport without fused accum
   check_hierarchical<TestType, true>(all.at(name), n, reduce_op::average);
 }
 
+TEMPLATE_TEST_CASE("hierarchical all-reduce pipelines buffers from 1 MiB on in segments, also on uneven hosts",
+                   "[collective][hierarchical]", float, double) {
+  const auto all = layouts();
+  const auto name = GENERATE(from_range(std::vector<std::string>{"2x4", "1,2,3", "non-contiguous 0,1,0,2,1,2"}));
+  // Just over 1 MiB (4 segments) and 3 MiB (8), neither a multiple of anything the phases cut by.
+  const std::size_t n = GENERATE(as<std::size_t>{}, (std::size_t{1} << 20) / sizeof(TestType) + 5,
+                                 3 * (std::size_t{1} << 20) / sizeof(TestType) + 7);
+  CAPTURE(name);
+  const topology topo(all.at(name));
+  const auto per_segment = gw::collective::detail::hierarchical_steps(topo.max_local_size(), topo.host_count());
+  REQUIRE(gw::collective::detail::hierarchical_segments(n * sizeof(TestType), per_segment) > 1);
+  check_hierarchical<TestType>(all.at(name), n, reduce_op::sum);
+  check_hierarchical<TestType>(all.at(name), n, reduce_op::average);
+  check_hierarchical<TestType, true>(all.at(name), n, reduce_op::sum);
+  check_hierarchical<TestType, true>(all.at(name), n, reduce_op::average);
+}
+
 TEST_CASE("hierarchical all-reduce sends each host's share across once, not a flat ring's", "[collective][hierarchical]") {
   // H hosts of P ranks, n divisible by P * H: each host sends 2(H-1)/H of the buffer
   // across in all (its P ranks 1/P each), so 2(H-1) buffers over the whole job. A flat

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "../../concepts.hpp"
 #include "../../kernels/host.hpp"
@@ -66,6 +67,45 @@ void send_recv_accumulate(communicator<Tr>& comm, std::uint64_t tag, int to, std
     send_recv(comm, tag, to, out, from, in);
     kernels::add(inout.data(), in.data(), inout.size());
   }
+}
+
+// A send_recv or send_recv_accumulate posted but not yet waited for, so that a pipelined
+// collective can keep several steps in flight (the transports progress a rank's requests
+// only while it waits). Staged accumulates add `staged` into `add_into` on completion, so
+// every exchange in flight needs its own staging.
+template <class Tr, class V>
+struct posted_exchange {
+  typename Tr::request recv, send;
+  std::span<V> add_into, staged;
+};
+
+// Posts the receive (added into `in` when `accumulate`, else copied into it) and the send.
+template <class Tr, class V>
+posted_exchange<Tr, V> post_exchange(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<const V> out,
+                                     int from, std::span<V> in, bool accumulate, std::span<V> scratch) {
+  auto& t = comm.transport();
+  if (accumulate) {
+    if constexpr (concepts::accumulating_transport<Tr, V>) {
+      auto r = t.async_recv_accumulate(from, tag, in);
+      auto s = t.async_send(to, tag, std::as_bytes(out));
+      return {std::move(r), std::move(s), {}, {}};
+    } else {
+      auto staged = scratch.first(in.size());
+      auto r = t.async_recv(from, tag, std::as_writable_bytes(staged));
+      auto s = t.async_send(to, tag, std::as_bytes(out));
+      return {std::move(r), std::move(s), in, staged};
+    }
+  }
+  auto r = t.async_recv(from, tag, std::as_writable_bytes(in));
+  auto s = t.async_send(to, tag, std::as_bytes(out));
+  return {std::move(r), std::move(s), {}, {}};
+}
+
+template <class Tr, class V>
+void complete_exchange(communicator<Tr>& comm, posted_exchange<Tr, V>& p, deadline until) {
+  comm.transport().wait(p.recv, until);
+  comm.transport().wait(p.send, until);
+  if (!p.staged.empty()) kernels::add(p.add_into.data(), p.staged.data(), p.add_into.size());
 }
 
 }  // namespace gradwire::collective::detail

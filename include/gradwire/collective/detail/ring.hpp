@@ -28,6 +28,17 @@ struct ring_group {
   int left() const noexcept { return rank_at((position + size - 1) % size); }
 };
 
+// Which parts ring position `me` of `n` sends and receives at step s of each phase; shared
+// by the blocking loops below and the pipelined hierarchical all-reduce's step lists.
+struct ring_step {
+  int send, recv;
+};
+inline ring_step reduce_scatter_step(int n, int me, int s) noexcept {
+  // After step s, the part received holds the sum over s+2 ranks; the last one is part me.
+  return {(me - s - 1 + 2 * n) % n, (me - s - 2 + 2 * n) % n};
+}
+inline ring_step all_gather_step(int n, int me, int s) noexcept { return {(me - s + n) % n, (me - s - 1 + n) % n}; }
+
 template <class Tr>
 ring_group everyone(const communicator<Tr>& comm) noexcept {
   return {comm.size(), comm.rank(), {}};
@@ -51,11 +62,10 @@ void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::ui
     for (int i = 0; i < n; ++i) longest = std::max(longest, part(i).size());
     incoming = comm.template scratch<V>(longest);
   }
-  // After step s, the part received holds the sum over s+2 ranks; the last one is part me.
   for (int s = 0; s < n - 1; ++s, ++step) {
-    const int send_index = (me - s - 1 + 2 * n) % n, recv_index = (me - s - 2 + 2 * n) % n;
-    send_recv_accumulate(comm, make_tag(sequence, step), right, std::span<const V>(part(send_index)), left,
-                         part(recv_index), incoming);
+    const ring_step at = reduce_scatter_step(n, me, s);
+    send_recv_accumulate(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
+                         part(at.recv), incoming);
   }
   if (op == reduce_op::average) {
     auto owned = part(me);
@@ -71,8 +81,8 @@ void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32
   using V = typename std::remove_cvref_t<decltype(part(0))>::value_type;
   const int n = group.size, me = group.position, right = group.right(), left = group.left();
   for (int s = 0; s < n - 1; ++s, ++step) {
-    const int send_index = (me - s + n) % n, recv_index = (me - s - 1 + n) % n;
-    send_recv(comm, make_tag(sequence, step), right, std::span<const V>(part(send_index)), left, part(recv_index));
+    const ring_step at = all_gather_step(n, me, s);
+    send_recv(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left, part(at.recv));
   }
 }
 
