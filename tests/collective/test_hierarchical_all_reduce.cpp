@@ -123,13 +123,13 @@ TEMPLATE_TEST_CASE("hierarchical all-reduce over a transport without fused accum
   check_hierarchical<TestType, true>(all.at(name), n, reduce_op::average);
 }
 
-TEMPLATE_TEST_CASE("hierarchical all-reduce pipelines buffers from 1 MiB on in segments, also on uneven hosts",
+TEMPLATE_TEST_CASE("hierarchical all-reduce pipelines buffers from 4 MiB on in segments, also on uneven hosts",
                    "[collective][hierarchical]", float, double) {
   const auto all = layouts();
   const auto name = GENERATE(from_range(std::vector<std::string>{"2x4", "1,2,3", "non-contiguous 0,1,0,2,1,2"}));
-  // Just over 1 MiB (4 segments) and 3 MiB (8), neither a multiple of anything the phases cut by.
-  const std::size_t n = GENERATE(as<std::size_t>{}, (std::size_t{1} << 20) / sizeof(TestType) + 5,
-                                 3 * (std::size_t{1} << 20) / sizeof(TestType) + 7);
+  // Just over 4 MiB (8 segments) and 8 MiB (16), neither a multiple of anything the phases cut by.
+  const std::size_t n = GENERATE(as<std::size_t>{}, (std::size_t{4} << 20) / sizeof(TestType) + 5,
+                                 (std::size_t{8} << 20) / sizeof(TestType) + 7);
   CAPTURE(name);
   const topology topo(all.at(name));
   const auto per_segment = gw::collective::detail::hierarchical_steps(topo.max_local_size(), topo.host_count());
