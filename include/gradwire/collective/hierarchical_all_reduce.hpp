@@ -164,13 +164,15 @@ void hierarchical_program(const cluster::topology& topo, int me, std::span<V> da
 
   // 3. Every rank of the host gets every column.
   const std::uint32_t gather_step = inter_base + per_run * static_cast<std::uint32_t>(columns);
-  if (local_size > 1) add_ring(host_ring, host_part, gather_step, even ? inter_base + per_run : gather_step, false, false);
+  if (local_size > 1)
+    add_ring(host_ring, host_part, gather_step, even ? inter_base + per_run : gather_step, false, false);
 }
 
 // The buffer in K segments, each running the phases above, staggered by one round: round
-// t posts step t - k of every segment k that has one (a segment's steps are numbered by
-// their tag step, the same on every rank, so both ends of an exchange post it in the same
-// round and no round waits on a later one), then completes them all. Segment k's
+// t posts the exchange of every segment k whose own round (its tag step, compressed on
+// even hosts) is t - k, then completes them all. Both ends of an exchange compute the same
+// round, so every round's exchanges are posted on both sides once the earlier rounds are
+// done everywhere: no round waits on a later one. Segment k's
 // inter-host exchanges so travel while later segments' intra-host ones run. One segment:
 // one exchange at a time, the plain phases.
 template <class Tr, class V>
@@ -201,8 +203,10 @@ void hierarchical_phases(communicator<Tr>& comm, std::uint64_t sequence, std::sp
     std::size_t end = i;
     for (; end < steps.size() && steps[end].round == steps[i].round; ++end) {
       const auto& s = steps[end];
-      posted.push_back(post_exchange(comm, make_tag(sequence, s.tag_step), s.to, s.out, s.from, s.in, s.reduce,
-                                     scratch.empty() ? scratch : scratch.subspan(slice * static_cast<std::size_t>(s.segment), slice)));
+      const std::span<V> staging =
+          scratch.empty() ? scratch : scratch.subspan(slice * static_cast<std::size_t>(s.segment), slice);
+      posted.push_back(
+          post_exchange(comm, make_tag(sequence, s.tag_step), s.to, s.out, s.from, s.in, s.reduce, staging));
     }
     const deadline until = comm.step_deadline();
     for (std::size_t j = i; j < end; ++j) {
