@@ -36,9 +36,12 @@ struct communicator_options {
   // all_reduce<auto_> runs the hierarchical all-reduce (hierarchical_all_reduce.hpp) from
   // this size on when the ranks span two or more hosts and some host has two or more
   // (cluster::topology::spans_hosts_with_shared_host); below it, the flat choices above.
-  // The one place this number lives; every rank must use the same value. A first guess
-  // (64 KiB): benchmarks/cluster.sh measures the crossover against the flat ring across
-  // emulated hosts, and this is to be set from it.
+  // The one place this number lives; every rank must use the same value. Measured by
+  // benchmarks/cluster.sh (emulated hosts, 2-core VM, asio_tcp; benchmarks/README.md): at
+  // 1 Gbit/s hierarchical beats ring and halving-doubling at every size from 64 B (2x2)
+  // and from 64 KiB (2x4), and at 64 KiB it is 1.23-1.36x the best flat one on 2x4; at
+  // 10 Gbit/s, where 2 cores rather than the link set the pace, from 256 KiB (2x4) and
+  // 1 MiB (2x2). 64 KiB suits links of 1 Gbit/s class; re-measure for faster networks.
   std::size_t hierarchical_min_bytes = 64 * 1024;
 };
 
