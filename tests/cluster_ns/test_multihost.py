@@ -29,6 +29,18 @@ class Base(unittest.TestCase):
         self.assertTrue(all(code == 0 for code in job.returncodes), f"{job.returncodes}\n{out}")
 
 
+    def assert_topology(self, job, per_host):
+        """Every rank saw the emulated hosts as hosts: rank r on host i is local rank r - (ranks before i)."""
+        seen = {int(m.group(1)): tuple(int(g) for g in m.groups()[1:])
+                for m in re.finditer(r"rank (\d+): topology hosts=(\d+) local_rank=(\d+) local_size=(\d+)", job.output())}
+        expected, rank = {}, 0
+        for count in per_host:
+            for local in range(count):
+                expected[rank] = (len(per_host), local, count)
+                rank += 1
+        self.assertEqual(seen, expected, job.output())
+
+
 class Launcher(Base):
     """scripts/gradwire-run --nnodes H --node-rank R, started once per host with `cluster exec`."""
 
@@ -37,6 +49,8 @@ class Launcher(Base):
             for args in (["collectives"], ["train", "sgd"]):
                 with self.subTest(args=args), cs.start_launcher_job(c, [2, 2], [WORKER, *args]) as job:
                     self.assert_all_pass(job, 4)
+                    if args == ["collectives"]:
+                        self.assert_topology(job, [2, 2])
                     # The prefixes are the global ranks, node 1's are 2 and 3.
                     self.assertEqual(sorted(job.rank_lines()), [0, 1, 2, 3])
 
@@ -45,6 +59,8 @@ class Launcher(Base):
             for args in (["collectives"], ["train", "sgd"]):
                 with self.subTest(args=args), cs.start_launcher_job(c, [1, 2, 3], [WORKER, *args]) as job:
                     self.assert_all_pass(job, 6)
+                    if args == ["collectives"]:
+                        self.assert_topology(job, [1, 2, 3])
 
     def test_ranks_listen_on_their_hosts_address_not_on_all_interfaces(self):
         # Hosts 0 and 1 of a 3-host job wait for host 2: meanwhile their listening sockets show.
@@ -77,6 +93,7 @@ class Mpirun(Base):
         with cs.emulated_cluster(2, tag="mp") as c:
             with cs.start_mpirun_job(c, [2, 2], [WORKER, "collectives"]) as job:
                 self.assert_all_pass(job, 4)
+                self.assert_topology(job, [2, 2])  # mpirun -H h0:2,h1:2 fills host 0 first
 
 
 class Slurm(Base):
