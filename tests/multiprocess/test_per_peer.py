@@ -37,8 +37,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_ranks(placement, prog_args, launch, master_addr):
-    """placement: host of each rank (ranks of a host contiguous). launch(host, argv, env) -> Popen."""
+def launch_ranks(placement, prog_args, launch, master_addr):
+    """Starts one process per rank of `placement` with torchrun-style variables; returns the Popens."""
     port, token = free_port(), secrets.token_hex(8)
     hosts = sorted(set(placement))
     procs = []
@@ -48,6 +48,12 @@ def start_ranks(placement, prog_args, launch, master_addr):
                    LOCAL_WORLD_SIZE=str(len(local)), GROUP_RANK=str(hosts.index(host)), MASTER_ADDR=master_addr,
                    MASTER_PORT=str(port), GRADWIRE_JOB_TOKEN=token, GRADWIRE_TIMEOUT="60")
         procs.append(launch(host, prog_args, env))
+    return procs
+
+
+def start_ranks(placement, prog_args, launch, master_addr):
+    """placement: host of each rank (ranks of a host contiguous). launch(host, argv, env) -> Popen."""
+    procs = launch_ranks(placement, prog_args, launch, master_addr)
     outputs, codes = [], []
     for p in procs:
         try:
@@ -66,15 +72,7 @@ def start_ranks(placement, prog_args, launch, master_addr):
 
 def run_expecting(placement, prog_args, launch, master_addr, victim, words):
     """Like start_ranks for a failure case: every rank but `victim` names the cause (`words`)."""
-    port, token = free_port(), secrets.token_hex(8)
-    hosts = sorted(set(placement))
-    procs = []
-    for rank, host in enumerate(placement):
-        local = [r for r, h in enumerate(placement) if h == host]
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(placement)), LOCAL_RANK=str(local.index(rank)),
-                   LOCAL_WORLD_SIZE=str(len(local)), GROUP_RANK=str(hosts.index(host)), MASTER_ADDR=master_addr,
-                   MASTER_PORT=str(port), GRADWIRE_JOB_TOKEN=token, GRADWIRE_TIMEOUT="60")
-        procs.append(launch(host, prog_args, env))
+    procs = launch_ranks(placement, prog_args, launch, master_addr)
     try:
         outputs = [p.communicate(timeout=RUN_TIMEOUT_S)[0] for p in procs]
     except subprocess.TimeoutExpired:
