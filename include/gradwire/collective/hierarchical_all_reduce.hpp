@@ -239,13 +239,10 @@ void hierarchical_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_o
                    {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
                     algorithm_id::hierarchical});
   if (comm.size() == 1 || data.empty()) return;
-  if (!has_hierarchy(comm)) {
-    std::uint32_t step = 0;
-    detail::ring_reduce_scatter(comm, sequence, step, data, op);
-    detail::ring_all_gather(comm, sequence, step, data);
-    return;
-  }
-  detail::hierarchical_phases(comm, sequence, data, op);
+  if (has_hierarchy(comm))
+    detail::hierarchical_phases(comm, sequence, data, op);
+  else
+    detail::ring_all_reduce_phases(comm, sequence, data, op);
 }
 
 }  // namespace gradwire::collective

@@ -22,9 +22,7 @@ void ring_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = r
                    {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
                     algorithm_id::ring});
   if (comm.size() == 1 || data.empty()) return;  // one rank: the sum and the average are the data
-  std::uint32_t step = 0;
-  detail::ring_reduce_scatter(comm, sequence, step, data, op);
-  detail::ring_all_gather(comm, sequence, step, data);
+  detail::ring_all_reduce_phases(comm, sequence, data, op);
 }
 
 }  // namespace gradwire::collective

@@ -105,4 +105,13 @@ void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32
                   [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); });
 }
 
+// The flat ring all-reduce's data phases (N > 1): reduce-scatter, then all-gather, from
+// step 0 of `sequence`. Shared by ring_all_reduce and the hierarchical fallback.
+template <class Tr, class V>
+void ring_all_reduce_phases(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, reduce_op op) {
+  std::uint32_t step = 0;
+  ring_reduce_scatter(comm, sequence, step, data, op);
+  ring_all_gather(comm, sequence, step, data);
+}
+
 }  // namespace gradwire::collective::detail
