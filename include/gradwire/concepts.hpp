@@ -191,25 +191,119 @@ template <class V>
 struct apply_archetype {
   void operator()(std::size_t, std::span<const V>, V) const {}
 };
+// Stands in for an optimizer, where a hook takes one.
+struct optimizer_archetype {};
 }  // namespace detail
 
-// Aggregation: how replicas agree on an update.
-//   setup(comm, params)               make replicas start equal (e.g. broadcast from rank 0)
-//   step(comm, params, grads, apply)  combine the replicas' gradients and call
-//                                     apply(i, grad_i, scale) where the update is applied
-// params and grads are lists of per-tensor spans, in the same order on every rank.
-// apply runs the optimizer before it returns and keeps no reference to grad_i, so one
-// buffer may serve every tensor. Optional:
-//   static constexpr bool updates_only_through_apply = true   parameters change only in
-//       apply(): a strategy over device tensors then keeps them on the device
-//   finish(comm), is_server(rank, size), serve(comm, params, optimizer)   parameter servers
+// Aggregation: how replicas agree on an update. A policy (the type a user names: the
+// settings) and an agent (one replica's state for one job, typed on the value type V and
+// the Transport; strategy<> builds it from the policy), as CUB splits a policy from its
+// per-block agent. An aggregation is one of:
+//
+// (a) incremental: `typename A::template agent<V, Tr>`, constructible from `const A&`, an
+//     aggregation_agent. Communication may start while backward still runs.
+// (b) whole-step: setup(comm, params) and step(comm, params, grads, apply) on A itself
+//     (the tutorial's top-k). strategy<> wraps it in aggregation::whole_step_agent, which
+//     hands it every gradient at finish, so it composes with the incremental API too.
+
+// Agent of an incremental aggregation:
+//   setup(comm, params)               collective, once: make replicas start equal
+//   begin_step(comm)                  a step starts (forget the last one's readiness)
+//   ready(comm, i, grad)              gradient i is final for this step: may start
+//                                     communicating it. Once per tensor per step, in any
+//                                     order, from any thread, but never concurrently (the
+//                                     strategy serialises). grad stays valid and unchanged
+//                                     until finish_step returns.
+//   finish_step(comm, params, apply)  every tensor was ready: complete the step and call
+//                                     apply(i, grad_i, scale) where this rank updates
+// params and grads are per-tensor spans, in the same order on every rank. apply runs the
+// optimizer before it returns and keeps no reference to grad_i. Optional hooks each have
+// a named concept below.
+template <class G, class V, class Transport>
+concept aggregation_agent =
+    std::move_constructible<G> &&
+    requires(G& g, collective::communicator<Transport>& comm, std::span<const std::span<V>> params, std::size_t i,
+             std::span<const V> grad, detail::apply_archetype<V> apply) {
+      g.setup(comm, params);
+      g.begin_step(comm);
+      g.ready(comm, i, grad);
+      g.finish_step(comm, params, apply);
+    };
+
 template <class A, class V, class Transport>
-concept aggregation = std::move_constructible<A> &&
-                      requires(A& a, collective::communicator<Transport>& comm, std::span<const std::span<V>> params,
-                               std::span<const std::span<const V>> grads, detail::apply_archetype<V> apply) {
-                        a.setup(comm, params);
-                        a.step(comm, params, grads, apply);
-                      };
+concept incremental_aggregation =
+    std::copy_constructible<A> && requires { typename A::template agent<V, Transport>; } &&
+    std::constructible_from<typename A::template agent<V, Transport>, const A&> &&
+    aggregation_agent<typename A::template agent<V, Transport>, V, Transport>;
+
+template <class A, class V, class Transport>
+concept whole_step_aggregation =
+    std::move_constructible<A> &&
+    requires(A& a, collective::communicator<Transport>& comm, std::span<const std::span<V>> params,
+             std::span<const std::span<const V>> grads, detail::apply_archetype<V> apply) {
+      a.setup(comm, params);
+      a.step(comm, params, grads, apply);
+    };
+
+template <class A, class V, class Transport>
+concept aggregation = incremental_aggregation<A, V, Transport> || whole_step_aggregation<A, V, Transport>;
+
+// Optional hooks of an agent (or of a whole-step aggregation, which its wrapper forwards).
+// strategy<> uses each one through its concept, never by probing.
+
+// Parameters change only in apply() (all-reduce, local): a strategy over device tensors
+// keeps them on the device instead of mirroring them through the host around a step.
+//   static constexpr bool updates_only_through_apply = true
+template <class G>
+concept updates_only_through_apply = requires {
+  requires G::updates_only_through_apply;
+};
+
+// A replica that leaves the job says so (a parameter-server worker tells the servers,
+// which stop waiting for it). strategy<>'s destructor calls it.
+//   void finish(comm)
+template <class G, class Transport>
+concept finishing_agent = requires(G& g, collective::communicator<Transport>& comm) { g.finish(comm); };
+
+// Some ranks serve instead of stepping (parameter servers): strategy<>::is_server() and
+// serve() forward here.
+//   bool is_server(int rank, int size) const
+//   auto serve(comm, params, const Optimizer&)   runs until the workers are done
+template <class G, class V, class Transport, class Optimizer>
+concept serving_agent = requires(G& g, const G& cg, collective::communicator<Transport>& comm,
+                                 std::span<const std::span<V>> params, const Optimizer& optimizer) {
+  { cg.is_server(0, 1) } -> std::convertible_to<bool>;
+  g.serve(comm, params, optimizer);
+};
+
+// Keeps the replicas' optimizer state in step too (local SGD's average_optimizer_state):
+// called after every step with this replica's states, one per tensor.
+//   void synchronise_state<V>(comm, span<State>)
+//   bool averages_optimizer_state() const        whether it touches the states at all
+template <class G, class V, class Transport, class State>
+concept state_synchronising_agent =
+    requires(G& g, const G& cg, collective::communicator<Transport>& comm, std::span<State> states) {
+      g.template synchronise_state<V>(comm, states);
+      { cg.averages_optimizer_state() } -> std::convertible_to<bool>;
+    };
+
+// Reports how stale this replica's latest gradient was when it was applied (parameter
+// servers), for the step's stats.
+//   uint64_t last_staleness() const
+template <class G>
+concept staleness_reporting_agent = requires(const G& g) {
+  { g.last_staleness() } -> std::convertible_to<std::uint64_t>;
+};
+
+// Has a path that keeps gradients in device memory (aggregation/cuda_all_reduce.cuh):
+// found by argument-dependent lookup, as
+//   device_step(agent, comm, device_grads, apply_device, workspace, stream)
+template <class G, class V, class Transport, class ApplyDevice, class Workspace, class Stream>
+concept device_stepping_agent =
+    requires(G& g, collective::communicator<Transport>& comm, std::span<const std::span<const V>> grads,
+             ApplyDevice apply, Workspace& workspace, Stream stream) {
+      device_step(g, comm, grads, apply, workspace, stream);
+    };
 
 }  // namespace concepts
 }  // namespace gradwire
