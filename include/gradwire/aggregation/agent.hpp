@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -45,7 +46,7 @@ class whole_step_agent {
     aggregation_.finish(comm);
   }
   bool is_server(int rank, int size) const
-    requires requires(const A& a) { a.is_server(rank, size); }
+    requires requires(const A& a) { a.is_server(0, 1); }
   {
     return aggregation_.is_server(rank, size);
   }

@@ -1,136 +1,140 @@
 // Synchronous all-reduce aggregation (MirroredStrategy, MultiWorkerMirroredStrategy, DDP).
 //
-// Every replica packs its gradients into buckets (collective::bucket_buffer, default 25
-// MiB each), the buckets are summed across replicas on the communicator's background
-// thread (collective::async_engine), and as each bucket arrives every replica applies the
-// same optimizer step to the same sum with grad_scale = 1/N (the average is fused into
-// the step), while the next bucket is still being reduced. Replicas started equal (setup
-// broadcasts rank 0's parameters) therefore stay bit-identical.
+// Gradients go into buckets (default 25 MiB each) in the order backward produces them;
+// a bucket is summed across replicas on the communicator's background thread
+// (communicator::async()) as soon as its last gradient is ready, so communication hides
+// behind the rest of the backward pass. At finish every replica applies the same
+// optimizer step to the same sums with grad_scale = 1/N (the average is fused into the
+// step), bucket by bucket, while later buckets are still being reduced. Replicas started
+// equal (setup broadcasts rank 0's parameters) therefore stay bit-identical.
 #pragma once
 
 #include <cstddef>
-#include <memory>
 #include <span>
 #include <vector>
 
 #include "../collective/all_reduce.hpp"
-#include "../collective/async.hpp"
 #include "../collective/broadcast.hpp"
 #include "../collective/bucketing.hpp"
 #include "../collective/communicator.hpp"
+#include "../concepts.hpp"
+#include "../transport/local.hpp"
+#include "detail/bucket_schedule.hpp"
 
 namespace gradwire::aggregation {
 
-namespace detail {
-// The aggregation is not a template over the transport, its engine is: held behind this.
-struct engine_holder_base {
-  virtual ~engine_holder_base() = default;
-  const void* comm = nullptr;  // the communicator the engine runs on
-};
-template <class Tr>
-struct engine_holder final : engine_holder_base {
-  explicit engine_holder(collective::communicator<Tr>& c) : engine(c) { comm = &c; }
-  collective::async_engine<Tr> engine;
-};
-}  // namespace detail
+template <class Algorithm, class V, class Tr>
+class all_reduce_agent;
 
-// Algorithm: collective::auto_, ring, halving_doubling or hierarchical (see collective/all_reduce.hpp).
+// The policy. Algorithm: collective::auto_, ring, halving_doubling or hierarchical (see
+// collective/all_reduce.hpp).
 template <class Algorithm = collective::auto_>
 class all_reduce_with {
+ public:
+  using algorithm = Algorithm;
+  template <class V, class Tr>
+  using agent = all_reduce_agent<Algorithm, V, Tr>;
+
+  // bucket_bytes: the budget of one bucket (collective::default_bucket_bytes = 25 MiB).
+  explicit all_reduce_with(std::size_t bucket_bytes = collective::default_bucket_bytes) : bucket_bytes_(bucket_bytes) {}
+  std::size_t bucket_bytes() const noexcept { return bucket_bytes_; }
+
+ private:
+  std::size_t bucket_bytes_;
+};
+
+using all_reduce = all_reduce_with<>;
+
+// One replica's all-reduce state: the buckets and their reductions in flight.
+template <class Algorithm, class V, class Tr>
+class all_reduce_agent {
  public:
   using algorithm = Algorithm;
   // Parameters change only through apply(): a device replica keeps them on the device.
   static constexpr bool updates_only_through_apply = true;
 
-  // bucket_bytes: the budget of one bucket (collective::default_bucket_bytes = 25 MiB).
-  explicit all_reduce_with(std::size_t bucket_bytes = collective::default_bucket_bytes) : buckets_(bucket_bytes) {}
+  explicit all_reduce_agent(const all_reduce_with<Algorithm>& policy) : schedule_(policy.bucket_bytes()) {}
 
-  template <class Tr, class V>
+  std::size_t bucket_bytes() const noexcept { return schedule_.budget_bytes(); }
+  // The current plan (tensors in flat order, and the buckets over them), for tests and tools.
+  const flat_layout& layout() const noexcept { return schedule_.layout(); }
+  std::span<const collective::bucket> buckets() const noexcept { return schedule_.buckets(); }
+
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     for (auto p : params) collective::broadcast(comm, p, 0);
+    std::vector<std::size_t> sizes;
+    for (auto p : params) sizes.push_back(p.size());
+    alone_.assign(params.size(), {});
+    if (comm.size() > 1) schedule_.plan(sizes);
+    pending_.reserve(schedule_.buckets().size());
   }
 
-  template <class Tr, class V, class Apply>
-  void step(collective::communicator<Tr>& comm, std::span<const std::span<V>>,
-            std::span<const std::span<const V>> grads, Apply&& apply) {
+  void begin_step(collective::communicator<Tr>&) {
+    pending_.clear();  // a step given up midway: each handle waits for its reduction
+    schedule_.begin_step();
+  }
+
+  void ready(collective::communicator<Tr>& comm, std::size_t i, std::span<const V> grad) {
     if (comm.size() == 1) {
-      for (std::size_t i = 0; i < grads.size(); ++i) apply(i, grads[i], V(1));
+      alone_[i] = grad;
       return;
     }
-    const auto plan = buckets_.plan<V>(grads);
+    schedule_.ready(i, grad, [&](std::size_t k) { launch(comm, k); });
+  }
+
+  template <class Apply>
+  void finish_step(collective::communicator<Tr>& comm, std::span<const std::span<V>>, Apply&& apply) {
+    if (comm.size() == 1) {
+      for (std::size_t i = 0; i < alone_.size(); ++i) apply(i, alone_[i], V(1));
+      return;
+    }
+    const auto plan = schedule_.buckets();
+    const V scale = V(1) / static_cast<V>(comm.size());
     if (plan.size() == 1) {
       // One bucket: nothing to overlap, so reduce on this thread and spare the two
-      // hand-offs to the engine's thread (they cost most when cores are oversubscribed).
-      {
-        auto trace = collective::trace_bucket<Tr, V>(comm, plan[0], 0);
-        buckets_.gather<V>(plan[0], grads);
-        collective::all_reduce<Algorithm>(comm, buckets_.flat<V>(plan[0]));
+      // hand-offs to the background thread (they cost most when cores are oversubscribed).
+      reduce(comm, 0);
+      apply_bucket(plan[0], apply, scale);
+    } else {
+      // Apply bucket k while bucket k+1 is still being reduced.
+      for (std::size_t k = 0; k < plan.size(); ++k) {
+        pending_[k].wait(comm.step_deadline());
+        apply_bucket(plan[k], apply, scale);
       }
-      apply_bucket(plan[0], grads, apply, V(1) / static_cast<V>(comm.size()));
-      return;
+      pending_.clear();
     }
-    auto& engine = engine_for(comm);
-    pending_.clear();
-    try {
-      reduce_and_apply<Algorithm>(comm, engine, plan, grads, apply);
-    } catch (...) {
-      pending_.clear();  // each handle waits for its reduction: no bucket is in use after we return
-      throw;
-    }
+    schedule_.rebuild_once(comm);
   }
 
  private:
-  template <class Alg, class Tr, class V, class Apply>
-  void reduce_and_apply(collective::communicator<Tr>& comm, collective::async_engine<Tr>& engine,
-                        std::span<const collective::bucket> plan, std::span<const std::span<const V>> grads,
-                        Apply& apply) {
-    // Start every bucket as soon as it is packed: bucket k is reduced while k+1 is packed.
-    for (std::size_t k = 0; k < plan.size(); ++k) {
-      const collective::bucket& b = plan[k];
-      buckets_.gather<V>(b, grads);
-      pending_.push_back(engine.submit([data = buckets_.flat<V>(b), bucket = &b, k](collective::communicator<Tr>& c) {
-        auto trace = collective::trace_bucket<Tr, V>(c, *bucket, k);
-        collective::all_reduce<Alg>(c, data);
-      }));
-    }
-    // Apply bucket k while bucket k+1 is still being reduced.
-    const V scale = V(1) / static_cast<V>(comm.size());
-    for (std::size_t k = 0; k < plan.size(); ++k) {
-      pending_[k].wait(comm.step_deadline());
-      apply_bucket(plan[k], grads, apply, scale);
-    }
-    pending_.clear();
+  void launch(collective::communicator<Tr>& comm, std::size_t k) {
+    if (schedule_.buckets().size() == 1) return;  // reduced at finish, on the caller's thread
+    pending_.push_back(comm.async().submit([this, k](collective::communicator<Tr>& c) { reduce(c, k); }));
+  }
+
+  void reduce(collective::communicator<Tr>& comm, std::size_t k) {
+    const collective::bucket& b = schedule_.buckets()[k];
+    auto trace = collective::trace_bucket<Tr, V>(comm, b, k);
+    collective::all_reduce<Algorithm>(comm, schedule_.flat(b));
   }
 
   // The optimizer step on every tensor of a reduced bucket.
-  template <class V, class Apply>
-  void apply_bucket(const collective::bucket& b, std::span<const std::span<const V>> grads, Apply& apply, V scale) {
-    const std::span<const V> flat = buckets_.flat<V>(b);
-    std::size_t offset = 0;
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-      apply(i, flat.subspan(offset, grads[i].size()), scale);
-      offset += grads[i].size();
+  template <class Apply>
+  void apply_bucket(const collective::bucket& b, Apply& apply, V scale) {
+    for (std::size_t p = b.first_tensor; p < b.end_tensor; ++p) {
+      const std::size_t i = schedule_.layout().order()[p];
+      apply(i, std::span<const V>(schedule_.slice(i)), scale);
     }
   }
 
-  template <class Tr>
-  collective::async_engine<Tr>& engine_for(collective::communicator<Tr>& comm) {
-    auto* holder = dynamic_cast<detail::engine_holder<Tr>*>(engine_.get());
-    if (!holder || holder->comm != &comm) {  // first step, or the communicator moved
-      engine_.reset();
-      auto fresh = std::make_unique<detail::engine_holder<Tr>>(comm);
-      holder = fresh.get();
-      engine_ = std::move(fresh);
-    }
-    return holder->engine;
-  }
-
-  collective::bucket_buffer buckets_;  // plan and flat buffer, reused across steps
+  detail::bucket_schedule<V> schedule_;
+  std::vector<std::span<const V>> alone_;  // one rank: this step's gradients, applied as they are
+  // Last, so destroyed first: each waits for its reduction before the buffers go.
   std::vector<collective::async_handle> pending_;
-  // Declared last, so destroyed first: its thread stops before the buffers go.
-  std::unique_ptr<detail::engine_holder_base> engine_;
 };
 
-using all_reduce = all_reduce_with<>;
+static_assert(concepts::incremental_aggregation<all_reduce, float, transport::local>);
+static_assert(concepts::incremental_aggregation<all_reduce, double, transport::local>);
+static_assert(concepts::updates_only_through_apply<all_reduce_agent<collective::auto_, float, transport::local>>);
 
 }  // namespace gradwire::aggregation

@@ -1,72 +1,48 @@
 // Central storage (CentralStorageStrategy): one owner rank holds the variables, the others send it gradients.
 //
-// Every step, all gradients (one flat, reused buffer) are summed onto the owner with
-// collective::reduce; only the owner runs the optimizer (grad_scale 1/N, the average
-// fused into the step) and then broadcasts the updated parameters (one flat broadcast),
-// so every replica holds the owner's bits. Trade-offs:
+// Gradients go into buckets in the order backward produces them, and each bucket is
+// summed onto the owner (collective::reduce, on the communicator's background thread) as
+// soon as its last gradient is ready. At finish only the owner runs the optimizer
+// (grad_scale 1/N, the average fused into the step) and then broadcasts the updated
+// parameters (one flat broadcast), so every replica holds the owner's bits. Trade-offs:
 //   - the owner's link is the bottleneck: 2x the model per step goes through one rank;
 //   - the optimizer state that matters exists once (non-owners' states stay untouched),
 //     and the owner alone decides the update, so replicas cannot drift apart.
 #pragma once
 
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "../collective/broadcast.hpp"
+#include "../collective/bucketing.hpp"
 #include "../collective/communicator.hpp"
 #include "../collective/reduce.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
-#include "../tensor/aligned_buffer.hpp"
 #include "../transport/local.hpp"
+#include "detail/bucket_schedule.hpp"
 
 namespace gradwire::aggregation {
 
+template <class V, class Tr>
+class central_agent;
+
+// The policy. owner: the rank that holds the authoritative variables and applies the
+// optimizer; bucket_bytes: the budget of one reduction (collective::default_bucket_bytes).
 class central {
  public:
-  // owner: the rank that holds the authoritative variables and applies the optimizer.
-  explicit central(int owner = 0) : owner_(owner) {}
+  template <class V, class Tr>
+  using agent = central_agent<V, Tr>;
+
+  explicit central(int owner = 0, std::size_t bucket_bytes = collective::default_bucket_bytes)
+      : owner_(owner), bucket_bytes_(bucket_bytes) {}
 
   int owner() const noexcept { return owner_; }
+  std::size_t bucket_bytes() const noexcept { return bucket_bytes_; }
 
-  // Replicas start with the owner's parameters; also sizes (and pre-faults) the flat buffer.
-  template <class Tr, class V>
-  void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
-    check_owner(comm.size());
-    auto flat = flat_for<V>(params);
-    if (comm.rank() == owner_) pack(flat, params);
-    collective::broadcast(comm, flat, owner_);
-    if (comm.rank() != owner_) unpack(flat, params);
-  }
-
-  template <class Tr, class V, class Apply>
-  void step(collective::communicator<Tr>& comm, std::span<const std::span<V>> params,
-            std::span<const std::span<const V>> grads, Apply&& apply) {
-    const int n = comm.size();
-    if (n == 1) {
-      for (std::size_t i = 0; i < grads.size(); ++i) apply(i, grads[i], V(1));
-      return;
-    }
-    check_owner(n);
-    auto flat = flat_for<V>(grads);
-    pack(flat, grads);
-    collective::reduce(comm, flat, owner_);
-    if (comm.rank() == owner_) {
-      // Apply from the summed gradients, then reuse the buffer for the new parameters.
-      std::size_t offset = 0;
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        apply(i, std::span<const V>(flat.subspan(offset, grads[i].size())), V(1) / static_cast<V>(n));
-        offset += grads[i].size();
-      }
-      pack(flat, params);
-    }
-    collective::broadcast(comm, flat, owner_);
-    if (comm.rank() != owner_) unpack(flat, params);
-  }
-
- private:
+  // Refuses an owner outside the job.
   void check_owner(int ranks) const {
     if (owner_ < 0 || owner_ >= ranks)
       throw error(errc::invalid_argument, "aggregation::central: owner rank " + std::to_string(owner_) +
@@ -74,38 +50,82 @@ class central {
                                               std::to_string(ranks) + " ranks)");
   }
 
-  // The whole model back to back in one buffer: grown once, then reused every step.
-  template <class V, class Tensors>
-  std::span<V> flat_for(const Tensors& tensors) {
-    std::size_t total = 0;
-    for (const auto& t : tensors) total += t.size();
-    flat_.reserve_discard(total * sizeof(V));
-    return {reinterpret_cast<V*>(flat_.data()), total};
-  }
-
-  template <class V, class Tensors>
-  static void pack(std::span<V> flat, const Tensors& tensors) {
-    V* to = flat.data();
-    for (const auto& t : tensors) {
-      if (t.size()) std::memcpy(to, t.data(), t.size() * sizeof(V));
-      to += t.size();
-    }
-  }
-
-  template <class V, class Tensors>
-  static void unpack(std::span<V> flat, const Tensors& tensors) {
-    const V* from = flat.data();
-    for (const auto& t : tensors) {
-      if (t.size()) std::memcpy(t.data(), from, t.size() * sizeof(V));
-      from += t.size();
-    }
-  }
-
+ private:
   int owner_;
-  aligned_buffer<std::byte> flat_;
+  std::size_t bucket_bytes_;
 };
 
-static_assert(concepts::aggregation<central, float, transport::local>);
-static_assert(concepts::aggregation<central, double, transport::local>);
+template <class V, class Tr>
+class central_agent {
+ public:
+  explicit central_agent(const central& policy) : policy_(policy), schedule_(policy.bucket_bytes()) {}
+
+  int owner() const noexcept { return policy_.owner(); }
+
+  // Replicas start with the owner's parameters; also sizes (and pre-faults) the buckets.
+  void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    policy_.check_owner(comm.size());
+    std::vector<std::size_t> sizes;
+    for (auto p : params) sizes.push_back(p.size());
+    alone_.assign(params.size(), {});
+    schedule_.plan(sizes);
+    pending_.reserve(schedule_.buckets().size());
+    broadcast_parameters(comm, params);
+  }
+
+  void begin_step(collective::communicator<Tr>&) {
+    pending_.clear();  // a step given up midway: each handle waits for its reduction
+    schedule_.begin_step();
+  }
+
+  void ready(collective::communicator<Tr>& comm, std::size_t i, std::span<const V> grad) {
+    if (comm.size() == 1) {
+      alone_[i] = grad;
+      return;
+    }
+    schedule_.ready(i, grad, [&](std::size_t k) {
+      pending_.push_back(comm.async().submit([this, k](collective::communicator<Tr>& c) {
+        const collective::bucket& b = schedule_.buckets()[k];
+        auto trace = collective::trace_bucket<Tr, V>(c, b, k);
+        collective::reduce(c, schedule_.flat(b), policy_.owner());
+      }));
+    });
+  }
+
+  template <class Apply>
+  void finish_step(collective::communicator<Tr>& comm, std::span<const std::span<V>> params, Apply&& apply) {
+    const int n = comm.size();
+    if (n == 1) {
+      for (std::size_t i = 0; i < alone_.size(); ++i) apply(i, alone_[i], V(1));
+      return;
+    }
+    for (auto& handle : pending_) handle.wait(comm.step_deadline());
+    pending_.clear();
+    if (comm.rank() == policy_.owner())
+      for (std::size_t i = 0; i < params.size(); ++i)
+        apply(i, std::span<const V>(schedule_.slice(i)), V(1) / static_cast<V>(n));
+    // The background thread is idle: the rebuild and the broadcast run on this one.
+    schedule_.rebuild_once(comm);
+    broadcast_parameters(comm, params);
+  }
+
+ private:
+  // The owner's parameters to every rank, through the (reused) flat buffer.
+  void broadcast_parameters(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    const flat_layout& layout = schedule_.layout();
+    if (comm.rank() == policy_.owner()) layout.gather(params, schedule_.flat());
+    collective::broadcast(comm, schedule_.flat(), policy_.owner());
+    if (comm.rank() != policy_.owner()) layout.scatter(std::span<const V>(schedule_.flat()), params);
+  }
+
+  central policy_;
+  detail::bucket_schedule<V> schedule_;
+  std::vector<std::span<const V>> alone_;  // one rank: this step's gradients
+  // Last, so destroyed first: each waits for its reduction before the buffers go.
+  std::vector<collective::async_handle> pending_;
+};
+
+static_assert(concepts::incremental_aggregation<central, float, transport::local>);
+static_assert(concepts::incremental_aggregation<central, double, transport::local>);
 
 }  // namespace gradwire::aggregation

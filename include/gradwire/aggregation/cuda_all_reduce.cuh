@@ -23,7 +23,7 @@ struct device_workspace {
 // pinned chunks), and apply_device(i, device gradient, 1/N) runs the optimizer's fused
 // step on each tensor. Same arithmetic as the host path: sum, then the 1/N in the step.
 template <class Algorithm, class Tr, class V, class ApplyDevice>
-void device_step(all_reduce_with<Algorithm>&, collective::communicator<Tr>& comm,
+void device_step(all_reduce_agent<Algorithm, V, Tr>&, collective::communicator<Tr>& comm,
                  std::span<const std::span<const V>> device_grads, ApplyDevice&& apply_device,
                  device_workspace<V>& workspace, cudaStream_t stream) {
   std::size_t total = 0;

@@ -53,198 +53,14 @@
 #include "../error.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../timeouts.hpp"
+#include "../observe/log.hpp"
+#include "../ps/modes.hpp"
+#include "../ps/options.hpp"
+#include "../ps/protocol.hpp"
+#include "../ps/sharding.hpp"
+#include "../ps/stats.hpp"
 
 namespace gradwire {
-
-namespace ps {
-
-// Consistency modes. A mode says whether gradients are applied on arrival, how far a
-// worker may run ahead (-1: unbounded), and how many late workers a step can do without.
-struct sync {
-  static constexpr const char* name = "sync";
-  static constexpr bool on_arrival = false;
-  static constexpr int backups = 0;
-  static constexpr int max_lead = -1;
-};
-struct async {
-  static constexpr const char* name = "async";
-  static constexpr bool on_arrival = true;
-  static constexpr int backups = 0;
-  static constexpr int max_lead = -1;
-};
-template <int S>
-struct bounded_staleness {
-  static_assert(S >= 0, "ps::bounded_staleness<s>: s must be >= 0 (0: every worker waits for the slowest)");
-  static constexpr const char* name = "bounded_staleness";
-  static constexpr bool on_arrival = true;
-  static constexpr int backups = 0;
-  static constexpr int max_lead = S;
-};
-template <int B>
-struct backup_workers {
-  static_assert(B >= 1, "ps::backup_workers<b>: b must be >= 1 (b = 0 is ps::sync)");
-  static constexpr const char* name = "backup_workers";
-  static constexpr bool on_arrival = false;
-  static constexpr int backups = B;
-  static constexpr int max_lead = -1;
-};
-
-// One piece of a parameter tensor: elements [begin, end) of tensor `tensor`, owned by `server`.
-struct piece {
-  std::size_t tensor = 0, begin = 0, end = 0;
-  int server = 0;
-  std::size_t size() const noexcept { return end - begin; }
-};
-
-// Size-balanced sharding, the same on every rank: tensors of more than split_elements
-// are cut into min(servers, ceil(size / split_elements)) near-equal pieces; pieces go,
-// largest first, to the server holding the fewest elements. Returns the pieces in
-// (tensor, begin) order.
-inline std::vector<piece> partition(std::span<const std::size_t> sizes, int servers, std::size_t split_elements) {
-  if (servers < 1) throw error(errc::invalid_argument, "ps::partition: servers must be >= 1");
-  std::vector<piece> pieces;
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    const std::size_t n = sizes[t];
-    std::size_t parts = 1;
-    if (split_elements > 0 && n > split_elements)
-      parts = std::min<std::size_t>(static_cast<std::size_t>(servers), (n + split_elements - 1) / split_elements);
-    for (std::size_t k = 0; k < parts; ++k) pieces.push_back({t, n * k / parts, n * (k + 1) / parts, 0});
-  }
-  std::vector<std::size_t> order(pieces.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return pieces[a].size() > pieces[b].size();
-  });
-  std::vector<std::size_t> load(static_cast<std::size_t>(servers), 0);
-  for (std::size_t i : order) {
-    const auto s = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    pieces[i].server = static_cast<int>(s);
-    load[s] += pieces[i].size();
-  }
-  return pieces;
-}
-
-// What a server saw, for reports and tests.
-struct server_stats {
-  std::uint64_t resumed_from = 0;   // the version its checkpoint held at start (0: fresh)
-  std::uint64_t version = 0;        // closed steps (sync modes) or the slowest live worker's clock (async modes)
-  std::uint64_t updates = 0;        // optimizer updates applied
-  std::uint64_t applied = 0;        // gradients applied (sync: part of a closed step)
-  std::uint64_t dropped = 0;        // gradients dropped (backup workers: late for a closed step)
-  std::uint64_t one_sided = 0;      // gradients a worker put into this server's window (the rest came as messages)
-  std::vector<std::uint64_t> pushes;            // per worker: gradients received
-  std::vector<std::uint64_t> dropped_by;        // per worker: of those, dropped
-  std::vector<std::uint64_t> staleness;         // histogram: staleness[k] = applied gradients of staleness k
-  std::vector<std::uint64_t> update_lag;        // histogram of updates applied between pull and push
-  std::vector<int> lost_workers;                // ranks dropped after their loss (async modes)
-  std::uint64_t max_lead = 0;                   // largest clock lead of a worker whose pull was answered
-};
-
-// Quantile of a histogram (counts per value); 0 for an empty one.
-inline std::uint64_t histogram_quantile(std::span<const std::uint64_t> counts, double q) {
-  std::uint64_t total = 0;
-  for (auto c : counts) total += c;
-  if (total == 0) return 0;
-  const auto rank = static_cast<std::uint64_t>(q * static_cast<double>(total - 1));
-  std::uint64_t seen = 0;
-  for (std::size_t k = 0; k < counts.size(); ++k) {
-    seen += counts[k];
-    if (seen > rank) return k;
-  }
-  return counts.size() - 1;
-}
-inline double histogram_mean(std::span<const std::uint64_t> counts) {
-  double sum = 0, total = 0;
-  for (std::size_t k = 0; k < counts.size(); ++k) sum += static_cast<double>(k) * counts[k], total += counts[k];
-  return total > 0 ? sum / total : 0.0;
-}
-
-struct options {
-  int servers = 1;  // the last `servers` ranks serve
-  // Tensors larger than this are split over the servers (TensorFlow's partitioners
-  // default to a 256 KiB minimum slice).
-  std::size_t split_bytes = std::size_t{256} << 10;
-  // Async modes: scale each gradient's step by 1 / max(1, update lag) (Zhang et al. 2016).
-  bool staleness_aware_lr = false;
-  // A learning-rate schedule run by the servers, which own the optimizer: before each
-  // update, lr = learning_rate(version, gradients applied so far); needs an optimizer
-  // with set_lr(double). Empty: the optimizer's lr throughout.
-  std::function<double(std::uint64_t version, std::uint64_t applied)> learning_rate;
-  // Servers write their shards here every checkpoint_every steps (0: only at exit) and
-  // at exit; at start they resume from the files found there. Empty: no checkpoints.
-  std::filesystem::path checkpoint_dir;
-  std::uint64_t checkpoint_every = 0;
-  // How long a server waits for any worker message, and a worker for a server's answer.
-  std::chrono::milliseconds timeout = default_timeout;
-  // The chief's report of lost workers goes here (nullptr: silent).
-  std::FILE* report = stderr;
-};
-
-namespace detail {
-// Far above collective tags (sequence << 16 reaches it after 4e9 operations), and within
-// the 48 bits every transport carries.
-inline constexpr std::uint64_t tag_base = std::uint64_t{0xF5} << 40;
-inline constexpr std::uint64_t request_tag = tag_base | 1, gradient_tag = tag_base | 2, reply_tag = tag_base | 3;
-inline constexpr std::uint64_t window_size_tag = tag_base | 4, window_key_tag = tag_base | 5;
-
-// request_header::flags. push: the gradient is already in the worker's landing zone of
-// the server's window; pull: answer with the reply header only, the worker gets the
-// parameters from the window.
-inline constexpr std::uint32_t in_window = 1;
-
-// A server's window: per worker, [reply header][its shard's parameters] then [gradient],
-// each block 64-byte aligned. Both sides compute it from the plan.
-struct window_layout {
-  std::size_t reply_bytes = 0, gradient_bytes = 0;
-  static constexpr std::size_t round_up(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
-  std::size_t stride() const noexcept { return round_up(reply_bytes) + round_up(gradient_bytes); }
-  std::size_t reply(int worker) const noexcept { return static_cast<std::size_t>(worker) * stride(); }
-  std::size_t gradient(int worker) const noexcept { return reply(worker) + round_up(reply_bytes); }
-};
-
-enum class request_kind : std::uint32_t { push = 1, pull = 2, done = 3 };
-
-// Worker -> server, before a push's gradient or as a pull.
-struct request_header {
-  request_kind kind{};
-  std::uint32_t flags = 0;    // in_window
-  std::uint64_t version = 0;  // push: the version its parameters came from; pull: the least version wanted
-  std::uint64_t clock = 0;    // the worker's pushes so far (this one included)
-  std::uint64_t updates = 0;  // push: the server's update count when the worker pulled
-};
-// Server -> worker, before the shard's parameters.
-struct reply_header {
-  std::uint64_t version = 0;
-  std::uint64_t updates = 0;
-  std::uint64_t applied = 0;
-  std::uint64_t staleness = 0;  // of this worker's latest gradient the server took (0: sync modes)
-  std::uint32_t lost = 0;       // workers lost so far
-  std::int32_t last_lost = -1;  // the latest of them
-};
-static_assert(sizeof(request_header) == 32 && sizeof(reply_header) == 40);
-
-template <class T>
-std::span<const std::byte> bytes_of(const T& v) {
-  return std::as_bytes(std::span(&v, 1));
-}
-template <class T>
-std::span<std::byte> writable_bytes_of(T& v) {
-  return std::as_writable_bytes(std::span(&v, 1));
-}
-}  // namespace detail
-
-}  // namespace ps
-
-namespace concepts {
-// A parameter server's consistency mode (see gradwire/aggregation/parameter_server.hpp).
-template <class M>
-concept ps_mode = requires {
-  { M::name } -> std::convertible_to<const char*>;
-  { M::on_arrival } -> std::convertible_to<bool>;
-  { M::backups } -> std::convertible_to<int>;
-  { M::max_lead } -> std::convertible_to<int>;
-};
-}  // namespace concepts
 
 namespace aggregation {
 
@@ -353,7 +169,7 @@ class parameter_server {
         if (r) wrap_server_loss([&] { comm_->transport().wait(r, until_); });
       requests_.clear();
       if constexpr (concepts::one_sided_transport<Tr>) ps_->get_parameters(*comm_, params_, until_);
-      ps_->take_replies(comm_->rank(), params_);
+      ps_->take_replies(comm_->rank(), comm_->size(), params_);
     }
 
    private:
@@ -476,7 +292,7 @@ class parameter_server {
   }
 
   template <class V>
-  void take_replies(int rank, std::span<const std::span<V>> params) {
+  void take_replies(int rank, int size, std::span<const std::span<V>> params) {
     std::uint64_t least = ~std::uint64_t{0}, updates = 0;
     std::uint32_t lost = 0;
     int last_lost = -1;
@@ -502,11 +318,10 @@ class parameter_server {
     }
     if (least != ~std::uint64_t{0}) min_version_ = least;
     applied_ = updates;
-    if (lost > lost_ && rank == 0 && options_.report)
-      std::fprintf(options_.report,
-                   "gradwire parameter_server: worker rank %d was lost (%u worker(s) lost so far); training goes on "
-                   "without it\n",
-                   last_lost, lost);
+    if (lost > lost_ && rank == 0)
+      observe::log(options_.report ? observe::log_level::warning : observe::log_level::info, rank, size,
+                   "parameter_server: worker rank ", last_lost, " was lost (", lost,
+                   " worker(s) lost so far); training goes on without it");
     lost_ = std::max(lost_, lost);
   }
 

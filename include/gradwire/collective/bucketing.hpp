@@ -2,13 +2,13 @@
 #pragma once
 
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "../error.hpp"
 #include "../tensor/aligned_buffer.hpp"
+#include "../tensor/flat_layout.hpp"
 #include "all_reduce.hpp"
 #include "communicator.hpp"
 
@@ -61,24 +61,19 @@ class bucket_buffer {
   // Plans buckets for `tensors` (a range of spans of V) and returns them.
   template <class V, class Tensors>
   std::span<const bucket> plan(const Tensors& tensors) {
-    bool same = element_bytes_ == sizeof(V) && counts_.size() == std::size(tensors);
-    std::size_t i = 0, total = 0;
-    for (const auto& t : tensors) {
-      same = same && counts_[i] == t.size();
-      ++i;
-      total += t.size();
-    }
-    if (!same) {
-      counts_.clear();
-      for (const auto& t : tensors) counts_.push_back(t.size());
+    if (element_bytes_ != sizeof(V) || !layout_.fits(tensors)) {
+      layout_ = flat_layout::of(tensors);
       element_bytes_ = sizeof(V);
-      plan_buckets(counts_, sizeof(V), budget_, buckets_);
-      flat_.reserve_discard(total * sizeof(V));
+      std::vector<std::size_t> counts;
+      for (const auto& t : tensors) counts.push_back(t.size());
+      plan_buckets(counts, sizeof(V), budget_, buckets_);
+      flat_.reserve_discard(layout_.total() * sizeof(V));
     }
     return buckets_;
   }
 
   std::span<const bucket> buckets() const noexcept { return buckets_; }
+  const flat_layout& layout() const noexcept { return layout_; }
 
   // Bucket b's slice of the flat buffer.
   template <class V>
@@ -89,29 +84,24 @@ class bucket_buffer {
   // Copies bucket b's tensors into its slice of the flat buffer.
   template <class V, class Tensors>
   void gather(const bucket& b, const Tensors& tensors) {
-    V* to = flat<V>(b).data();
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-      const auto& t = tensors[i];
-      if (t.size()) std::memcpy(to, t.data(), t.size() * sizeof(V));
-      to += t.size();
-    }
+    layout_.gather(tensors, all<V>(), b.first_tensor, b.end_tensor);
   }
 
   // Copies bucket b's slice of the flat buffer back into its tensors.
   template <class V, class Tensors>
   void scatter(const bucket& b, const Tensors& tensors) {
-    const V* from = flat<V>(b).data();
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-      const auto& t = tensors[i];
-      if (t.size()) std::memcpy(t.data(), from, t.size() * sizeof(V));
-      from += t.size();
-    }
+    layout_.scatter(std::span<const V>(all<V>()), tensors, b.first_tensor, b.end_tensor);
   }
 
  private:
+  template <class V>
+  std::span<V> all() noexcept {
+    return {reinterpret_cast<V*>(flat_.data()), layout_.total()};
+  }
+
   std::size_t budget_;
   std::size_t element_bytes_ = 0;
-  std::vector<std::size_t> counts_;
+  flat_layout layout_;
   std::vector<bucket> buckets_;
   aligned_buffer<std::byte> flat_;
 };

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "../observe/type_name.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../timeouts.hpp"
+#include "async_engine.hpp"
 
 namespace gradwire::collective {
 
@@ -74,8 +76,27 @@ class communicator {
   // parameters through spans into them.
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
-  communicator(communicator&&) = default;
-  communicator& operator=(communicator&&) = default;
+  // Moving stops the background thread first (it refers to this object); it runs what
+  // was queued, so no operation is lost.
+  communicator(communicator&& other) noexcept
+      : transport_((other.engine_.reset(), std::move(other.transport_))),
+        options_(other.options_),
+        topology_(std::move(other.topology_)),
+        sequence_(other.sequence_),
+        scratch_(std::move(other.scratch_)) {}
+  communicator& operator=(communicator&& other) noexcept {
+    if (this != &other) {
+      engine_.reset();
+      other.engine_.reset();
+      transport_ = std::move(other.transport_);
+      options_ = other.options_;
+      topology_ = std::move(other.topology_);
+      sequence_ = other.sequence_;
+      scratch_ = std::move(other.scratch_);
+    }
+    return *this;
+  }
+  ~communicator() = default;
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
@@ -103,6 +124,13 @@ class communicator {
   // Starts an operation: returns its sequence number (also named in stall reports).
   std::uint64_t begin_operation() noexcept { return observe::current_activity().operation = ++sequence_; }
 
+  // This communicator's background thread for non-blocking collectives (async_engine.hpp),
+  // started on first use. While anything is queued on it, only it may use the communicator.
+  async_engine<Transport>& async() {
+    if (!engine_) engine_ = std::make_unique<async_engine<Transport>>(*this);
+    return *engine_;
+  }
+
   // Scratch memory that lives as long as the communicator: grown (and pre-faulted) once,
   // then reused, so no collective allocates on the hot path.
   template <class V>
@@ -129,6 +157,8 @@ class communicator {
   cluster::topology topology_;
   std::uint64_t sequence_ = 0;
   aligned_buffer<std::byte> scratch_;
+  // Last, so destroyed first: its thread stops while everything it uses is still here.
+  std::unique_ptr<async_engine<Transport>> engine_;
 };
 
 // A message tag: the operation's sequence number and the step within it.

@@ -42,12 +42,6 @@ struct worker_slot {
   std::uint64_t staleness = 0;        // of its latest gradient taken (async modes), for its replies
 };
 
-inline void record(std::vector<std::uint64_t>& histogram, std::uint64_t value) {
-  const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(value, 1u << 16));
-  if (histogram.size() <= k) histogram.resize(k + 1, 0);
-  ++histogram[k];
-}
-
 }  // namespace gradwire::ps::detail
 
 namespace gradwire::aggregation {
@@ -157,9 +151,8 @@ ps::server_stats parameter_server<Mode>::serve(collective::communicator<Tr>& com
     slots[w].live = false;
     --active;
     stats.lost_workers.push_back(w);
-    if (options_.report)
-      std::fprintf(options_.report, "gradwire %s: dropped worker rank %d: %s\n", who.c_str(), w, e.what());
-    observe::log_info(me, n, "dropped worker rank ", w, ": ", e.what());
+    observe::log(options_.report ? observe::log_level::warning : observe::log_level::info, me, n,
+                 "parameter server: dropped worker rank ", w, ": ", e.what());
     if constexpr (Mode::on_arrival) advance_clock();
   };
 
