@@ -305,5 +305,18 @@ concept device_stepping_agent =
       device_step(g, comm, grads, apply, workspace, stream);
     };
 
+// A parameter server's consistency mode (gradwire/ps/modes.hpp has the library's four).
+//   static const char* name       for logs and reports
+//   static bool on_arrival        apply each gradient as it arrives (else a step applies the mean)
+//   static int backups            how many late workers a step can do without (sync modes)
+//   static int max_lead           how far a worker may run ahead of the slowest live one (-1: unbounded)
+template <class M>
+concept ps_mode = requires {
+  { M::name } -> std::convertible_to<const char*>;
+  { M::on_arrival } -> std::convertible_to<bool>;
+  { M::backups } -> std::convertible_to<int>;
+  { M::max_lead } -> std::convertible_to<int>;
+};
+
 }  // namespace concepts
 }  // namespace gradwire

@@ -1,0 +1,37 @@
+// The settings of a parameter-server job (ps::options): servers, sharding, learning rate, checkpoints, deadline.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+
+#include "../timeouts.hpp"
+
+namespace gradwire::ps {
+
+struct options {
+  int servers = 1;  // the last `servers` ranks serve
+  // Tensors larger than this are split over the servers (TensorFlow's partitioners
+  // default to a 256 KiB minimum slice).
+  std::size_t split_bytes = std::size_t{256} << 10;
+  // Async modes: scale each gradient's step by 1 / max(1, update lag) (Zhang et al. 2016).
+  bool staleness_aware_lr = false;
+  // A learning-rate schedule run by the servers, which own the optimizer: before each
+  // update, lr = learning_rate(version, gradients applied so far); needs an optimizer
+  // with set_lr(double). Empty: the optimizer's lr throughout.
+  std::function<double(std::uint64_t version, std::uint64_t applied)> learning_rate;
+  // Servers write their shards here every checkpoint_every steps (0: only at exit) and
+  // at exit; at start they resume from the files found there. Empty: no checkpoints.
+  std::filesystem::path checkpoint_dir;
+  std::uint64_t checkpoint_every = 0;
+  // How long a server waits for any worker message, and a worker for a server's answer.
+  std::chrono::milliseconds timeout = default_timeout;
+  // A lost worker is reported as a warning (observe::log_warning, written whatever
+  // GRADWIRE_LOG says) by the chief and by each server that drops it; false: only at
+  // GRADWIRE_LOG=info.
+  bool report = true;
+};
+
+}  // namespace gradwire::ps

@@ -1,0 +1,79 @@
+// The parameter server's wire protocol: tags, request and reply headers, and the layout of a server's window.
+//
+// A worker talks to each server over three tags: requests (push, pull, done), the pushed
+// gradient (a tagged push), and the server's reply ([reply_header][shard parameters]).
+// Over one-sided access the gradient and the parameters travel by put and get through the
+// server's window instead, and only the headers go as messages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace gradwire::ps::detail {
+
+// Far above collective tags (sequence << 16 reaches it after 4e9 operations), and within
+// the 48 bits every transport carries.
+inline constexpr std::uint64_t tag_base = std::uint64_t{0xF5} << 40;
+inline constexpr std::uint64_t request_tag = tag_base | 1, gradient_tag = tag_base | 2, reply_tag = tag_base | 3;
+inline constexpr std::uint64_t window_size_tag = tag_base | 4, window_key_tag = tag_base | 5;
+
+// request_header::flags. push: the gradient is already in the worker's landing zone of
+// the server's window; pull: answer with the reply header only, the worker gets the
+// parameters from the window.
+inline constexpr std::uint32_t in_window = 1;
+
+enum class request_kind : std::uint32_t { push = 1, pull = 2, done = 3 };
+
+// Worker -> server, before a push's gradient or as a pull.
+struct request_header {
+  request_kind kind{};
+  std::uint32_t flags = 0;    // in_window
+  std::uint64_t version = 0;  // push: the version its parameters came from; pull: the least version wanted
+  std::uint64_t clock = 0;    // the worker's pushes so far (this one included)
+  std::uint64_t updates = 0;  // push: the server's update count when the worker pulled
+};
+// Server -> worker, before the shard's parameters.
+struct reply_header {
+  std::uint64_t version = 0;
+  std::uint64_t updates = 0;
+  std::uint64_t applied = 0;
+  std::uint64_t staleness = 0;  // of this worker's latest gradient the server took (0: sync modes)
+  std::uint32_t lost = 0;       // workers lost so far
+  std::int32_t last_lost = -1;  // the latest of them
+};
+static_assert(sizeof(request_header) == 32 && sizeof(reply_header) == 40);
+
+// A reply is one message, [reply_header][parameters]: a buffer of V that holds it keeps
+// the header in its first reply_header_elements<V> elements, so the parameters stay
+// aligned and typed.
+template <class V>
+inline constexpr std::size_t reply_header_elements = sizeof(reply_header) / sizeof(V);
+static_assert(sizeof(reply_header) % sizeof(double) == 0 && sizeof(reply_header) % sizeof(float) == 0);
+
+// A server's window: per worker, [reply header][its shard's parameters] then [gradient],
+// each block 64-byte aligned. Both sides compute it from the sharding.
+struct window_layout {
+  std::size_t reply_bytes = 0, gradient_bytes = 0;
+
+  template <class V>
+  static window_layout of(std::size_t elements) noexcept {
+    return {sizeof(reply_header) + elements * sizeof(V), elements * sizeof(V)};
+  }
+  static constexpr std::size_t round_up(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
+  std::size_t stride() const noexcept { return round_up(reply_bytes) + round_up(gradient_bytes); }
+  std::size_t size(int workers) const noexcept { return stride() * static_cast<std::size_t>(workers); }
+  std::size_t reply(int worker) const noexcept { return static_cast<std::size_t>(worker) * stride(); }
+  std::size_t gradient(int worker) const noexcept { return reply(worker) + round_up(reply_bytes); }
+};
+
+template <class T>
+std::span<const std::byte> bytes_of(const T& v) {
+  return std::as_bytes(std::span(&v, 1));
+}
+template <class T>
+std::span<std::byte> writable_bytes_of(T& v) {
+  return std::as_writable_bytes(std::span(&v, 1));
+}
+
+}  // namespace gradwire::ps::detail
