@@ -1,0 +1,393 @@
+// strategy::begin_step / step.ready / step.unused / step.finish: every aggregation, any ready order, errors, accumulation.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <gradwire/gradwire.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gw = gradwire;
+
+namespace {
+
+// A model of several tensors (one empty, one large enough for several buckets) whose
+// gradient on rank r at step k is linear in the parameters: g = c_r * p + d(r, k, i, j).
+// The float64 reference below replays synchronous SGD on the mean gradient serially.
+const std::vector<std::size_t> sizes{37, 0, 1, 300, 5, 1024, 3};
+
+double shift(int rank, int step, std::size_t tensor, std::size_t j) {
+  return std::sin(0.37 * double(j) + 1.3 * double(tensor) + 0.71 * rank + 0.19 * step);
+}
+double slope(int rank) { return 0.5 + 0.25 * rank; }
+
+std::vector<float> gradient(int rank, int step, std::size_t tensor, const float* p, std::size_t n) {
+  std::vector<float> g(n);
+  for (std::size_t j = 0; j < n; ++j) g[j] = float(slope(rank) * double(p[j]) + shift(rank, step, tensor, j));
+  return g;
+}
+
+std::vector<gw::host_tensor<float>> make_params(int rank) {
+  std::vector<gw::host_tensor<float>> out;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    out.emplace_back(gw::shape{sizes[t]});
+    for (std::size_t j = 0; j < sizes[t]; ++j) out.back().data()[j] = float(0.1 * std::cos(double(j + t)) + rank);
+  }
+  return out;
+}
+
+using params_t = std::vector<std::vector<double>>;
+
+// Synchronous SGD with the mean over `ranks` of each rank's gradient; `unused(t)`: tensor t
+// contributes zero on the ranks for which it returns true.
+// Replicas start from rank `start`'s parameters (the one setup broadcasts).
+template <class Unused>
+params_t reference(int ranks, int steps, double lr, Unused unused, int start = 0) {
+  params_t p;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    p.emplace_back(sizes[t]);
+    for (std::size_t j = 0; j < sizes[t]; ++j) p[t][j] = double(float(0.1 * std::cos(double(j + t)) + start));
+  }
+  for (int k = 0; k < steps; ++k)
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<double> mean(sizes[t], 0.0);
+      for (int r = 0; r < ranks; ++r)
+        if (!unused(r, k, t))
+          for (std::size_t j = 0; j < sizes[t]; ++j) mean[j] += (slope(r) * p[t][j] + shift(r, k, t, j)) / ranks;
+      for (std::size_t j = 0; j < sizes[t]; ++j) p[t][j] -= lr * mean[j];
+    }
+  return p;
+}
+params_t reference(int ranks, int steps, double lr, int start = 0) {
+  return reference(ranks, steps, lr, [](int, int, std::size_t) { return false; }, start);
+}
+
+template <class Strategy>
+params_t snapshot(Strategy& s) {
+  params_t out;
+  for (auto& t : s.parameters()) out.emplace_back(t.data(), t.data() + t.size());
+  return out;
+}
+
+void require_close(const params_t& got, const params_t& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t t = 0; t < want.size(); ++t)
+    for (std::size_t j = 0; j < want[t].size(); ++j) {
+      CAPTURE(t, j);
+      REQUIRE(got[t][j] == Approx(want[t][j]).epsilon(2e-5).margin(2e-6));
+    }
+}
+
+// One step through the incremental API, in a random order of this rank's own (a fresh
+// shuffle per rank and step), optionally from two threads at once.
+template <class Strategy>
+void incremental_step(Strategy& s, int step, std::mt19937& gen, bool two_threads) {
+  const int r = s.rank();
+  std::vector<std::vector<float>> grads;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    grads.push_back(gradient(r, step, t, s.parameters()[t].data(), sizes[t]));
+  std::vector<std::size_t> order(sizes.size());
+  for (std::size_t t = 0; t < order.size(); ++t) order[t] = t;
+  std::shuffle(order.begin(), order.end(), gen);
+  auto pending = s.begin_step();
+  if (two_threads) {
+    std::thread other([&] {
+      for (std::size_t k = 0; k < order.size(); k += 2) pending.ready(order[k], grads[order[k]]);
+    });
+    for (std::size_t k = 1; k < order.size(); k += 2) pending.ready(order[k], grads[order[k]]);
+    other.join();
+  } else {
+    for (std::size_t t : order) pending.ready(t, grads[t]);
+  }
+  pending.finish();
+}
+
+// Trains `steps` incremental steps on `ranks` inproc ranks with the aggregation make()
+// returns; returns every rank's final parameters (servers' entries stay empty).
+template <class Strategy, class Make>
+std::vector<params_t> train(int ranks, int steps, double lr, Make make, bool two_threads = false) {
+  std::vector<params_t> out(static_cast<std::size_t>(ranks));
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    Strategy s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}), make(), {.timeout = std::chrono::seconds(60)});
+    if (s.is_server()) {
+      if constexpr (requires { s.serve(); }) s.serve();
+      return;
+    }
+    std::mt19937 gen(std::random_device{}() + unsigned(t.rank()));
+    for (int k = 0; k < steps; ++k) incremental_step(s, k, gen, two_threads);
+    out[static_cast<std::size_t>(t.rank())] = snapshot(s);
+  });
+  return out;
+}
+
+template <class A>
+using strategy_of = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, A, gw::transport::inproc>;
+
+// A whole-step aggregation written the old way (as the tutorial's top-k): every gradient
+// all-reduced on its own at finish.
+struct naive_mean {
+  template <class Tr, class V>
+  void setup(gw::collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    for (auto p : params) gw::collective::broadcast(comm, p, 0);
+  }
+  template <class Tr, class V, class Apply>
+  void step(gw::collective::communicator<Tr>& comm, std::span<const std::span<V>>,
+            std::span<const std::span<const V>> grads, Apply&& apply) {
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      sum.assign(grads[i].begin(), grads[i].end());
+      gw::collective::all_reduce(comm, std::span<V>(sum));
+      apply(i, std::span<const V>(sum), V(1) / V(comm.size()));
+    }
+  }
+  std::vector<float> sum;
+};
+static_assert(gw::concepts::whole_step_aggregation<naive_mean, float, gw::transport::inproc>);
+static_assert(!gw::concepts::incremental_aggregation<naive_mean, float, gw::transport::inproc>);
+
+constexpr double lr = 0.05;
+constexpr int steps = 4;
+
+}  // namespace
+
+TEST_CASE("incremental steps in any order, from any thread, match synchronous SGD for every aggregation") {
+  const bool two_threads = GENERATE(false, true);
+  CAPTURE(two_threads);
+  SECTION("all_reduce, buckets of 256 bytes (many buckets, launched during the step)") {
+    const int ranks = GENERATE(2, 3);
+    const auto got = train<strategy_of<gw::aggregation::all_reduce>>(
+        ranks, steps, lr, [] { return gw::aggregation::all_reduce(256); }, two_threads);
+    for (const auto& p : got) require_close(p, reference(ranks, steps, lr));
+    for (const auto& p : got) REQUIRE(p == got[0]);  // bit-identical replicas
+  }
+  SECTION("all_reduce, default buckets (one bucket: reduced at finish)") {
+    const auto got = train<strategy_of<gw::aggregation::all_reduce>>(
+        3, steps, lr, [] { return gw::aggregation::all_reduce(); }, two_threads);
+    for (const auto& p : got) require_close(p, reference(3, steps, lr));
+  }
+  SECTION("central storage, owner 1, buckets of 512 bytes") {
+    const auto got = train<strategy_of<gw::aggregation::central>>(
+        3, steps, lr, [] { return gw::aggregation::central(1, 512); }, two_threads);
+    for (const auto& p : got) require_close(p, reference(3, steps, lr, 1));  // the owner's start
+    for (const auto& p : got) REQUIRE(p == got[0]);
+  }
+  SECTION("averaging<1> with plain SGD (local steps, then the mean of the parameters)") {
+    const auto got = train<strategy_of<gw::aggregation::averaging<1>>>(
+        3, steps, lr, [] { return gw::aggregation::averaging<1>(); }, two_threads);
+    for (const auto& p : got) require_close(p, reference(3, steps, lr));
+  }
+  SECTION("local (one replica)") {
+    const auto got = train<strategy_of<gw::aggregation::local>>(
+        1, steps, lr, [] { return gw::aggregation::local(); }, two_threads);
+    require_close(got[0], reference(1, steps, lr));
+  }
+  SECTION("parameter_server<sync>: 2 workers, 1 server") {
+    const auto got = train<strategy_of<gw::aggregation::parameter_server<gw::ps::sync>>>(
+        3, steps, lr, [] { return gw::aggregation::parameter_server<gw::ps::sync>({.servers = 1, .split_bytes = 512}); },
+        two_threads);
+    for (int r = 0; r < 2; ++r) require_close(got[r], reference(2, steps, lr));
+  }
+  SECTION("a user's whole-step aggregation (wrapped: it communicates at finish)") {
+    const auto got =
+        train<strategy_of<naive_mean>>(2, steps, lr, [] { return naive_mean(); }, two_threads);
+    for (const auto& p : got) require_close(p, reference(2, steps, lr));
+  }
+}
+
+TEST_CASE("step(grads) and the incremental API take the same steps") {
+  std::vector<params_t> one_call(2), incremental(2);
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    using S = strategy_of<gw::aggregation::all_reduce>;
+    S a(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}), gw::aggregation::all_reduce(256));
+    for (int k = 0; k < steps; ++k) {
+      std::vector<std::vector<float>> grads;
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        grads.push_back(gradient(t.rank(), k, i, a.parameters()[i].data(), sizes[i]));
+      a.step(grads);
+    }
+    one_call[t.rank()] = snapshot(a);
+  });
+  for (const auto& p : one_call) require_close(p, reference(2, steps, lr));
+}
+
+TEST_CASE("a tensor declared unused counts as a zero gradient, on the ranks that declare it") {
+  constexpr int ranks = 3;
+  // Tensor 3 unused on rank 1 at every step; tensor 0 unused on every rank at step 2.
+  auto unused = [](int r, int k, std::size_t t) { return (t == 3 && r == 1) || (t == 0 && k == 2); };
+  std::vector<params_t> got(ranks);
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    strategy_of<gw::aggregation::all_reduce> s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(256));
+    for (int k = 0; k < steps; ++k) {
+      auto step = s.begin_step();
+      for (std::size_t i = sizes.size(); i-- > 0;) {
+        if (unused(t.rank(), k, i)) {
+          step.unused(i);
+        } else {
+          auto g = gradient(t.rank(), k, i, s.parameters()[i].data(), sizes[i]);
+          step.ready(i, g);
+        }
+      }
+      step.finish();
+    }
+    got[t.rank()] = snapshot(s);
+  });
+  const auto want = reference(ranks, steps, lr, unused);
+  for (const auto& p : got) require_close(p, want);
+  // Not vacuous: without the zero contributions the result differs.
+  REQUIRE(std::abs(want[3][0] - reference(ranks, steps, lr)[3][0]) > 1e-3);
+}
+
+TEST_CASE("incremental API errors: never ready, ready twice, bad index or size, overlapping steps") {
+  using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
+  S s(make_params(0), gw::optim::sgd({.lr = lr}));
+  std::vector<float> g3(sizes[3], 1.0f), g0(sizes[0], 1.0f);
+  SECTION("a tensor never marked ready is named by finish()") {
+    auto step = s.begin_step();
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      if (i != 3 && i != 5) step.ready(i, std::vector<float>(sizes[i], 0.5f));
+    REQUIRE_THROWS_WITH(step.finish(), Catch::Contains("gradient 3 (parameter of shape [300])") &&
+                                           Catch::Contains("gradient 5 (parameter of shape [1024])") &&
+                                           Catch::Contains("never marked ready") && Catch::Contains("step.unused(i)"));
+    // The step is over: the strategy takes the next one, and the parameters did not move.
+    REQUIRE(s.parameters()[3].data()[0] == make_params(0)[3].data()[0]);
+    auto next = s.begin_step();
+    for (std::size_t i = 0; i < sizes.size(); ++i) next.unused(i);
+    next.finish();
+  }
+  SECTION("a tensor marked twice") {
+    auto step = s.begin_step();
+    step.ready(3, g3);
+    REQUIRE_THROWS_WITH(step.ready(3, g3), Catch::Contains("gradient 3") && Catch::Contains("twice"));
+    REQUIRE_THROWS_WITH(step.unused(3), Catch::Contains("twice"));
+    step.unused(0);
+    REQUIRE_THROWS_WITH(step.ready(0, g0), Catch::Contains("marked unused twice"));
+  }
+  SECTION("an index outside the model, a gradient of the wrong size") {
+    auto step = s.begin_step();
+    REQUIRE_THROWS_WITH(step.ready(7, g3), Catch::Contains("ready(7)") && Catch::Contains("7 parameter tensors"));
+    REQUIRE_THROWS_WITH(step.ready(0, g3), Catch::Contains("has 300 elements but parameter 0 has 37"));
+  }
+  SECTION("one step at a time; a finished handle refuses more") {
+    auto step = s.begin_step();
+    REQUIRE_THROWS_WITH(s.begin_step(), Catch::Contains("already in progress"));
+    for (std::size_t i = 0; i < sizes.size(); ++i) step.unused(i);
+    step.finish();
+    REQUIRE_THROWS_WITH(step.ready(0, g0), Catch::Contains("has finished"));
+    REQUIRE_THROWS_WITH(step.finish(), Catch::Contains("has finished"));
+  }
+  SECTION("a handle dropped before finish() gives the step up") {
+    {
+      auto step = s.begin_step();
+      step.ready(3, g3);
+    }
+    auto step = s.begin_step();  // not "already in progress"
+    for (std::size_t i = 0; i < sizes.size(); ++i) step.unused(i);
+    step.finish();
+  }
+}
+
+TEST_CASE("a bucket's all-reduce starts as soon as its last tensor is ready, before finish()") {
+  // Two tensors, buckets of one tensor each: backward order puts tensor 1 in bucket 0.
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    std::vector<gw::host_tensor<float>> params;
+    params.emplace_back(gw::shape{4096});
+    params.emplace_back(gw::shape{4096});
+    strategy_of<gw::aggregation::all_reduce> s(t, std::move(params), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(4096 * sizeof(float)));
+    REQUIRE(s.aggregation().buckets().size() == 2);
+    std::vector<float> g(4096, 1.0f);
+    auto step = s.begin_step();
+    const auto before = s.communicator().transport().traffic().bytes_sent;
+    step.ready(1, g);
+    // The reduction of bucket 0 runs on the communicator's background thread meanwhile.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (s.communicator().transport().traffic().bytes_sent < before + 4096 * sizeof(float) / 2 &&
+           std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(s.communicator().transport().traffic().bytes_sent >= before + 4096 * sizeof(float) / 2);
+    step.ready(0, g);
+    step.finish();
+    REQUIRE(s.parameters()[0].data()[0] == Approx(-lr));
+  });
+}
+
+TEST_CASE("buckets are rebuilt once, in the order rank 0 produced its gradients in the first step") {
+  gw::transport::run_inproc(3, [&](gw::transport::inproc t) {
+    strategy_of<gw::aggregation::all_reduce> s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(512));
+    const auto& layout = s.aggregation().layout();
+    REQUIRE(layout.order()[0] == sizes.size() - 1);  // reverse parameter order at first
+    // Rank 0 marks 2, 0, 4, 6, 1, 3, 5; the others their own orders.
+    const std::vector<std::size_t> mine = t.rank() == 0 ? std::vector<std::size_t>{2, 0, 4, 6, 1, 3, 5}
+                                                        : std::vector<std::size_t>{6, 5, 4, 3, 2, 1, 0};
+    for (int k = 0; k < 2; ++k) {
+      auto step = s.begin_step();
+      for (std::size_t i : (k == 0 ? mine : std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6}))
+        step.ready(i, gradient(t.rank(), k, i, s.parameters()[i].data(), sizes[i]));
+      step.finish();
+      const std::vector<std::size_t> order(s.aggregation().layout().order().begin(),
+                                           s.aggregation().layout().order().end());
+      REQUIRE(order == std::vector<std::size_t>{2, 0, 4, 6, 1, 3, 5});  // and not rebuilt again after step 2
+    }
+  });
+}
+
+TEST_CASE("gradient accumulation: K micro-batches with no_sync equal one step on the K-times batch") {
+  const int micro = GENERATE(2, 3);
+  CAPTURE(micro);
+  constexpr int ranks = 2;
+  // Micro-batch m of step k on rank r is the gradient of "rank" r * micro + m of a job of
+  // ranks * micro replicas: the reference of that larger job is the K-times batch.
+  std::vector<params_t> got(ranks);
+  std::vector<std::uint64_t> bytes_in_micro(ranks);
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    strategy_of<gw::aggregation::all_reduce> s(t, make_params(0), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(1024));
+    for (int k = 0; k < steps; ++k)
+      for (int m = 0; m < micro; ++m) {
+        const int replica = t.rank() * micro + m;
+        const bool last = m + 1 == micro;
+        const auto sent = s.communicator().transport().traffic().bytes_sent;
+        auto step = last ? s.begin_step() : s.begin_step(gw::no_sync);
+        for (std::size_t i = sizes.size(); i-- > 0;)
+          step.ready(i, gradient(replica, k, i, s.parameters()[i].data(), sizes[i]));
+        step.finish();
+        if (!last) bytes_in_micro[t.rank()] += s.communicator().transport().traffic().bytes_sent - sent;
+      }
+    got[t.rank()] = snapshot(s);
+  });
+  // The reference replicas all start where rank 0 starts (make_params(0) on every rank here).
+  const auto want = reference(ranks * micro, steps, lr);
+  for (const auto& p : got) require_close(p, want);
+  for (auto b : bytes_in_micro) REQUIRE(b == 0);  // micro-batches communicate nothing
+}
+
+TEST_CASE("gradient accumulation through the one-call form and with the parameter server") {
+  constexpr int micro = 2;
+  SECTION("step(grads, no_sync), all_reduce") {
+    std::vector<params_t> got(2);
+    gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+      strategy_of<gw::aggregation::all_reduce> s(t, make_params(0), gw::optim::sgd({.lr = lr}));
+      for (int k = 0; k < steps; ++k)
+        for (int m = 0; m < micro; ++m) {
+          std::vector<std::vector<float>> grads;
+          for (std::size_t i = 0; i < sizes.size(); ++i)
+            grads.push_back(gradient(t.rank() * micro + m, k, i, s.parameters()[i].data(), sizes[i]));
+          if (m + 1 < micro) {
+            s.step(grads, gw::no_sync);
+            REQUIRE(s.accumulated_micro_batches() == std::size_t(m + 1));
+          } else {
+            s.step(grads);
+            REQUIRE(s.accumulated_micro_batches() == 0);
+          }
+        }
+      got[t.rank()] = snapshot(s);
+    });
+    for (const auto& p : got) require_close(p, reference(2 * micro, steps, lr));
+  }
+}
