@@ -129,6 +129,15 @@ class Model {
     std::transform(g.begin(), g.end(), grads_.begin(), [](double v) { return float(v); });
   }
 
+  // The same, handing each gradient to on_gradient(i, view) in the order a backward pass
+  // produces them (the last layer's first), as an autograd hook would.
+  template <class OnGradient>
+  void backward(const batch& d, OnGradient&& on_gradient) {
+    forward_backward(d);
+    const auto g = views(grads_);
+    for (std::size_t i = g.size(); i-- > 0;) on_gradient(i, g[i]);
+  }
+
   const std::vector<float>& values() const { return values_; }
 
   // Where Model(seed) starts, as the float values it holds, widened to double.
