@@ -4,7 +4,7 @@
 // overlaps the rest of backward (torch_bridge.hpp).
 //
 //   libtorch_train [--strategy all_reduce|parameter_server] [--ps-mode sync|async] [--transport inproc|tcp]
-//                  [--ranks N] [--servers S] [--epochs E] [--batch B] [--lr LR] [--steps K]
+//                  [--ranks N] [--servers S] [--epochs E] [--batch B] [--lr LR] [--momentum M] [--steps K]
 //                  [--data DIR | --synthetic] [--after-backward] [--bucket-kb KB] [--seed S]
 //                  [--min-accuracy A]
 //
@@ -15,6 +15,8 @@
 // batch N*B. --after-backward hands the gradients over only once backward is done
 // (strategy.step), to compare with the overlapped default. --synthetic (or no data set
 // installed): a generated problem (noisy copies of 10 random images). --min-accuracy: exit 1 below it.
+// The optimizer is SGD with momentum (default 0.9); asynchronous servers add momentum of their
+// own (stale gradients act like it: Mitliagkas et al. 2016), so --ps-mode async wants less.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -46,7 +48,7 @@ struct options {
   std::string strategy = "all_reduce", ps_mode = "sync", transport = "inproc";
   int ranks = 2, servers = 1, epochs = 2;
   std::int64_t batch = 64, steps = 0;  // steps: stop each epoch after this many (0: the whole epoch)
-  double lr = 0.05, min_accuracy = 0;
+  double lr = 0.05, momentum = 0.9, min_accuracy = 0;
   std::size_t bucket_kb = 0;  // 0: the all-reduce's default (25 MiB)
   std::string data = fashion_mnist::default_data_dir;
   bool synthetic = false, after_backward = false;
@@ -82,6 +84,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--batch") o.batch = std::int64_t(number(1));
     else if (flag == "--steps") o.steps = std::int64_t(number(0));
     else if (flag == "--lr") o.lr = number(0);
+    else if (flag == "--momentum") o.momentum = number(0);
     else if (flag == "--min-accuracy") o.min_accuracy = number(0);
     else if (flag == "--bucket-kb") o.bucket_kb = std::size_t(number(1));
     else if (flag == "--seed") o.seed = std::uint64_t(number(0));
@@ -138,7 +141,7 @@ data_set synthetic_data(std::uint64_t seed) {
     auto labels = torch::randint(0, 10, {n}, torch::kLong);
     return split{0.5 * prototypes.index_select(0, labels) + 0.5 * torch::rand({n, 784}), labels};
   };
-  return {make(16384), make(2048), "synthetic (10 noisy prototypes)"};
+  return {make(8192), make(1024), "synthetic (10 noisy prototypes)"};
 }
 
 data_set load(const options& o) {
@@ -208,7 +211,7 @@ template <class Transport>
 void run_rank(Transport transport, mlp& model, torch_bridge::module_bridge& bridge, const data_set& data,
               const options& o, int workers, double& final_accuracy) {
   const int rank = transport.rank();
-  const auto optimizer = gw::optim::momentum({.lr = o.lr, .momentum = 0.9});
+  const auto optimizer = gw::optim::momentum({.lr = o.lr, .momentum = o.momentum});
   if (o.strategy == "all_reduce") {
     const auto all_reduce = o.bucket_kb ? gw::aggregation::all_reduce(o.bucket_kb << 10) : gw::aggregation::all_reduce();
     // mirrored over inproc, multi_worker_mirrored over asio_tcp
