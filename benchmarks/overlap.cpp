@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <gradwire/asio.hpp>
 #include <gradwire/collective/barrier.hpp>
 #include <gradwire/optim/momentum.hpp>
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "../examples/fashion_mnist/idx.hpp"
+#include "../examples/libtorch/torch_bridge.hpp"
 
 namespace gw = gradwire;
 
@@ -228,10 +230,6 @@ std::vector<double> train(const options& o, const data_set& d, int rank, int wor
   return ms;
 }
 
-void zero_grads(std::vector<torch::Tensor>& params) {
-  for (auto& p : params) p.mutable_grad().zero_();
-}
-
 torch::Tensor loss_of(torch::nn::Sequential& model, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(model->forward(x), y);
 }
@@ -247,24 +245,13 @@ int main(int argc, char** argv) try {
   const data_set d(o.data);
   auto model = make_model(o);
   const double init_sum = checksum(model);
-  std::vector<torch::Tensor> params = model->parameters();
+  // Views of the model's parameters and .grad tensors (allocated once, zeroed in place, so
+  // backward accumulates into the same memory every step), and the hooks of mode overlap.
+  torch_bridge::module_bridge bridge(*model);
   std::size_t elements = 0;
-  std::vector<view> views;
-  for (auto& p : params) {
-    // Gradients exist (and are pre-faulted) before the first step, so backward accumulates
-    // into the same memory every step and the views over it stay valid.
-    p.mutable_grad() = torch::zeros_like(p);
-    views.emplace_back(p.data_ptr<float>(), gw::shape({std::size_t(p.numel())}));
-    elements += std::size_t(p.numel());
-  }
+  for (const auto& v : bridge.parameter_views()) elements += v.size();
   auto x = torch::empty({o.batch, features});
   auto y = torch::empty({o.batch}, torch::kLong);
-  std::vector<std::span<const float>> grads(params.size());
-  auto grad_spans = [&] {
-    for (std::size_t i = 0; i < params.size(); ++i)
-      grads[i] = {params[i].grad().data_ptr<float>(), std::size_t(params[i].numel())};
-    return grads;
-  };
   const gw::optim::momentum optimizer({.lr = o.lr, .momentum = o.momentum});
 
   std::vector<double> ms;
@@ -272,25 +259,33 @@ int main(int argc, char** argv) try {
     // Every rank alone; the ranks only meet so that they compute at the same time.
     std::optional<gw::collective::communicator<gw::transport::asio_tcp>> meet;
     if (world > 1) meet.emplace(gw::cluster::join_tcp());
-    gw::one_device<view, gw::optim::momentum> s(views, optimizer);
+    gw::one_device<view, gw::optim::momentum> s(bridge.parameter_views(), optimizer);
     if (meet) gw::collective::barrier(*meet);
     ms = train(o, d, rank, world, x, y, [&] {
-      zero_grads(params);
+      bridge.zero_grad();
       loss_of(model, x, y).backward();
-      s.step(grad_spans());
+      s.step(bridge.gradient_views());
     });
     if (meet) gw::collective::barrier(*meet);
   } else {
-    gw::multi_worker_mirrored<view, gw::optim::momentum> s(gw::cluster::join_tcp(), views, optimizer,
-                                                           gw::aggregation::all_reduce(o.bucket_mb << 20));
+    gw::multi_worker_mirrored<view, gw::optim::momentum> s(gw::cluster::join_tcp(), bridge.parameter_views(),
+                                                           optimizer, gw::aggregation::all_reduce(o.bucket_mb << 20));
     if (o.mode == "end") {
+      // (b) The whole backward pass first, then every gradient in one call.
       ms = train(o, d, rank, world, x, y, [&] {
-        zero_grads(params);
+        bridge.zero_grad();
         loss_of(model, x, y).backward();
-        s.step(grad_spans());
+        s.step(bridge.gradient_views());
       });
     } else {
-      usage("--mode overlap needs the strategy's begin_step() (not in this tree yet)");
+      // (c) Each gradient handed over from its autograd hook as soon as it is final; full
+      // buckets travel while backward computes the earlier layers' gradients.
+      ms = train(o, d, rank, world, x, y, [&] {
+        bridge.zero_grad();
+        auto step = s.begin_step();
+        bridge.backward(loss_of(model, x, y), step);
+        step.finish();
+      });
     }
   }
 
