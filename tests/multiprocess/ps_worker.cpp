@@ -40,6 +40,12 @@ transport_type join_job() { return gw::cluster::join_tcp(); }
 // async modes survive a worker's loss.
 static_assert(gw::concepts::multiplexing_transport<transport_type> &&
               gw::concepts::loss_tolerant_transport<transport_type>);
+// The parameter server's agent over this transport fits every concept strategy<> uses it through.
+using ps_agent = gw::aggregation::parameter_server<gw::ps::async>::agent<float, transport_type>;
+static_assert(gw::concepts::aggregation_agent<ps_agent, float, transport_type> &&
+              gw::concepts::serving_agent<ps_agent, float, transport_type, gw::optim::sgd> &&
+              gw::concepts::finishing_agent<ps_agent, transport_type> &&
+              gw::concepts::staleness_reporting_agent<ps_agent>);
 
 namespace {
 

@@ -3,6 +3,7 @@
 // The same behaviours across processes, including a killed worker, are in tests/multiprocess.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -374,4 +375,118 @@ TEST_CASE("parameter_server staleness_aware_lr divides each async step by the gr
     for (int k = 0; k < steps; ++k) s.step(ones);
   });
   for (std::size_t i = 0; i < start.size(); ++i) REQUIRE(served[i] == Approx(start[i] - lr * steps).epsilon(1e-12));
+}
+
+namespace {
+// inproc that counts, per rank, the gradient receives it posted: a server posts one once
+// a worker's push header has arrived, so the count says which servers a push reached.
+class counting_inproc {
+ public:
+  using request = gw::transport::inproc::request;
+  counting_inproc(gw::transport::inproc t, std::vector<std::atomic<int>>* gradient_receives)
+      : t_(std::move(t)), receives_(gradient_receives) {}
+  int rank() const { return t_.rank(); }
+  int size() const { return t_.size(); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    return t_.async_send(peer, tag, bytes);
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    if (tag == gw::ps::detail::gradient_tag) ++(*receives_)[static_cast<std::size_t>(rank())];
+    return t_.async_recv(peer, tag, bytes);
+  }
+  void wait(request& r, gw::deadline until) { t_.wait(r, until); }
+  std::size_t wait_any(std::span<request* const> requests, gw::deadline until) { return t_.wait_any(requests, until); }
+
+ private:
+  gw::transport::inproc t_;
+  std::vector<std::atomic<int>>* receives_;
+};
+static_assert(gw::concepts::multiplexing_transport<counting_inproc>);
+}  // namespace
+
+TEST_CASE("parameter_server agent pushes a server's shard as soon as that shard's tensors are ready") {
+  // One worker, two servers, two tensors that stay whole: each server holds one of them.
+  using policy = gw::aggregation::parameter_server<gw::ps::sync>;
+  using agent = policy::agent<double, counting_inproc>;
+  const std::vector<std::size_t> sizes{48, 40};
+  gw::ps::options o;
+  o.servers = 2;
+  o.timeout = std::chrono::seconds(60);
+  const gw::ps::sharding shards(sizes, o.servers, o.split_bytes / sizeof(double));
+  REQUIRE(shards.servers_of(0).size() == 1);
+  REQUIRE(shards.servers_of(1).size() == 1);
+  const int server_of_first = shards.servers_of(0)[0], server_of_second = shards.servers_of(1)[0];
+  REQUIRE(server_of_first != server_of_second);
+  const int first_rank = 1 + server_of_first, second_rank = 1 + server_of_second;  // rank 0 is the worker
+
+  const double lr = 0.5;
+  std::vector<std::atomic<int>> receives(3);
+  std::vector<std::vector<double>> final_params;
+  std::vector<gw::ps::server_stats> stats(2);
+  gw::transport::run_inproc(3, [&](gw::transport::inproc t) {
+    gw::collective::communicator<counting_inproc> comm(counting_inproc(std::move(t), &receives));
+    std::vector<std::vector<double>> p{std::vector<double>(sizes[0], 1.0), std::vector<double>(sizes[1], 2.0)};
+    const std::vector<std::span<double>> params{p[0], p[1]};
+    agent a{policy(o)};
+    a.setup(comm, params);
+    if (a.is_server(comm.rank(), comm.size())) {
+      stats[static_cast<std::size_t>(comm.rank() - 1)] = a.serve(comm, params, gw::optim::sgd({.lr = lr}));
+      return;
+    }
+    const std::vector<double> g0(sizes[0], 0.25), g1(sizes[1], -1.0);
+    for (int step = 0; step < 2; ++step) {
+      a.begin_step(comm);
+      a.ready(comm, 0, g0);
+      // The first tensor's server has the push (it is receiving the gradient) before the
+      // second tensor is ready; the other server has nothing yet. No time limit but the
+      // test's: the receive is posted whenever the server's thread gets to it.
+      while (receives[static_cast<std::size_t>(first_rank)].load() < step + 1) std::this_thread::yield();
+      REQUIRE(receives[static_cast<std::size_t>(second_rank)].load() == step);
+      a.ready(comm, 1, g1);
+      a.finish_step(comm, params, [](std::size_t, std::span<const double>, double) { FAIL("workers do not apply"); });
+      REQUIRE(receives[static_cast<std::size_t>(second_rank)].load() == step + 1);
+      REQUIRE(a.version() == std::uint64_t(step + 1));  // sync: the step closed on both servers
+      REQUIRE(a.last_staleness() == 0);
+    }
+    a.finish(comm);
+    final_params = p;
+  });
+  // Two SGD steps on constant gradients, applied by the servers and pulled back.
+  for (double v : final_params[0]) REQUIRE(v == Approx(1.0 - 2 * lr * 0.25).epsilon(1e-15));
+  for (double v : final_params[1]) REQUIRE(v == Approx(2.0 + 2 * lr * 1.0).epsilon(1e-15));
+  for (const auto& st : stats) {
+    REQUIRE(st.pushes == std::vector<std::uint64_t>{2});
+    REQUIRE(st.version == 2);
+    REQUIRE(st.applied == 2);
+  }
+}
+
+TEST_CASE("parameter_server agent refuses a step out of order and names what is missing") {
+  using agent = gw::aggregation::parameter_server<gw::ps::async>::agent<float, gw::transport::inproc>;
+  gw::ps::options o;
+  o.timeout = std::chrono::seconds(60);
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    gw::collective::communicator<gw::transport::inproc> comm(std::move(t));
+    std::vector<float> p0(3, 1.0f), p1(2, 1.0f);
+    const std::vector<std::span<float>> params{p0, p1};
+    agent a(o);
+    a.setup(comm, params);
+    if (a.is_server(comm.rank(), comm.size())) {
+      REQUIRE_THROWS_WITH(a.begin_step(comm), Catch::Contains("is a server: call serve()"));
+      a.serve(comm, params, gw::optim::sgd({.lr = 0.1}));
+      return;
+    }
+    const std::vector<float> g0(3, 1.0f), g1(2, 1.0f);
+    REQUIRE_THROWS_WITH(a.ready(comm, 0, g0), Catch::Contains("outside a step"));
+    a.begin_step(comm);
+    a.ready(comm, 1, g1);
+    REQUIRE_THROWS_WITH(a.ready(comm, 1, g1), Catch::Contains("gradient 1 was ready twice"));
+    REQUIRE_THROWS_WITH(a.finish_step(comm, params, [](std::size_t, std::span<const float>, float) {}),
+                        Catch::Contains("before gradient 0 was ready"));
+    a.ready(comm, 0, g0);
+    a.finish_step(comm, params, [](std::size_t, std::span<const float>, float) {});
+    REQUIRE(a.applied() == 1);
+    REQUIRE(p0[0] == Approx(0.9f));
+    a.finish(comm);  // what strategy<>'s destructor does: the server stops waiting
+  });
 }

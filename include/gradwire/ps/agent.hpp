@@ -1,0 +1,161 @@
+// One rank's part in a parameter-server job (the agent strategy<> builds for aggregation::parameter_server).
+//
+// Setup makes every rank start from the chief's parameters, works out the sharding, and
+// sets up one-sided windows where the transport has them. Then a worker rank steps
+// (begin_step / ready / finish_step, through ps::worker: each server's shard is pushed as
+// soon as its tensors are ready) and a server rank serves (ps::server) until the workers
+// are done.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../collective/broadcast.hpp"
+#include "../collective/communicator.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "options.hpp"
+#include "server.hpp"
+#include "sharding.hpp"
+#include "stats.hpp"
+#include "windows.hpp"
+#include "worker.hpp"
+
+namespace gradwire::ps {
+
+// Mode: concepts::ps_mode; V: the parameters' value type; Tr: a transport with wait_any
+// (concepts::multiplexing_transport), so that a server answers workers in arrival order.
+template <concepts::ps_mode Mode, class V, class Tr>
+class agent {
+ public:
+  using mode = Mode;
+  using value_type = V;
+  using transport_type = Tr;
+  using communicator_type = collective::communicator<Tr>;
+  using push_handle = typename worker<Mode, V, Tr>::push_handle;
+  using pull_handle = typename worker<Mode, V, Tr>::pull_handle;
+
+  explicit agent(ps::options o) : options_(std::move(o)) {}
+  // From the policy (aggregation::parameter_server<Mode>): its options.
+  template <class Policy>
+    requires(!std::same_as<std::remove_cvref_t<Policy>, agent>) &&
+            requires(const Policy& p) { { p.options() } -> std::convertible_to<const ps::options&>; }
+  explicit agent(const Policy& policy) : agent(policy.options()) {}
+
+  const ps::options& options() const noexcept { return options_; }
+  int servers() const noexcept { return options_.servers; }
+  bool is_server(int rank, int size) const noexcept { return rank >= size - options_.servers; }
+  int first_server(int size) const noexcept { return size - options_.servers; }
+
+  // A worker's view, from its latest answers (0 on a server): the servers' least version,
+  // their most gradients applied, the workers lost so far, and the staleness of its latest
+  // gradient (the servers' version when it arrived minus the version it was computed on;
+  // the largest over servers; 0 in sync modes).
+  std::uint64_t version() const noexcept { return worker_ ? worker_->version() : 0; }
+  std::uint64_t applied() const noexcept { return worker_ ? worker_->applied() : 0; }
+  std::uint32_t lost_workers() const noexcept { return worker_ ? worker_->lost_workers() : 0; }
+  std::uint64_t last_staleness() const noexcept { return worker_ ? worker_->last_staleness() : 0; }
+
+  // Collective: every rank starts from the chief's parameters (rank 0, a worker); servers
+  // expose their windows; then each worker pulls from the servers, which may have resumed
+  // from a checkpoint.
+  void setup(communicator_type& comm, std::span<const std::span<V>> params) {
+    static_assert(concepts::multiplexing_transport<Tr>,
+                  "aggregation::parameter_server needs a transport with wait_any (asio_tcp, ucx, inproc)");
+    const int n = comm.size(), me = comm.rank();
+    rank_ = me;
+    if (options_.servers < 1 || options_.servers >= n)
+      throw error(errc::config, "parameter_server: " + std::to_string(options_.servers) + " server(s) in a job of " +
+                                    std::to_string(n) + " ranks: a job needs at least one server and one worker "
+                                    "(launch with --ps N, or a TF_CONFIG with a \"ps\" list)");
+    std::vector<std::size_t> sizes;
+    for (auto p : params) sizes.push_back(p.size());
+    shards_ = sharding(sizes, options_.servers, std::max<std::size_t>(1, options_.split_bytes / sizeof(V)));
+    broadcast_chiefs(comm, params);
+    if constexpr (concepts::loss_tolerant_transport<Tr>)
+      if (Mode::on_arrival && concepts::tolerates_loss(comm.transport()))  // async: workers may die; servers never
+        for (int r = 0; r < first_server(n); ++r)
+          if (r != me) comm.transport().tolerate_loss(r);
+    if (is_server(me, n)) {
+      if constexpr (concepts::one_sided_transport<Tr>)
+        if (shards_.elements(me - first_server(n)) > 0)
+          window_ = server_window<V, Tr>::expose(comm, shards_.elements(me - first_server(n)), first_server(n),
+                                                 deadline_after(options_.timeout));
+      return;
+    }
+    worker_.emplace(options_, shards_, first_server(n));
+    if constexpr (concepts::one_sided_transport<Tr>) worker_->attach_windows(comm);
+    worker_->pull(comm, params).wait();
+  }
+
+  // --- a worker's step (concepts::aggregation_agent) -------------------------------
+
+  void begin_step(communicator_type& comm) { worker_for("step").begin_step(comm); }
+  // The servers whose tensors are now all ready get their push at once, from this thread.
+  void ready(communicator_type& comm, std::size_t i, std::span<const V> grad) { worker_for("step").ready(comm, i, grad); }
+  // Pulls the parameters into `params`: the servers applied the update, so `apply` is not called.
+  template <class Apply>
+  void finish_step(communicator_type& comm, std::span<const std::span<V>> params, Apply&&) {
+    worker_for("step").finish_step(comm, params);
+  }
+
+  // The same by hand, to overlap with compute: the whole gradient at once, and the
+  // parameters; wait() on the handles (one of each in flight).
+  push_handle push(communicator_type& comm, std::span<const std::span<const V>> grads) {
+    return worker_for("push").push(comm, grads);
+  }
+  pull_handle pull(communicator_type& comm, std::span<const std::span<V>> params) {
+    return worker_for("pull").pull(comm, params);
+  }
+
+  // A worker that stops training tells the servers (strategy<>'s destructor calls it).
+  void finish(communicator_type& comm) {
+    if (worker_) worker_->finish(comm);
+  }
+
+  // A server's loop: applies gradients and answers pulls until every worker has finished
+  // or was lost; then writes its final checkpoint and returns what it saw.
+  template <class Optimizer>
+  server_stats serve(communicator_type& comm, std::span<const std::span<V>> params, const Optimizer& optimizer) {
+    if (!is_server(comm.rank(), comm.size()))
+      throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(comm.rank()) +
+                                              " is a worker: serve() is for the server ranks (the last " +
+                                              std::to_string(options_.servers) + ")");
+    return server<Mode, V, Tr, Optimizer>(comm, params, optimizer, options_, shards_, window_).run();
+  }
+
+ private:
+  worker<Mode, V, Tr>& worker_for(const char* what) {
+    if (worker_) return *worker_;
+    if (rank_ < 0)
+      throw error(errc::invalid_argument, std::string("parameter_server: ") + what +
+                                              " before setup (strategy<> sets its aggregation up when it is built)");
+    throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(rank_) + " is a server: call serve() "
+                                        "on it instead of step() (" + what + " is for the workers)");
+  }
+
+  // Setup only: the chief's values to everyone in one broadcast.
+  static void broadcast_chiefs(communicator_type& comm, std::span<const std::span<V>> params) {
+    std::vector<V> flat;
+    for (auto p : params) flat.insert(flat.end(), p.begin(), p.end());
+    collective::broadcast(comm, std::span<V>(flat), 0);
+    std::size_t at = 0;
+    for (auto p : params) std::copy_n(flat.data() + at, p.size(), p.data()), at += p.size();
+  }
+
+  ps::options options_;
+  int rank_ = -1;                           // this rank, once set up
+  sharding shards_;                         // the same on every rank
+  server_window<V, Tr> window_;             // a server's, when its transport has one-sided access
+  std::optional<worker<Mode, V, Tr>> worker_;  // a worker rank's links and step, after setup
+};
+
+}  // namespace gradwire::ps

@@ -1,0 +1,410 @@
+// The server side of a parameter server: the loop that takes pushes, applies updates and answers pulls.
+//
+// A server owns its shard's values and optimizer state. It waits for whichever worker
+// speaks next (concepts::multiplexing_transport), handles that request (on_push, on_pull,
+// on_done), answers the pulls the mode now allows (answer_pulls), and checkpoints when
+// due, until every worker has finished or was lost. Sync modes sum a step's gradients and
+// apply their mean when the step is full (close_step_if_full); async modes apply each on
+// arrival and record its staleness and update lag.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../checkpoint.hpp"
+#include "../collective/communicator.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../observe/log.hpp"
+#include "../tensor/aligned_buffer.hpp"
+#include "../timeouts.hpp"
+#include "options.hpp"
+#include "protocol.hpp"
+#include "sharding.hpp"
+#include "stats.hpp"
+#include "windows.hpp"
+
+namespace gradwire::ps {
+
+namespace detail {
+// A server's shard as a checkpoint sees it (concepts::checkpoint_model): its pieces, each
+// with its optimizer state.
+template <class V, class Optimizer>
+struct shard_model {
+  using value_type = V;
+  using optimizer_type = Optimizer;
+  using state_type = typename Optimizer::template state<V>;
+  std::vector<std::span<V>> tensors;
+  std::vector<state_type> states;
+  std::span<const std::span<V>> parameters() const noexcept { return tensors; }
+  std::span<const state_type> optimizer_states() const noexcept { return states; }
+  std::span<state_type> optimizer_states() noexcept { return states; }
+};
+}  // namespace detail
+
+// Mode: concepts::ps_mode; V: the parameters' value type; Tr: a multiplexing transport;
+// Optimizer: concepts::optimizer for V (with set_lr(double) if options::learning_rate is set).
+template <concepts::ps_mode Mode, class V, class Tr, class Optimizer>
+class server {
+ public:
+  using communicator_type = collective::communicator<Tr>;
+
+  // `params`: this rank's parameter tensors (the shard is a view into them, so they hold
+  // the final values when run() returns); `window`: what setup exposed (may be none).
+  server(communicator_type& comm, std::span<const std::span<V>> params, const Optimizer& optimizer,
+         const options& o, const sharding& shards, server_window<V, Tr>& window)
+      : comm_(comm),
+        t_(comm.transport()),
+        options_(o),
+        index_(comm.rank() - (comm.size() - o.servers)),
+        workers_(comm.size() - o.servers),
+        pieces_(shards.shard(index_)),
+        elements_(shards.elements(index_)),
+        who_("parameter server rank " + std::to_string(comm.rank())),
+        scheduled_(optimizer),
+        incoming_(elements_),
+        sum_(Mode::on_arrival ? 0 : elements_),
+        slots_(static_cast<std::size_t>(workers_)),
+        pending_(static_cast<std::size_t>(workers_)),
+        active_(workers_) {
+    for (const auto& p : pieces_) {
+      shard_.tensors.emplace_back(params[p.tensor].data() + p.begin, p.size());
+      shard_.states.push_back(optimizer.template init<V>(p.size()));
+    }
+    if (!options_.checkpoint_dir.empty())
+      checkpoint_ = options_.checkpoint_dir / ("ps-shard-" + std::to_string(index_) + "-of-" +
+                                               std::to_string(options_.servers) + ".ckpt");
+    if (!checkpoint_.empty() && std::filesystem::exists(checkpoint_))
+      stats_.resumed_from = stats_.version = load_checkpoint(checkpoint_, shard_);
+    saved_at_ = stats_.version;
+    stats_.pushes.assign(static_cast<std::size_t>(workers_), 0);
+    stats_.dropped_by.assign(static_cast<std::size_t>(workers_), 0);
+    for (int w = 0; w < workers_; ++w) {
+      auto& slot = slot_of(w);
+      slot.clock = stats_.version;
+      if (window.exposed()) {  // replies and one-sided pushes live in the window
+        slot.reply = window.reply(w);
+        slot.window_gradient = window.gradient(w);
+        slot.windowed = true;
+      } else {
+        slot.own_reply = aligned_buffer<V>(detail::reply_header_elements<V> + elements_);
+        slot.reply = slot.own_reply.span();
+      }
+    }
+  }
+
+  // Serves until every worker has finished or was lost; then writes the final checkpoint
+  // and returns what it saw.
+  server_stats run() {
+    observe::log_info(comm_.rank(), comm_.size(), "parameter server (", Mode::name, ") for ", workers_,
+                      " worker(s): shard of ", elements_, " elements in ", pieces_.size(), " piece(s)",
+                      stats_.resumed_from ? ", resumed from version " : "",
+                      stats_.resumed_from ? std::to_string(stats_.resumed_from) : std::string());
+    for (int w = 0; w < workers_; ++w) post_control(w);
+    while (active_ > 0) {
+      const int w = next_request();
+      try {
+        on_request(w);
+      } catch (const error& e) {
+        lose(w, e);
+      }
+      answer_pulls();
+      if (options_.checkpoint_every > 0 && stats_.version >= saved_at_ + options_.checkpoint_every) save();
+    }
+    drain_replies();
+    save();
+    observe::log_info(comm_.rank(), comm_.size(), "parameter server done: version ", stats_.version, ", ",
+                      stats_.updates, " updates, ", stats_.applied, " gradients applied, ", stats_.dropped,
+                      " dropped, ", stats_.lost_workers.size(), " worker(s) lost");
+    return stats_;
+  }
+
+ private:
+  // What the server keeps per worker.
+  struct worker_slot {
+    typename Tr::request control;      // posted receive of the worker's next request
+    detail::request_header header;     // ... lands here
+    typename Tr::request reply_send;   // the latest reply, until it is known to be sent
+    aligned_buffer<V> own_reply;       // without a window: the reply is built here
+    std::span<V> reply;                // [reply header][parameters]: own_reply, or its block of the window
+    std::span<const V> window_gradient;  // where its one-sided pushes land
+    bool windowed = false;             // this server has a window (and the two spans above are in it)
+    bool live = true;                  // neither finished nor lost
+    bool pull_waiting = false;
+    bool pull_in_window = false;       // answer with the header only: it gets the parameters itself
+    std::uint64_t pull_least = 0;      // sync modes: the least version the pull wants
+    std::uint64_t clock = 0;           // gradients received (from the resumed version on)
+    std::uint64_t staleness = 0;       // of its latest gradient taken (async modes), for its replies
+  };
+
+  worker_slot& slot_of(int w) noexcept { return slots_[static_cast<std::size_t>(w)]; }
+  deadline wait_deadline() const { return deadline_after(options_.timeout); }
+  std::string worker_name(int w) const { return who_ + ": worker rank " + std::to_string(w); }
+
+  void post_control(int w) {
+    auto& slot = slot_of(w);
+    slot.control = t_.async_recv(w, detail::request_tag, detail::writable_bytes_of(slot.header));
+  }
+
+  // The worker whose request arrived first.
+  int next_request() {
+    for (int w = 0; w < workers_; ++w) pending_[static_cast<std::size_t>(w)] = slot_of(w).live ? &slot_of(w).control : nullptr;
+    try {
+      return static_cast<int>(t_.wait_any(pending_, wait_deadline()));
+    } catch (const error& e) {
+      if (e.kind() != errc::timeout) throw;
+      throw error(errc::timeout, who_ + ": no worker sent anything for " + std::to_string(options_.timeout.count()) +
+                                     " ms (" + std::to_string(active_) +
+                                     " still expected); are they stuck, or is the timeout too short?");
+    }
+  }
+
+  void on_request(int w) {
+    auto& slot = slot_of(w);
+    t_.wait(slot.control, wait_deadline());
+    switch (slot.header.kind) {
+      case detail::request_kind::push:
+        on_push(w);
+        post_control(w);
+        break;
+      case detail::request_kind::pull:
+        on_pull(w);
+        post_control(w);
+        break;
+      case detail::request_kind::done:
+        on_done(w);
+        break;
+      default:
+        throw error(errc::protocol, worker_name(w) + " sent an unknown request kind " +
+                                        std::to_string(static_cast<std::uint32_t>(slot.header.kind)));
+    }
+  }
+
+  void on_push(int w) {
+    auto trace = comm_.trace("push", elements_ * sizeof(V), "ps.server");
+    trace.arg("worker", w);
+    auto& slot = slot_of(w);
+    const detail::request_header h = slot.header;
+    const bool in_window = (h.flags & detail::in_window) != 0;
+    if (in_window && !slot.windowed)
+      throw error(errc::protocol, worker_name(w) + " pushed into a window this server does not have");
+    ++stats_.pushes[static_cast<std::size_t>(w)];
+    ++slot.clock;
+    stats_.one_sided += in_window ? 1 : 0;
+    if constexpr (Mode::on_arrival)
+      apply_on_arrival(w, h, in_window);
+    else if (h.version < stats_.version)  // late: its step has closed without it
+      drop_late(w, in_window);
+    else
+      add_to_step(w, in_window);
+  }
+
+  // A tagged push's gradient, received now (a one-sided one is already in the window).
+  void receive_gradient(int w, std::span<V> into) {
+    auto r = t_.async_recv(w, detail::gradient_tag, std::as_writable_bytes(into));
+    t_.wait(r, wait_deadline());
+  }
+
+  // Async modes: applied at once, scaled by 1 / update lag under staleness_aware_lr.
+  void apply_on_arrival(int w, const detail::request_header& h, bool in_window) {
+    auto& slot = slot_of(w);
+    if (!in_window) receive_gradient(w, incoming_);
+    const std::uint64_t lag = stats_.updates - std::min(stats_.updates, h.updates);
+    slot.staleness = stats_.version - std::min(stats_.version, h.version);
+    detail::record(stats_.staleness, slot.staleness);
+    detail::record(stats_.update_lag, lag);
+    apply(in_window ? slot.window_gradient : std::span<const V>(incoming_),
+          options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1));
+    ++stats_.applied;
+    advance_clock();
+  }
+
+  // Sync modes: a gradient for a step that has closed is taken off the wire and counted.
+  void drop_late(int w, bool in_window) {
+    if (!in_window) receive_gradient(w, incoming_);
+    ++stats_.dropped;
+    ++stats_.dropped_by[static_cast<std::size_t>(w)];
+  }
+
+  // Sync modes: summed into the open step (received and added in one pass where the
+  // transport can), which closes once full.
+  void add_to_step(int w, bool in_window) {
+    auto& slot = slot_of(w);
+    if (in_window) {
+      for (std::size_t i = 0; i < elements_; ++i) sum_[i] += slot.window_gradient[i];
+    } else if constexpr (concepts::accumulating_transport<Tr, V>) {
+      auto r = t_.async_recv_accumulate(w, detail::gradient_tag, std::span<V>(sum_));
+      t_.wait(r, wait_deadline());
+    } else {
+      receive_gradient(w, incoming_);
+      for (std::size_t i = 0; i < elements_; ++i) sum_[i] += incoming_[i];
+    }
+    detail::record(stats_.staleness, 0);
+    detail::record(stats_.update_lag, 0);
+    ++stats_.applied;
+    ++in_step_;
+    close_step_if_full();
+  }
+
+  void on_pull(int w) {
+    auto& slot = slot_of(w);
+    const bool in_window = (slot.header.flags & detail::in_window) != 0;
+    if (in_window && !slot.windowed)
+      throw error(errc::protocol, worker_name(w) + " asked for a one-sided pull from a window this server does not have");
+    slot.pull_waiting = true;
+    slot.pull_in_window = in_window;
+    slot.pull_least = slot.header.version;
+  }
+
+  void on_done(int w) {
+    slot_of(w).live = false;
+    --active_;
+    if constexpr (Mode::on_arrival) advance_clock();
+    close_step_if_full();  // the step may now have every gradient it still needs
+  }
+
+  // Runs the optimizer over the shard with `gradient` (the shard's pieces, in order) * scale.
+  void apply(std::span<const V> gradient, V scale) {
+    if (options_.learning_rate) {
+      if constexpr (requires { scheduled_.set_lr(1.0); })
+        scheduled_.set_lr(options_.learning_rate(stats_.version, stats_.applied));
+      else
+        throw error(errc::invalid_argument,
+                    "parameter_server: ps::options::learning_rate needs an optimizer with set_lr(double)");
+    }
+    auto trace = comm_.trace("optimizer_step", gradient.size_bytes(), "optimizer");
+    trace.arg("version", static_cast<std::int64_t>(stats_.version));
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      scheduled_.step(shard_.states[k], shard_.tensors[k], gradient.first(pieces_[k].size()), scale);
+      gradient = gradient.subspan(pieces_[k].size());
+    }
+    ++stats_.updates;
+  }
+
+  // Async modes: the version is the slowest live worker's clock.
+  void advance_clock() {
+    std::uint64_t least = ~std::uint64_t{0};
+    for (const auto& slot : slots_)
+      if (slot.live) least = std::min(least, slot.clock);
+    if (least != ~std::uint64_t{0}) stats_.version = std::max(stats_.version, least);
+  }
+
+  // Sync modes: a step with a gradient from every live worker (but the backups) applies
+  // their mean and closes.
+  void close_step_if_full() {
+    if constexpr (!Mode::on_arrival) {
+      const auto needed = static_cast<std::size_t>(std::max(1, active_ - Mode::backups));
+      if (in_step_ == 0 || in_step_ < needed) return;
+      apply(sum_, V(1) / static_cast<V>(in_step_));
+      std::fill(sum_.begin(), sum_.end(), V(0));
+      in_step_ = 0;
+      ++stats_.version;
+    }
+  }
+
+  // A worker's request failed. Async modes over a transport that tolerates the loss drop
+  // the worker and go on; anything else is fatal.
+  void lose(int w, const error& e) {
+    if (!(Mode::on_arrival && concepts::tolerates_loss(t_)) || e.kind() != errc::peer_lost) throw e;
+    slot_of(w).live = false;
+    --active_;
+    stats_.lost_workers.push_back(w);
+    observe::log(options_.report ? observe::log_level::warning : observe::log_level::info, comm_.rank(),
+                 comm_.size(), "parameter server: dropped worker rank ", w, ": ", e.what());
+    if constexpr (Mode::on_arrival) advance_clock();
+  }
+
+  // Whether worker w's waiting pull may be answered now: sync modes once the step it
+  // wants has closed, bounded staleness once it is at most max_lead ahead of the slowest.
+  bool may_answer(const worker_slot& slot) const {
+    if constexpr (Mode::on_arrival) {
+      const std::uint64_t lead = slot.clock - std::min(slot.clock, stats_.version);
+      return Mode::max_lead < 0 || lead <= static_cast<std::uint64_t>(Mode::max_lead);
+    } else {
+      return stats_.version >= slot.pull_least;
+    }
+  }
+
+  void answer_pulls() {
+    for (int w = 0; w < workers_; ++w) {
+      auto& slot = slot_of(w);
+      if (!slot.live || !slot.pull_waiting || !may_answer(slot)) continue;
+      if constexpr (Mode::on_arrival)
+        stats_.max_lead = std::max(stats_.max_lead, slot.clock - std::min(slot.clock, stats_.version));
+      try {
+        send_reply(w);
+      } catch (const error& e) {
+        lose(w, e);
+      }
+    }
+  }
+
+  // [reply header][the shard's parameters]; over one-sided access only the header travels
+  // and the worker gets the parameters from the window (it asks again only once it has
+  // them, so they stay until then).
+  void send_reply(int w) {
+    auto trace = comm_.trace("pull", elements_ * sizeof(V), "ps.server");
+    trace.arg("worker", w).arg("version", static_cast<std::int64_t>(stats_.version));
+    auto& slot = slot_of(w);
+    if (slot.reply_send) t_.wait(slot.reply_send, wait_deadline());  // the worker took it before asking again
+    const detail::reply_header h{stats_.version,
+                                 stats_.updates,
+                                 stats_.applied,
+                                 slot.staleness,
+                                 static_cast<std::uint32_t>(stats_.lost_workers.size()),
+                                 stats_.lost_workers.empty() ? -1 : stats_.lost_workers.back()};
+    std::memcpy(std::as_writable_bytes(slot.reply).data(), &h, sizeof h);
+    V* out = slot.reply.data() + detail::reply_header_elements<V>;
+    for (const auto& tensor : shard_.tensors) out = std::copy(tensor.begin(), tensor.end(), out);
+    const auto message = slot.reply.first(detail::reply_header_elements<V> + (slot.pull_in_window ? 0 : elements_));
+    slot.reply_send = t_.async_send(w, detail::reply_tag, std::as_bytes(message));
+    slot.pull_waiting = false;
+  }
+
+  // Replies already taken by finished workers: let them complete instead of cutting them off.
+  void drain_replies() {
+    for (auto& slot : slots_)
+      if (slot.reply_send && !slot.live) {
+        try {
+          t_.wait(slot.reply_send, deadline_after(std::chrono::seconds(1)));
+        } catch (const error&) {
+        }
+      }
+  }
+
+  void save() {
+    if (checkpoint_.empty()) return;
+    std::filesystem::create_directories(options_.checkpoint_dir);
+    save_checkpoint(checkpoint_, shard_, stats_.version);
+    saved_at_ = stats_.version;
+  }
+
+  communicator_type& comm_;
+  Tr& t_;
+  const options& options_;
+  const int index_, workers_;  // this server's index among the servers; the workers: ranks [0, workers_)
+  std::span<const piece> pieces_;
+  const std::size_t elements_;
+  const std::string who_;
+  detail::shard_model<V, Optimizer> shard_;
+  Optimizer scheduled_;  // the servers' copy: its lr follows options::learning_rate
+  server_stats stats_;
+  std::filesystem::path checkpoint_;
+  std::uint64_t saved_at_ = 0;
+  // Allocated (and touched) once: tagged gradients arrive into incoming_; sync modes sum
+  // a step's gradients in sum_.
+  std::vector<V> incoming_, sum_;
+  std::size_t in_step_ = 0;  // gradients summed into the open step
+  std::vector<worker_slot> slots_;
+  std::vector<typename Tr::request*> pending_;
+  int active_;  // live workers
+};
+
+}  // namespace gradwire::ps

@@ -1,0 +1,393 @@
+// The worker side of a parameter server: per-server links, pushes as shards become ready, pulls, and windows.
+//
+// A worker's step pushes its gradient, one message per server with that server's pieces
+// (sharding.hpp), and pulls the parameters back. A server's push starts as soon as every
+// tensor it holds a piece of is ready (ready() counts them down per server), so the
+// pushes of servers whose tensors backward produced first travel while backward still
+// runs; finish_step() sends what is left, pulls and waits. Over one-sided access to a
+// server (windows.hpp) the pieces are put straight from the gradient tensors into the
+// server's window, and the push header follows once the puts are done: at the next
+// shard's push or at finish_step(), so ready() never waits for its own puts.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../collective/communicator.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../observe/log.hpp"
+#include "../tensor/aligned_buffer.hpp"
+#include "../timeouts.hpp"
+#include "options.hpp"
+#include "protocol.hpp"
+#include "sharding.hpp"
+#include "windows.hpp"
+
+namespace gradwire::ps {
+
+namespace detail {
+// A lost server is fatal to the job: say what to do about it.
+template <class F>
+void rethrow_server_loss(F&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    if (e.kind() != errc::peer_lost) throw;
+    throw error(errc::peer_lost, "parameter_server: " + e.details() +
+                                     " (a parameter server or the job failed; restart the job with the same "
+                                     "checkpoint directory to resume from the servers' last checkpoints)");
+  }
+}
+}  // namespace detail
+
+// Mode: concepts::ps_mode; V: the parameters' value type; Tr: concepts::transport.
+template <concepts::ps_mode Mode, class V, class Tr>
+class worker {
+ public:
+  using communicator_type = collective::communicator<Tr>;
+
+  // `first_server`: the rank of server 0 (the servers are the last ranks).
+  worker(const options& o, sharding shards, int first_server)
+      : timeout_(o.timeout), report_(o.report), first_server_(first_server), shards_(std::move(shards)) {
+    links_.resize(static_cast<std::size_t>(shards_.servers()));
+    for (int s = 0; s < shards_.servers(); ++s) {
+      auto& l = link_to(s);
+      l.gradient = aligned_buffer<V>(shards_.elements(s));
+      l.reply = aligned_buffer<V>(detail::reply_header_elements<V> + shards_.elements(s));
+    }
+    grads_.resize(shards_.tensors());
+    ready_.assign(shards_.tensors(), false);
+    waiting_.assign(links_.size(), 0);
+  }
+
+  // From the latest answers: the servers' least version and most gradients applied, the
+  // workers lost so far, and the staleness of this worker's latest gradient (the largest
+  // over the servers; 0 in sync modes).
+  std::uint64_t version() const noexcept { return min_version_; }
+  std::uint64_t applied() const noexcept { return applied_; }
+  std::uint32_t lost_workers() const noexcept { return lost_; }
+  std::uint64_t last_staleness() const noexcept { return staleness_; }
+
+  // Setup, the worker's half of server_window::expose(): takes each server's key and
+  // attaches the windows of the servers the transport prefers one-sided access to.
+  void attach_windows(communicator_type& comm)
+    requires concepts::one_sided_transport<Tr>
+  {
+    auto& t = comm.transport();
+    const auto until = deadline_after(timeout_);
+    const int workers = first_server_;
+    for (int s = 0; s < shards_.servers(); ++s) {
+      if (shards_.elements(s) == 0) continue;  // a server with nothing of this model has no window
+      const int server = first_server_ + s;
+      std::uint64_t key_size = 0;
+      auto size_message = t.async_recv(server, detail::window_size_tag, detail::writable_bytes_of(key_size));
+      detail::rethrow_server_loss([&] { t.wait(size_message, until); });
+      auto& l = link_to(s);
+      l.remote.reset();
+      if (key_size == 0) continue;  // the server has no window: messages only
+      if (key_size > (std::uint64_t{1} << 20))
+        throw error(errc::protocol, "parameter_server: server rank " + std::to_string(server) +
+                                        " sent a window key of " + std::to_string(key_size) + " bytes");
+      std::vector<std::byte> key(key_size);
+      auto key_message = t.async_recv(server, detail::window_key_tag, key);
+      detail::rethrow_server_loss([&] { t.wait(key_message, until); });
+      if (!t.prefers_one_sided(server)) continue;
+      auto& remote = l.remote.emplace(t.attach(server, key));
+      if constexpr (requires { remote.size(); })
+        if (remote.size() < zones(s).size(workers))
+          throw error(errc::mismatch, "parameter_server: server rank " + std::to_string(server) +
+                                          "'s window is smaller than this model's shard needs: do all ranks train "
+                                          "the same model?");
+    }
+  }
+
+  // --- the incremental step --------------------------------------------------------
+
+  // A step starts: every server waits for all its tensors again. A step given up before
+  // finish_step() keeps the pushes it already sent (the servers have them); they are
+  // waited for here.
+  void begin_step(communicator_type& comm) {
+    if (in_step_) complete_pushes(comm);
+    in_step_ = true;
+    ++clock_;
+    std::fill(ready_.begin(), ready_.end(), false);
+    for (int s = 0; s < shards_.servers(); ++s) waiting_[static_cast<std::size_t>(s)] = shards_.tensors_of(s);
+  }
+
+  // Gradient i is final: the servers whose every tensor is now ready get their push, from
+  // this thread. `grad` stays valid until finish_step() returns (one-sided puts read it).
+  void ready(communicator_type& comm, std::size_t i, std::span<const V> grad) {
+    if (!in_step_) throw error(errc::invalid_argument, "parameter_server: ready() outside a step (call begin_step first)");
+    if (i >= ready_.size() || ready_[i])
+      throw error(errc::invalid_argument, "parameter_server: gradient " + std::to_string(i) +
+                                              (i >= ready_.size() ? " does not exist" : " was ready twice in this step"));
+    ready_[i] = true;
+    grads_[i] = grad;
+    for (int s : shards_.servers_of(i)) {
+      if (--waiting_[static_cast<std::size_t>(s)] > 0 || shards_.elements(s) == 0) continue;
+      start_push(comm, s, grads_);
+      send_push_headers(comm, s);  // earlier servers' puts are likely done: their headers go now
+    }
+  }
+
+  // Every gradient was ready: sends the pushes still held back, pulls the parameters the
+  // mode allows into `params` and waits for both. On the timeline the pull nests in the
+  // push: the push is done only once it is sent.
+  void finish_step(communicator_type& comm, std::span<const std::span<V>> params) {
+    if (!in_step_) throw error(errc::invalid_argument, "parameter_server: finish_step() without begin_step()");
+    const auto missing = std::find(ready_.begin(), ready_.end(), false);
+    if (missing != ready_.end())
+      throw error(errc::invalid_argument, "parameter_server: finish_step() before gradient " +
+                                              std::to_string(missing - ready_.begin()) + " was ready");
+    std::size_t model_bytes = 0;
+    for (auto g : grads_) model_bytes += g.size_bytes();
+    auto push_trace = comm.trace("push", model_bytes, "ps");
+    push_trace.arg("clock", static_cast<std::int64_t>(clock_));
+    send_push_headers(comm);
+    {
+      auto pull_trace = comm.trace("pull", model_bytes, "ps");
+      pull(comm, params).wait();
+      pull_trace.arg("version", static_cast<std::int64_t>(min_version_));
+    }
+    complete_pushes(comm);
+    push_trace.arg("staleness", static_cast<std::int64_t>(staleness_));
+  }
+
+  // --- non-blocking push and pull, for overlapping them with compute by hand --------
+
+  class push_handle {
+   public:
+    push_handle(communicator_type& comm, std::vector<typename Tr::request> sends, deadline until)
+        : comm_(&comm), sends_(std::move(sends)), until_(until) {}
+    void wait() {
+      for (auto& r : sends_)
+        if (r) detail::rethrow_server_loss([&] { comm_->transport().wait(r, until_); });
+      sends_.clear();
+    }
+
+   private:
+    communicator_type* comm_;
+    std::vector<typename Tr::request> sends_;
+    deadline until_;
+  };
+
+  class pull_handle {
+   public:
+    pull_handle(worker& w, communicator_type& comm, std::span<const std::span<V>> params,
+                std::vector<typename Tr::request> requests, deadline until)
+        : worker_(&w), comm_(&comm), params_(params), requests_(std::move(requests)), until_(until) {}
+    // Waits for every server's answer and writes the parameters into place.
+    void wait() {
+      for (auto& r : requests_)
+        if (r) detail::rethrow_server_loss([&] { comm_->transport().wait(r, until_); });
+      requests_.clear();
+      if constexpr (concepts::one_sided_transport<Tr>) worker_->get_parameters(*comm_, params_, until_);
+      worker_->take_replies(*comm_, params_);
+    }
+
+   private:
+    worker* worker_;
+    communicator_type* comm_;
+    std::span<const std::span<V>> params_;
+    std::vector<typename Tr::request> requests_;
+    deadline until_;
+  };
+
+  // Pushes the whole gradient at once (one of each handle may be in flight; not inside an
+  // incremental step). Over one-sided access it returns once the gradient is in the
+  // servers' memory.
+  push_handle push(communicator_type& comm, std::span<const std::span<const V>> grads) {
+    if (in_step_) throw error(errc::invalid_argument, "parameter_server: push() inside a step (finish it first)");
+    ++clock_;
+    for (int s = 0; s < shards_.servers(); ++s)
+      if (shards_.elements(s) > 0) start_push(comm, s, grads);
+    send_push_headers(comm);
+    return push_handle(comm, std::exchange(sends_, {}), deadline_after(timeout_));
+  }
+
+  pull_handle pull(communicator_type& comm, std::span<const std::span<V>> params) {
+    auto& t = comm.transport();
+    std::vector<typename Tr::request> requests;
+    requests.reserve(2 * links_.size());
+    for (int s = 0; s < shards_.servers(); ++s) {
+      const std::size_t elements = shards_.elements(s);
+      if (elements == 0) continue;
+      auto& l = link_to(s);
+      const bool windowed = l.remote.has_value();
+      // Sync modes: the step after the one this worker's gradient went into.
+      const std::uint64_t wanted = (!Mode::on_arrival && clock_ > 0) ? l.version + 1 : 0;
+      l.pull = {detail::request_kind::pull, windowed ? detail::in_window : 0, wanted, clock_, 0};
+      const auto reply = l.reply.span().first(detail::reply_header_elements<V> + (windowed ? 0 : elements));
+      requests.push_back(t.async_recv(first_server_ + s, detail::reply_tag, std::as_writable_bytes(reply)));
+      requests.push_back(t.async_send(first_server_ + s, detail::request_tag, detail::bytes_of(l.pull)));
+    }
+    return pull_handle(*this, comm, params, std::move(requests), deadline_after(timeout_));
+  }
+
+  // A worker that stops training tells every server (they stop waiting for it). Once.
+  void finish(communicator_type& comm) {
+    // A moved-from worker has no links (and its communicator no transport to ask).
+    if (finished_ || links_.empty()) return;
+    finished_ = true;
+    if (in_step_) complete_pushes(comm);
+    auto& t = comm.transport();
+    std::vector<typename Tr::request> sends;
+    const detail::request_header done{detail::request_kind::done, 0, 0, clock_, 0};
+    for (int s = 0; s < shards_.servers(); ++s)
+      sends.push_back(t.async_send(first_server_ + s, detail::request_tag, detail::bytes_of(done)));
+    for (auto& r : sends) t.wait(r, deadline_after(std::chrono::seconds(10)));
+  }
+
+ private:
+  // What this worker keeps per server, allocated once.
+  struct link {
+    aligned_buffer<V> gradient;  // a tagged push's pieces, gathered
+    aligned_buffer<V> reply;     // [reply header][shard parameters], as the server sends it
+    detail::request_header push, pull;
+    std::uint64_t version = 0, updates = 0;  // from the server's latest reply
+    // One-sided access: the server's window, when the transport prefers it to that server;
+    // the clock of the latest gradient put there, and of the latest one the server is
+    // known to have taken (a reply to a later pull): a gradient goes into the window only
+    // when the one before it was taken.
+    std::optional<remote_window_t<Tr>> remote;
+    std::uint64_t put_clock = 0, taken_clock = 0;
+    std::vector<typename Tr::request> puts;  // this push's puts, until its header follows them
+    bool header_held = false;                // a one-sided push whose header waits for its puts
+  };
+
+  link& link_to(int s) noexcept { return links_[static_cast<std::size_t>(s)]; }
+  detail::window_layout zones(int s) const noexcept { return detail::window_layout::of<V>(shards_.elements(s)); }
+
+  // Starts server s's push of this clock's gradient: its pieces put into the server's
+  // window (header held back until they are there), or gathered and sent.
+  void start_push(communicator_type& comm, int s, std::span<const std::span<const V>> grads) {
+    auto& t = comm.transport();
+    auto& l = link_to(s);
+    const int server = first_server_ + s;
+    if constexpr (concepts::one_sided_transport<Tr>) {
+      if (l.remote && l.taken_clock >= l.put_clock) {
+        std::size_t at = zones(s).gradient(comm.rank());
+        for (const auto& p : shards_.shard(s)) {
+          if (p.size() > 0)
+            l.puts.push_back(t.async_put(*l.remote, at, std::as_bytes(grads[p.tensor].subspan(p.begin, p.size()))));
+          at += p.size() * sizeof(V);
+        }
+        l.put_clock = clock_;
+        l.push = {detail::request_kind::push, detail::in_window, l.version, clock_, l.updates};
+        l.header_held = true;
+        return;
+      }
+    }
+    l.push = {detail::request_kind::push, 0, l.version, clock_, l.updates};
+    sends_.push_back(t.async_send(server, detail::request_tag, detail::bytes_of(l.push)));
+    V* out = l.gradient.data();
+    for (const auto& p : shards_.shard(s)) out = std::copy_n(grads[p.tensor].data() + p.begin, p.size(), out);
+    sends_.push_back(t.async_send(server, detail::gradient_tag,
+                                  std::as_bytes(l.gradient.span().first(shards_.elements(s)))));
+  }
+
+  // Sends the headers held back for one-sided pushes (but server `except`'s), each once
+  // its puts are in the server's memory.
+  void send_push_headers(communicator_type& comm, int except = -1) {
+    auto& t = comm.transport();
+    const auto until = deadline_after(timeout_);
+    for (int s = 0; s < shards_.servers(); ++s) {
+      auto& l = link_to(s);
+      if (!l.header_held || s == except) continue;
+      for (auto& r : l.puts) detail::rethrow_server_loss([&] { t.wait(r, until); });
+      l.puts.clear();
+      l.header_held = false;
+      sends_.push_back(t.async_send(first_server_ + s, detail::request_tag, detail::bytes_of(l.push)));
+    }
+  }
+
+  // Every push of this step is sent (its buffers free for the next).
+  void complete_pushes(communicator_type& comm) {
+    send_push_headers(comm);
+    const auto until = deadline_after(timeout_);
+    for (auto& r : sends_)
+      if (r) detail::rethrow_server_loss([&] { comm.transport().wait(r, until); });
+    sends_.clear();
+    in_step_ = false;
+  }
+
+  // After the servers' reply headers: gets each shard's parameters from the windows
+  // straight into the parameter tensors.
+  void get_parameters(communicator_type& comm, std::span<const std::span<V>> params, deadline until) {
+    auto& t = comm.transport();
+    std::vector<typename Tr::request> gets;
+    for (int s = 0; s < shards_.servers(); ++s) {
+      auto& l = link_to(s);
+      if (!l.remote || shards_.elements(s) == 0) continue;
+      std::size_t at = zones(s).reply(comm.rank()) + sizeof(detail::reply_header);
+      for (const auto& p : shards_.shard(s)) {
+        if (p.size() > 0)
+          gets.push_back(t.async_get(*l.remote, at, std::as_writable_bytes(params[p.tensor].subspan(p.begin, p.size()))));
+        at += p.size() * sizeof(V);
+      }
+    }
+    for (auto& r : gets) detail::rethrow_server_loss([&] { t.wait(r, until); });
+  }
+
+  // Reads every server's reply: parameters into place (tagged replies), versions, the
+  // staleness of this worker's gradient, and workers lost (the chief reports new losses).
+  void take_replies(communicator_type& comm, std::span<const std::span<V>> params) {
+    std::uint64_t least = ~std::uint64_t{0}, updates = 0;
+    std::uint32_t lost = 0;
+    int last_lost = -1;
+    staleness_ = 0;
+    for (int s = 0; s < shards_.servers(); ++s) {
+      if (shards_.elements(s) == 0) continue;
+      auto& l = link_to(s);
+      detail::reply_header h;
+      std::memcpy(&h, std::as_bytes(l.reply.span()).data(), sizeof h);
+      if (!l.remote) {  // one-sided: get_parameters() put them in place
+        const V* in = l.reply.data() + detail::reply_header_elements<V>;
+        for (const auto& p : shards_.shard(s)) {
+          std::copy_n(in, p.size(), params[p.tensor].data() + p.begin);
+          in += p.size();
+        }
+      }
+      l.taken_clock = std::max(l.taken_clock, l.pull.clock);
+      l.version = h.version;
+      l.updates = h.updates;
+      least = std::min(least, h.version);
+      updates = std::max(updates, h.applied);
+      staleness_ = std::max(staleness_, h.staleness);
+      if (h.lost > lost) lost = h.lost, last_lost = h.last_lost;
+    }
+    if (least != ~std::uint64_t{0}) min_version_ = least;
+    applied_ = updates;
+    if (lost > lost_ && comm.rank() == 0)
+      observe::log(report_ ? observe::log_level::warning : observe::log_level::info, comm.rank(), comm.size(),
+                   "parameter_server: worker rank ", last_lost, " was lost (", lost,
+                   " worker(s) lost so far); training goes on without it");
+    lost_ = std::max(lost_, lost);
+  }
+
+  std::chrono::milliseconds timeout_;
+  bool report_ = true;
+  int first_server_ = 0;
+  sharding shards_;
+  std::vector<link> links_;                     // [server]
+  std::vector<std::span<const V>> grads_;       // this step's gradients, as ready() gave them
+  std::vector<bool> ready_;                     // [tensor]: ready in this step
+  std::vector<std::size_t> waiting_;            // [server]: its tensors not ready yet in this step
+  std::vector<typename Tr::request> sends_;     // this step's tagged sends, until complete_pushes()
+  bool in_step_ = false;
+  std::uint64_t clock_ = 0;                     // this worker's pushes
+  std::uint64_t min_version_ = 0, applied_ = 0, staleness_ = 0;
+  std::uint32_t lost_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace gradwire::ps
