@@ -19,8 +19,9 @@
 //
 // A step's time runs from zeroing the gradients to the optimizer's end (the batch is
 // filled before the clock starts); rank 0 reports the median, 10th and 90th percentile over
-// the timed steps, then the loss and accuracy on the first --eval test samples and the
-// parameters' checksum after the last step, and appends one CSV row.
+// the timed steps and the median of the part after backward returned (the communication
+// left to wait for, and the optimizer), then the loss and accuracy on the first --eval test
+// samples and the parameters' checksum after the last step, and appends one CSV row.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -208,26 +209,30 @@ double percentile(std::vector<double> v, double q) {
 using view = gw::tensor_view<float>;
 using clock_type = std::chrono::steady_clock;
 
-// What one rank's run produced.
-struct outcome {
-  std::vector<double> step_ms;  // timed steps only
-  double init_checksum = 0;
+// The timed steps: whole step, and the part after backward returned (what is left of the
+// communication, and the optimizer).
+struct timings {
+  std::vector<double> step_ms, after_backward_ms;
 };
 
-// Trains --warmup + --steps steps; `step` does one step's zero/forward/backward/update.
+// Trains --warmup + --steps steps; `step` does one step's zero/forward/backward/update and
+// returns the time backward returned.
 template <class Step>
-std::vector<double> train(const options& o, const data_set& d, int rank, int world, torch::Tensor& x,
-                          torch::Tensor& y, Step&& step) {
-  std::vector<double> ms;
+timings train(const options& o, const data_set& d, int rank, int world, torch::Tensor& x, torch::Tensor& y,
+              Step&& step) {
+  timings t;
+  auto ms = [](clock_type::duration e) { return std::chrono::duration<double, std::milli>(e).count(); };
   for (int k = 0; k < o.warmup + o.steps; ++k) {
     d.fill(d.train, d.train_labels, (std::size_t(k) * std::size_t(world) + std::size_t(rank)) * std::size_t(o.batch),
            x, y);
     const auto began = clock_type::now();
-    step();
-    const double t = std::chrono::duration<double, std::milli>(clock_type::now() - began).count();
-    if (k >= o.warmup) ms.push_back(t);
+    const clock_type::time_point backward_done = step();
+    const auto ended = clock_type::now();
+    if (k < o.warmup) continue;
+    t.step_ms.push_back(ms(ended - began));
+    t.after_backward_ms.push_back(ms(ended - backward_done));
   }
-  return ms;
+  return t;
 }
 
 torch::Tensor loss_of(torch::nn::Sequential& model, const torch::Tensor& x, const torch::Tensor& y) {
@@ -254,7 +259,7 @@ int main(int argc, char** argv) try {
   auto y = torch::empty({o.batch}, torch::kLong);
   const gw::optim::momentum optimizer({.lr = o.lr, .momentum = o.momentum});
 
-  std::vector<double> ms;
+  timings ms;
   if (o.mode == "compute") {
     // Every rank alone; the ranks only meet so that they compute at the same time.
     std::optional<gw::collective::communicator<gw::transport::asio_tcp>> meet;
@@ -264,7 +269,9 @@ int main(int argc, char** argv) try {
     ms = train(o, d, rank, world, x, y, [&] {
       bridge.zero_grad();
       loss_of(model, x, y).backward();
+      const auto backward_done = clock_type::now();
       s.step(bridge.gradient_views());
+      return backward_done;
     });
     if (meet) gw::collective::barrier(*meet);
   } else {
@@ -275,7 +282,9 @@ int main(int argc, char** argv) try {
       ms = train(o, d, rank, world, x, y, [&] {
         bridge.zero_grad();
         loss_of(model, x, y).backward();
+        const auto backward_done = clock_type::now();
         s.step(bridge.gradient_views());
+        return backward_done;
       });
     } else {
       // (c) Each gradient handed over from its autograd hook as soon as it is final; full
@@ -284,7 +293,9 @@ int main(int argc, char** argv) try {
         bridge.zero_grad();
         auto step = s.begin_step();
         bridge.backward(loss_of(model, x, y), step);
+        const auto backward_done = clock_type::now();
         step.finish();
+        return backward_done;
       });
     }
   }
@@ -292,23 +303,24 @@ int main(int argc, char** argv) try {
   if (rank == 0) {
     const auto e = evaluate(model, d, o.eval);
     const double final_sum = checksum(model);
-    const double median = percentile(ms, 0.5), p10 = percentile(ms, 0.1), p90 = percentile(ms, 0.9);
+    const double median = percentile(ms.step_ms, 0.5), p10 = percentile(ms.step_ms, 0.1),
+                 p90 = percentile(ms.step_ms, 0.9), after = percentile(ms.after_backward_ms, 0.5);
     const double samples = median > 0 ? 1e3 * double(world) * o.batch / median : 0;
     std::printf("# overlap gradwire %s: %d rank(s), %zu parameters (%.1f MB of gradients), batch %d per rank, %d+%d steps\n",
                 o.mode.c_str(), world, elements, 4e-6 * double(elements), o.batch, o.warmup, o.steps);
-    std::printf("# step time median %.1f ms (p10 %.1f, p90 %.1f), %.1f samples/s; eval loss %.6f acc %.4f; "
-                "checksum init %.9e final %.9e\n",
-                median, p10, p90, samples, e.loss, e.accuracy, init_sum, final_sum);
+    std::printf("# step time median %.1f ms (p10 %.1f, p90 %.1f; after backward %.1f), %.1f samples/s; eval loss "
+                "%.6f acc %.4f; checksum init %.9e final %.9e\n",
+                median, p10, p90, after, samples, e.loss, e.accuracy, init_sum, final_sum);
     if (!o.csv.empty()) {
       const bool fresh = !std::filesystem::exists(o.csv) || std::filesystem::file_size(o.csv) == 0;
       std::ofstream f(o.csv, std::ios::app);
       if (fresh)
         f << "impl,mode,world,params,batch,warmup,steps,threads,step_ms_median,step_ms_p10,step_ms_p90,"
-             "samples_per_s,eval_loss,eval_acc,init_checksum,final_checksum\n";
+             "samples_per_s,eval_loss,eval_acc,init_checksum,final_checksum,after_backward_ms_median\n";
       char row[512];
-      std::snprintf(row, sizeof row, "gradwire,%s,%d,%zu,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.2f,%.6f,%.4f,%.9e,%.9e\n",
+      std::snprintf(row, sizeof row, "gradwire,%s,%d,%zu,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.2f,%.6f,%.4f,%.9e,%.9e,%.3f\n",
                     o.mode.c_str(), world, elements, o.batch, o.warmup, o.steps, o.threads, median, p10, p90, samples,
-                    e.loss, e.accuracy, init_sum, final_sum);
+                    e.loss, e.accuracy, init_sum, final_sum, after);
       f << row;
     }
   }

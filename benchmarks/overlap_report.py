@@ -49,7 +49,7 @@ def read_runs(path):
 
 
 def median_of(rows, field):
-    values = [float(r[field]) for r in rows]
+    values = [float(r[field]) for r in rows if r.get(field)]
     return statistics.median(values) if values else None
 
 
@@ -71,6 +71,7 @@ def summarise(key, runs, tolerance):
         s[f"{label}_ms"] = ms[label]
         s[f"{label}_p10_ms"] = median_of(runs.get(label, []), "step_ms_p10")
         s[f"{label}_p90_ms"] = median_of(runs.get(label, []), "step_ms_p90")
+        s[f"{label}_after_backward_ms"] = median_of(runs.get(label, []), "after_backward_ms_median")
     a, b, c, d = ms["a"], ms["b"], ms["c"], ms["d"]
     s["hidden_share"] = (b - c) / (b - a) if None not in (a, b, c) and b - a > 0 else None
     for label in ("b", "c", "d"):
@@ -146,9 +147,17 @@ def main():
     for s in summaries:
         print(f"   {s['cluster']:>7} {s['rate']:>8} {s['params']:>10} {s['batch']:>6} |"
               + "".join(fmt(s[f'{lab}_ms'], '.0f', 7) for lab in LABELS) + " |"
-              + (f" {100 * s['hidden_share']:5.1f}%" if s["hidden_share"] is not None else f"{'-':>7}") + " |"
+              + (f"{100 * s['hidden_share']:6.1f}%" if s["hidden_share"] is not None else f"{'-':>7}") + " |"
               + "".join(fmt(s[f'{lab}_samples_per_s'], '.1f', 11) for lab in ("b", "c", "d")) + " |"
               + fmt(s["c_over_d"], ".2f", 6))
+    print("#")
+    print("# After backward returned (ms): what is left of the communication, and the optimizer; DDP waits for its")
+    print("# buckets inside backward, so (d)'s is its optimizer only")
+    print("#")
+    print("#  cluster     rate |      a     a'      b      c      d")
+    for s in summaries:
+        print(f"   {s['cluster']:>7} {s['rate']:>8} |"
+              + "".join(fmt(s[f'{lab}_after_backward_ms'], '.0f', 7) for lab in LABELS))
     print("#")
     print("# At equal accuracy: test loss / accuracy after the last step (first --eval test samples), same start")
     print("#")
