@@ -91,6 +91,7 @@ struct hook_state {
 };
 
 // Runs after AccumulateGrad: its inputs are the incoming gradient, its outputs none.
+// [docs:post_hook]
 class accumulated_hook final : public torch::autograd::FunctionPostHook {
  public:
   accumulated_hook(hook_state* state, std::size_t index) : state_(state), index_(index) {}
@@ -104,6 +105,7 @@ class accumulated_hook final : public torch::autograd::FunctionPostHook {
   hook_state* state_;
   std::size_t index_;
 };
+// [/docs:post_hook]
 
 }  // namespace detail
 
@@ -121,13 +123,16 @@ class module_bridge {
     for (std::size_t i = 0; i < s.parameters.size(); ++i) {
       torch::Tensor& p = s.parameters[i];
       check(p, i);
+      // [docs:register]
       // Allocated once; zero_grad() clears it in place, so gradient_views() stay valid.
       p.mutable_grad() = torch::zeros_like(p);
       s.gradients.push_back(p.grad());
       s.gradient_views.push_back(detail::view_of(p.grad()));
+      // The parameter's AccumulateGrad node, kept alive here (the parameter holds it weakly).
       s.accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
       s.hook_keys.push_back(
           s.accumulators.back()->add_post_hook(std::make_unique<detail::accumulated_hook>(state_.get(), i)));
+      // [/docs:register]
     }
     s.delivered.assign(s.parameters.size(), 0);
   }

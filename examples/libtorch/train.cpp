@@ -15,8 +15,9 @@
 // batch N*B. --after-backward hands the gradients over only once backward is done
 // (strategy.step), to compare with the overlapped default. --synthetic (or no data set
 // installed): a generated problem (noisy copies of 10 random images). --min-accuracy: exit 1 below it.
-// The optimizer is SGD with momentum (default 0.9); asynchronous servers add momentum of their
-// own (stale gradients act like it: Mitliagkas et al. 2016), so --ps-mode async wants less.
+// The optimizer is SGD with momentum (default 0.9). Asynchronous servers apply each worker's
+// gradient on its own, N per global step, and stale gradients act like momentum (Mitliagkas
+// et al. 2016): --ps-mode async wants about lr / N and little or no --momentum.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

@@ -281,11 +281,15 @@ TEST_CASE("libtorch: gradient accumulation, micro-batches through no_sync steps 
       for (int m = 0; m < micro; ++m) {
         // Each micro-batch's gradient goes to the strategy, which adds them up; .grad is zeroed between.
         const std::int64_t first = (me * micro + m) * batch;
+        const auto x = data.x[k].narrow(0, first, batch), y = data.y[k].narrow(0, first, batch);
+        auto& bridge = bridges[me];
+        // [docs:no_sync]
+        // `micro` micro-batches per step: all but the last only add up their gradients (no communication)
         auto step = m + 1 < micro ? strategy.begin_step(gw::no_sync) : strategy.begin_step();
-        bridges[me].backward(loss_of(models[me], data.x[k].narrow(0, first, batch), data.y[k].narrow(0, first, batch)),
-                             step);
-        step.finish();
-        bridges[me].zero_grad();
+        bridge.backward(loss_of(models[me], x, y), step);
+        step.finish();        // a no_sync step: adds this micro-batch's gradients to the strategy's sum
+        bridge.zero_grad();   // so .grad holds one micro-batch at a time
+        // [/docs:no_sync]
       }
     for (const auto& p : models[me]->parameters()) results[me].parameters.push_back(p.detach().clone());
   });
