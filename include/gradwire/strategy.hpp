@@ -454,10 +454,9 @@ class strategy {
   std::span<value_type> accumulated(std::size_t i) {
     if (accumulated_grads_.size() == 0) {
       accumulation_layout_ = flat_layout::of(parameters_);
-      accumulated_grads_.reserve_discard(accumulation_layout_.total() * sizeof(value_type));
+      accumulated_grads_.reserve_discard(accumulation_layout_.total());
     }
-    const std::span<value_type> all(reinterpret_cast<value_type*>(accumulated_grads_.data()),
-                                    accumulation_layout_.total());
+    const std::span<value_type> all(accumulated_grads_.data(), accumulation_layout_.total());
     return accumulation_layout_.slice(all, i);
   }
   void accumulate(std::size_t i, std::span<const value_type> grad) {
@@ -579,7 +578,7 @@ class strategy {
   // Gradient accumulation (no_sync steps) and the zeros an unused tensor contributes.
   std::size_t accumulated_ = 0;
   flat_layout accumulation_layout_;
-  aligned_buffer<std::byte> accumulated_grads_;
+  aligned_buffer<value_type> accumulated_grads_;
   std::vector<value_type> zeros_;
   observe::step_stats last_step_, cumulative_;
   clock::time_point last_step_end_;

@@ -144,8 +144,8 @@ class averaging_agent {
       for (auto& st : states) st.for_each_buffer([&](std::span<V> b) { buffers.push_back(b); });
       const flat_layout layout = flat_layout::of(buffers);
       if (layout.total() == 0) return;  // plain SGD: nothing to average (the same on every rank)
-      state_flat_.reserve_discard(layout.total() * sizeof(V));
-      const std::span<V> flat(reinterpret_cast<V*>(state_flat_.data()), layout.total());
+      state_flat_.reserve_discard(layout.total());
+      const std::span<V> flat(state_flat_.data(), layout.total());
       layout.gather(buffers, flat);
       collective::all_reduce(comm, flat, collective::reduce_op::average);
       layout.scatter(std::span<const V>(flat), buffers);
@@ -163,7 +163,7 @@ class averaging_agent {
   averaging<H> policy_;
   std::uint64_t steps_ = 0;
   std::vector<std::span<const V>> grads_;  // this step's, applied at finish
-  aligned_buffer<std::byte> state_flat_;   // the optimizer buffers, back to back, when averaged
+  aligned_buffer<V> state_flat_;           // the optimizer buffers, back to back, when averaged
   collective::bucket_buffer buckets_;      // plan and flat buffer, reused across averaging steps
 };
 

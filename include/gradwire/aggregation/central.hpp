@@ -84,11 +84,9 @@ class central_agent {
       return;
     }
     schedule_.ready(i, grad, [&](std::size_t k) {
-      pending_.push_back(comm.async().submit([this, k](collective::communicator<Tr>& c) {
-        const collective::bucket& b = schedule_.buckets()[k];
-        auto trace = collective::trace_bucket<Tr, V>(c, b, k);
-        collective::reduce(c, schedule_.flat(b), policy_.owner());
-      }));
+      if (schedule_.buckets().size() == 1) return;  // reduced at finish, on the caller's thread
+      pending_.push_back(
+          comm.async().submit([this, k](collective::communicator<Tr>& c) { reduce(c, k); }));
     });
   }
 
@@ -99,6 +97,8 @@ class central_agent {
       for (std::size_t i = 0; i < alone_.size(); ++i) apply(i, alone_[i], V(1));
       return;
     }
+    if (schedule_.buckets().size() == 1)
+      reduce(comm, 0);  // one bucket: nothing to overlap, so spare the hand-offs
     for (auto& handle : pending_) handle.wait(comm.step_deadline());
     pending_.clear();
     if (comm.rank() == policy_.owner())
@@ -110,6 +110,12 @@ class central_agent {
   }
 
  private:
+  void reduce(collective::communicator<Tr>& comm, std::size_t k) {
+    const collective::bucket& b = schedule_.buckets()[k];
+    auto trace = collective::trace_bucket<Tr, V>(comm, b, k);
+    collective::reduce(comm, schedule_.flat(b), policy_.owner());
+  }
+
   // The owner's parameters to every rank, through the (reused) flat buffer.
   void broadcast_parameters(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     const flat_layout& layout = schedule_.layout();

@@ -48,7 +48,7 @@ class bucket_schedule {
       for (std::size_t p = buckets_[k].first_tensor; p < buckets_[k].end_tensor; ++p) bucket_of_[layout_.order()[p]] = k;
     missing_.assign(buckets_.size(), 0);
     // Allocated and touched now (first touch of fresh memory is slow here), not in a step.
-    flat_.reserve_discard(layout_.total() * sizeof(V));
+    flat_.reserve_discard(layout_.total());
     std::fill_n(flat().data(), layout_.total(), V(0));
     observed_.clear();
     observed_.reserve(sizes.size());
@@ -57,7 +57,7 @@ class bucket_schedule {
   const flat_layout& layout() const noexcept { return layout_; }
   // Bucket k holds the tensors at flat positions [first_tensor, end_tensor) of layout().order().
   std::span<const collective::bucket> buckets() const noexcept { return buckets_; }
-  std::span<V> flat() noexcept { return {reinterpret_cast<V*>(flat_.data()), layout_.total()}; }
+  std::span<V> flat() noexcept { return {flat_.data(), layout_.total()}; }
   std::span<V> flat(const collective::bucket& b) noexcept { return flat().subspan(b.offset, b.count); }
   std::span<V> slice(std::size_t i) noexcept { return layout_.slice(flat(), i); }
 
@@ -108,7 +108,7 @@ class bucket_schedule {
   std::size_t next_ = 0;                // the next bucket to launch
   std::vector<std::size_t> observed_;   // the order ready() saw in the first step
   bool rebuilt_ = false;
-  aligned_buffer<std::byte> flat_;
+  aligned_buffer<V> flat_;
 };
 
 }  // namespace gradwire::aggregation::detail
