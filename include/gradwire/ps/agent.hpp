@@ -22,6 +22,7 @@
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../tensor/flat_layout.hpp"
 #include "options.hpp"
 #include "server.hpp"
 #include "sharding.hpp"
@@ -144,11 +145,11 @@ class agent {
 
   // Setup only: the chief's values to everyone in one broadcast.
   static void broadcast_chiefs(communicator_type& comm, std::span<const std::span<V>> params) {
-    std::vector<V> flat;
-    for (auto p : params) flat.insert(flat.end(), p.begin(), p.end());
+    const flat_layout layout = flat_layout::of(params);
+    std::vector<V> flat(layout.total());
+    layout.gather(params, std::span<V>(flat));
     collective::broadcast(comm, std::span<V>(flat), 0);
-    std::size_t at = 0;
-    for (auto p : params) std::copy_n(flat.data() + at, p.size(), p.data()), at += p.size();
+    layout.scatter(std::span<const V>(flat), params);
   }
 
   ps::options options_;

@@ -16,7 +16,8 @@ struct options {
   // Tensors larger than this are split over the servers (TensorFlow's partitioners
   // default to a 256 KiB minimum slice).
   std::size_t split_bytes = std::size_t{256} << 10;
-  // Async modes: scale each gradient's step by 1 / max(1, update lag) (Zhang et al. 2016).
+  // Async modes: scale each gradient by 1 / max(1, update lag) (Zhang et al. 2016). That
+  // divides the step of SGD and momentum; Adam and AdamW normalise it away.
   bool staleness_aware_lr = false;
   // A learning-rate schedule run by the servers, which own the optimizer: before each
   // update, lr = learning_rate(version, gradients applied so far); needs an optimizer
