@@ -87,8 +87,8 @@ name=ovl$$           # this run's cluster: gw-NAME-hI, so a second run or a test
 out=$results/overlap
 rm -rf "$out"
 mkdir -p "$out"
-runs=$out/runs.tsv   # one line per run: rate cluster repeat label status seconds csv
-printf 'rate\tcluster\trepeat\tlabel\tstatus\tseconds\tcsv\n' >"$runs"
+runs=$out/runs.tsv   # one line per run: rate cluster repeat label status seconds csv, and what else ran
+printf 'rate\tcluster\trepeat\tlabel\tstatus\tseconds\tcsv\tload\tcompilers\n' >"$runs"
 port=29700
 pids=()
 
@@ -157,7 +157,10 @@ failed=0
 
 # job LABEL: one run on the current cluster, rate and repeat; rank 0's CSV row in $dir/LABEL.rREPEAT.csv.
 job() {
-  local label=$1 dir=$out/${rate}_$shape h l r status=0 t0=$SECONDS
+  local label=$1 dir=$out/${rate}_$shape h l r status=0 t0=$SECONDS load compilers
+  # What else keeps the cores busy (the report flags runs that shared the machine with a compiler).
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  compilers=$(pgrep -c 'cc1plus|nvcc' || true)
   local csv=$dir/$label.r$repeat.csv log=$dir/logs/$label.r$repeat
   port=$((port + 1))
   mkdir -p "$dir/logs"
@@ -187,9 +190,9 @@ job() {
   esac
   wait_job || status=$?
   [ "$status" = 0 ] || failed=$((failed + 1))
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "$shape" "$repeat" "$label" "$(status_word "$status")" \
-    $((SECONDS - t0)) "$csv" >>"$runs"
-  echo "# [$rate $shape r$repeat] $label: $(status_word "$status") in $((SECONDS - t0)) s"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "$shape" "$repeat" "$label" "$(status_word "$status")" \
+    $((SECONDS - t0)) "$csv" "$load" "$compilers" >>"$runs"
+  echo "# [$rate $shape r$repeat] $label: $(status_word "$status") in $((SECONDS - t0)) s (load $load before, $compilers compiler process(es))"
   cat "$log.node0.log" "$log.rank0.log" 2>/dev/null | grep -E '^# (overlap|step time)' || true
 }
 

@@ -4,7 +4,8 @@
     overlap_report.py --runs results/overlap/runs.tsv --results results [--loss-tolerance 1e-3]
 
 runs.tsv has one line per run (rate, cluster HxP, repeat, label, status, seconds, CSV of rank 0's
-row from benchmarks/overlap or overlap_ddp.py). Labels: a (gradwire compute only), b (gradwire,
+row from benchmarks/overlap or overlap_ddp.py, load average and compiler processes at its start:
+runs that shared the cores with a compiler are listed as noisy). Labels: a (gradwire compute only), b (gradwire,
 communication after backward), c (gradwire, overlapped), d (PyTorch DDP), a_torch (PyTorch
 compute only). Per cluster and rate it prints the median step time of each (the median over
 repeats of each run's median), the share of communication hidden (b - c) / (b - a), samples/s
@@ -26,10 +27,13 @@ NAMES = {"a": "(a) compute only, gradwire", "a_torch": "(a') compute only, PyTor
 
 def read_runs(path):
     """{(rate, cluster): {label: [row per repeat]}}, in the order of the runs; and the failures."""
-    data, failures = {}, []
+    data, failures, busy = {}, [], []
     with open(path, newline="") as f:
         for run in csv.DictReader(f, delimiter="\t"):
             key = (run["rate"], run["cluster"])
+            if int(run.get("compilers") or 0) > 0:
+                busy.append(f"{run['cluster']} {run['rate']} repeat {run['repeat']} {run['label']}: "
+                            f"{run['compilers']} compiler process(es), load {run.get('load')}")
             data.setdefault(key, {})
             if run["status"] != "ok":
                 failures.append(f"{run['cluster']} {run['rate']} repeat {run['repeat']} {run['label']}: {run['status']}")
@@ -45,7 +49,7 @@ def read_runs(path):
             row = rows[-1]
             row["repeat"] = run["repeat"]
             data[key].setdefault(run["label"], []).append(row)
-    return data, failures
+    return data, failures, busy
 
 
 def median_of(rows, field):
@@ -135,7 +139,7 @@ def main():
     p.add_argument("--results", required=True)
     p.add_argument("--loss-tolerance", type=float, default=1e-3)
     a = p.parse_args()
-    data, failures = read_runs(a.runs)
+    data, failures, busy = read_runs(a.runs)
     summaries = [summarise(k, v, a.loss_tolerance) for k, v in data.items()]
 
     print("#")
@@ -173,6 +177,8 @@ def main():
     print(f"# tolerance: |loss c - loss d| / loss d <= {a.loss_tolerance:g} in every repeat")
     for f in failures:
         print(f"# missing: {f}")
+    for b in busy:
+        print(f"# noisy: started while compilers ran: {b}")
 
     fields = list(summaries[0].keys()) if summaries else []
     with open(f"{a.results}/overlap.csv", "w", newline="") as f:
