@@ -200,7 +200,9 @@ class strategy {
   //   step.finish();           // waits, applies the update; every replica then agrees
   // ready() may be called from any thread (calls are serialised); grad_i must stay valid
   // and unchanged until finish() returns. One step at a time. A handle dropped before
-  // finish() gives the step up (and the gradients accumulated by no_sync steps with it).
+  // finish() gives the step up (and the gradients accumulated by no_sync steps with it);
+  // in a job of several ranks, once any gradient was handed over, later steps then fail
+  // with errc::mismatch (communication may have started: the ranks are out of step).
   // begin_step(no_sync): a micro-batch; its gradients are only accumulated.
   pending_step begin_step() { return open_step(false); }
   pending_step begin_step(no_sync_t) { return open_step(true); }
@@ -346,7 +348,12 @@ class strategy {
     if (is_server())
       throw error(errc::invalid_argument, "strategy::begin_step: rank " + std::to_string(rank()) +
                                               " is a server: call serve() on it instead of stepping (it is one of the parameter servers)");
+    if (!out_of_step_.empty()) throw error(errc::mismatch, out_of_step_);
+    // First, so that what a given-up step left in flight is done before anything here
+    // reads the transport (its counters) or the agent's buffers.
+    if (!local_only) agent_.begin_step(comm_);
     step_open_ = true;
+    finishing_ = false;
     no_sync_ = local_only;
     std::fill(marks_.begin(), marks_.end(), mark::none);
     marked_ = 0;
@@ -356,14 +363,6 @@ class strategy {
         .arg("step", static_cast<std::int64_t>(cumulative_.steps + 1));
     observe::current_step().store(cumulative_.steps + 1, std::memory_order_relaxed);  // for stall reports
     optimizer_time_ = {};
-    if (!local_only) {
-      try {
-        agent_.begin_step(comm_);
-      } catch (...) {
-        close_step();
-        throw;
-      }
-    }
     return pending_step(this);
   }
 
@@ -388,6 +387,9 @@ class strategy {
                                               std::to_string(parameters_.size()) + " parameter tensors");
     if (how == mark::ready) check_gradient_size("strategy: step.ready: gradient ", i, grad);
     std::lock_guard lock(ready_mutex_.mutex);
+    if (finishing_)
+      throw error(errc::invalid_argument, "strategy: step." + std::string(how == mark::unused ? "unused" : "ready") +
+                                              "(" + std::to_string(i) + ") after finish() was called for this step");
     if (marks_[i] != mark::none)
       throw error(errc::invalid_argument,
                   "strategy: " + describe(i) + " was marked " + (marks_[i] == mark::unused ? "unused" : "ready") +
@@ -409,6 +411,10 @@ class strategy {
       strategy* s;
       ~closer() { s->close_step(); }
     } close_on_exit{this};
+    {
+      std::lock_guard lock(ready_mutex_.mutex);  // a late ready() from another thread is refused from here on
+      finishing_ = true;
+    }
     if (marked_ != parameters_.size()) {
       std::string missing;
       std::size_t count = 0;
@@ -416,6 +422,7 @@ class strategy {
         if (marks_[i] == mark::none && count++ < 4) missing += (missing.empty() ? "" : ", ") + describe(i);
       if (count > 4) missing += " and " + std::to_string(count - 4) + " more";
       discard_accumulated();
+      if (!no_sync_ && marked_ > 0) fall_out_of_step("a step finished with gradients missing");
       throw error(errc::invalid_argument,
                   "strategy: step.finish() on rank " + std::to_string(rank()) + ": " + missing +
                       " never marked ready in this step; call step.ready(i, grad) once backward has produced it, or "
@@ -425,12 +432,17 @@ class strategy {
     if (no_sync_) {
       ++accumulated_;
     } else {
-      agent_.finish_step(comm_, params(),
-                         [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
-                           timed_optimizer(i, grad.size_bytes(),
-                                           [&] { optimizer_.step(states_[i], param_spans_[i], grad, grad_scale); });
-                         });
-      accumulated_ = 0;
+      accumulated_ = 0;  // folded into this step's gradients by ready()
+      try {
+        agent_.finish_step(comm_, params(),
+                           [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
+                             timed_optimizer(i, grad.size_bytes(),
+                                             [&] { optimizer_.step(states_[i], param_spans_[i], grad, grad_scale); });
+                           });
+      } catch (...) {
+        fall_out_of_step("a step failed in finish() (some of its update may be applied here only)");
+        throw;
+      }
       // An aggregation that keeps replicas' optimizer state in step too (local SGD's
       // average_optimizer_state) gets it after the update (host tensors only so far).
       if constexpr (concepts::state_synchronising_agent<agent_type, value_type, Transport, optimizer_state_type>)
@@ -447,7 +459,21 @@ class strategy {
   }
   void abandon_step() noexcept {
     discard_accumulated();
+    if (!no_sync_ && marked_ > 0) fall_out_of_step("a step was dropped after some of its gradients were handed over");
     close_step();
+  }
+
+  // After a step given up midway, this rank's collectives may no longer pair up with the
+  // others' (the same ones, in the same order): refuse further steps rather than mix up
+  // gradients silently. One rank alone cannot fall out of step.
+  void fall_out_of_step(const char* what) noexcept {
+    if (comm_.size() == 1 || !out_of_step_.empty()) return;
+    try {
+      out_of_step_ = "strategy: rank " + std::to_string(rank()) + " cannot step with the other ranks any more: " + what +
+                     ", so its communication may no longer line up with theirs; restart the job (from a checkpoint)";
+    } catch (...) {
+      out_of_step_ = "strategy: this rank is out of step with the others; restart the job";
+    }
   }
 
   // Gradient accumulation: the running sum of this round's micro-batches, per tensor.
@@ -572,6 +598,8 @@ class strategy {
   std::vector<mark> marks_;
   std::size_t marked_ = 0;
   bool step_open_ = false, no_sync_ = false;
+  bool finishing_ = false;   // finish() has begun: ready() is refused
+  std::string out_of_step_;  // why this rank can take no more steps (empty: it can)
   clock::time_point step_began_;
   transport::traffic_counters traffic_before_;
   detail::step_trace step_trace_;

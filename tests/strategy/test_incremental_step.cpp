@@ -187,7 +187,12 @@ TEST_CASE("incremental steps in any order, from any thread, match synchronous SG
   }
   SECTION("parameter_server<sync>: 2 workers, 1 server") {
     const auto got = train<strategy_of<gw::aggregation::parameter_server<gw::ps::sync>>>(
-        3, steps, lr, [] { return gw::aggregation::parameter_server<gw::ps::sync>({.servers = 1, .split_bytes = 512}); },
+        3, steps, lr, [] {
+          gw::ps::options o;
+          o.servers = 1;
+          o.split_bytes = 512;
+          return gw::aggregation::parameter_server<gw::ps::sync>(o);
+        },
         two_threads);
     for (int r = 0; r < 2; ++r) require_close(got[r], reference(2, steps, lr));
   }
@@ -390,4 +395,38 @@ TEST_CASE("gradient accumulation through the one-call form and with the paramete
     });
     for (const auto& p : got) require_close(p, reference(2 * micro, steps, lr));
   }
+}
+
+TEST_CASE("a step given up after its gradients went out leaves the ranks out of step: later steps refuse") {
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    strategy_of<gw::aggregation::all_reduce> s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(256));
+    {
+      // Every tensor but 0: the buckets before tensor 0's are launched on both ranks.
+      auto step = s.begin_step();
+      for (std::size_t i = sizes.size(); i-- > 1;)
+        step.ready(i, gradient(t.rank(), 0, i, s.parameters()[i].data(), sizes[i]));
+    }  // dropped: its reductions may have started
+    REQUIRE_THROWS_MATCHES(s.begin_step(), gw::error,
+                           Catch::Predicate<gw::error>([](const gw::error& e) {
+                             return e.kind() == gw::errc::mismatch &&
+                                    std::string(e.what()).find("restart the job") != std::string::npos;
+                           }));
+    std::vector<std::vector<float>> grads;
+    for (std::size_t n : sizes) grads.emplace_back(n, 0.0f);
+    REQUIRE_THROWS_WITH(s.step(grads), Catch::Contains("cannot step with the other ranks"));
+  });
+}
+
+TEST_CASE("a handle dropped before any gradient was handed over costs nothing") {
+  std::vector<params_t> got(2);
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    strategy_of<gw::aggregation::all_reduce> s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(256));
+    { auto dropped = s.begin_step(); }
+    std::mt19937 gen(std::random_device{}() + unsigned(t.rank()));
+    for (int k = 0; k < steps; ++k) incremental_step(s, k, gen, false);
+    got[t.rank()] = snapshot(s);
+  });
+  for (const auto& p : got) require_close(p, reference(2, steps, lr));
 }

@@ -65,6 +65,7 @@ class bucket_schedule {
   void begin_step() {
     for (std::size_t k = 0; k < buckets_.size(); ++k) missing_[k] = buckets_[k].end_tensor - buckets_[k].first_tensor;
     next_ = 0;
+    if (!rebuilt_) observed_.clear();  // the order of this step only
   }
 
   // Gradient i is final: copy it into its slice, then launch(k) each bucket that may go
@@ -87,9 +88,12 @@ class bucket_schedule {
     rebuilt_ = true;
     const std::size_t n = layout_.tensor_count();
     std::vector<double> order(n, 0.0);  // indices travel exactly as doubles (below 2^53)
-    if (comm.rank() == 0)
+    if (comm.rank() == 0) {
       for (std::size_t k = 0; k < n && k < observed_.size(); ++k) order[k] = static_cast<double>(observed_[k]);
+      if (observed_.size() != n && n > 0) order[0] = -1.0;  // rank 0 saw no whole step: keep the plan
+    }
     collective::broadcast(comm, std::span<double>(order), 0);
+    if (n > 0 && order[0] < 0) return;
     std::vector<std::size_t> adopted(n);
     for (std::size_t k = 0; k < n; ++k) adopted[k] = static_cast<std::size_t>(order[k]);
     if (std::equal(adopted.begin(), adopted.end(), layout_.order().begin(), layout_.order().end())) return;
