@@ -5,6 +5,8 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <limits>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -381,4 +383,39 @@ TEMPLATE_TEST_CASE("kernels::adam_step, Adam and AdamW coefficients", "[kernels]
         REQUIRE(g.intact());
         REQUIRE(g.values() == g_before);
       }
+}
+
+// Denormal optimizer state (the moments of a parameter whose gradient is always zero) is
+// flushed to zero inside the step kernels, and the caller's floating-point mode survives.
+TEMPLATE_TEST_CASE("optimizer kernels flush denormal state to zero and restore the caller's mode",
+                   "[kernels][denormals]", float, double) {
+  using T = TestType;
+  if (!kn::flush_denormals::supported) {
+    WARN("no flush-to-zero control on this architecture: nothing to check");
+    return;
+  }
+  const T tiny = std::numeric_limits<T>::denorm_min() * T(1000);  // denormal, far from the smallest
+  REQUIRE(std::fpclassify(tiny) == FP_SUBNORMAL);
+  const bool caller_flushes = GENERATE(false, true);
+  std::optional<kn::flush_denormals> callers_mode;
+  if (caller_flushes) callers_mode.emplace();
+  REQUIRE(kn::flush_denormals::active() == caller_flushes);
+
+  constexpr std::size_t n = 37;
+  std::vector<T> p(n, T(1)), g(n, T(0)), m(n, tiny), v(n, tiny), velocity(n, tiny);
+  const auto c = kn::adam_coefficients<T>::make(1e-3, 0.9, 0.999, 1e-8, 0.0, false, 5, T(1));
+  kn::adam_step(p.data(), g.data(), m.data(), v.data(), n, c);
+  kn::momentum_step(p.data(), g.data(), velocity.data(), n, T(0.1), T(0.9), T(0), false, T(1));
+  for (std::size_t i = 0; i < n; ++i) {
+    INFO("element " << i);
+    // Without the flush, b1 * m and mu * velocity stay denormal (0.9 * tiny != 0).
+    REQUIRE(m[i] == T(0));
+    REQUIRE(v[i] == T(0));
+    REQUIRE(velocity[i] == T(0));
+    REQUIRE(p[i] == T(1));  // a denormal update of 1 is no change either way
+  }
+  REQUIRE(kn::flush_denormals::active() == caller_flushes);
+  // Denormals outside the kernels keep their meaning when the caller did not flush.
+  volatile T x = tiny;
+  REQUIRE((x * T(0.5) != T(0)) == !caller_flushes);
 }
