@@ -3,6 +3,8 @@
 //
 //   allreduce_inproc -b 4 -e 256M -f 4 -g 2,4 --csv results/allreduce_inproc.csv
 //   allreduce_inproc --algorithm halving_doubling -e 4M   (ring | halving_doubling | auto; default auto)
+//   allreduce_inproc --wait 0,50 -e 64K   (how waiting ranks wait: auto, the library's choice for
+//                                          the rank count and CPUs; block; or SPIN_US,YIELD_US)
 //
 // Each timed iteration: every rank refills its buffer from its own pristine input (outside
 // the timing), the ranks meet in a gradwire barrier, then each times its own all_reduce.
@@ -17,6 +19,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <chrono>
+#include <optional>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/barrier.hpp>
 #include <gradwire/collective/communicator.hpp>
@@ -71,6 +75,40 @@ long long count_wrong(const std::vector<rank_buffers>& buffers, int n, std::size
   return wrong;
 }
 
+// Takes "--wait auto|block|SPIN_US,YIELD_US" out of argv: the inproc_wait_policy to run
+// under, nullopt for the library's choice; exits with status 2 on anything else.
+std::optional<gw::transport::inproc_wait_policy> take_wait_flag(int& argc, char** argv) {
+  std::optional<gw::transport::inproc_wait_policy> policy;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--wait") continue;
+    const std::string value = i + 1 < argc ? argv[i + 1] : "";
+    long spin = 0, yield = 0;
+    char tail = 0;
+    if (value == "auto") {
+      policy.reset();
+    } else if (value == "block") {
+      policy = gw::transport::inproc_wait_policy{};
+    } else if (std::sscanf(value.c_str(), "%ld,%ld%c", &spin, &yield, &tail) == 2 && spin >= 0 && yield >= 0) {
+      policy = gw::transport::inproc_wait_policy{std::chrono::microseconds(spin), std::chrono::microseconds(yield)};
+    } else {
+      std::fprintf(stderr, "%s: --wait takes auto, block or SPIN_US,YIELD_US (e.g. 2,48), got '%s'\n", argv[0],
+                   value.c_str());
+      std::exit(2);
+    }
+    for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
+    argc -= 2;
+    --i;
+  }
+  return policy;
+}
+
+std::string describe(const gw::transport::inproc_wait_policy& p) {
+  using std::chrono::duration_cast, std::chrono::microseconds;
+  if (p == gw::transport::inproc_wait_policy{}) return "waits sleep at once";
+  return "waits spin " + std::to_string(duration_cast<microseconds>(p.spin).count()) + " us, yield to " +
+         std::to_string(duration_cast<microseconds>(p.spin + p.yield).count()) + " us, then sleep";
+}
+
 // Per size, per repeat: what rank 0 gathers after the size's iterations.
 struct size_results {
   std::vector<double> seconds, memcpy_seconds;  // one median per repeat
@@ -78,7 +116,8 @@ struct size_results {
 };
 
 // Runs the sweep `o.repeats` times on n ranks and returns one row per size.
-std::vector<bench::row> sweep(int n, bench::algorithm alg, const bench::options& o, const std::vector<std::size_t>& sizes,
+std::vector<bench::row> sweep(int n, bench::algorithm alg, gw::transport::inproc_wait_policy wait,
+                              const bench::options& o, const std::vector<std::size_t>& sizes,
                               std::vector<rank_buffers>& buffers, bench::memcpy_bound& bound) {
   int max_iters = 0;
   for (std::size_t bytes : sizes) max_iters = std::max(max_iters, bench::iterations_for(bytes, o.iters));
@@ -90,7 +129,7 @@ std::vector<bench::row> sweep(int n, bench::algorithm alg, const bench::options&
   std::vector<long long> wrong_by_rank(ranks);
   const std::size_t max_count = sizes.empty() ? 0 : sizes.back() / sizeof(float);
 
-  gw::transport::run_inproc(n, [&](gw::transport::inproc endpoint) {
+  gw::transport::run_inproc(gw::transport::inproc_group(n, wait), [&](gw::transport::inproc endpoint) {
     const auto me = static_cast<std::size_t>(endpoint.rank());
     gw::collective::communicator_options options;
     options.verify = o.verify_calls;
@@ -167,6 +206,7 @@ std::vector<bench::row> sweep(int n, bench::algorithm alg, const bench::options&
 
 int main(int argc, char** argv) {
   const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
+  const std::optional<gw::transport::inproc_wait_policy> wait_flag = take_wait_flag(argc, argv);
   bench::options o = bench::parse_options(
       argc, argv, "all_reduce (float32 sum, in place) over gradwire's in-process transport, N ranks as threads");
   if (o.seed == 0) o.seed = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}();
@@ -204,17 +244,19 @@ int main(int argc, char** argv) {
 
   long long wrong = 0;
   for (int n : o.ranks) {
+    const gw::transport::inproc_wait_policy wait =
+        wait_flag.value_or(gw::transport::choose_wait_policy(n, gw::transport::usable_cpus()));
     std::vector<bench::row> rows;
     try {
-      rows = sweep(n, alg, o, sizes, buffers, bound);
+      rows = sweep(n, alg, wait, o, sizes, buffers, bound);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "allreduce_inproc: %d ranks failed: %s\n", n, e.what());
       return 1;
     }
     const std::string title = std::string("gradwire all_reduce (") + bench::name_of(alg) + ") over transport::inproc, " + std::to_string(n) +
                               (n == 1 ? " rank" : " ranks") + " as threads on " +
-                              std::to_string(std::thread::hardware_concurrency()) +
-                              " hardware threads; float32 sum in place; time = median over iterations of the slowest "
+                              std::to_string(gw::transport::usable_cpus()) + " usable CPUs (" + describe(wait) +
+                              (wait_flag ? ", --wait" : ", the library's choice") + "); float32 sum in place; time = median over iterations of the slowest "
                               "rank" +
                               (o.verify_calls ? "" : "; --verify-calls 0");
     bench::print_table_header(title, o, n);

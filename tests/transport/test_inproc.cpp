@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gw = gradwire;
@@ -321,4 +322,73 @@ TEST_CASE("inproc wait_any returns the request whose peer spoke, skips empty one
   REQUIRE(in1 == std::vector<int>{1});
   REQUIRE(in2 == std::vector<int>{1});
   REQUIRE(last_wait == gw::errc::timeout);
+}
+
+TEST_CASE("the wait policy spins only with a CPU to spare, and yields before it sleeps") {
+  using gw::transport::choose_wait_policy;
+  using std::chrono::microseconds;
+  // A CPU beyond one per rank: a short spin, then yields, 50 us in all.
+  const auto spare = choose_wait_policy(2, 4);
+  REQUIRE(spare.spin > microseconds(0));
+  REQUIRE(spare.spin <= microseconds(2));
+  REQUIRE(spare.spin + spare.yield == microseconds(50));
+  // A CPU per rank and no more, or fewer CPUs than ranks: no spin (the peer may share
+  // this CPU), yields only.
+  for (auto [ranks, cpus] : {std::pair{2, 2u}, {4, 2u}, {16, 2u}, {64, 1u}, {1, 1u}}) {
+    INFO(ranks << " ranks on " << cpus << " CPUs");
+    const auto p = choose_wait_policy(ranks, cpus);
+    REQUIRE(p.spin == microseconds(0));
+    REQUIRE(p.yield == microseconds(50));
+  }
+  // Nonsense counts read as one.
+  REQUIRE(choose_wait_policy(0, 0) == choose_wait_policy(1, 1));
+  REQUIRE(gw::transport::usable_cpus() >= 1);
+  // A group takes the policy for its size on this process's CPUs unless told one.
+  REQUIRE(gw::transport::inproc_group(3).wait_policy() ==
+          choose_wait_policy(3, gw::transport::usable_cpus()));
+  const gw::transport::inproc_wait_policy block{};
+  REQUIRE(gw::transport::inproc_group(3, block).wait_policy() == block);
+}
+
+TEST_CASE("every wait policy delivers, and a wait ends at its deadline even inside a long spin") {
+  using std::chrono::microseconds;
+  const gw::transport::inproc_wait_policy policies[] = {
+      {},                                 // sleep at once
+      {microseconds(0), microseconds(50)},  // yield
+      {microseconds(1), microseconds(49)},  // spin, then yield
+      {std::chrono::seconds(10), std::chrono::seconds(10)},  // far past the deadline below
+  };
+  for (const auto& policy : policies) {
+    INFO("spin " << policy.spin.count() << " ns, yield " << policy.yield.count() << " ns");
+    // A ring shift on 4 ranks, both directions of each message waited on.
+    gw::transport::inproc_group group(4, policy);
+    std::vector<std::vector<int>> got(4, std::vector<int>(1000));
+    auto outcomes = group.run([&](inproc t) {
+      const int me = t.rank(), n = t.size();
+      std::vector<int> mine(1000);
+      std::iota(mine.begin(), mine.end(), me * 1000);
+      for (int round = 0; round < 20; ++round) {
+        auto r = t.async_recv((me + n - 1) % n, round, bytes(got[me]));
+        auto s = t.async_send((me + 1) % n, round, bytes(std::as_const(mine)));
+        const auto until = gw::deadline_after(10s);
+        t.wait(s, until), t.wait(r, until);
+      }
+    });
+    for (auto& e : outcomes) REQUIRE_FALSE(e);
+    for (int r = 0; r < 4; ++r) {
+      std::vector<int> expected(1000);
+      std::iota(expected.begin(), expected.end(), ((r + 3) % 4) * 1000);
+      REQUIRE(got[r] == expected);
+    }
+    // A receive nobody sends: a timeout at its deadline, however long the policy polls.
+    auto t = group.endpoint(1);
+    std::vector<int> in(4);
+    auto r = t.async_recv(0, 99, bytes(in));
+    const auto start = std::chrono::steady_clock::now();
+    auto [kind, what] = error_of([&] { t.wait(r, gw::deadline_after(100ms)); });
+    const auto waited = std::chrono::steady_clock::now() - start;
+    REQUIRE(kind == gw::errc::timeout);
+    REQUIRE(waited >= 100ms);
+    REQUIRE(waited < 5s);
+  }
 }

@@ -6,10 +6,28 @@
 // allocated per byte, and the pass is made by whichever of the two ranks claims it
 // first: the receiver when it posts second, otherwise whichever side waits first. In a
 // ring every rank thus moves its own incoming message, in parallel with the others.
-// Waits spin briefly before they sleep when every rank has a core of its own, so a
-// short message costs no futex wake-up. If a rank fails (inproc_group::run catches its
-// exception), every other rank's pending and future operations fail with peer_lost
-// naming it, rather than waiting for their deadlines.
+//
+// How a rank waits (inproc_wait_policy, chosen once per group by choose_wait_policy from
+// the group's size and the CPUs this process may run on): first, only when the machine
+// has a CPU to spare beyond one per rank, up to 1 us spinning with pause instructions;
+// then, up to 50 us from the start, looking again after each sched_yield; then asleep on
+// its condition variable until woken or its deadline. Every phase ends at the deadline.
+// Why: a spinning rank helps only while the rank it waits for runs on another CPU, and
+// the affinity mask does not promise that: on a machine busy with other processes the
+// scheduler puts both ends of a message on one CPU, and a spin then only delays its
+// peer. Measured on 2 CPUs shared with 3 compilers, 2 ranks, 4 B all-reduce, one setting
+// each, 5 runs interleaved: spin 50 us: 109 us (every message paid the whole spin),
+// spin 20 + yield 200: 45 us, spin 2 + yield 48: 10.5 us, sleep at once: 15.8 us, yield
+// 50: 7.4 us. A yield hands the CPU to the peer when it is queued there and costs one
+// system call when nothing else is (0.8 us measured there, under that load), so it stays
+// close to a spin on an idle machine and wins on a busy one; it kept winning against
+// sleeping at once up to 16 ranks on 2 CPUs (4 B: 297 against 540 us), so no group size
+// turns it off. A waiter whose peer takes longer than 50 us sleeps, so a slow step costs
+// no CPU after that.
+//
+// If a rank fails (inproc_group::run catches its exception), every other rank's pending
+// and future operations fail with peer_lost naming it, rather than waiting for their
+// deadlines.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +51,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "../cluster/topology.hpp"
 #include "../concepts.hpp"
@@ -44,6 +65,34 @@
 #include "traffic.hpp"
 
 namespace gradwire::transport {
+
+// How a waiting rank waits before it sleeps: `spin` on the CPU with pause instructions,
+// then until `spin + yield` looking again after each yield of its CPU, then asleep until
+// woken or the deadline. Both zero: sleep at once. See the top of this header.
+struct inproc_wait_policy {
+  std::chrono::nanoseconds spin{};
+  std::chrono::nanoseconds yield{};
+  friend bool operator==(const inproc_wait_policy&, const inproc_wait_policy&) = default;
+};
+
+// The CPUs this process may run on: its affinity mask (taskset, cgroup cpusets) where the
+// system tells, else std::thread::hardware_concurrency(); at least 1.
+inline unsigned usable_cpus() noexcept {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// The wait policy of `ranks` threads on `cpus` CPUs (see the top of this header for why):
+// with a CPU to spare, spin 1 us then yield to 50 us; otherwise yield for 50 us.
+inline inproc_wait_policy choose_wait_policy(int ranks, unsigned cpus) noexcept {
+  using std::chrono::microseconds;
+  if (static_cast<unsigned>(std::max(ranks, 1)) < std::max(cpus, 1u)) return {microseconds(1), microseconds(49)};
+  return {microseconds(0), microseconds(50)};
+}
 
 namespace detail {
 
@@ -82,16 +131,17 @@ class inproc_hub {
   using status = inproc_op::status;
 
  public:
-  explicit inproc_hub(int size, cluster::topology topology)
+  inproc_hub(int size, cluster::topology topology, inproc_wait_policy wait_policy)
       : size_(size),
         topology_(std::move(topology)),
-        dedicated_cores_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency())),
+        wait_policy_(wait_policy),
         wakeups_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(size))),
         sends_(static_cast<std::size_t>(size) * size),
         receives_(static_cast<std::size_t>(size) * size) {}
 
   int size() const noexcept { return size_; }
   const cluster::topology& topology() const noexcept { return topology_; }
+  const inproc_wait_policy& wait_policy() const noexcept { return wait_policy_; }
 
   void post(inproc_op& op) {
     std::unique_lock lock(mutex_);
@@ -115,7 +165,7 @@ class inproc_hub {
   }
 
   void wait(inproc_op& op, deadline until) {
-    spin_while_pending(op);
+    poll_while_pending(op, until);
     std::unique_lock lock(mutex_);
     auto& wakeup = wakeups_[op.owner()];
     for (;;) {
@@ -224,27 +274,25 @@ class inproc_hub {
     wakeup.notify_all();
   }
 
-  // Most matches in a ring complete within microseconds: waiting for them on the CPU
-  // avoids a futex sleep and wake-up, which costs more than a short message. With a core
-  // per rank the wait spins; oversubscribed, it yields its core to the rank it waits for
-  // (which is then likely to run) instead of spinning. Both give up after a short budget.
-  void spin_while_pending(const inproc_op& op) const noexcept {
-    constexpr auto budget = std::chrono::microseconds(50);
-    const auto stop = clock::now() + budget;
+  // Most matches in a ring complete within microseconds: looking for them on the CPU
+  // avoids a futex sleep and wake-up, which costs more than a short message. How long,
+  // and whether spinning or yielding: wait_policy_ (see the top of this header).
+  void poll_while_pending(const inproc_op& op, deadline until) const noexcept {
+    if (wait_policy_.spin.count() <= 0 && wait_policy_.yield.count() <= 0) return;
     auto pending = [&] {
       const status s = op.now();
       return s == status::posted || s == status::moving;
     };
+    if (!pending()) return;
+    const auto start = clock::now();
+    const auto spin_end = std::min(until, start + wait_policy_.spin);
+    const auto yield_end = std::min(until, start + wait_policy_.spin + wait_policy_.yield);
+    // The clock is read every 64 pauses (a pause is ~10-140 cycles): cheap next to them.
     for (unsigned i = 1; pending(); ++i) {
-      if (!dedicated_cores_) {
-        std::this_thread::yield();
-        if (clock::now() > stop) break;
-      } else if (i % 64 == 0 && clock::now() > stop) {
-        break;
-      } else {
-        cpu_relax();
-      }
+      if (i % 64 == 0 && clock::now() >= spin_end) break;
+      cpu_relax();
     }
+    while (pending() && clock::now() < yield_end) std::this_thread::yield();
   }
 
   static void set_state(inproc_op& a, inproc_op& b, status s) noexcept {
@@ -271,7 +319,7 @@ class inproc_hub {
 
   const int size_;
   const cluster::topology topology_;
-  const bool dedicated_cores_;  // every rank can have a core of its own
+  const inproc_wait_policy wait_policy_;
   std::mutex mutex_;
   std::unique_ptr<std::condition_variable[]> wakeups_;  // one per rank: wake only the owner
   std::vector<std::deque<inproc_op*>> sends_, receives_;  // [source * size + destination]
@@ -366,18 +414,24 @@ static_assert(concepts::topology_aware_transport<inproc>);
 // A group of N in-process ranks: hands out endpoints and runs one thread per rank.
 class inproc_group {
  public:
-  explicit inproc_group(int size) {
+  // `wait_policy`: how waiting ranks wait (default: chosen for `size` threads on the CPUs
+  // this process may use; see the top of this header).
+  explicit inproc_group(int size) : inproc_group(size, choose_wait_policy(size, usable_cpus())) {}
+  inproc_group(int size, inproc_wait_policy wait_policy) {
     if (size < 1) throw error(errc::invalid_argument, "inproc_group: size must be >= 1, got " + std::to_string(size));
-    hub_ = std::make_shared<detail::inproc_hub>(size, cluster::topology::one_host(size));
+    hub_ = std::make_shared<detail::inproc_hub>(size, cluster::topology::one_host(size), wait_policy);
   }
   // Threads that pretend to sit on the hosts `topology` says (tests of topology-aware
   // collectives): one rank per rank of the topology.
-  explicit inproc_group(cluster::topology topology) {
+  explicit inproc_group(cluster::topology topology)
+      : inproc_group(topology, choose_wait_policy(topology.size(), usable_cpus())) {}
+  inproc_group(cluster::topology topology, inproc_wait_policy wait_policy) {
     const int size = topology.size();
-    hub_ = std::make_shared<detail::inproc_hub>(size, std::move(topology));
+    hub_ = std::make_shared<detail::inproc_hub>(size, std::move(topology), wait_policy);
   }
 
   int size() const noexcept { return hub_->size(); }
+  const inproc_wait_policy& wait_policy() const noexcept { return hub_->wait_policy(); }
   inproc endpoint(int rank) const { return inproc(hub_, rank); }
 
   // Runs fn(endpoint) on one thread per rank and returns each rank's outcome (null on
@@ -418,12 +472,10 @@ class inproc_group {
   std::shared_ptr<detail::inproc_hub> hub_;
 };
 
-// Runs fn(endpoint) on topology.size() threads, placed on the hosts `topology` says, and
-// rethrows the root cause if any rank failed: the first failure that is not a
-// consequence (peer_lost) of another's.
+// Runs fn(endpoint) on one thread per rank of `group` and rethrows the root cause if any
+// rank failed: the first failure that is not a consequence (peer_lost) of another's.
 template <class Fn>
-void run_inproc(cluster::topology topology, Fn&& fn) {
-  inproc_group group(std::move(topology));
+void run_inproc(inproc_group group, Fn&& fn) {
   auto outcomes = group.run(std::forward<Fn>(fn));
   std::exception_ptr first, root;
   for (auto& e : outcomes) {
@@ -438,6 +490,12 @@ void run_inproc(cluster::topology topology, Fn&& fn) {
     }
   }
   if (root || first) std::rethrow_exception(root ? root : first);
+}
+
+// As above on topology.size() threads, placed on the hosts `topology` says.
+template <class Fn>
+void run_inproc(cluster::topology topology, Fn&& fn) {
+  run_inproc(inproc_group(std::move(topology)), std::forward<Fn>(fn));
 }
 
 // As above on `size` threads of one host.
