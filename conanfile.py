@@ -1,10 +1,10 @@
 """Conan 2 recipe for gradwire (header-only).
 
     conan create . -pr:a conan/profiles/debian12     # offline, with Debian's Boost / nlohmann_json / UCX
-    conan create . -o "&:with_ucx=True" ...          # options: with_asio, with_ucx, with_cuda
+    conan create . -o "&:with_ucx=True" ...          # options: with_asio, with_ucx, with_mpi, with_cuda
 
 The package installs gradwire's own CMake config, so consumers write
-find_package(gradwire CONFIG REQUIRED COMPONENTS asio ucx cuda) as with a plain install.
+find_package(gradwire CONFIG REQUIRED COMPONENTS asio ucx mpi cuda) as with a plain install.
 """
 import os
 
@@ -20,11 +20,11 @@ class GradwireConan(ConanFile):
     name = "gradwire"
     description = "Header-only C++20 data-parallel training strategies as compile-time policy combinations"
     license = "Apache-2.0"
-    topics = ("distributed-training", "all-reduce", "parameter-server", "header-only", "cuda", "ucx")
+    topics = ("distributed-training", "all-reduce", "parameter-server", "header-only", "cuda", "ucx", "mpi")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
-    options = {"with_asio": [True, False], "with_ucx": [True, False], "with_cuda": [True, False]}
-    default_options = {"with_asio": True, "with_ucx": False, "with_cuda": False}
+    options = {"with_asio": [True, False], "with_ucx": [True, False], "with_mpi": [True, False], "with_cuda": [True, False]}
+    default_options = {"with_asio": True, "with_ucx": False, "with_mpi": False, "with_cuda": False}
     exports_sources = "CMakeLists.txt", "cmake/*", "include/*"
     no_copy_source = True
 
@@ -44,6 +44,8 @@ class GradwireConan(ConanFile):
             self.requires("nlohmann_json/[>=3.10 <4]")
         if self.options.with_ucx:
             self.requires("ucx/[>=1.12 <2]")
+        if self.options.with_mpi:  # the transport::mpi component; a site's own MPI through [platform_requires]
+            self.requires("openmpi/[>=4.1 <6]")
 
     def build_requirements(self):
         self.test_requires("catch2/[>=2.13 <3]")  # gradwire's own tests; never a consumer's dependency
@@ -55,6 +57,7 @@ class GradwireConan(ConanFile):
         toolchain = CMakeToolchain(self)
         toolchain.cache_variables["GRADWIRE_ASIO"] = "ON" if self.options.with_asio else "OFF"
         toolchain.cache_variables["GRADWIRE_UCX"] = "ON" if self.options.with_ucx else "OFF"
+        toolchain.cache_variables["GRADWIRE_MPI"] = "ON" if self.options.with_mpi else "OFF"
         toolchain.cache_variables["GRADWIRE_CUDA"] = "ON" if self.options.with_cuda else "OFF"
         for part in ("TESTS", "EXAMPLES", "BENCHMARKS"):
             toolchain.cache_variables[f"GRADWIRE_BUILD_{part}"] = "OFF"

@@ -1,7 +1,7 @@
 # Sourced by scripts/demo and scripts/test: installs the Debian packages gradwire needs.
 # Usage: gradwire_require_packages PKG...   (installs only what is missing)
 
-gradwire_build_packages=(cmake g++ make catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev python3 python3-venv openmpi-bin iproute2)
+gradwire_build_packages=(cmake g++ make catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev libopenmpi-dev python3 python3-venv openmpi-bin iproute2)
 # The LibTorch example and its test (scripts/test requires them; the demo does not need them).
 gradwire_torch_packages=(libtorch-dev)
 

@@ -1,7 +1,8 @@
-// One rank of a multi-process test, started by scripts/gradwire-run (or mpirun) over loopback TCP or UCX.
+// One rank of a multi-process test, started by scripts/gradwire-run (or mpirun) over loopback TCP, UCX or MPI.
 //
 //   mp_worker collectives | bucketing | async | train       correctness against float64 references
 //   mp_worker kill K | mismatch KIND | wrong-token K | join   failure behaviour
+//   mp_worker timeout                                         a receive nobody sends: errc::timeout at its deadline
 //   mp_worker stall K STEPS | partition R,...                 stopped ranks, cut-off hosts (see loop_steps)
 //   mp_worker_ucx one-sided                                  put / get against values computed from ranks
 //
@@ -21,6 +22,9 @@
 #endif
 #if GRADWIRE_TEST_PER_PEER
 #include <gradwire/cluster/per_peer.hpp>
+#endif
+#if GRADWIRE_TEST_MPI
+#include <gradwire/mpi.hpp>
 #endif
 #include <gradwire/gradwire.hpp>
 #include <random>
@@ -43,6 +47,10 @@ namespace col = gradwire::collective;
 using direct_transport = gw::transport::per_peer<gw::transport::ucx, gw::transport::asio_tcp>;
 direct_transport join_direct(const gw::cluster::overrides& o) { return gw::cluster::join_per_peer(o); }
 static_assert(gw::concepts::topology_aware_transport<direct_transport> && gw::concepts::metered_transport<direct_transport>);
+#elif GRADWIRE_TEST_MPI
+// mp_worker_mpi: started by mpirun; ranks come from MPI (the overrides are the launcher's).
+using direct_transport = gw::transport::mpi;
+direct_transport join_direct(const gw::cluster::overrides&) { return gw::transport::mpi(); }
 #elif GRADWIRE_TEST_UCX
 using direct_transport = gw::transport::ucx;
 direct_transport join_direct(const gw::cluster::overrides& o) { return gw::cluster::join_ucx(o); }
@@ -312,6 +320,23 @@ void train(const std::string& optimizer) {
 
 // --- failure behaviour ---------------------------------------------------------------
 
+// Runs fn; it must throw gradwire::error of kind `want` whose message contains every
+// string of `must_name`. Prints EXPECTED and goes on if so.
+void expect_error_no_exit(gw::errc want, std::vector<std::string> must_name, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const gw::error& e) {
+    const std::string what = e.what();
+    for (const auto& s : must_name)
+      if (what.find(s) == std::string::npos) fail("'" + s + "' missing from: " + what);
+    if (e.kind() != want) fail("unexpected error: " + what);
+    std::printf("rank %d: EXPECTED %s: %s\n", my_rank, gw::make_error_code(e.kind()).message().c_str(), what.c_str());
+    std::fflush(stdout);
+    return;
+  }
+  fail("no error was raised");
+}
+
 // Runs fn; it must throw gradwire::error of kind `want` (or `also`) whose message
 // contains every string of `must_name`. Prints EXPECTED and exits 0 if so.
 void expect_error(gw::errc want, std::vector<std::string> must_name, const std::function<void()>& fn,
@@ -496,6 +521,22 @@ void point_to_point(transport_type& t) {
   std::printf("rank %d: PASS point-to-point\n", t.rank());
 }
 
+// A receive from the next rank that it never sends, with a short deadline: errc::timeout
+// naming the peer, the tag and the size, well before the step timeout.
+void timeout(transport_type& t) {
+  if (t.size() < 2) fail("timeout needs 2 ranks");
+  const int peer = (t.rank() + 1) % t.size();
+  std::vector<std::byte> never(12345);
+  const auto started = gw::clock::now();
+  expect_error_no_exit(gw::errc::timeout, {"receive from rank " + std::to_string(peer), "tag 4242", "12345 bytes"}, [&] {
+    auto r = t.async_recv(peer, 4242, never);
+    t.wait(r, gw::deadline_after(std::chrono::milliseconds(500)));
+  });
+  const double took = std::chrono::duration<double>(gw::clock::now() - started).count();
+  if (took > 10) fail("the timeout came after " + std::to_string(took) + " s, not at its 0.5 s deadline");
+  std::printf("rank %d: PASS timeout\n", t.rank());
+}
+
 #if GRADWIRE_TEST_UCX && !GRADWIRE_TEST_ANY  // any_transport does not forward one-sided access
 // One-sided access: every rank exposes [inbox: n floats][own: n floats], puts its values
 // into the next rank's inbox (one large put through the bulk endpoint, one small one
@@ -635,6 +676,13 @@ int main(int argc, char** argv) {
       loop_steps(mode, arg, argc > 3 ? argv[3] : "");
       return 0;
     }
+    if (mode == "timeout") {
+      auto t = join();
+      timeout(t);
+      comm_type c(std::move(t));
+      col::barrier(c);  // the ranks still agree after a withdrawn receive
+      return 0;
+    }
     if (mode == "point-to-point") {
       auto t = join();
       point_to_point(t);
@@ -661,7 +709,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") kill_rank(comm, std::stoi(arg));
     else if (mode == "mismatch") mismatch(comm, arg);
     else {
-      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join|one-sided (UCX)\n");
+      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join|timeout|point-to-point|one-sided (UCX)\n");
       return 2;
     }
     col::barrier(comm);

@@ -1,4 +1,5 @@
-// One rank of a parameter-server test, started by scripts/gradwire-run --ps S over loopback TCP or UCX.
+// One rank of a parameter-server test, started by scripts/gradwire-run --ps S over loopback TCP or UCX (or by
+// mpirun -x GRADWIRE_NUM_PS=S over MPI).
 //
 //   ps_worker sync                 sync PS == all-reduce training (a serial reference on the chief)
 //   ps_worker async                async converges; servers check their accounting
@@ -18,6 +19,9 @@
 #if GRADWIRE_TEST_UCX
 #include <gradwire/ucx.hpp>
 #endif
+#if GRADWIRE_TEST_MPI
+#include <gradwire/mpi.hpp>
+#endif
 #include <gradwire/gradwire.hpp>
 #include <random>
 #include <string>
@@ -32,6 +36,9 @@ using gw::testing::batch_data;
 #if GRADWIRE_TEST_UCX
 using transport_type = gw::transport::ucx;
 transport_type join_job() { return gw::cluster::join_ucx(); }
+#elif GRADWIRE_TEST_MPI  // ps_worker_mpi: the synchronous modes (MPI cannot go on without a lost rank)
+using transport_type = gw::transport::mpi;
+transport_type join_job() { return gw::transport::mpi(); }
 #else
 using transport_type = gw::transport::asio_tcp;
 transport_type join_job() { return gw::cluster::join_tcp(); }
@@ -39,7 +46,7 @@ transport_type join_job() { return gw::cluster::join_tcp(); }
 // What these tests exercise: servers wait on whichever worker speaks first, and in
 // async modes survive a worker's loss.
 static_assert(gw::concepts::multiplexing_transport<transport_type> &&
-              gw::concepts::loss_tolerant_transport<transport_type>);
+              (GRADWIRE_TEST_MPI || gw::concepts::loss_tolerant_transport<transport_type>));
 // The parameter server's agent over this transport fits every concept strategy<> uses it through.
 using ps_agent = gw::aggregation::parameter_server<gw::ps::async>::agent<float, transport_type>;
 static_assert(gw::concepts::aggregation_agent<ps_agent, float, transport_type> &&

@@ -1,4 +1,4 @@
-# cmake -DSOURCE_DIR=... -DWORK_DIR=... -DCOMPONENTS=asio,ucx,cuda [-DCUDA_COMPILER=...] -P install_and_consume.cmake
+# cmake -DSOURCE_DIR=... -DWORK_DIR=... -DCOMPONENTS=asio,ucx,mpi,cuda [-DCUDA_COMPILER=...] -P install_and_consume.cmake
 #
 # 1. Installs gradwire (with the components this build has) into a fresh prefix, then builds
 #    and runs a consumer that asks for them: find_package(gradwire CONFIG REQUIRED COMPONENTS ...).
@@ -47,7 +47,7 @@ if(NOT asked STREQUAL "GRADWIRE_COMPONENTS:STRING=${COMPONENTS}")
 endif()
 
 # 2. A core-only installation.
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/core-build ${off} -DGRADWIRE_ASIO=OFF -DGRADWIRE_UCX=OFF
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/core-build ${off} -DGRADWIRE_ASIO=OFF -DGRADWIRE_UCX=OFF -DGRADWIRE_MPI=OFF
     -DGRADWIRE_CUDA=OFF -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/core-prefix)
 run(${CMAKE_COMMAND} --install ${WORK_DIR}/core-build)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/core-consumer ${consumer_flags}
@@ -57,7 +57,7 @@ run(${WORK_DIR}/core-consumer/consumer)
 expect_failure("component 'ucx' is not in this installation;it was configured without it;-DGRADWIRE_UCX=ON;libucx-dev;Installed components: none."
   ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/missing ${consumer_flags}
   -DCMAKE_PREFIX_PATH=${WORK_DIR}/core-prefix "-DGRADWIRE_COMPONENTS=ucx")
-expect_failure("gradwire has no component 'mpi'"
+expect_failure("gradwire has no component 'nccl'"
   ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/unknown ${consumer_flags}
-  -DCMAKE_PREFIX_PATH=${WORK_DIR}/core-prefix "-DGRADWIRE_COMPONENTS=mpi")
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/core-prefix "-DGRADWIRE_COMPONENTS=nccl")
 message(STATUS "a missing or unknown component is a clear configure error")

@@ -1,6 +1,6 @@
 // Trains through the installed package: a two-replica mirrored step (the core), and with the
 // components it was configured with, a one-process multi_worker_mirrored job over TCP (asio),
-// the UCX transport's concepts (ucx) and a CUDA translation unit (cuda).
+// the UCX and MPI transports' concepts (ucx, mpi) and a CUDA translation unit (cuda).
 #include <cstdio>
 #include <gradwire/gradwire.hpp>
 #include <vector>
@@ -10,6 +10,10 @@
 #if CONSUMER_WITH_UCX
 #include <gradwire/ucx.hpp>
 static_assert(gradwire::concepts::one_sided_transport<gradwire::transport::ucx>);
+#endif
+#if CONSUMER_WITH_MPI
+#include <gradwire/mpi.hpp>
+static_assert(gradwire::concepts::failable_transport<gradwire::transport::mpi>);
 #endif
 #if CONSUMER_WITH_CUDA
 int consumer_cuda_devices();  // cuda_part.cu
