@@ -1,4 +1,4 @@
-// nccl-tests-style benchmark: gradwire all_reduce (float32 sum, in place) across processes over asio_tcp or ucx.
+// nccl-tests-style benchmark: gradwire all_reduce (float32 sum, in place) across processes over asio_tcp, ucx or mpi.
 //
 // One process per rank, started by scripts/gradwire-run or mpirun (benchmarks/allreduce.sh
 // runs it beside the peers):
@@ -6,6 +6,7 @@
 //   gradwire-run -n 4 allreduce_tcp --algorithm ring -b 4 -e 64M -f 4 --csv out.csv
 //   UCX_TLS=sm gradwire-run -n 4 allreduce_tcp --transport ucx ...   (UCX: shared memory)
 //   gradwire-run -n 2 allreduce_tcp --transport asio-any ...   (TCP behind transport::any_transport)
+//   mpirun -np 4 allreduce_tcp --transport mpi ...   (the site's MPI: shared memory, TCP, InfiniBand)
 //   allreduce_tcp --transport per-peer ...   (per_peer<ucx, asio_tcp>: UCX shared memory inside a
 //                                             host, TCP between hosts; for jobs across hosts)
 //
@@ -27,6 +28,9 @@
 #if GRADWIRE_HAS_UCX
 #include <gradwire/cluster/per_peer.hpp>
 #include <gradwire/ucx.hpp>
+#endif
+#if GRADWIRE_HAS_MPI
+#include <gradwire/mpi.hpp>
 #endif
 #include <gradwire/collective/all_gather.hpp>
 #include <gradwire/collective/all_reduce.hpp>
@@ -161,13 +165,13 @@ int run(Transport transport, const bench::algorithm alg, bench::options o, const
 
 int main(int argc, char** argv) {
   const bench::algorithm alg = bench::take_algorithm_flag(argc, argv);
-  const std::string transport = bench::take_choice_flag(argc, argv, "--transport", {"asio", "ucx", "asio-any", "per-peer"}, "asio");
+  const std::string transport = bench::take_choice_flag(argc, argv, "--transport", {"asio", "ucx", "asio-any", "per-peer", "mpi"}, "asio");
   bench::options o = bench::parse_options(argc, argv,
                                           "all_reduce (float32 sum, in place) across processes over gradwire's TCP "
                                           "transport, UCX with --transport ucx, or TCP behind transport::any_transport "
                                           "with --transport asio-any, UCX inside a host and TCP between hosts with "
-                                          "--transport per-peer; start with scripts/gradwire-run -n N "
-                                          "or mpirun");
+                                          "--transport per-peer, the site's MPI with --transport mpi; start with "
+                                          "scripts/gradwire-run -n N or mpirun (--transport mpi: mpirun)");
   try {
     if (transport == "per-peer") {
 #if GRADWIRE_HAS_UCX
@@ -183,6 +187,14 @@ int main(int argc, char** argv) {
       return run(gw::cluster::join_ucx(), alg, o, std::string("ucx(") + (tls ? tls : "default") + ")");
 #else
       std::fprintf(stderr, "allreduce_tcp: this build has no UCX (gradwire::ucx; Debian: libucx-dev)\n");
+      return 2;
+#endif
+    }
+    if (transport == "mpi") {
+#if GRADWIRE_HAS_MPI
+      return run(gw::transport::mpi(), alg, o, "mpi");
+#else
+      std::fprintf(stderr, "allreduce_tcp: this build has no MPI (gradwire::mpi; Debian: libopenmpi-dev)\n");
       return 2;
 #endif
     }
