@@ -143,9 +143,9 @@ int main(int argc, char** argv) {
     const auto spec = gw::cluster::detect();
     if (spec.world_size != 2) throw gw::error(gw::errc::config, "ucx_ps_paths runs on exactly 2 ranks");
     const int me = spec.rank;
-    std::optional<gw::cluster::store_server> server;
+    std::optional<gw::rendezvous::store_server> server;
     if (me == 0) server.emplace(spec.master_addr, static_cast<std::uint16_t>(spec.master_port), spec.job_token);
-    gw::cluster::store_client store(spec.master_addr, static_cast<std::uint16_t>(spec.master_port), spec.job_token);
+    gw::rendezvous::store_client store(spec.master_addr, static_cast<std::uint16_t>(spec.master_port), spec.job_token);
     ucx_rank u;
     store.set("ucx_ps_paths/" + std::to_string(me), u.address());
     u.connect(store.get("ucx_ps_paths/" + std::to_string(1 - me)));

@@ -7,8 +7,8 @@
 
 #include "aggregation/all_reduce.hpp"
 #include "cluster/spec.hpp"
-#include "cluster/store.hpp"
 #include "cluster/tcp.hpp"
+#include "rendezvous/store.hpp"
 #include "strategy.hpp"
 #include "transport/asio_tcp.hpp"
 #include "transport/wire.hpp"

@@ -58,7 +58,7 @@
 #include "concepts.hpp"
 #include "error.hpp"
 #include "tensor/dtype.hpp"
-#include "transport/wire.hpp"
+#include "support/crc32c.hpp"
 
 namespace gradwire {
 
@@ -156,7 +156,7 @@ class sink {
   sink(int fd, const std::filesystem::path& path) : fd_(fd), path_(path) { buffer_.reserve(chunk); }
   void put(const void* data, std::size_t n) {
     const auto* p = static_cast<const std::byte*>(data);
-    crc_ = transport::wire::crc32c({p, n}, crc_);
+    crc_ = support::crc32c({p, n}, crc_);
     if (buffer_.size() + n > chunk) flush();
     if (n >= chunk)
       write_all(fd_, p, n, path_);  // large tensors go straight from their memory
@@ -389,13 +389,13 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
                    "; the file is truncated or corrupt");
 
   // Every byte, before trusting any of them.
-  std::uint32_t crc = transport::wire::crc32c(header_bytes);
+  std::uint32_t crc = support::crc32c(header_bytes);
   {
     std::vector<std::byte> buffer(static_cast<std::size_t>(std::min<std::uint64_t>(ck::chunk, size)));
     for (std::uint64_t at = header; at < size - 4;) {
       const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), size - 4 - at));
       ck::read_at(f.get(), buffer.data(), n, at, path);
-      crc = transport::wire::crc32c({buffer.data(), n}, crc);
+      crc = support::crc32c({buffer.data(), n}, crc);
       at += n;
     }
   }
@@ -429,11 +429,11 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
 
   // Read straight into the strategy's memory, checksumming again: only a file rewritten
   // between the two passes can fail here, and then the strategy is partly loaded.
-  std::uint32_t again = transport::wire::crc32c(header_bytes);
+  std::uint32_t again = support::crc32c(header_bytes);
   std::uint64_t at = header;
   auto read_into = [&](void* p, std::size_t n) {
     ck::read_at(f.get(), static_cast<std::byte*>(p), n, at, path);
-    again = transport::wire::crc32c({static_cast<const std::byte*>(p), n}, again);
+    again = support::crc32c({static_cast<const std::byte*>(p), n}, again);
     at += n;
   };
   auto params = strategy.parameters();

@@ -12,8 +12,8 @@
 #include <vector>
 #include <utility>
 
-#include "cluster/topology.hpp"
 #include "error.hpp"
+#include "support/topology.hpp"
 #include "tensor/dtype.hpp"
 #include "tensor/shape.hpp"
 #include "timeouts.hpp"

@@ -7,10 +7,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <cstdlib>
-#include <gradwire/cluster/host_identity.hpp>
 #include <gradwire/cluster/tcp.hpp>
-#include <gradwire/cluster/topology.hpp>
 #include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/rendezvous/host_identity.hpp>
+#include <gradwire/support/topology.hpp>
 #include <gradwire/transport/any.hpp>
 #include <gradwire/transport/asio_tcp.hpp>
 #include <string>
@@ -104,11 +104,11 @@ TEST_CASE("topology from published host identities names each host by its lowest
 }
 
 TEST_CASE("host identity: GRADWIRE_HOST_ID, else hostname, boot id and network namespace", "[cluster][topology]") {
-  CHECK(gw::cluster::local_host_identity("given") == "given");
+  CHECK(gw::rendezvous::local_host_identity("given") == "given");
   ::setenv("GRADWIRE_HOST_ID", "rack3-node7", 1);
-  CHECK(gw::cluster::local_host_identity() == "rack3-node7");
+  CHECK(gw::rendezvous::local_host_identity() == "rack3-node7");
   ::unsetenv("GRADWIRE_HOST_ID");
-  const std::string id = gw::cluster::local_host_identity();
+  const std::string id = gw::rendezvous::local_host_identity();
   struct stat ns {};
   REQUIRE(::stat("/proc/self/ns/net", &ns) == 0);
   char name[256] = {};

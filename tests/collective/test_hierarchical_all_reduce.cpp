@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
-#include <gradwire/cluster/topology.hpp>
+#include <gradwire/support/topology.hpp>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/hierarchical_all_reduce.hpp>
 #include <gradwire/transport/inproc.hpp>

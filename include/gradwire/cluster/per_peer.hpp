@@ -12,7 +12,7 @@
 #include "../transport/per_peer.hpp"
 #include "spec.hpp"
 #include "tcp.hpp"
-#include "topology.hpp"
+#include "../support/topology.hpp"
 #include "ucx.hpp"
 
 namespace gradwire::cluster {

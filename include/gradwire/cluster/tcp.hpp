@@ -36,7 +36,7 @@ inline long long integer_from(const env_lookup& env, const char* name, long long
 // GRADWIRE_LISTEN_HOST (address to accept peers on; default loopback for a job on one
 // machine, else the address this rank reaches MASTER_ADDR from), GRADWIRE_WIRE_CHECKSUM=1
 // (CRC-32C over payloads too), GRADWIRE_SOCKET_BUFFER (bytes), GRADWIRE_POLL_US,
-// GRADWIRE_HOST_ID (which ranks share a host; see cluster/host_identity.hpp), and the
+// GRADWIRE_HOST_ID (which ranks share a host; see rendezvous/host_identity.hpp), and the
 // failure detection's GRADWIRE_HEARTBEAT (whole seconds, 0: off), GRADWIRE_STALL_WARN and
 // GRADWIRE_STALL_TIMEOUT (seconds; defaults in timeouts.hpp, all listed in docs/errors.md#timeouts).
 inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const env_lookup& env = process_env) {
@@ -50,7 +50,7 @@ inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const e
   o.listen_host = env("GRADWIRE_LISTEN_HOST").value_or(local ? "127.0.0.1" : "");
   if (auto t = seconds_from(env, "GRADWIRE_TIMEOUT")) o.connect_timeout = *t;
   o.checksum_payload = env("GRADWIRE_WIRE_CHECKSUM").value_or("0") == "1";
-  o.host_id = env("GRADWIRE_HOST_ID").value_or("");  // empty: detected (cluster/host_identity.hpp)
+  o.host_id = env("GRADWIRE_HOST_ID").value_or("");  // empty: detected (rendezvous/host_identity.hpp)
   o.local_size = spec.local_world_size;
   o.socket_buffer_bytes = static_cast<int>(integer_from(env, "GRADWIRE_SOCKET_BUFFER", 0, 1 << 30));
   o.poll_before_sleep = std::chrono::microseconds(

@@ -20,7 +20,7 @@ inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lo
   o.store_port = static_cast<std::uint16_t>(spec.master_port);
   if (auto t = seconds_from(env, "GRADWIRE_TIMEOUT")) o.connect_timeout = *t;
   o.local_size = spec.local_world_size;
-  o.host_id = env("GRADWIRE_HOST_ID").value_or("");  // empty: detected (cluster/host_identity.hpp)
+  o.host_id = env("GRADWIRE_HOST_ID").value_or("");  // empty: detected (rendezvous/host_identity.hpp)
   o.poll_before_sleep =
       std::chrono::microseconds(integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
   o.peer_error_handling = env("GRADWIRE_UCX_PEER_ERRORS").value_or("1") != "0";

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "../cluster/topology.hpp"
+#include "../support/topology.hpp"
 #include "../error.hpp"
 #include "chunking.hpp"
 #include "communicator.hpp"

@@ -55,7 +55,7 @@
 #include <sched.h>
 #endif
 
-#include "../cluster/topology.hpp"
+#include "../support/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"

@@ -29,7 +29,7 @@
 #include <variant>
 #include <vector>
 
-#include "../cluster/topology.hpp"
+#include "../support/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"

@@ -31,13 +31,13 @@
 #include <utility>
 #include <vector>
 
-#include "../cluster/host_identity.hpp"
-#include "../cluster/store.hpp"
-#include "../cluster/topology.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../observe/activity.hpp"
 #include "../observe/log.hpp"
+#include "../rendezvous/host_identity.hpp"
+#include "../rendezvous/store.hpp"
+#include "../support/topology.hpp"
 #include "../timeouts.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
@@ -62,7 +62,7 @@ struct ucx_options {
   std::chrono::milliseconds connect_timeout = default_timeout;
   // This rank's host identity, which tells the ranks that share its host (topology());
   // empty: GRADWIRE_HOST_ID, else hostname, boot id and network namespace
-  // (cluster::local_host_identity says why).
+  // (rendezvous::local_host_identity says why).
   std::string host_id;
   // Ranks of this job on this machine: polling before sleeping only pays when each can
   // have a core (oversubscribed ranks would starve each other), as for asio_tcp.
@@ -359,7 +359,7 @@ class ucx {
       };
       std::vector<std::vector<std::byte>> addresses(static_cast<std::size_t>(n));
       addresses[me] = worker_address();
-      std::optional<cluster::store_client> client;
+      std::optional<rendezvous::store_client> client;
       if (n > 1) {
         if (options.store_port == 0)
           throw error(errc::config, "ucx: a job of " + std::to_string(n) +
@@ -389,8 +389,8 @@ class ucx {
                                           std::to_string(n) + ": give every rank the same WORLD_SIZE");
         }
         // Which ranks share this rank's host: one more store key per rank.
-        const std::string identity = cluster::local_host_identity(options.host_id);
-        topology = cluster::exchange_topology(store, options.store_prefix + "host/", me, n, identity, identity, left());
+        const std::string identity = rendezvous::local_host_identity(options.host_id);
+        topology = rendezvous::exchange_topology(store, options.store_prefix + "host/", me, n, identity, identity, left());
       }
       // A second endpoint for bulk messages only pays where it unlocks a transport: shared memory.
       const bool bulk = options.peer_error_handling && options.bulk_bytes > 0 && detail::ucx_may_use_shared_memory();
@@ -1035,7 +1035,7 @@ class ucx {
     detail::ucp_context_ptr context;
     detail::ucp_worker_ptr worker;
     int event_fd = -1;
-    std::optional<cluster::store_server> store_server;  // rank 0 only
+    std::optional<rendezvous::store_server> store_server;  // rank 0 only
     cluster::topology topology;
     std::vector<detail::ucx_peer> peers;
     std::vector<detail::ucx_op*> in_flight;  // ops UCX holds a request for

@@ -28,4 +28,24 @@ inline std::string size_mismatch_message(int sender, std::uint64_t sent, std::ui
          std::to_string(tag) + ") but rank " + std::to_string(receiver) + " expected " + std::to_string(expected);
 }
 
+// "rank 0: rank 2 failed: REASON": a peer's abort frame or control message, as this rank reports it.
+inline std::string peer_failed_message(int rank, int peer, const std::string& reason) {
+  return "rank " + std::to_string(rank) + ": rank " + std::to_string(peer) + " failed: " + reason;
+}
+
+// "rank 0: lost rank 2: it failed: REASON": the same, for a peer whose loss is tolerated.
+inline std::string tolerated_peer_failed_message(int rank, int peer, const std::string& reason) {
+  return "rank " + std::to_string(rank) + ": lost rank " + std::to_string(peer) + ": it failed: " + reason;
+}
+
+// "rank 0 failed: REASON": this rank's own failure (fail(), or an exception that unwinds).
+inline std::string rank_failed_message(int rank, const std::string& reason) {
+  return "rank " + std::to_string(rank) + " failed: " + reason;
+}
+
+// Why an operation withdrawn while its bytes were on the wire fails the rank.
+inline std::string abandoned_message(int peer) {
+  return "an operation with rank " + std::to_string(peer) + " was abandoned mid-message (timeout or error)";
+}
+
 }  // namespace gradwire::transport::detail

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../support/topology.hpp"
 #include "store.hpp"
-#include "topology.hpp"
 
-namespace gradwire::cluster {
+namespace gradwire::rendezvous {
 
 // This rank's host identity: GRADWIRE_HOST_ID if set (the user knows better, e.g.
 // containers of one machine that should count as one host, or as several), else
@@ -40,7 +40,7 @@ inline std::string local_host_identity(const std::string& configured = {}) {
 // Publishes this rank's host identity and display name under `prefix` + rank (one key
 // per rank) and reads every rank's: the job's topology, the same on every rank. Each
 // read waits until that rank has published, within `timeout` (what is left of the join).
-inline topology exchange_topology(store_client& store, const std::string& prefix, int rank, int size,
+inline support::topology exchange_topology(store_client& store, const std::string& prefix, int rank, int size,
                                   const std::string& identity, const std::string& display,
                                   std::chrono::milliseconds timeout) {
   const auto until = std::chrono::steady_clock::now() + timeout;
@@ -67,7 +67,7 @@ inline topology exchange_topology(store_client& store, const std::string& prefix
     identities[r] = value.substr(0, cut);
     names[r] = cut == std::string::npos ? value : value.substr(cut + 1);
   }
-  return topology::from_identities(identities, names);
+  return support::topology::from_identities(identities, names);
 }
 
-}  // namespace gradwire::cluster
+}  // namespace gradwire::rendezvous

@@ -16,7 +16,7 @@
 
 #include "../error.hpp"
 
-namespace gradwire::cluster {
+namespace gradwire::support {
 
 class topology {
  public:
@@ -136,4 +136,10 @@ class topology {
   std::vector<std::string> names_;
 };
 
+}  // namespace gradwire::support
+
+namespace gradwire::cluster {
+// Its users' name: the cluster layer fills it in; it lives in support/ so that concepts.hpp
+// and the transports need not include cluster/.
+using support::topology;
 }  // namespace gradwire::cluster

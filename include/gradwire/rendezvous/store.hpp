@@ -24,15 +24,13 @@
 
 #include "../error.hpp"
 #include "../timeouts.hpp"
-#include "../transport/detail/asio_support.hpp"
+#include "../support/asio.hpp"
 #include "../transport/wire.hpp"
+#include "framed_io.hpp"
 
-namespace gradwire::cluster {
+namespace gradwire::rendezvous {
 
 namespace detail {
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-namespace wire = transport::wire;
 
 enum class store_op : std::uint64_t { set = 1, get = 2, add = 3 };
 inline constexpr std::size_t max_store_value = std::size_t{64} << 20;
@@ -59,7 +57,7 @@ class store_server {
  public:
   store_server(const std::string& host, std::uint16_t port, std::string_view job_token)
       : token_hash_(transport::wire::token_hash(job_token)),
-        acceptor_(transport::detail::listen(io_, host, port, "the rendezvous store's port (MASTER_PORT)")),
+        acceptor_(support::listen(io_, host, port, "the rendezvous store's port (MASTER_PORT)")),
         work_(io_.get_executor()),
         port_(acceptor_.local_endpoint().port()) {  // read here: the server thread owns the acceptor from now on
     accept();
@@ -216,9 +214,9 @@ class store_client {
   store_client(const std::string& host, std::uint16_t port, std::string_view job_token,
                std::chrono::milliseconds timeout = default_timeout)
       : token_hash_(transport::wire::token_hash(job_token)),
-        where_("the rendezvous store at " + transport::detail::address_text(host, port)),
+        where_("the rendezvous store at " + support::address_text(host, port)),
         timeout_(timeout),
-        socket_(transport::detail::connect_with_retry(io_, host, port, "the rendezvous store (MASTER_ADDR:MASTER_PORT)",
+        socket_(support::connect_with_retry(io_, host, port, "the rendezvous store (MASTER_ADDR:MASTER_PORT)",
                                                       deadline_after(timeout))) {}
 
   void set(const std::string& key, std::span<const std::byte> value) { call(detail::store_op::set, key, value); }
@@ -260,8 +258,8 @@ class store_client {
     const auto payload = detail::pack(key, value);
     h.length = payload.size();
     try {
-      transport::detail::write_frame(io_, socket_, h, payload, until, where_);
-      auto [reply, body] = transport::detail::read_frame(io_, socket_, token_hash_, until, where_,
+      detail::write_frame(io_, socket_, h, payload, until, where_);
+      auto [reply, body] = detail::read_frame(io_, socket_, token_hash_, until, where_,
                                                          detail::max_store_value);
       if (reply.kind == detail::wire::frame_kind::refuse) {
         const std::string why(reinterpret_cast<const char*>(body.data()), body.size());
@@ -287,4 +285,4 @@ class store_client {
   detail::tcp::socket socket_;
 };
 
-}  // namespace gradwire::cluster
+}  // namespace gradwire::rendezvous

@@ -1,0 +1,99 @@
+// The public face every network transport shares: messages, waits with deadlines, peer loss, failure, traffic.
+//
+// asio_tcp and ucx derive from network_facade<their engine> and add what only they do
+// (asio_tcp: async_recv_accumulate; ucx: one-sided access). The engine is shared with the
+// requests (a request withdraws its op through it when dropped), so it lives behind a
+// shared_ptr; the calls below go straight to it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../../error.hpp"
+#include "../../support/topology.hpp"
+#include "../../timeouts.hpp"
+#include "../traffic.hpp"
+#include "pending_request.hpp"
+
+namespace gradwire::transport::detail {
+
+// Engine: a network_engine (network_engine.hpp) with join(), post_send, post_recv,
+// tolerate(peer), say_goodbye() and abort_all(cause, reason).
+template <class Engine>
+class network_facade {
+ public:
+  using request = pending_request<Engine, typename Engine::op_type>;
+
+  int rank() const noexcept { return engine_->options.rank; }
+  int size() const noexcept { return engine_->options.size; }
+  // Which ranks share a host, from the host identities exchanged at join
+  // (concepts::topology_aware_transport).
+  const cluster::topology& topology() const noexcept { return engine_->topology; }
+
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    traffic_.sent(bytes.size());
+    return start_operation(engine_, engine_->make_op(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size()),
+                           [&](typename Engine::op_type& op) { engine_->post_send(op); });
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    traffic_.received(bytes.size());
+    return start_operation(engine_, engine_->make_op(false, peer, tag, bytes.data(), bytes.size()),
+                           [&](typename Engine::op_type& op) { engine_->post_recv(op); });
+  }
+  void wait(request& r, deadline until) { finish_operation(*engine_, r, until, Engine::name); }
+
+  // Waits until one of `requests` can be waited for without blocking (its operation
+  // has completed, successfully or not) and returns its index; it does not finish that
+  // request: wait() on it then returns or throws at once. Empty requests are skipped.
+  // Throws errc::timeout when none completes by `until`, and the rank's failure if it failed.
+  std::size_t wait_any(std::span<request* const> requests, deadline until) {
+    return engine_->wait_any(requests, until);
+  }
+
+  // Losing `peer` (its connection breaks, or it aborts) fails only the operations that
+  // involve it, now and later, instead of the whole rank; lost_peers() lists such peers.
+  // For roles that outlive a peer, e.g. a parameter server that drops a dead worker.
+  void tolerate_loss(int peer) {
+    if (peer < 0 || peer >= size() || peer == rank())
+      throw error(errc::invalid_argument,
+                  std::string(Engine::name) + "::tolerate_loss: rank " + std::to_string(peer) + " is not a peer");
+    engine_->tolerate(peer);
+  }
+  std::vector<int> lost_peers() const { return engine_->lost; }
+
+  // Payload this rank has sent and received (concepts::metered_transport).
+  traffic_counters traffic() const noexcept { return traffic_; }
+
+  // Marks this rank failed and tells every peer why (best effort, within a second), so
+  // they fail with this reason instead of a bare lost connection. Used when a rank
+  // detects a disagreement (collective mismatch) that its peers cannot see.
+  void fail(errc cause, const std::string& reason) { engine_->abort_all(cause, reason); }
+
+ protected:
+  // Joins the job (collective: every rank of the job calls it with the same size and token).
+  template <class Options>
+  explicit network_facade(const Options& options) : engine_(std::make_shared<Engine>(options)) {
+    engine_->join();
+  }
+  network_facade(network_facade&&) noexcept = default;
+  network_facade& operator=(network_facade&&) noexcept = default;
+  // Says goodbye to every peer, so that they can tell a rank that finished from one that
+  // crashed; while an exception unwinds, says why it failed instead (an abort).
+  ~network_facade() {
+    if (!engine_) return;
+    if (std::uncaught_exceptions() > 0)
+      engine_->abort_all(errc::peer_lost, "it is unwinding an exception");
+    else
+      engine_->say_goodbye();
+  }
+
+  std::shared_ptr<Engine> engine_;
+  traffic_counters traffic_;
+};
+
+}  // namespace gradwire::transport::detail

@@ -1,0 +1,178 @@
+// asio_tcp's engine: the state of one rank's connections, declared here; each job's members are defined in its own file.
+//
+// join.hpp (joining), send.hpp (the send path), receive.hpp (the receive path),
+// wait.hpp (waiting and withdrawing), failure.hpp (peer loss: goodbye, abort, isolate,
+// failing the rank), watch.hpp (heartbeats, stalls, status frames). What every network
+// transport shares (making ops, wait, wait_any, the rank's failure) comes from
+// detail/network_engine.hpp; the public class is transport/asio_tcp.hpp.
+#pragma once
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../error.hpp"
+#include "../../rendezvous/store.hpp"
+#include "../../support/asio.hpp"
+#include "../../timeouts.hpp"
+#include "../detail/messages.hpp"
+#include "../detail/network_engine.hpp"
+#include "../wire.hpp"
+#include "link.hpp"
+#include "options.hpp"
+
+namespace gradwire::transport::detail {
+
+struct tcp_engine : network_engine<tcp_engine, tcp_op> {
+  using status = tcp_op::status;
+  using tcp = support::tcp;
+  static constexpr const char* name = "asio_tcp";
+
+  explicit tcp_engine(const asio_tcp_options& o)
+      : options(o),
+        token(wire::token_hash(o.job_token)),
+        dedicated(core_per_rank(o.local_size)),
+        work(io.get_executor()) {
+    if (o.size < 1) throw error(errc::config, "asio_tcp: world size must be >= 1, got " + std::to_string(o.size));
+    if (o.rank < 0 || o.rank >= o.size)
+      throw error(errc::config, "asio_tcp: rank " + std::to_string(o.rank) + " is outside 0.." +
+                                    std::to_string(o.size - 1) + " (world size " + std::to_string(o.size) + ")");
+    links.resize(static_cast<std::size_t>(o.size));
+    topology = cluster::topology::one_host(o.size);  // until join() learns better
+    if (o.heartbeat_interval.count() < 0 || o.heartbeat_misses < 1 || o.stall_warn.count() <= 0 ||
+        o.stall_timeout.count() < 0)
+      throw error(errc::config, "asio_tcp: heartbeat_interval must be >= 0 s, heartbeat_misses >= 1, stall_warn > 0 "
+                                "and stall_timeout >= 0 (0: off)");
+    waiting_for.reserve(links.size());
+  }
+  ~tcp_engine() {
+    for (auto& l : links)
+      if (l) {
+        boost::system::error_code ignored;
+        l->socket.close(ignored);
+      }
+  }
+
+  // --- the shared wait's hooks (wait.hpp) -------------------------------------
+  // Ends the stall watch's business with a wait when the wait ends.
+  struct watched_wait {
+    tcp_engine& s;
+    ~watched_wait() { s.end_wait(); }
+  };
+  watched_wait prepare_wait(tcp_op& op);
+  bool progress(tcp_op& op, deadline until);
+  template <class Find, class Done, class Request>
+  bool wait_for_any(Find& find, Done& done, std::span<Request* const> requests, deadline until);
+  void settled(tcp_op&) noexcept {}
+  const std::string& failure_text(const tcp_op& op) const { return op.message; }
+  void tolerate(int peer);
+
+  // --- join.hpp: joining ------------------------------------------------------
+  void join();
+  void dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until);
+  void hello(tcp::socket& socket);
+  void accept_peers(tcp::acceptor& acceptor);
+  void greet(tcp::socket socket, const wire::header_bytes& bytes);
+  void add_link(int peer, tcp::socket socket);
+
+  // --- send.hpp: the send path ------------------------------------------------
+  void post_send(tcp_op& op);
+  void write_next(tcp_link& link);
+  void send_to_self(tcp_op& op);
+
+  // --- receive.hpp: the receive path ------------------------------------------
+  void post_recv(tcp_op& op);
+  void read_header(tcp_link& link);
+  void on_header(tcp_link& link);
+  void read_payload_into(tcp_link& link, tcp_op& op);
+  void read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc);
+  void drain(tcp_link& link, std::size_t left);
+  void read_eager(tcp_link& link);
+  void on_eager(tcp_link& link, arrived_message m);
+  std::vector<std::byte> take_buffer(std::size_t bytes);
+  void give_back(std::vector<std::byte> b);
+  void deliver(tcp_op& op, std::span<const std::byte> payload);
+  void fail_size(tcp_op& op, std::uint64_t sent);
+  void receive_from_self(tcp_op& op);
+
+  // --- wait.hpp: waiting and withdrawing --------------------------------------
+  void poll_briefly(const tcp_op& op);
+  void cancel(tcp_op& op) noexcept;
+
+  // --- failure.hpp: peer loss and failure -------------------------------------
+  void on_goodbye(tcp_link& link);
+  std::string finished_message(int peer) const;
+  void say_goodbye();
+  void send_to_all_now(const wire::frame_header& h, std::span<const std::byte> payload);
+  void on_abort(tcp_link& link, const std::string& reason);
+  void broken(tcp_link& link, const boost::system::error_code& ec);
+  void isolate(tcp_link& link, const std::string& why);
+  static void fail_operations(tcp_link& link, errc cause, const std::string& why);
+  void lose(tcp_link& link, errc cause, const std::string& why);
+  void fail_everything(errc cause, const std::string& why);
+  void abort_all(errc cause, const std::string& reason);
+  void send_abort(errc cause, const std::string& reason);
+
+  // --- watch.hpp: heartbeats, stalls, status frames ---------------------------
+  void watch_link(tcp::socket& socket);
+  std::chrono::milliseconds heartbeat_limit() const;
+  std::chrono::milliseconds watch_period() const;
+  void start_watch();
+  void arm_watch();
+  static long long silence_ms(tcp::socket& socket);
+  void check_heartbeats();
+  std::string lost_message(const std::vector<std::pair<int, std::chrono::milliseconds>>& peers, bool by_kernel) const;
+  void begin_wait(int peer, bool add = false);
+  void end_wait() noexcept;
+  void check_stall(clock::time_point now);
+  std::string stall_report(std::chrono::milliseconds waited, std::vector<int>& stalled) const;
+  std::string liveness(int peer) const;
+  void send_status(bool still_waiting);
+  bool on_status(tcp_link& link, std::span<const std::byte> payload);
+
+  static std::string describe(const tcp_op& op) {
+    return describe_operation(op.is_send, op.peer, op.tag, op.bytes);
+  }
+
+  static constexpr std::size_t stage_bytes = std::size_t{1} << 20;  // chunk of accumulating receives and drains
+  static constexpr std::size_t max_abort_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t max_status_bytes = 4096;
+  asio_tcp_options options;
+  std::uint64_t token;
+  bool dedicated;  // every local rank can have a core
+  boost::asio::io_context io{1};
+  // Keeps run_one_until sleeping until its deadline when nothing is outstanding.
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work;
+  std::optional<rendezvous::store_server> store_server;  // rank 0 only
+  std::vector<std::unique_ptr<tcp_link>> links;  // [peer]; empty for this rank
+  std::deque<tcp_op*> self_receives;
+  std::deque<arrived_message> self_arrived;
+  std::vector<std::vector<std::byte>> spare_buffers;
+  std::optional<boost::asio::steady_timer> loss_grace;  // running once a connection broke
+  bool aborting = false;
+  // The watch (heartbeats, stalls): a timer that runs while a thread waits.
+  std::optional<boost::asio::steady_timer> watch_timer;
+  // The wait in progress past its polling (begin_wait): whom for and since when.
+  bool waiting = false;
+  clock::time_point wait_began{};
+  std::vector<int> waiting_for;
+  bool status_said = false;  // this wait told the peers what it waits for
+  bool warned = false;       // this wait logged its stall warning
+  // While joining.
+  bool joining = false;
+  int join_pending = 0;
+  std::optional<error> join_failure;
+};
+
+}  // namespace gradwire::transport::detail

@@ -1,0 +1,69 @@
+// asio_tcp's op and link: one connection to a peer, with its reading and writing state and what it queues.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../support/asio.hpp"
+#include "../detail/deliver.hpp"
+#include "../detail/network_op.hpp"
+#include "../wire.hpp"
+
+namespace gradwire::transport::detail {
+
+using support::tcp;
+
+struct tcp_op : network_op {
+  deliver_fn deliver = deliver_copy;  // receives: copy, or add (async_recv_accumulate)
+  wire::header_bytes header{};        // sends: the frame header, written with the payload
+};
+
+// What a peer said it waits for in its latest status frame (it has waited long).
+struct peer_status {
+  std::vector<int> waits_for;  // empty: it no longer waits
+  std::uint64_t operation = 0;
+  std::uint64_t step = 0;
+  std::string activity;        // the collective's name, if any
+};
+
+// A message that arrived before its receive was posted (eager) or self-sent.
+struct arrived_message {
+  std::uint64_t tag = 0;
+  std::vector<std::byte> payload;
+};
+
+struct tcp_link {
+  explicit tcp_link(tcp::socket s, int p) : socket(std::move(s)), peer(p) {}
+  tcp::socket socket;
+  int peer;
+  bool alive = true;
+  bool finished = false;  // the peer said goodbye: nothing more will arrive
+  bool tolerated = false;  // losing this peer fails only its own operations (tolerate_loss)
+  std::string lost_reason;  // why a tolerated peer was lost
+  // Reading side.
+  wire::header_bytes in_header{};
+  wire::frame_header incoming;                   // header of the frame being read
+  tcp_op* reading = nullptr;                     // receive whose payload is being read into place
+  std::optional<arrived_message> reading_eager;  // or: eager payload being read
+  bool parked = false;                           // `incoming` is large and waits for its receive
+  std::deque<tcp_op*> receives;                  // posted, unmatched, in posting order
+  std::deque<arrived_message> arrived;           // arrived, unmatched, in arrival order
+  std::vector<std::byte> stage;                  // accumulating receives read through it in chunks
+  // Writing side: front() is being written when `writing`.
+  std::deque<tcp_op*> sends;
+  bool writing = false;
+  // Failure detection: the peer's address (for messages), its latest status frame, and
+  // this rank's own status frame to it (queued like a send; one at a time).
+  std::string address;
+  std::optional<peer_status> status;
+  tcp_op status_out;
+  std::vector<std::byte> status_bytes;
+};
+
+}  // namespace gradwire::transport::detail

@@ -1,0 +1,218 @@
+// asio_tcp's receive path: headers, payloads read into place or buffered (eager), chunked accumulation, matching by tag.
+#pragma once
+
+#include <algorithm>
+#include <boost/asio/read.hpp>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace gradwire::transport::detail {
+
+inline void tcp_engine::post_recv(tcp_op& op) {
+  if (op.peer == options.rank) return receive_from_self(op);
+  tcp_link& link = *links[op.peer];
+  // An earlier arrival with this tag is the message (tags match in arrival order).
+  for (auto it = link.arrived.begin(); it != link.arrived.end(); ++it)
+    if (it->tag == op.tag) {
+      deliver(op, it->payload);
+      give_back(std::move(it->payload));
+      link.arrived.erase(it);
+      return;
+    }
+  if (link.parked && link.incoming.tag == op.tag) {
+    link.parked = false;
+    read_payload_into(link, op);
+    return;
+  }
+  if (link.finished) return op.finish(errc::peer_lost, finished_message(op.peer));
+  if (!link.lost_reason.empty()) return op.finish(errc::peer_lost, link.lost_reason);
+  link.receives.push_back(&op);
+}
+
+inline void tcp_engine::read_header(tcp_link& link) {
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.in_header),
+                          [this, &link](const boost::system::error_code& ec, std::size_t) {
+                            if (ec) return broken(link, ec);
+                            on_header(link);
+                          });
+}
+
+inline void tcp_engine::on_header(tcp_link& link) {
+  const std::string who = "rank " + std::to_string(link.peer);
+  try {
+    link.incoming = wire::decode(link.in_header, token, who);
+  } catch (const error& e) {
+    return lose(link, e.kind(), e.what());
+  }
+  const auto& h = link.incoming;
+  if (h.source != static_cast<std::uint32_t>(link.peer))
+    return lose(link, errc::protocol, who + " sent a frame claiming to come from rank " + std::to_string(h.source));
+  if (h.kind == wire::frame_kind::abort) {  // the reason follows, as text
+    if (h.length > max_abort_bytes) return lose(link, errc::protocol, who + " sent an oversized abort frame");
+    return read_eager(link);
+  }
+  if (h.kind == wire::frame_kind::goodbye) return on_goodbye(link);
+  if (h.kind == wire::frame_kind::status) {  // what the peer waits for follows
+    if (h.length > max_status_bytes) return lose(link, errc::protocol, who + " sent an oversized status frame");
+    return read_eager(link);
+  }
+  if (h.kind != wire::frame_kind::data)
+    return lose(link, errc::protocol, who + " sent an unexpected frame kind " + std::to_string(int(h.kind)));
+  for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
+    if ((*it)->tag == h.tag) {
+      tcp_op& op = **it;
+      link.receives.erase(it);
+      return read_payload_into(link, op);
+    }
+  // Small, or large while a receive for a later message already waits on this link
+  // (its bytes are behind this one): into memory. Otherwise the message stays in the
+  // kernel until its receive is posted (post_recv) or another one is waited for (wait).
+  if (h.length <= options.eager_bytes || !link.receives.empty()) return read_eager(link);
+  link.parked = true;
+}
+
+inline void tcp_engine::read_payload_into(tcp_link& link, tcp_op& op) {
+  if (op.bytes != link.incoming.length) {
+    fail_size(op, link.incoming.length);
+    return drain(link, static_cast<std::size_t>(link.incoming.length));  // keeps the stream in step
+  }
+  op.state = status::active;
+  link.reading = &op;
+  if (op.deliver != deliver_copy) return read_accumulating(link, 0, 0);
+  boost::asio::async_read(link.socket, boost::asio::buffer(op.data, op.bytes),
+                          [this, &link](const boost::system::error_code& ec, std::size_t) {
+                            if (ec) return broken(link, ec);
+                            tcp_op* done = std::exchange(link.reading, nullptr);
+                            if (done) {
+                              try {
+                                wire::check_payload(link.incoming, {done->data, done->bytes},
+                                                    "rank " + std::to_string(link.peer));
+                                done->finish();
+                              } catch (const error& e) {
+                                done->finish(e.kind(), e.what());
+                                return lose(link, e.kind(), e.what());
+                              }
+                            }
+                            read_header(link);
+                          });
+}
+
+// Reads link.reading's payload through the link's stage in chunks, adding each into
+// place as it lands, from byte `offset` on; `crc` carries the payload checksum so far.
+inline void tcp_engine::read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc) {
+  tcp_op& op = *link.reading;
+  const std::size_t chunk = std::min(stage_bytes, op.bytes - offset);
+  auto on_chunk = [this, &link, offset, crc, chunk](const boost::system::error_code& ec, std::size_t) {
+    if (ec) return broken(link, ec);
+    tcp_op* op = link.reading;
+    if (!op) return;  // withdrawn mid-message: the connection is being closed
+    const std::span<const std::byte> piece(link.stage.data(), chunk);
+    const std::uint32_t sum = (link.incoming.flags & wire::payload_checksummed) ? wire::crc32c(piece, crc) : crc;
+    if (chunk) op->deliver(op->data + offset, piece.data(), chunk);
+    if (offset + chunk < op->bytes) return read_accumulating(link, offset + chunk, sum);
+    link.reading = nullptr;
+    if ((link.incoming.flags & wire::payload_checksummed) && sum != link.incoming.payload_crc) {
+      const std::string why = "corrupt payload from rank " + std::to_string(link.peer) + " (tag " +
+                              std::to_string(link.incoming.tag) + "): checksum mismatch";
+      op->finish(errc::protocol, why);
+      return lose(link, errc::protocol, why);
+    }
+    op->finish();
+    read_header(link);
+  };
+  if (chunk == 0) return on_chunk({}, 0);
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk), on_chunk);
+}
+
+// Reads and drops `left` payload bytes through the stage, then the next header.
+inline void tcp_engine::drain(tcp_link& link, std::size_t left) {
+  if (left == 0) return read_header(link);
+  const std::size_t chunk = std::min(stage_bytes, left);
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk),
+                          [this, &link, left, chunk](const boost::system::error_code& ec, std::size_t) {
+                            if (ec) return broken(link, ec);
+                            drain(link, left - chunk);
+                          });
+}
+
+inline void tcp_engine::read_eager(tcp_link& link) {
+  link.reading_eager.emplace();
+  link.reading_eager->tag = link.incoming.tag;
+  link.reading_eager->payload = take_buffer(static_cast<std::size_t>(link.incoming.length));
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.reading_eager->payload),
+                          [this, &link](const boost::system::error_code& ec, std::size_t) {
+                            if (ec) return broken(link, ec);
+                            arrived_message m = std::move(*link.reading_eager);
+                            link.reading_eager.reset();
+                            const std::string who = "rank " + std::to_string(link.peer);
+                            try {
+                              wire::check_payload(link.incoming, m.payload, who);
+                            } catch (const error& e) {
+                              return lose(link, e.kind(), e.what());
+                            }
+                            if (link.incoming.kind == wire::frame_kind::abort)
+                              return on_abort(link, std::string(reinterpret_cast<const char*>(m.payload.data()),
+                                                                m.payload.size()));
+                            if (link.incoming.kind == wire::frame_kind::status) {
+                              const bool fine = on_status(link, m.payload);
+                              give_back(std::move(m.payload));
+                              if (fine) read_header(link);
+                              return;
+                            }
+                            on_eager(link, std::move(m));
+                            read_header(link);
+                          });
+}
+
+inline void tcp_engine::on_eager(tcp_link& link, arrived_message m) {
+  // A receive posted while the payload was being read takes it now.
+  for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
+    if ((*it)->tag == m.tag) {
+      tcp_op& op = **it;
+      link.receives.erase(it);
+      deliver(op, m.payload);
+      return give_back(std::move(m.payload));
+    }
+  link.arrived.push_back(std::move(m));
+}
+
+// Eager payloads reuse a few buffers instead of allocating per message.
+inline std::vector<std::byte> tcp_engine::take_buffer(std::size_t bytes) {
+  std::vector<std::byte> b;
+  if (!spare_buffers.empty()) {
+    b = std::move(spare_buffers.back());
+    spare_buffers.pop_back();
+  }
+  b.resize(bytes);
+  return b;
+}
+
+inline void tcp_engine::give_back(std::vector<std::byte> b) {
+  if (spare_buffers.size() < 16 && b.capacity() <= options.eager_bytes) spare_buffers.push_back(std::move(b));
+}
+
+inline void tcp_engine::deliver(tcp_op& op, std::span<const std::byte> payload) {
+  if (payload.size() != op.bytes) return fail_size(op, payload.size());
+  if (!payload.empty()) op.deliver(op.data, payload.data(), payload.size());
+  op.finish();
+}
+
+inline void tcp_engine::fail_size(tcp_op& op, std::uint64_t sent) {
+  op.finish(errc::mismatch, size_mismatch_message(op.peer, sent, op.tag, options.rank, op.bytes));
+}
+
+inline void tcp_engine::receive_from_self(tcp_op& op) {
+  for (auto it = self_arrived.begin(); it != self_arrived.end(); ++it)
+    if (it->tag == op.tag) {
+      deliver(op, it->payload);
+      self_arrived.erase(it);
+      return;
+    }
+  self_receives.push_back(&op);
+}
+
+}  // namespace gradwire::transport::detail
