@@ -8,7 +8,8 @@
 #
 # gradwire variants (gradwire_variants below): asio_tcp with ring, halving_doubling and auto;
 # ucx (auto) over UCX_TLS=sm (shared memory) and UCX_TLS=tcp, processes started by
-# scripts/gradwire-run; inproc (auto, ranks as threads of one process). Peers
+# scripts/gradwire-run; mpi (auto, transport::mpi under mpirun); inproc (auto, ranks as
+# threads of one process). Peers
 # (run_peers.sh): OpenMPI over shared memory and TCP, Gloo's ring, torch.distributed (gloo).
 #
 # Usage: benchmarks/allreduce.sh [--rounds R] [--quick] [--max-bytes SIZE] [--variants LIST]
@@ -52,10 +53,10 @@ ranks=${GRADWIRE_BENCH_RANKS:-2 4}
 sweep=(-b 4 -e "$max_bytes" -f "$factor" --repeats 1)
 
 # ---- gradwire variants: one name each, and how one sweep of it runs -----------------------
-# To add one (e.g. the MPI transport: allreduce_tcp --transport mpi under mpirun), add its name
-# to gradwire_variants and a case to run_variant; the report picks it up from its CSV
-# (told apart by the CSV's transport and algorithm columns).
-gradwire_variants=(asio-ring asio-halving-doubling asio-auto ucx-sm ucx-tcp inproc)
+# To add one, add its name to gradwire_variants and a case to run_variant (and to
+# variant_target if it needs another benchmark); the report picks it up from its CSV, told
+# apart by the CSV's transport and algorithm columns.
+gradwire_variants=(asio-ring asio-halving-doubling asio-auto ucx-sm ucx-tcp mpi inproc)
 # Runs variant $1 on $2 ranks, one sweep, appending rows to CSV $3; the sweep flags follow.
 run_variant() {
   local variant=$1 n=$2 csv=$3
@@ -69,6 +70,8 @@ run_variant() {
     ucx-sm | ucx-tcp)
       UCX_TLS=${variant#ucx-} UCX_WARN_UNUSED_ENV_VARS=n "${launch[@]}" "${tcp[@]}" --transport ucx --algorithm auto \
         --csv "$csv" "$@" ;;
+    # transport::mpi under mpirun as the peers run (OpenMPI picks shared memory on one host).
+    mpi) mpirun --allow-run-as-root --oversubscribe -np "$n" "${tcp[@]}" --transport mpi --algorithm auto --csv "$csv" "$@" ;;
     inproc) "$build_dir/benchmarks/allreduce_inproc" -g "$n" --algorithm auto --csv "$csv" "$@" ;;
     *) echo "allreduce.sh: no gradwire variant '$variant' (known: ${gradwire_variants[*]})" >&2; return 2 ;;
   esac
@@ -90,7 +93,7 @@ if [ -n "$variants" ]; then
   done
 fi
 gradwire_require_packages "${gradwire_build_packages[@]}" libopenmpi-dev libgloo-dev python3-torch python3-matplotlib
-gradwire_configure_benchmarks -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON
+gradwire_configure_benchmarks -DGRADWIRE_ASIO=ON -DGRADWIRE_UCX=ON -DGRADWIRE_MPI=ON
 mapfile -t targets < <(for v in "${gradwire_variants[@]}"; do variant_target "$v"; done | sort -u)
 cmake --build "$build_dir" --target "${targets[@]}" -j"$(nproc)"
 
