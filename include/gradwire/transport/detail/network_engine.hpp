@@ -68,7 +68,7 @@ class network_engine {
   void wait(Op& op, deadline until) {
     if (op.state == status::cancelled)
       throw error(errc::invalid_argument, std::string(Backend::name) + ": wait on a withdrawn request");
-    const auto watched = self().prepare_wait(op);
+    [[maybe_unused]] const auto watched = self().prepare_wait(op);  // ends the watched wait when the wait ends
     if (!self().progress(op, until)) {
       self().cancel(op);
       throw error(errc::timeout, timeout_message(self().options.rank, Backend::describe(op)));

@@ -1,0 +1,162 @@
+// ucx's engine: one rank's UCP worker, endpoints and ops, declared here; each job's members are defined in its own file.
+//
+// endpoints.hpp (joining, endpoints), worker.hpp (the worker and progress), send.hpp,
+// receive.hpp, one_sided.hpp (windows, put and get), control.hpp (goodbye and abort),
+// failure.hpp (peer loss, failing the rank, withdrawing ops). What every network
+// transport shares (making ops, wait, wait_any, the rank's failure) comes from
+// detail/network_engine.hpp; the public class is transport/ucx.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../error.hpp"
+#include "../../rendezvous/store.hpp"
+#include "../../timeouts.hpp"
+#include "../detail/messages.hpp"
+#include "../detail/network_engine.hpp"
+#include "../detail/ucx_support.hpp"
+#include "options.hpp"
+#include "peer.hpp"
+
+namespace gradwire::transport {
+class ucx;
+}  // namespace gradwire::transport
+
+namespace gradwire::transport::detail {
+
+class ucx_memory_window;
+class ucx_remote_window;
+
+struct ucx_engine : network_engine<ucx_engine, ucx_op> {
+  using status = ucx_op::status;
+  static constexpr const char* name = "ucx";
+
+  explicit ucx_engine(const ucx_options& o)
+      : options(o), dedicated(core_per_rank(o.local_size)) {
+    if (o.size < 1) throw error(errc::config, "ucx: world size must be >= 1, got " + std::to_string(o.size));
+    if (o.size > ucx_tag::max_ranks)
+      throw error(errc::config, "ucx: at most " + std::to_string(ucx_tag::max_ranks) + " ranks, got " +
+                                    std::to_string(o.size));
+    if (o.rank < 0 || o.rank >= o.size)
+      throw error(errc::config, "ucx: rank " + std::to_string(o.rank) + " is outside 0.." + std::to_string(o.size - 1));
+    peers.resize(static_cast<std::size_t>(o.size));
+    topology = cluster::topology::one_host(o.size);  // until join() learns better
+    open_worker();
+  }
+  ~ucx_engine() {
+    close_endpoints();
+    worker.reset();
+    context.reset();
+  }
+
+  // --- the shared wait's hooks --------------------------------------------------
+  struct no_watch {};
+  no_watch prepare_wait(ucx_op&) noexcept { return {}; }
+  bool progress(ucx_op& op, deadline until) {
+    return progress_until([&] { return op.state == status::done; }, until, op.peer);
+  }
+  template <class Find, class Done, class Request>
+  bool wait_for_any(Find&, Done& done, std::span<Request* const>, deadline until) {
+    return progress_until(done, until);
+  }
+  void settled(ucx_op& op) noexcept { forget(op); }
+  std::string failure_text(const ucx_op& op) const { return op.message.empty() ? why_failed(op) : op.message; }
+  void check_tag(std::uint64_t tag) const {
+    if (tag > ucx_tag::user_mask || (tag == ucx_tag::join_tag && !joining))
+      throw error(errc::invalid_argument, "ucx: tag " + std::to_string(tag) + " is not below 2^48 - 1");
+  }
+  void tolerate(int peer) { peers[peer].tolerated = true; }
+
+  // --- endpoints.hpp: joining, endpoints --------------------------------------
+  void join();
+  void greet_everyone(deadline until);
+  static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  ucp_ep_h connect(int peer, const std::vector<std::byte>& address, bool error_handling);
+  void close_endpoint(ucx_peer& p) noexcept;
+  void close_endpoint(ucp_ep_h ep) noexcept;
+  void close_endpoints() noexcept;
+
+  // --- worker.hpp: the worker and progress ------------------------------------
+  void open_worker();
+  std::vector<std::byte> worker_address();
+  void settle(ucx_op& op) noexcept;
+  void warn_stall(clock::duration waited, int peer) const;
+  unsigned progress_once();
+  template <class Done>
+  bool progress_until(Done&& done, deadline until, int peer = -1);
+  void handle_events();
+  void flush(deadline until);
+
+  // --- send.hpp: the send path ------------------------------------------------
+  bool peer_unavailable(ucx_op& op);
+  static void on_send_done(void* request, ucs_status_t status, void* user_data);
+  void post_send(ucx_op& op);
+  void track(ucx_op& op, ucs_status_ptr_t r);
+
+  // --- receive.hpp: the receive path ------------------------------------------
+  static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data);
+  static void finish_receive(ucx_op* op, ucs_status_t status, std::size_t length);
+  void post_recv(ucx_op& op);
+
+  // --- one_sided.hpp: windows, put and get ------------------------------------
+  ucx_memory_window expose(const std::shared_ptr<ucx_engine>& self, std::span<std::byte> memory);
+  ucx_remote_window attach(const std::shared_ptr<ucx_engine>& self, int peer, std::span<const std::byte> key);
+  void release_rkey(int peer, ucp_rkey_h rkey) noexcept;
+  std::unique_ptr<ucx_op> make_one_sided_op(const ucx_remote_window& w, std::size_t offset, std::byte* data,
+                                                    std::size_t bytes, const char* what);
+  void post_one_sided(ucx_op& op, const ucx_remote_window& w, std::uint64_t remote, bool put);
+
+  // --- control.hpp: goodbye and abort -----------------------------------------
+  static void on_control_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data);
+  void post_control_receive();
+  void on_control();
+  void on_goodbye(int peer);
+  void fail_receives_from(int peer);
+  void send_control(ucx_control kind, errc cause, const std::string& text);
+  void say_goodbye();
+  void abort_all(errc cause, const std::string& reason);
+
+  // --- failure.hpp: peer loss, failure, withdrawing ---------------------------
+  void complete_failure(ucx_op& op, errc cause, const std::string& why);
+  void cancel(ucx_op& op) noexcept;
+  void withdraw(ucx_op& op, errc cause, const std::string& why) noexcept;
+  void forget(ucx_op& op) noexcept;
+  void on_broken(int peer, ucs_status_t s);
+  void isolate(int peer, const std::string& why);
+  void fail_everything(errc cause, const std::string& why);
+  std::string why_failed(const ucx_op& op) const;
+  std::string finished_message(int peer) const;
+
+  static std::string describe(const ucx_op& op) {
+    if (op.one_sided) return std::string(op.what) + " rank " + std::to_string(op.peer) + " (" + std::to_string(op.bytes) + " bytes)";
+    return describe_operation(op.is_send, op.peer, op.tag, op.bytes);
+  }
+
+  static constexpr std::size_t max_control_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t address_header = sizeof(std::uint32_t) + sizeof(std::uint64_t);
+  ucx_options options;
+  bool dedicated;
+  ucp_context_ptr context;
+  ucp_worker_ptr worker;
+  int event_fd = -1;
+  std::optional<rendezvous::store_server> store_server;  // rank 0 only
+  std::vector<ucx_peer> peers;
+  std::vector<ucx_op*> in_flight;  // ops UCX holds a request for
+  bool said_goodbye = false;
+  bool joining = true;  // only the join may use ucx_tag::join_tag
+  // The standing receive for control messages, and what its callback saw.
+  std::vector<std::byte> control_buffer;
+  void* control_request = nullptr;
+  bool control_arrived = false;
+  std::size_t control_length = 0;
+  std::vector<std::pair<int, ucs_status_t>> broken_endpoints;  // from the error callback
+};
+
+}  // namespace gradwire::transport::detail

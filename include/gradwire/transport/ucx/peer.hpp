@@ -1,0 +1,44 @@
+// ucx's op and peer: what an operation carries while UCX holds it, and what this rank knows of each peer.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../error.hpp"
+#include "../../timeouts.hpp"
+#include "../detail/network_op.hpp"
+#include "../detail/ucx_support.hpp"
+
+namespace gradwire::transport::detail {
+
+struct ucx_op : network_op {
+  ucx_op() { state = status::active; }  // UCX holds it from its start: no queue of ours
+  bool one_sided = false;   // a put or get (is_send: UCX cannot cancel it; closing the endpoint releases it)
+  const char* what = "";    // a put or get: "put to" or "get from"
+  void* request = nullptr;  // UCX's request while the operation is in flight
+
+  void finish(errc e = {}, std::string why = {}) {
+    if (state != status::active) return;  // the first outcome stands (e.g. a failure before UCX's own)
+    network_op::finish(e, std::move(why));
+  }
+};
+
+enum class ucx_control : std::uint32_t { goodbye = 1, abort = 2 };
+
+struct ucx_peer {
+  ucp_ep_h ep = nullptr;       // peer error handling; control messages and small messages
+  ucp_ep_h bulk_ep = nullptr;  // without; messages, puts and gets of bulk_bytes or more (may be ep itself)
+  std::vector<ucp_rkey_h> rkeys;  // attached windows of the peer (each unpacked on ep and, if another, bulk_ep)
+  bool same_host = false;
+  bool finished = false;   // said goodbye: nothing more will arrive from it
+  bool tolerated = false;  // losing it fails only its own operations
+  std::string lost_reason;  // set once it is lost
+  std::optional<deadline> loss_pending;  // broke without a goodbye: fails the rank at this time
+  std::optional<deadline> drained_at;    // said goodbye: its receives still open then fail
+  std::string loss_why;
+};
+
+}  // namespace gradwire::transport::detail
