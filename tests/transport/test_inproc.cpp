@@ -392,3 +392,23 @@ TEST_CASE("every wait policy delivers, and a wait ends at its deadline even insi
     REQUIRE(waited < 5s);
   }
 }
+
+TEST_CASE("after a slow yield a rank sleeps for a back-off that doubles while slow yields keep coming") {
+  using namespace gw::transport::detail;
+  using std::chrono::milliseconds;
+  // The first slow yield, or one long after the last: the shortest back-off.
+  REQUIRE(yield_strikes_after(0, milliseconds(1000)) == 1);
+  REQUIRE(yield_strikes_after(5, yield_strikes_forgotten + milliseconds(1)) == 1);
+  REQUIRE(yield_back_off(1) == first_yield_back_off);
+  // Slow yields close together double it, up to the cap.
+  int strikes = 0;
+  gw::clock::duration previous{};
+  for (int i = 1; i <= 20; ++i) {
+    strikes = yield_strikes_after(strikes, milliseconds(5));
+    const auto back_off = yield_back_off(strikes);
+    if (i > 1 && i <= max_yield_strikes) REQUIRE(back_off == 2 * previous);
+    if (i >= max_yield_strikes) REQUIRE(back_off == first_yield_back_off * (1 << (max_yield_strikes - 1)));
+    previous = back_off;
+  }
+  REQUIRE(strikes == max_yield_strikes);
+}

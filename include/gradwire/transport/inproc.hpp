@@ -12,18 +12,23 @@
 // has a CPU to spare beyond one per rank, up to 1 us spinning with pause instructions;
 // then, up to 50 us from the start, looking again after each sched_yield; then asleep on
 // its condition variable until woken or its deadline. Every phase ends at the deadline.
-// Why: a spinning rank helps only while the rank it waits for runs on another CPU, and
-// the affinity mask does not promise that: on a machine busy with other processes the
-// scheduler puts both ends of a message on one CPU, and a spin then only delays its
-// peer. Measured on 2 CPUs shared with 3 compilers, 2 ranks, 4 B all-reduce, one setting
-// each, 5 runs interleaved: spin 50 us: 109 us (every message paid the whole spin),
-// spin 20 + yield 200: 45 us, spin 2 + yield 48: 10.5 us, sleep at once: 15.8 us, yield
-// 50: 7.4 us. A yield hands the CPU to the peer when it is queued there and costs one
-// system call when nothing else is (0.8 us measured there, under that load), so it stays
-// close to a spin on an idle machine and wins on a busy one; it kept winning against
-// sleeping at once up to 16 ranks on 2 CPUs (4 B: 297 against 540 us), so no group size
-// turns it off. A waiter whose peer takes longer than 50 us sleeps, so a slow step costs
-// no CPU after that.
+// Why, measured on 2 CPUs shared with compilers (load 5-9), all-reduce, settings or
+// builds interleaved run by run: a spinning rank helps only while the rank it waits for
+// runs on another CPU, and the affinity mask does not promise that: the scheduler puts
+// both ends of a message on one CPU, and a spin only keeps the peer off it (2 ranks, 4 B:
+// a 50 us spin, the old policy for 2 ranks on 2 CPUs, 110 us in most runs, every message
+// paying the whole spin; spin 2, 5, 10 us then sleep: 14, 20, 30 us; sleep at once:
+// 16 us). A yield hands the CPU to the peer when the peer is queued there and costs one
+// system call otherwise (7.4 us), and beat sleeping at once up to 16 ranks on 2 CPUs
+// (4 B: 297 against 540 us). But a yield also hands the CPU to a busy process queued
+// there, which keeps it for its time slice, while a sleeping rank, once woken, takes its
+// CPU back at once: with a CPU-bound process per CPU, yielding every time took 4-12 ms
+// per all-reduce in most runs (4 ranks; a slice per message). So a yield that takes
+// longer than slow_yield stops the rank's yielding for a back-off that grows while slow
+// yields keep coming (see slow_yield). Before/after, 4 B, median of 5-6 runs [min-max]:
+// 2 ranks 110 [14-110] -> 7.7 [7.4-11] us; with two CPU-bound processes beside it
+// 111 [110-111] -> 11 [7.5-23]; 4 ranks 17 [10-39] -> 29 [16-34] (the price: sleeping
+// waits after slow yields), with the two busy processes 4,033 [10-12,011] -> 51 [30-56].
 //
 // If a rank fails (inproc_group::run catches its exception), every other rank's pending
 // and future operations fail with peer_lost naming it, rather than waiting for their
@@ -96,6 +101,28 @@ inline inproc_wait_policy choose_wait_policy(int ranks, unsigned cpus) noexcept 
 
 namespace detail {
 
+// A yield that takes longer than slow_yield gave its CPU away for a scheduler time slice
+// (milliseconds; to another process, or to a peer copying a large message), not to a
+// peer passing a short message (microseconds). The rank then sleeps instead of yielding
+// for a while: first_yield_back_off, doubled for each slow yield that follows the last
+// within yield_strikes_forgotten, up to max_yield_strikes (1, 2, 4 .. 64 ms). So a CPU
+// that stays busy costs a slice now and then, not one per message, and a passing burst
+// costs a millisecond of sleeping waits (see the top of this header).
+inline constexpr auto slow_yield = std::chrono::milliseconds(1);
+inline constexpr auto first_yield_back_off = std::chrono::milliseconds(1);
+inline constexpr int max_yield_strikes = 7;
+inline constexpr auto yield_strikes_forgotten = std::chrono::milliseconds(200);
+
+// The slow yields in a row after one more came `since_last` after the previous one.
+inline int yield_strikes_after(int strikes, clock::duration since_last) noexcept {
+  return since_last > yield_strikes_forgotten ? 1 : std::clamp(strikes + 1, 1, max_yield_strikes);
+}
+
+// How long a rank sleeps without yielding after `strikes` slow yields in a row.
+inline clock::duration yield_back_off(int strikes) noexcept {
+  return first_yield_back_off * (1 << (std::clamp(strikes, 1, max_yield_strikes) - 1));
+}
+
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
@@ -135,6 +162,7 @@ class inproc_hub {
       : size_(size),
         topology_(std::move(topology)),
         wait_policy_(wait_policy),
+        yield_state_(std::make_unique<yield_state[]>(static_cast<std::size_t>(size))),
         wakeups_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(size))),
         sends_(static_cast<std::size_t>(size) * size),
         receives_(static_cast<std::size_t>(size) * size) {}
@@ -277,7 +305,7 @@ class inproc_hub {
   // Most matches in a ring complete within microseconds: looking for them on the CPU
   // avoids a futex sleep and wake-up, which costs more than a short message. How long,
   // and whether spinning or yielding: wait_policy_ (see the top of this header).
-  void poll_while_pending(const inproc_op& op, deadline until) const noexcept {
+  void poll_while_pending(const inproc_op& op, deadline until) noexcept {
     if (wait_policy_.spin.count() <= 0 && wait_policy_.yield.count() <= 0) return;
     auto pending = [&] {
       const status s = op.now();
@@ -286,13 +314,27 @@ class inproc_hub {
     if (!pending()) return;
     const auto start = clock::now();
     const auto spin_end = std::min(until, start + wait_policy_.spin);
-    const auto yield_end = std::min(until, start + wait_policy_.spin + wait_policy_.yield);
     // The clock is read every 64 pauses (a pause is ~10-140 cycles): cheap next to them.
     for (unsigned i = 1; pending(); ++i) {
       if (i % 64 == 0 && clock::now() >= spin_end) break;
       cpu_relax();
     }
-    while (pending() && clock::now() < yield_end) std::this_thread::yield();
+    yield_state& mine = yield_state_[static_cast<std::size_t>(op.owner())];
+    if (start.time_since_epoch().count() < mine.off_until.load(std::memory_order_relaxed)) return;
+    const auto yield_end = std::min(until, start + wait_policy_.spin + wait_policy_.yield);
+    for (auto before = clock::now(); pending() && before < yield_end;) {
+      std::this_thread::yield();
+      const auto after = clock::now();
+      if (after - before > slow_yield) {  // the CPU went away for a time slice: back off
+        const clock::time_point last(clock::duration(mine.last_slow.exchange(after.time_since_epoch().count(),
+                                                                               std::memory_order_relaxed)));
+        const int strikes = yield_strikes_after(mine.strikes.load(std::memory_order_relaxed), after - last);
+        mine.strikes.store(strikes, std::memory_order_relaxed);
+        mine.off_until.store((after + yield_back_off(strikes)).time_since_epoch().count(), std::memory_order_relaxed);
+        return;
+      }
+      before = after;
+    }
   }
 
   static void set_state(inproc_op& a, inproc_op& b, status s) noexcept {
@@ -320,6 +362,14 @@ class inproc_hub {
   const int size_;
   const cluster::topology topology_;
   const inproc_wait_policy wait_policy_;
+  // Per rank: until when (clock ticks) its waits sleep without yielding, and how many
+  // back-offs in a row led there (see slow_yield).
+  struct yield_state {
+    std::atomic<clock::rep> off_until{0};
+    std::atomic<clock::rep> last_slow{0};  // when the last slow yield returned
+    std::atomic<int> strikes{0};
+  };
+  std::unique_ptr<yield_state[]> yield_state_;
   std::mutex mutex_;
   std::unique_ptr<std::condition_variable[]> wakeups_;  // one per rank: wake only the owner
   std::vector<std::deque<inproc_op*>> sends_, receives_;  // [source * size + destination]
