@@ -174,7 +174,7 @@ def main():
                          "paired_rounds"])
     ours_median, peers_median = {}, {}
     for v in variants:
-        label = f"{a.label} {v}"
+        label = v if v.split()[0] == a.label else f"{a.label} {v}"  # "inproc auto", not "inproc inproc auto"
         for n in sorted({n for ours, _ in rounds for n in ours.get(v, {})}):
             sizes = sorted({s for ours, _ in rounds for s in ours.get(v, {}).get(n, {})})
             named = [p for p in peer_names if any(p in peers.get(n, {}) for _, peers in rounds)]
