@@ -124,7 +124,7 @@ void expect_sum(const std::string& what, std::span<const V> got, std::uint64_t s
 // Every rank must hold the same bytes: compare each rank's CRC with rank 0's.
 template <class V>
 void expect_identical(comm_type& comm, const std::string& what, std::span<const V> data) {
-  std::vector<double> crc{double(gw::transport::wire::crc32c(std::as_bytes(data)))};
+  std::vector<double> crc{double(gw::support::crc32c(std::as_bytes(data)))};
   std::vector<double> root = crc;
   col::broadcast(comm, std::span<double>(root), 0);
   if (root != crc) fail(what + ": result differs from rank 0's (not bit-identical)");

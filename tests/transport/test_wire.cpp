@@ -4,13 +4,13 @@
 #include "support/errors.hpp"
 
 #include <cstring>
-#include <gradwire/transport/wire.hpp>
+#include <gradwire/support/wire.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 namespace gw = gradwire;
-namespace wire = gradwire::transport::wire;
+namespace wire = gradwire::support::wire;
 
 namespace {
 const std::uint64_t token = wire::token_hash("job-1234");

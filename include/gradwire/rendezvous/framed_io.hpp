@@ -16,14 +16,14 @@
 
 #include "../error.hpp"
 #include "../support/asio.hpp"
+#include "../support/wire.hpp"
 #include "../timeouts.hpp"
-#include "../transport/wire.hpp"
 
 namespace gradwire::rendezvous::detail {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
-namespace wire = transport::wire;
+namespace wire = support::wire;
 using support::run_until;
 
 // Writes one frame (header + payload) before the deadline.

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "../error.hpp"
-#include "../timeouts.hpp"
 #include "../support/asio.hpp"
-#include "../transport/wire.hpp"
+#include "../support/wire.hpp"
+#include "../timeouts.hpp"
 #include "framed_io.hpp"
 
 namespace gradwire::rendezvous {
@@ -56,7 +56,7 @@ inline std::int64_t as_int(std::span<const std::byte> v) {
 class store_server {
  public:
   store_server(const std::string& host, std::uint16_t port, std::string_view job_token)
-      : token_hash_(transport::wire::token_hash(job_token)),
+      : token_hash_(support::wire::token_hash(job_token)),
         acceptor_(support::listen(io_, host, port, "the rendezvous store's port (MASTER_PORT)")),
         work_(io_.get_executor()),
         port_(acceptor_.local_endpoint().port()) {  // read here: the server thread owns the acceptor from now on
@@ -213,7 +213,7 @@ class store_client {
   // Connects, retrying while the server is not up yet (rank 0 may start last).
   store_client(const std::string& host, std::uint16_t port, std::string_view job_token,
                std::chrono::milliseconds timeout = default_timeout)
-      : token_hash_(transport::wire::token_hash(job_token)),
+      : token_hash_(support::wire::token_hash(job_token)),
         where_("the rendezvous store at " + support::address_text(host, port)),
         timeout_(timeout),
         socket_(support::connect_with_retry(io_, host, port, "the rendezvous store (MASTER_ADDR:MASTER_PORT)",
