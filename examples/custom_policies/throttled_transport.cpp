@@ -143,7 +143,7 @@ class throttled {
     return gw::concepts::tolerates_loss(inner_);
   }
   // Inner's count of the payload posted (what strategy::last_step_stats() reports).
-  gw::transport::traffic_counters traffic() const
+  gw::support::traffic_counters traffic() const
     requires gw::concepts::metered_transport<Inner>
   {
     return inner_.traffic();

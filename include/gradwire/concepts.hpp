@@ -14,10 +14,10 @@
 
 #include "error.hpp"
 #include "support/topology.hpp"
+#include "support/traffic.hpp"
 #include "tensor/dtype.hpp"
 #include "tensor/shape.hpp"
 #include "timeouts.hpp"
-#include "transport/traffic.hpp"
 
 namespace gradwire {
 
@@ -137,10 +137,10 @@ bool tolerates_loss(const T& t) {
 
 // Optional transport capability: count the payload this rank has sent and received, so
 // that a strategy can report bytes per step (a transport without it reports none).
-//   transport::traffic_counters traffic() const
+//   support::traffic_counters traffic() const
 template <class T>
 concept metered_transport = transport<T> && requires(const T& ct) {
-  { ct.traffic() } -> std::convertible_to<transport::traffic_counters>;
+  { ct.traffic() } -> std::convertible_to<support::traffic_counters>;
 };
 
 // Optional transport capability: one-sided access to memory a peer exposed (RMA). A

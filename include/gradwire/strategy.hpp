@@ -536,14 +536,14 @@ class strategy {
     optimizer_time_ += clock::now() - began;
   }
 
-  transport::traffic_counters traffic() const {
+  support::traffic_counters traffic() const {
     if constexpr (concepts::metered_transport<Transport>)
       return comm_.transport().traffic();
     else
       return {};
   }
 
-  void finish_step_stats(clock::time_point began, const transport::traffic_counters& traffic_before) {
+  void finish_step_stats(clock::time_point began, const support::traffic_counters& traffic_before) {
     const auto ended = clock::now();
     last_step_ = {};
     last_step_.steps = 1;
@@ -601,7 +601,7 @@ class strategy {
   bool finishing_ = false;   // finish() has begun: ready() is refused
   std::string out_of_step_;  // why this rank can take no more steps (empty: it can)
   clock::time_point step_began_;
-  transport::traffic_counters traffic_before_;
+  support::traffic_counters traffic_before_;
   detail::step_trace step_trace_;
   // Gradient accumulation (no_sync steps) and the zeros an unused tensor contributes.
   std::size_t accumulated_ = 0;

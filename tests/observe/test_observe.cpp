@@ -55,7 +55,7 @@ TEST_CASE("step stats: bytes match the transport's counters, and what ranks send
     constexpr int steps = 3;
     const std::size_t model_bytes = (1000 + 37) * sizeof(float);
     std::vector<gw::observe::step_stats> last(ranks), total(ranks);
-    std::vector<gw::transport::traffic_counters> in_steps(ranks);
+    std::vector<gw::support::traffic_counters> in_steps(ranks);
     gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
       const int r = t.rank();
       auto params = make_params({1000, 37});

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "../transport/traffic.hpp"
+#include "../support/traffic.hpp"
 
 namespace gradwire::observe {
 
@@ -17,7 +17,7 @@ struct step_stats {
   std::uint64_t steps = 0;  // steps these figures add up (1 for the latest step)
   // Payload this rank sent and received during step(); measured only over a transport
   // that counts it (concepts::metered_transport; every gradwire transport does).
-  transport::traffic_counters traffic;
+  support::traffic_counters traffic;
   bool traffic_measured = false;
   std::chrono::nanoseconds in_step{0};    // inside step()
   std::chrono::nanoseconds optimizer{0};  // of that, applying the optimizer (on this rank)
