@@ -482,7 +482,8 @@ void mismatch(comm_type& comm, const std::string& kind) {
 // - a receive for a later, small message waited on before the receive of an earlier,
 //   large one (the large one is then taken into memory instead of blocking the stream);
 // - a message whose size differs from its receive: an error for that receive, and the
-//   stream stays in step for the next message.
+//   stream stays in step for the next message;
+// - large messages whose receives are posted long after they arrive (copied, and added).
 void point_to_point(transport_type& t) {
   const auto until = [] { return gw::deadline_after(std::chrono::seconds(30)); };
   std::vector<std::byte> large(1 << 20), small(4), big(8 << 20), after(16);
@@ -496,6 +497,14 @@ void point_to_point(transport_type& t) {
     for (auto& a : after) a = std::byte{9};
     sends.push_back(t.async_send(0, 4, after));
     for (auto& s : sends) t.wait(s, until());
+    // Large messages that arrive long before their receives (read ahead, then resumed):
+    // one copied into place, one added into place (the accumulating receive).
+    std::vector<float> values(3 << 18);  // 3 MiB: more than the read-ahead and the stage
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i % 1000);
+    auto s5 = t.async_send(0, 5, std::as_bytes(std::span<const float>(values)));
+    auto s6 = t.async_send(0, 6, std::as_bytes(std::span<const float>(values)));
+    t.wait(s5, until());
+    t.wait(s6, until());
   } else if (t.rank() == 0) {
     auto r2 = t.async_recv(1, 2, small);
     t.wait(r2, until());  // waited first, though its message is behind the large one
@@ -517,6 +526,23 @@ void point_to_point(transport_type& t) {
     auto r4 = t.async_recv(1, 4, after);
     t.wait(r4, until());
     if (after != std::vector<std::byte>(16, std::byte{9})) fail("the message after the refused one");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // tags 5 and 6 arrive first
+    std::vector<float> copied(3 << 18, -1.0f), added(3 << 18, 0.5f);
+    auto r5 = t.async_recv(1, 5, std::as_writable_bytes(std::span<float>(copied)));
+    t.wait(r5, until());
+    if constexpr (requires { t.async_recv_accumulate(1, 6, std::span<float>(added)); }) {
+      auto r6 = t.async_recv_accumulate(1, 6, std::span<float>(added));
+      t.wait(r6, until());
+    } else {
+      std::vector<float> in(added.size());
+      auto r6 = t.async_recv(1, 6, std::as_writable_bytes(std::span<float>(in)));
+      t.wait(r6, until());
+      for (std::size_t i = 0; i < in.size(); ++i) added[i] += in[i];
+    }
+    for (std::size_t i = 0; i < copied.size(); ++i) {
+      if (copied[i] != float(i % 1000)) fail("large message received late, element " + std::to_string(i));
+      if (double(added[i]) != double(i % 1000) + 0.5) fail("large message added late, element " + std::to_string(i));
+    }
   }
   std::printf("rank %d: PASS point-to-point\n", t.rank());
 }

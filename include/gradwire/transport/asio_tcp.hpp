@@ -9,8 +9,10 @@
 // writes the frame header and the caller's buffer with one gathered write; a receive
 // posted before its message arrives is read straight into the caller's buffer. A
 // message that arrives first is buffered if it is small (eager, up to eager_bytes);
-// a large one stays in the kernel's socket buffers until its receive is posted, and
-// is then read straight into place. Later messages on that connection wait behind it.
+// of a large one, the head (early_bytes) is read ahead into the link's early buffer and
+// the rest stays in the kernel until its receive is posted, then goes straight into
+// place. Later messages on that connection wait behind it. Reads and writes move as
+// much per system call as the kernel takes (docs/perf/tcp.md).
 //
 // A connection that breaks (the peer exited or was killed), a frame that does not
 // parse, or an abort frame from a peer that failed fails every pending and future

@@ -54,6 +54,10 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
         o.stall_timeout.count() < 0)
       throw error(errc::config, "asio_tcp: heartbeat_interval must be >= 0 s, heartbeat_misses >= 1, stall_warn > 0 "
                                 "and stall_timeout >= 0 (0: off)");
+    if (o.chunk_bytes == 0 || o.chunk_bytes % 16 || o.early_bytes % 16)
+      throw error(errc::config, "asio_tcp: chunk_bytes must be a positive multiple of 16 and early_bytes a multiple "
+                                "of 16 (whole elements of every type), got " + std::to_string(o.chunk_bytes) + " and " +
+                                std::to_string(o.early_bytes));
     waiting_for.reserve(links.size());
   }
   ~tcp_engine() {
@@ -96,6 +100,9 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void read_header(tcp_link& link);
   void on_header(tcp_link& link);
   void read_payload_into(tcp_link& link, tcp_op& op);
+  void read_ahead(tcp_link& link);
+  void resume_parked(tcp_link& link, tcp_op& op);
+  void read_in_place(tcp_link& link, std::size_t offset);
   void read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc);
   void drain(tcp_link& link, std::size_t left);
   void read_eager(tcp_link& link);
@@ -145,7 +152,6 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
     return describe_operation(op.is_send, op.peer, op.tag, op.bytes);
   }
 
-  static constexpr std::size_t stage_bytes = std::size_t{1} << 20;  // chunk of accumulating receives and drains
   static constexpr std::size_t max_abort_bytes = std::size_t{64} << 10;
   static constexpr std::size_t max_status_bytes = 4096;
   asio_tcp_options options;

@@ -106,6 +106,8 @@ inline void tcp_engine::isolate(tcp_link& link, const std::string& why) {
   fail_operations(link, errc::peer_lost, why);
   link.writing = false;
   link.parked = false;
+  link.early_filled = 0;
+  link.evict = false;
 }
 
 // Finishes every operation queued on or in flight over `link` with `cause`.

@@ -172,7 +172,9 @@ inline void tcp_engine::add_link(int peer, tcp::socket socket) {
   links[peer]->status_out.state = status::done;
   // The stage that chunked receives read through, allocated and touched now, not
   // on the first step (first touch is slow on these machines).
-  links[peer]->stage.assign(stage_bytes, std::byte{0});
+  // Allocated and touched once here: first touches are slow on these machines.
+  links[peer]->stage.assign(std::max<std::size_t>(options.chunk_bytes, 1), std::byte{0});
+  links[peer]->early.assign(options.early_bytes, std::byte{0});
 }
 
 }  // namespace gradwire::transport::detail

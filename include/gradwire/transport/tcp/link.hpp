@@ -38,6 +38,14 @@ struct arrived_message {
   std::vector<std::byte> payload;
 };
 
+// Completion condition for async_read/async_write: as many bytes per system call as the
+// kernel takes. Asio's own transfer_all stops each call at 64 KiB, which cost one
+// sendmsg/recvmsg (and often an epoll_wait) per 64 KiB: 526 sendmsg per 16 MiB
+// all-reduce on 2 ranks (docs/perf/tcp.md).
+inline std::size_t whole_message(const boost::system::error_code& ec, std::size_t) noexcept {
+  return ec ? 0 : std::size_t{1} << 30;
+}
+
 struct tcp_link {
   explicit tcp_link(tcp::socket s, int p) : socket(std::move(s)), peer(p) {}
   tcp::socket socket;
@@ -52,9 +60,15 @@ struct tcp_link {
   tcp_op* reading = nullptr;                     // receive whose payload is being read into place
   std::optional<arrived_message> reading_eager;  // or: eager payload being read
   bool parked = false;                           // `incoming` is large and waits for its receive
+  // Read-ahead of a parked message: its first early_filled bytes are in `early`; while
+  // early_reading, a read into it is in flight (a receive posted then waits in `reading`).
+  std::vector<std::byte> early;
+  std::size_t early_filled = 0;
+  bool early_reading = false;
+  bool evict = false;  // when the read-ahead lands, take the whole message into memory (wait.hpp)
   std::deque<tcp_op*> receives;                  // posted, unmatched, in posting order
   std::deque<arrived_message> arrived;           // arrived, unmatched, in arrival order
-  std::vector<std::byte> stage;                  // accumulating receives read through it in chunks
+  std::vector<std::byte> stage;                  // accumulating receives read through it in chunks (chunk_bytes)
   // Writing side: front() is being written when `writing`.
   std::deque<tcp_op*> sends;
   bool writing = false;

@@ -24,9 +24,16 @@ struct asio_tcp_options {
   std::uint16_t listen_port = 0;  // 0: any free port (published through the store)
   // The whole join (store, listening, connecting to every peer) must finish within this.
   std::chrono::milliseconds connect_timeout = default_timeout;
-  // Unmatched messages up to this size are buffered on arrival; larger ones wait in
-  // the kernel until their receive is posted.
+  // Unmatched messages up to this size are buffered on arrival. Of a larger one, the
+  // first early_bytes are read ahead into the link's early buffer (allocated and
+  // pre-faulted once per link), so the sender's writes go on while its receive is not
+  // yet posted; the rest waits in the kernel until it is, then goes straight into place.
   std::size_t eager_bytes = std::size_t{256} << 10;
+  std::size_t early_bytes = std::size_t{1} << 20;
+  // Accumulating receives (async_recv_accumulate) read through a per-link stage in
+  // chunks of this size and add each chunk as it lands, so the add overlaps the
+  // transfer and the stage stays in cache (see docs/perf/tcp.md for how it was chosen).
+  std::size_t chunk_bytes = std::size_t{256} << 10;
   // CRC-32C over every payload as well as every header (TCP checksums segments already).
   bool checksum_payload = false;
   // Ranks of this job on this machine: a wait polls briefly before it sleeps in epoll

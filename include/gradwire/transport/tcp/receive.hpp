@@ -1,7 +1,8 @@
-// asio_tcp's receive path: headers, payloads read into place or buffered (eager), chunked accumulation, matching by tag.
+// asio_tcp's receive path: headers, payloads read into place, buffered (eager) or read ahead, chunked accumulation, matching by tag.
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <boost/asio/read.hpp>
 #include <span>
 #include <string>
@@ -25,7 +26,9 @@ inline void tcp_engine::post_recv(tcp_op& op) {
     }
   if (link.parked && link.incoming.tag == op.tag) {
     link.parked = false;
-    read_payload_into(link, op);
+    if (!link.early_reading) return resume_parked(link, op);
+    op.state = status::active;  // the read-ahead is in flight: it resumes the message when it lands
+    link.reading = &op;
     return;
   }
   if (link.finished) return op.finish(errc::peer_lost, finished_message(op.peer));
@@ -69,10 +72,54 @@ inline void tcp_engine::on_header(tcp_link& link) {
       return read_payload_into(link, op);
     }
   // Small, or large while a receive for a later message already waits on this link
-  // (its bytes are behind this one): into memory. Otherwise the message stays in the
-  // kernel until its receive is posted (post_recv) or another one is waited for (wait).
+  // (its bytes are behind this one): into memory. Otherwise its head is read ahead into
+  // the link's early buffer and the rest stays in the kernel until its receive is posted
+  // (post_recv) or another one is waited for (wait.hpp): bounded memory per link, and
+  // the sender is not held up by a receiver that is a little behind.
   if (h.length <= options.eager_bytes || !link.receives.empty()) return read_eager(link);
   link.parked = true;
+  read_ahead(link);
+}
+
+// Reads the head of the parked message (up to early_bytes) into link.early. When it
+// lands, a receive posted meanwhile takes the message, or a wait that needs the stream
+// beyond it (evict) takes it into memory; otherwise it stays parked with its head here.
+inline void tcp_engine::read_ahead(tcp_link& link) {
+  link.early_filled = 0;
+  const std::size_t head = std::min<std::size_t>(link.early.size(), link.incoming.length);
+  if (head == 0) return;
+  link.early_reading = true;
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.early.data(), head), whole_message,
+                          [this, &link, head](const boost::system::error_code& ec, std::size_t) {
+                            link.early_reading = false;
+                            if (ec) return broken(link, ec);
+                            link.early_filled = head;
+                            const bool evict = std::exchange(link.evict, false);
+                            if (tcp_op* op = std::exchange(link.reading, nullptr)) return resume_parked(link, *op);
+                            if (evict && link.parked) {
+                              link.parked = false;
+                              read_eager(link);
+                            }
+                          });
+}
+
+// The receive of the parked message is posted: its head goes from link.early into place
+// (copied, or added), the rest is read as if the receive had been posted in time.
+inline void tcp_engine::resume_parked(tcp_link& link, tcp_op& op) {
+  const std::size_t head = std::exchange(link.early_filled, 0);
+  if (op.bytes != link.incoming.length) {
+    fail_size(op, link.incoming.length);
+    return drain(link, static_cast<std::size_t>(link.incoming.length) - head);  // keeps the stream in step
+  }
+  op.state = status::active;
+  link.reading = &op;
+  if (head) op.deliver(op.data, link.early.data(), head);
+  if (op.deliver != deliver_copy) {
+    const std::uint32_t crc =
+        (link.incoming.flags & wire::payload_checksummed) ? wire::crc32c({link.early.data(), head}, 0) : 0;
+    return read_accumulating(link, head, crc);
+  }
+  read_in_place(link, head);
 }
 
 inline void tcp_engine::read_payload_into(tcp_link& link, tcp_op& op) {
@@ -83,7 +130,14 @@ inline void tcp_engine::read_payload_into(tcp_link& link, tcp_op& op) {
   op.state = status::active;
   link.reading = &op;
   if (op.deliver != deliver_copy) return read_accumulating(link, 0, 0);
-  boost::asio::async_read(link.socket, boost::asio::buffer(op.data, op.bytes),
+  read_in_place(link, 0);
+}
+
+// Reads link.reading's payload from byte `offset` on straight into place, then checks
+// the whole payload (bytes before `offset` were put there from the early buffer).
+inline void tcp_engine::read_in_place(tcp_link& link, std::size_t offset) {
+  tcp_op& op = *link.reading;
+  boost::asio::async_read(link.socket, boost::asio::buffer(op.data + offset, op.bytes - offset), whole_message,
                           [this, &link](const boost::system::error_code& ec, std::size_t) {
                             if (ec) return broken(link, ec);
                             tcp_op* done = std::exchange(link.reading, nullptr);
@@ -105,7 +159,7 @@ inline void tcp_engine::read_payload_into(tcp_link& link, tcp_op& op) {
 // place as it lands, from byte `offset` on; `crc` carries the payload checksum so far.
 inline void tcp_engine::read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc) {
   tcp_op& op = *link.reading;
-  const std::size_t chunk = std::min(stage_bytes, op.bytes - offset);
+  const std::size_t chunk = std::min(link.stage.size(), op.bytes - offset);
   auto on_chunk = [this, &link, offset, crc, chunk](const boost::system::error_code& ec, std::size_t) {
     if (ec) return broken(link, ec);
     tcp_op* op = link.reading;
@@ -125,25 +179,29 @@ inline void tcp_engine::read_accumulating(tcp_link& link, std::size_t offset, st
     read_header(link);
   };
   if (chunk == 0) return on_chunk({}, 0);
-  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk), on_chunk);
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk), whole_message, on_chunk);
 }
 
 // Reads and drops `left` payload bytes through the stage, then the next header.
 inline void tcp_engine::drain(tcp_link& link, std::size_t left) {
   if (left == 0) return read_header(link);
-  const std::size_t chunk = std::min(stage_bytes, left);
-  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk),
+  const std::size_t chunk = std::min(link.stage.size(), left);
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk), whole_message,
                           [this, &link, left, chunk](const boost::system::error_code& ec, std::size_t) {
                             if (ec) return broken(link, ec);
                             drain(link, left - chunk);
                           });
 }
 
+// Reads the frame's payload into memory; a head already read ahead (link.early) comes first.
 inline void tcp_engine::read_eager(tcp_link& link) {
   link.reading_eager.emplace();
   link.reading_eager->tag = link.incoming.tag;
   link.reading_eager->payload = take_buffer(static_cast<std::size_t>(link.incoming.length));
-  boost::asio::async_read(link.socket, boost::asio::buffer(link.reading_eager->payload),
+  const std::size_t head = std::exchange(link.early_filled, 0);
+  auto& payload = link.reading_eager->payload;
+  if (head) std::memcpy(payload.data(), link.early.data(), head);
+  boost::asio::async_read(link.socket, boost::asio::buffer(payload.data() + head, payload.size() - head), whole_message,
                           [this, &link](const boost::system::error_code& ec, std::size_t) {
                             if (ec) return broken(link, ec);
                             arrived_message m = std::move(*link.reading_eager);

@@ -37,7 +37,7 @@ inline void tcp_engine::write_next(tcp_link& link) {
   link.writing = true;
   const std::array<boost::asio::const_buffer, 2> buffers{boost::asio::buffer(op.header),
                                                          boost::asio::buffer(op.data, op.bytes)};
-  boost::asio::async_write(link.socket, buffers, [this, &link](const boost::system::error_code& ec, std::size_t) {
+  boost::asio::async_write(link.socket, buffers, whole_message, [this, &link](const boost::system::error_code& ec, std::size_t) {
     link.writing = false;
     if (ec) return broken(link, ec);
     if (!link.sends.empty()) {

@@ -17,8 +17,12 @@ namespace gradwire::transport::detail {
 inline tcp_engine::watched_wait tcp_engine::prepare_wait(tcp_op& op) {
   if (!op.is_send && op.state == status::queued && op.peer != options.rank)
     if (auto& link = links[op.peer]; link && link->parked && link->incoming.tag != op.tag) {
-      link->parked = false;
-      read_eager(*link);
+      if (link->early_reading) {
+        link->evict = true;  // the read-ahead in flight takes it into memory when it lands
+      } else {
+        link->parked = false;
+        read_eager(*link);
+      }
     }
   poll_briefly(op);
   if (op.state != status::done) begin_wait(op.peer);  // going to sleep: the stall watch's business
