@@ -187,13 +187,33 @@ class call_check {
   std::optional<typename Tr::request> from_left_request_, from_right_request_, to_right_, to_left_;
 };
 
+// Posts the call check into `check` when the communicator's options ask for it (and
+// there is more than one rank). The algorithm then posts its first data messages and
+// calls settle_call_check before it waits for any data: the check rides beside the
+// data instead of a round before it.
+template <class Tr>
+void post_call_check(std::optional<call_check<Tr>>& check, communicator<Tr>& comm, std::uint64_t sequence,
+                     const call_descriptor& mine) {
+  if (comm.size() > 1 && comm.options().verify) check.emplace(comm, sequence, mine);
+}
+
+// Waits for a posted check and compares; nothing when none is posted or it is settled.
+template <class Tr>
+void settle_call_check(std::optional<call_check<Tr>>& check) {
+  if (!check) return;
+  check->finish();
+  check.reset();
+}
+
 // Runs the call check (when the communicator's options ask for it) before an algorithm
-// exchanges any data.
+// exchanges any data: a round of its own, for the collectives that do not yet post their
+// first data before settling the check (broadcast, reduce, reduce_scatter, all_gather,
+// barrier, hierarchical).
 template <class Tr>
 void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine) {
-  if (comm.size() == 1 || !comm.options().verify) return;
-  call_check<Tr> check(comm, sequence, mine);
-  check.finish();
+  std::optional<call_check<Tr>> check;
+  post_call_check(check, comm, sequence, mine);
+  settle_call_check(check);
 }
 
 }  // namespace gradwire::collective
