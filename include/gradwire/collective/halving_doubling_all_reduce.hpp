@@ -30,8 +30,10 @@ namespace gradwire::collective {
 template <class Tr, class V>
 void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   const std::uint64_t sequence = comm.begin_operation();
-  // The call check rides beside the first halving step; ranks that fold settle it first
-  // (a round of its own, only when N is not a power of two).
+  // The call check rides beside the first halving step when that partner is a ring
+  // neighbour (N <= 3): its frame then arrives ahead of its data on the same link, so a
+  // disagreeing partner is reported by its call, not as a bare size mismatch. Otherwise
+  // (a partner across the ring, ranks that fold) it is settled first, a round of its own.
   std::optional<call_check<Tr>> check;
   post_call_check(check, comm, sequence,
                   {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
@@ -70,6 +72,7 @@ void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, redu
     const std::size_t mid = lo + static_cast<std::size_t>(mask);
     const bool upper = (virt & mask) != 0;
     const auto keep = upper ? range(mid, hi) : range(lo, mid), give = upper ? range(lo, mid) : range(mid, hi);
+    if (check && partner != check->left() && partner != check->right()) settle_call_check(check);
     if (check) {
       auto first = detail::post_exchange(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner,
                                          keep, true, incoming);
