@@ -55,7 +55,10 @@ bool tcp_engine::wait_for_any(Find& find, Done& done, std::span<Request* const> 
 // on 2 cores: 130-155 us per round with the 50 us window against 21-31 us sleeping at
 // once; this was the bimodal small-message latency (docs/perf/tcp.md). So a window that
 // runs out turns polling off for the next poll_skip_after_miss waits, then it is tried
-// again: on an idle machine the windows succeed and polling stays on.
+// again: on an idle machine the windows succeed and polling stays on. Only the spinning
+// (dedicated) mode does this: a window that yields between polls hands the core to the
+// peer, which is what an oversubscribed job needs (4 ranks on 2 cores: skipping it made
+// 1-64 KiB 1.2x slower).
 inline void tcp_engine::poll_briefly(const tcp_op& op) {
   if (options.poll_before_sleep.count() == 0 || op.state == status::done) return;
   if (polls_skipped_left > 0) {
@@ -67,7 +70,7 @@ inline void tcp_engine::poll_briefly(const tcp_op& op) {
     if (io.stopped()) io.restart();
     if (io.poll() == 0 && !dedicated) std::this_thread::yield();
   }
-  if (op.state != status::done) polls_skipped_left = poll_skip_after_miss;
+  if (op.state != status::done && dedicated) polls_skipped_left = poll_skip_after_miss;
 }
 
 // Withdraws an op that will not be waited for. One that Asio is reading into or
