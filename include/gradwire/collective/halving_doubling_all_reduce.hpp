@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "../concepts.hpp"
@@ -29,11 +30,16 @@ namespace gradwire::collective {
 template <class Tr, class V>
 void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   const std::uint64_t sequence = comm.begin_operation();
-  verify_same_call(comm, sequence,
-                   {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                    algorithm_id::halving_doubling});
+  // The call check rides beside the first halving step when that partner is a ring
+  // neighbour (N <= 3): its frame then arrives ahead of its data on the same link, so a
+  // disagreeing partner is reported by its call, not as a bare size mismatch. Otherwise
+  // (a partner across the ring, ranks that fold) it is settled first, a round of its own.
+  std::optional<call_check<Tr>> check;
+  post_call_check(check, comm, sequence,
+                  {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                   algorithm_id::halving_doubling});
   const int n = comm.size(), me = comm.rank();
-  if (n == 1 || data.empty()) return;
+  if (n == 1 || data.empty()) return settle_call_check(check);
   const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n))), extra = n - p;
   const auto rounds = static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(p)));
   // Tag steps: 0 fold, 1..rounds halving, rounds+1..2 rounds doubling, 2 rounds+1 unfold.
@@ -46,6 +52,7 @@ void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, redu
   if constexpr (!concepts::accumulating_transport<Tr, V>)
     incoming = comm.template scratch<V>(folds_in ? data.size() : chunks.begin(static_cast<std::size_t>(p / 2)));
 
+  if (me < 2 * extra) settle_call_check(check);
   if (me < 2 * extra && me % 2 == 0) {  // folded: hand the data over, get the result back
     detail::send(comm, me + 1, fold_tag, std::span<const V>(data));
     detail::recv(comm, me + 1, unfold_tag, data);
@@ -65,8 +72,16 @@ void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, redu
     const std::size_t mid = lo + static_cast<std::size_t>(mask);
     const bool upper = (virt & mask) != 0;
     const auto keep = upper ? range(mid, hi) : range(lo, mid), give = upper ? range(lo, mid) : range(mid, hi);
-    detail::send_recv_accumulate(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner, keep,
-                                 incoming);
+    if (check && partner != check->left() && partner != check->right()) settle_call_check(check);
+    if (check) {
+      auto first = detail::post_exchange(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner,
+                                         keep, true, incoming);
+      settle_call_check(check);
+      detail::complete_exchange(comm, first, comm.step_deadline());
+    } else {
+      detail::send_recv_accumulate(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner, keep,
+                                   incoming);
+    }
     (upper ? lo : hi) = mid;
   }
   if (op == reduce_op::average) {

@@ -18,14 +18,16 @@
 
 namespace gradwire::collective {
 
-// Latency is all a tiny all-reduce has: halving-doubling needs 2 log2 N rounds after the
-// call check's own round. Here every rank sends its data to every other rank while the
-// call check is under way, and adds what arrives: one round, N - 1 data messages each
-// way beside the check's two. The check is waited for first, so ranks that disagree
-// (another count, dtype or collective) get the check's mismatch naming both calls. Every
-// rank adds the N buffers in rank order, so all get the same bits.
+// Latency is all a tiny all-reduce has: halving-doubling needs 2 log2 N rounds. Here
+// every rank sends its data to every other rank and adds what arrives: one round. With
+// the call check on, the data for the two ring neighbours rides inside the check frames
+// (verify.hpp), so checking costs no message of its own: on 2 ranks one message each
+// way, checked or not; the other N - 3 peers get plain data messages. The check is
+// waited for first, so ranks that disagree (another count, dtype or collective) get the
+// check's mismatch naming both calls. Every rank adds the N buffers in rank order, so
+// all get the same bits.
 inline constexpr int one_shot_max_ranks = 8;
-inline constexpr std::size_t one_shot_max_bytes = 256;
+inline constexpr std::size_t one_shot_max_bytes = check_inline_bytes;
 
 namespace detail {
 inline constexpr std::uint32_t one_shot_step = 0;
@@ -53,27 +55,38 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
     throw error(errc::invalid_argument, "one_shot_all_reduce: at most " + std::to_string(one_shot_max_bytes) +
                                             " bytes over at most " + std::to_string(one_shot_max_ranks) + " ranks");
   if (n == 1) return;
-  std::optional<call_check<Tr>> check;
-  if (comm.options().verify)
-    check.emplace(comm, sequence,
-                  call_descriptor{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                                  algorithm_id::one_shot});
   // Slot r holds rank r's data (this rank's own: a copy, as `data` receives the sum).
   const std::span<V> slots = comm.template scratch<V>(data.size() * static_cast<std::size_t>(n));
   auto slot = [&](int r) { return slots.subspan(data.size() * static_cast<std::size_t>(r), data.size()); };
   std::copy(data.begin(), data.end(), slot(me).begin());
 
+  std::optional<call_check<Tr>> check;
+  if (comm.options().verify)
+    check.emplace(comm, sequence,
+                  call_descriptor{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                                  algorithm_id::one_shot},
+                  std::as_bytes(std::span<const V>(slot(me))));
+  // Peers whose data comes in the check frames get no data message.
+  auto in_frame = [&](int r) { return check && (r == check->left() || r == check->right()); };
+
   auto& t = comm.transport();
   const auto tag = make_tag(sequence, detail::one_shot_step);
   std::array<typename Tr::request, one_shot_max_ranks> receives, sends;
   for (int r = 0; r < n; ++r)
-    if (r != me) receives[r] = t.async_recv(r, tag, std::as_writable_bytes(slot(r)));
+    if (r != me && !in_frame(r)) receives[r] = t.async_recv(r, tag, std::as_writable_bytes(slot(r)));
   for (int r = 0; r < n; ++r)
-    if (r != me) sends[r] = t.async_send(r, tag, std::as_bytes(std::span<const V>(slot(me))));
-  if (check) check->finish();
+    if (r != me && !in_frame(r)) sends[r] = t.async_send(r, tag, std::as_bytes(std::span<const V>(slot(me))));
+  if (check) {
+    check->finish();
+    for (int r : {check->left(), check->right()})
+      if (r != me) {
+        const auto bytes = check->inline_from(r, data.size_bytes());
+        std::memcpy(slot(r).data(), bytes.data(), bytes.size());
+      }
+  }
   const auto until = comm.step_deadline();
   for (int r = 0; r < n; ++r)
-    if (r != me) t.wait(receives[r], until), t.wait(sends[r], until);
+    if (r != me && !in_frame(r)) t.wait(receives[r], until), t.wait(sends[r], until);
 
   std::copy_n(slot(0).data(), data.size(), data.data());
   for (int r = 1; r < n; ++r) kernels::add(data.data(), slot(r).data(), data.size());

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 
 #include "chunking.hpp"
@@ -19,12 +20,17 @@ template <class Tr, class V>
 std::span<V> reduce_scatter(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   auto trace = comm.trace("reduce_scatter", data.size_bytes());
   const std::uint64_t sequence = comm.begin_operation();
-  verify_same_call(comm, sequence,
-                   {operation::reduce_scatter, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>});
+  std::optional<call_check<Tr>> check;  // settled beside the first data step (verify.hpp)
+  post_call_check(check, comm, sequence,
+                  {operation::reduce_scatter, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>});
   const auto mine = chunk_of(data, comm.size(), comm.rank());
-  if (comm.size() == 1 || data.empty()) return mine;
+  if (comm.size() == 1 || data.empty()) {
+    settle_call_check(check);
+    return mine;
+  }
   std::uint32_t step = 0;
-  detail::ring_reduce_scatter(comm, sequence, step, data, op);
+  detail::ring_reduce_scatter(comm, sequence, step, data, op, &check);
+  settle_call_check(check);
   return mine;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 
 #include "../kernels/host.hpp"
@@ -18,11 +19,12 @@ namespace gradwire::collective {
 template <class Tr, class V>
 void ring_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   const std::uint64_t sequence = comm.begin_operation();
-  verify_same_call(comm, sequence,
-                   {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                    algorithm_id::ring});
-  if (comm.size() == 1 || data.empty()) return;  // one rank: the sum and the average are the data
-  detail::ring_all_reduce_phases(comm, sequence, data, op);
+  std::optional<call_check<Tr>> check;  // settled beside the first data step (verify.hpp)
+  post_call_check(check, comm, sequence,
+                  {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                   algorithm_id::ring});
+  if (comm.size() == 1 || data.empty()) return settle_call_check(check);  // one rank: the sum and the average are the data
+  detail::ring_all_reduce_phases(comm, sequence, data, op, &check);
 }
 
 }  // namespace gradwire::collective

@@ -1,6 +1,8 @@
 // Checks that every rank entered the same collective with the same count, dtype and root.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -89,28 +91,66 @@ void check_same_call(Tr& t, std::uint64_t sequence, int me, int peer, const call
 }
 }  // namespace detail
 
-// The call check: descriptors exchanged with both ring neighbours. If every rank agrees
-// with its neighbours, all ranks agree; if two neighbours disagree, both of them throw
-// errc::mismatch naming both ranks and both calls. Transports that propagate a rank's
-// failure (inproc does) then fail the other ranks with that same mismatch: no hang.
-// Construction posts the exchange; finish() waits for it and checks, so an algorithm can
-// send its data meanwhile (one_shot_all_reduce). Not movable: UCX and the peers hold its buffers.
+// The call check, and how it costs no round trip.
+//
+// Every collective, whatever its algorithm, opens by exchanging one check frame with
+// each ring neighbour (with only one neighbour, N = 2, a single frame each way): the
+// rank's call_descriptor followed by up to check_inline_bytes of its data. The frame
+// has one fixed size and the same two tags (verify_from_left, verify_from_right) in
+// every collective, so any two neighbours meet in it whatever each of them called: a
+// different count, dtype, root, algorithm or even operation (all_reduce beside
+// broadcast) arrives as a descriptor to compare, never as a bare size mismatch or a
+// message nobody receives (a hang). If every rank agrees with its neighbours, all
+// ranks agree; if two neighbours disagree, both throw errc::mismatch naming both ranks
+// and both calls, and transports that propagate a rank's failure (failable_transport)
+// fail the others with that same mismatch.
+//
+// Why frames and not a transport capability that prefixes a header to a data message:
+// the frame works over every transport as it is (inproc, asio_tcp, ucx, mpi, the
+// simulation), and a fixed-size frame always matches its receive, which a header glued
+// to data of a disagreeing size would not without new receive semantics in each
+// backend. The cost goes where latency lives:
+// - small data (one_shot_all_reduce, at most check_inline_bytes) rides inside the frame
+//   itself, so a verified tiny all-reduce on 2 ranks is one message each way, as an
+//   unverified one is (before: three each way);
+// - larger data: the frame is posted beside the first data message rather than in a
+//   round before it (call_check is constructed, the data posted, then finish() checks
+//   before any data is waited for), one extra small message per neighbour, no round trip.
+// The frame is waited for before any data so a disagreement is reported as the calls'
+// mismatch: a neighbour's frame travels ahead of its data on the same link.
+// Not movable: the transports hold its buffers.
+inline constexpr std::size_t check_inline_bytes = 256;
+
+struct check_frame {
+  call_descriptor call;
+  std::byte data[check_inline_bytes];
+};
+
 template <class Tr>
 class call_check {
  public:
-  call_check(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine)
-      : comm_(comm), sequence_(sequence), mine_(mine) {
+  // `inline_data` (at most check_inline_bytes) travels in the frames to both neighbours.
+  call_check(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine,
+             std::span<const std::byte> inline_data = {})
+      : comm_(comm), sequence_(sequence) {
     const int n = comm.size(), me = comm.rank();
     left_ = (me + n - 1) % n;
     right_ = (me + 1) % n;
+    if (inline_data.size() > check_inline_bytes)
+      throw error(errc::invalid_argument, "call_check: at most " + std::to_string(check_inline_bytes) +
+                                              " bytes of data ride in the check frame");
+    mine_.call = mine;
+    std::memcpy(mine_.data, inline_data.data(), inline_data.size());
     auto& t = comm.transport();
     const auto mine_bytes = std::as_bytes(std::span(&mine_, 1));
     from_left_request_.emplace(t.async_recv(left_, make_tag(sequence, detail::verify_from_left),
                                             std::as_writable_bytes(std::span(&from_left_, 1))));
-    from_right_request_.emplace(t.async_recv(right_, make_tag(sequence, detail::verify_from_right),
-                                             std::as_writable_bytes(std::span(&from_right_, 1))));
+    if (right_ != left_)
+      from_right_request_.emplace(t.async_recv(right_, make_tag(sequence, detail::verify_from_right),
+                                               std::as_writable_bytes(std::span(&from_right_, 1))));
     to_right_.emplace(t.async_send(right_, make_tag(sequence, detail::verify_from_left), mine_bytes));
-    to_left_.emplace(t.async_send(left_, make_tag(sequence, detail::verify_from_right), mine_bytes));
+    if (right_ != left_)
+      to_left_.emplace(t.async_send(left_, make_tag(sequence, detail::verify_from_right), mine_bytes));
   }
   call_check(const call_check&) = delete;
   call_check& operator=(const call_check&) = delete;
@@ -122,28 +162,58 @@ class call_check {
     // its own pending operations, so waiting for both first could turn a mismatch into
     // a lost peer.
     t.wait(*from_left_request_, until);
-    detail::check_same_call(t, sequence_, comm_.rank(), left_, mine_, from_left_);
-    t.wait(*from_right_request_, until);
-    detail::check_same_call(t, sequence_, comm_.rank(), right_, mine_, from_right_);
+    detail::check_same_call(t, sequence_, comm_.rank(), left_, mine_.call, from_left_.call);
+    if (from_right_request_) {
+      t.wait(*from_right_request_, until);
+      detail::check_same_call(t, sequence_, comm_.rank(), right_, mine_.call, from_right_.call);
+    }
     t.wait(*to_right_, until);
-    t.wait(*to_left_, until);
+    if (to_left_) t.wait(*to_left_, until);
   }
+
+  // The data a neighbour put in its frame (valid after finish(); `bytes` as agreed).
+  std::span<const std::byte> inline_from(int peer, std::size_t bytes) const {
+    const check_frame& f = peer == left_ ? from_left_ : from_right_;
+    return std::span<const std::byte>(f.data, std::min(bytes, check_inline_bytes));
+  }
+  int left() const noexcept { return left_; }
+  int right() const noexcept { return right_; }
 
  private:
   communicator<Tr>& comm_;
   std::uint64_t sequence_;
-  call_descriptor mine_, from_left_, from_right_;
+  check_frame mine_{}, from_left_{}, from_right_{};
   int left_ = 0, right_ = 0;
   std::optional<typename Tr::request> from_left_request_, from_right_request_, to_right_, to_left_;
 };
 
+// Posts the call check into `check` when the communicator's options ask for it (and
+// there is more than one rank). The algorithm then posts its first data messages and
+// calls settle_call_check before it waits for any data: the check rides beside the
+// data instead of a round before it.
+template <class Tr>
+void post_call_check(std::optional<call_check<Tr>>& check, communicator<Tr>& comm, std::uint64_t sequence,
+                     const call_descriptor& mine) {
+  if (comm.size() > 1 && comm.options().verify) check.emplace(comm, sequence, mine);
+}
+
+// Waits for a posted check and compares; nothing when none is posted or it is settled.
+template <class Tr>
+void settle_call_check(std::optional<call_check<Tr>>& check) {
+  if (!check) return;
+  check->finish();
+  check.reset();
+}
+
 // Runs the call check (when the communicator's options ask for it) before an algorithm
-// exchanges any data.
+// exchanges any data: a round of its own, for the collectives that do not yet post their
+// first data before settling the check (broadcast, reduce, reduce_scatter, all_gather,
+// barrier, hierarchical).
 template <class Tr>
 void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine) {
-  if (comm.size() == 1 || !comm.options().verify) return;
-  call_check<Tr> check(comm, sequence, mine);
-  check.finish();
+  std::optional<call_check<Tr>> check;
+  post_call_check(check, comm, sequence, mine);
+  settle_call_check(check);
 }
 
 }  // namespace gradwire::collective

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <type_traits>
 
@@ -49,10 +50,11 @@ ring_group everyone(const communicator<Tr>& comm) noexcept {
 // position i ends up owning (any partition: the ring's even chunks, a host's columns).
 // On return this rank's part(position) holds the reduction over the group (scaled by
 // 1 / divisor for reduce_op::average); other parts hold partial sums. `step` is the next
-// step of the operation's tag space; it is advanced by size-1.
+// step of the operation's tag space; it is advanced by size-1. A posted call `check` is
+// settled once the first step's messages are posted, before any is waited for.
 template <class Tr, class Part>
 void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, const ring_group& group,
-                         Part&& part, reduce_op op, int divisor) {
+                         Part&& part, reduce_op op, int divisor, std::optional<call_check<Tr>>* check = nullptr) {
   using V = typename std::remove_cvref_t<decltype(part(0))>::value_type;
   const int n = group.size, me = group.position, right = group.right(), left = group.left();
   // Staging for transports that cannot add on delivery; none is allocated for those that can.
@@ -64,6 +66,13 @@ void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::ui
   }
   for (int s = 0; s < n - 1; ++s, ++step) {
     const ring_step at = reduce_scatter_step(n, me, s);
+    if (s == 0 && check && *check) {
+      auto first = post_exchange(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
+                                 part(at.recv), true, incoming);
+      settle_call_check(*check);
+      complete_exchange(comm, first, comm.step_deadline());
+      continue;
+    }
     send_recv_accumulate(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
                          part(at.recv), incoming);
   }
@@ -90,11 +99,11 @@ void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32
 // r reduced over all ranks (averaged for reduce_op::average).
 template <class Tr, class V>
 void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::uint32_t& step, std::span<V> data,
-                         reduce_op op) {
+                         reduce_op op, std::optional<call_check<Tr>>* check = nullptr) {
   const chunking chunks{data.size(), static_cast<std::size_t>(comm.size())};
   ring_reduce_scatter(
       comm, sequence, step, everyone(comm), [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); }, op,
-      comm.size());
+      comm.size(), check);
 }
 
 // The whole communicator: rank r's chunk r reaches every rank.
@@ -106,11 +115,14 @@ void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32
 }
 
 // The flat ring all-reduce's data phases (N > 1): reduce-scatter, then all-gather, from
-// step 0 of `sequence`. Shared by ring_all_reduce and the hierarchical fallback.
+// step 0 of `sequence`. Shared by ring_all_reduce and the hierarchical fallback. A
+// posted call `check` is settled beside the first step's messages.
 template <class Tr, class V>
-void ring_all_reduce_phases(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, reduce_op op) {
+void ring_all_reduce_phases(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, reduce_op op,
+                            std::optional<call_check<Tr>>* check = nullptr) {
   std::uint32_t step = 0;
-  ring_reduce_scatter(comm, sequence, step, data, op);
+  ring_reduce_scatter(comm, sequence, step, data, op, check);
+  if (check) settle_call_check(*check);  // a ring of one step count still settles it
   ring_all_gather(comm, sequence, step, data);
 }
 

@@ -157,6 +157,9 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   asio_tcp_options options;
   std::uint64_t token;
   bool dedicated;  // every local rank can have a core
+  // Waits that sleep at once after a polling window ran out (wait.hpp, poll_briefly).
+  static constexpr int poll_skip_after_miss = 64;
+  int polls_skipped_left = 0;
   boost::asio::io_context io{1};
   // Keeps run_one_until sleeping until its deadline when nothing is outstanding.
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work;
