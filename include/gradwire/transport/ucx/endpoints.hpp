@@ -56,6 +56,7 @@ inline void ucx_engine::join() {
     std::uint64_t host = 0;
     std::memcpy(&host, addresses[r].data() + sizeof(std::uint32_t), sizeof host);
     peers[r].same_host = host == ucx_host_id();
+    peers[r].eager_below_bulk = peers[r].same_host && ucx_may_use_shared_memory();
     peers[r].ep = connect(r, addresses[r], options.peer_error_handling);
     peers[r].bulk_ep = bulk && r != me ? connect(r, addresses[r], false) : peers[r].ep;
   }

@@ -143,6 +143,17 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   static constexpr std::size_t address_header = sizeof(std::uint32_t) + sizeof(std::uint64_t);
   ucx_options options;
   bool dedicated;
+  // Hot polling only pays while the rank waited for runs on another core. Cores shared
+  // with other jobs break that even with a core per rank: a rank woken from its sleep
+  // lands on its waker's core (the kernel's wake-affine placement), and two ranks on
+  // one core that poll hot each wait out the other's whole poll before they sleep and
+  // let it run. Measured, 2 unbound ranks on the loaded 2-core VM, 4-byte all-reduce:
+  // 121 us hot, 6.4 us yielding (quiet: 1.06 hot, 1.9 yielding; docs/perf/ucx_sm.md).
+  // So a wait that outlasts its hot poll makes the next waits yield on every round,
+  // and one wait in spin_probe_period tries hot polling again.
+  static constexpr unsigned spin_probe_period = 64;
+  bool spin_pays = true;
+  unsigned waits_since_spin_missed = 0;
   ucp_context_ptr context;
   ucp_worker_ptr worker;
   int event_fd = -1;

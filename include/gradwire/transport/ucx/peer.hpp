@@ -33,6 +33,15 @@ struct ucx_peer {
   ucp_ep_h bulk_ep = nullptr;  // without; messages, puts and gets of bulk_bytes or more (may be ep itself)
   std::vector<ucp_rkey_h> rkeys;  // attached windows of the peer (each unpacked on ep and, if another, bulk_ep)
   bool same_host = false;
+  // Tagged sends below bulk_bytes to it go eagerly (copied through the shared-memory
+  // FIFO, no handshake). UCX switches shared memory to rendezvous at 8 KiB, and each
+  // rendezvous (ready-to-send, the receiver's get, its acknowledgement) needs both
+  // ranks on a core in turn: with 4 ranks on 2 cores a 64 KiB all-reduce took 290 us
+  // against 73 us eagerly (docs/perf/ucx_sm.md). UCP_OP_ATTR_FLAG_FAST_CMPL makes UCX
+  // use its RNDV_SEND_NBR_THRESH (256 KiB) instead, for these sends only; bulk_bytes and
+  // more keep the single-copy rendezvous (CMA) of the bulk endpoint. Only over shared
+  // memory: over TCP (UCX's own threshold about 20 KiB) it was not measured.
+  bool eager_below_bulk = false;
   bool finished = false;   // said goodbye: nothing more will arrive from it
   bool tolerated = false;  // losing it fails only its own operations
   std::string lost_reason;  // set once it is lost

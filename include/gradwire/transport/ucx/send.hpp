@@ -33,8 +33,11 @@ inline void ucx_engine::post_send(ucx_op& op) {
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &ucx_engine::on_send_done;
   p.user_data = &op;
+  const bool bulk = op.bytes >= options.bulk_bytes;
+  // Below bulk_bytes to a peer over shared memory: eager (see ucx_peer::eager_below_bulk).
+  if (!bulk && peers[op.peer].eager_below_bulk) p.op_attr_mask |= UCP_OP_ATTR_FLAG_FAST_CMPL;
   const ucs_status_ptr_t r =
-      ucp_tag_send_nbx(op.bytes >= options.bulk_bytes ? peers[op.peer].bulk_ep : peers[op.peer].ep, op.data, op.bytes,
+      ucp_tag_send_nbx(bulk ? peers[op.peer].bulk_ep : peers[op.peer].ep, op.data, op.bytes,
                        ucx_tag::data(options.rank, op.tag), &p);
   track(op, r);
 }

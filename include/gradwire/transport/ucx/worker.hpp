@@ -106,16 +106,23 @@ template <class Done>
 bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
   const auto began = clock::now();
   const auto poll_stop = began + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
+  // Hot polling (no yield) while it pays, and once every spin_probe_period waits to
+  // find out whether it pays again (see spin_pays).
+  const bool spin = dedicated && (spin_pays || ++waits_since_spin_missed % spin_probe_period == 0);
   bool warned = false;
   for (;;) {
     progress_once();
-    if (done()) return true;
+    if (done()) {
+      if (spin) spin_pays = clock::now() < poll_stop;
+      return true;
+    }
     const auto now = clock::now();
     if (now >= until) return false;
     if (now < poll_stop) {
-      if (!dedicated) std::this_thread::yield();
+      if (!spin) std::this_thread::yield();
       continue;
     }
+    if (spin) spin_pays = false;
     if (!warned && now - began >= options.stall_warn) {  // sleeping waits wake every keepalive_wake
       warned = true;
       warn_stall(now - began, peer);
