@@ -33,15 +33,6 @@
 // the broken link, at once (errc::peer_lost). docs/transports.md shows both.
 #pragma once
 
-// MPI's C API only: the deprecated C++ bindings (OpenMPI, MPICH) stay out of every translation unit.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
