@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
   long long wrong = 0;
   for (int n : o.ranks) {
     const gw::transport::inproc_wait_policy wait =
-        wait_flag.value_or(gw::transport::choose_wait_policy(n, gw::transport::usable_cpus()));
+        wait_flag.value_or(gw::transport::choose_wait_policy(n, gw::support::usable_cpus()));
     std::vector<bench::row> rows;
     try {
       rows = sweep(n, alg, wait, o, sizes, buffers, bound);
@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
     }
     const std::string title = std::string("gradwire all_reduce (") + bench::name_of(alg) + ") over transport::inproc, " + std::to_string(n) +
                               (n == 1 ? " rank" : " ranks") + " as threads on " +
-                              std::to_string(gw::transport::usable_cpus()) + " usable CPUs (" + describe(wait) +
+                              std::to_string(gw::support::usable_cpus()) + " usable CPUs (" + describe(wait) +
                               (wait_flag ? ", --wait" : ", the library's choice") + "); float32 sum in place; time = median over iterations of the slowest "
                               "rank" +
                               (o.verify_calls ? "" : "; --verify-calls 0");

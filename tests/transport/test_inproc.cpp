@@ -342,10 +342,10 @@ TEST_CASE("the wait policy spins only with a CPU to spare, and yields before it 
   }
   // Nonsense counts read as one.
   REQUIRE(choose_wait_policy(0, 0) == choose_wait_policy(1, 1));
-  REQUIRE(gw::transport::usable_cpus() >= 1);
+  REQUIRE(gw::support::usable_cpus() >= 1);
   // A group takes the policy for its size on this process's CPUs unless told one.
   REQUIRE(gw::transport::inproc_group(3).wait_policy() ==
-          choose_wait_policy(3, gw::transport::usable_cpus()));
+          choose_wait_policy(3, gw::support::usable_cpus()));
   const gw::transport::inproc_wait_policy block{};
   REQUIRE(gw::transport::inproc_group(3, block).wait_policy() == block);
 }

@@ -12,6 +12,8 @@
 // has a CPU to spare beyond one per rank, up to 1 us spinning with pause instructions;
 // then, up to 50 us from the start, looking again after each sched_yield; then asleep on
 // its condition variable until woken or its deadline. Every phase ends at the deadline.
+// (The CPU facts are every transport's, support/waiting.hpp; the process transports also
+// learn there whether their longer hot poll pays, spin_gate, which a 1 us spin needs not.)
 // Why, measured on 2 CPUs shared with compilers (load 5-9), all-reduce, settings or
 // builds interleaved run by run: a spinning rank helps only while the rank it waits for
 // runs on another CPU, and the affinity mask does not promise that: the scheduler puts
@@ -53,14 +55,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-#if defined(__linux__)
-#include <sched.h>
-#endif
-
 #include "../support/topology.hpp"
+#include "../support/waiting.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"
@@ -79,17 +75,6 @@ struct inproc_wait_policy {
   std::chrono::nanoseconds yield{};
   friend bool operator==(const inproc_wait_policy&, const inproc_wait_policy&) = default;
 };
-
-// The CPUs this process may run on: its affinity mask (taskset, cgroup cpusets) where the
-// system tells, else std::thread::hardware_concurrency(); at least 1.
-inline unsigned usable_cpus() noexcept {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-#endif
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 // The wait policy of `ranks` threads on `cpus` CPUs (see the top of this header for why):
 // with a CPU to spare, spin 1 us then yield to 50 us; otherwise yield for 50 us.
@@ -121,14 +106,6 @@ inline int yield_strikes_after(int strikes, clock::duration since_last) noexcept
 // How long a rank sleeps without yielding after `strikes` slow yields in a row.
 inline clock::duration yield_back_off(int strikes) noexcept {
   return first_yield_back_off * (1 << (std::clamp(strikes, 1, max_yield_strikes) - 1));
-}
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
 }
 
 struct inproc_op {
@@ -317,7 +294,7 @@ class inproc_hub {
     // The clock is read every 64 pauses (a pause is ~10-140 cycles): cheap next to them.
     for (unsigned i = 1; pending(); ++i) {
       if (i % 64 == 0 && clock::now() >= spin_end) break;
-      cpu_relax();
+      support::cpu_relax();
     }
     yield_state& mine = yield_state_[static_cast<std::size_t>(op.owner())];
     if (start.time_since_epoch().count() < mine.off_until.load(std::memory_order_relaxed)) return;
@@ -466,7 +443,7 @@ class inproc_group {
  public:
   // `wait_policy`: how waiting ranks wait (default: chosen for `size` threads on the CPUs
   // this process may use; see the top of this header).
-  explicit inproc_group(int size) : inproc_group(size, choose_wait_policy(size, usable_cpus())) {}
+  explicit inproc_group(int size) : inproc_group(size, choose_wait_policy(size, support::usable_cpus())) {}
   inproc_group(int size, inproc_wait_policy wait_policy) {
     if (size < 1) throw error(errc::invalid_argument, "inproc_group: size must be >= 1, got " + std::to_string(size));
     hub_ = std::make_shared<detail::inproc_hub>(size, cluster::topology::one_host(size), wait_policy);
@@ -474,7 +451,7 @@ class inproc_group {
   // Threads that pretend to sit on the hosts `topology` says (tests of topology-aware
   // collectives): one rank per rank of the topology.
   explicit inproc_group(cluster::topology topology)
-      : inproc_group(topology, choose_wait_policy(topology.size(), usable_cpus())) {}
+      : inproc_group(topology, choose_wait_policy(topology.size(), support::usable_cpus())) {}
   inproc_group(cluster::topology topology, inproc_wait_policy wait_policy) {
     const int size = topology.size();
     hub_ = std::make_shared<detail::inproc_hub>(size, std::move(topology), wait_policy);

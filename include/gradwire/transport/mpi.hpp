@@ -16,9 +16,10 @@
 // own matching would; a large message still moves once, straight into place.
 //
 // Waiting is test-and-wait: MPI_Test until the operation completes or its deadline
-// passes (errc::timeout naming the peer, the tag and the bytes), polling hot for
-// mpi_options::poll_before_sleep (yielding the core on each poll when the ranks of this
-// host outnumber its cores, since the rank waited for may need it), then sleeping between
+// passes (errc::timeout naming the peer, the tag and the bytes), polling for
+// mpi_options::poll_before_sleep (hot while support::spin_gate says it pays, else
+// yielding the core on each poll, always when the ranks of this host outnumber its CPUs,
+// since the rank waited for may need it: support/waiting.hpp), then sleeping between
 // polls from 10 us, doubling up to max_sleep. MPI progresses only inside MPI calls, so
 // the sleeps are short; an idle rank costs a few thousand polls a second, not a core.
 //
@@ -48,12 +49,9 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../support/waiting.hpp"
 #include "../timeouts.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
@@ -103,22 +101,21 @@ struct mpi_op {
 
 inline std::string describe(const mpi_op& op) { return describe_operation(op.is_send, op.peer, op.tag, op.bytes); }
 
-inline void mpi_cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// Polls, then sleeps between polls (see the top of mpi.hpp).
+// Polls, then sleeps between polls (see the top of mpi.hpp). The poll window is hot while
+// `gate` (nullptr: not every rank here has a CPU) says it pays, else it yields.
 class mpi_backoff {
  public:
-  mpi_backoff(const mpi_options& o, bool dedicated) : options_(o), dedicated_(dedicated), hot_until_(clock::now() + o.poll_before_sleep) {}
+  mpi_backoff(const mpi_options& o, support::spin_gate* gate)
+      : options_(o), gate_(gate), hot_(gate && gate->open()), hot_until_(clock::now() + o.poll_before_sleep) {}
+  mpi_backoff(const mpi_backoff&) = delete;
+  mpi_backoff& operator=(const mpi_backoff&) = delete;
+  ~mpi_backoff() {
+    if (hot_) gate_->spun(sleep_.count() == 0 && clock::now() < hot_until_);
+  }
   void pause() {
     if (sleep_.count() == 0) {
       if (clock::now() < hot_until_) {
-        dedicated_ ? mpi_cpu_relax() : std::this_thread::yield();
+        hot_ ? support::cpu_relax() : std::this_thread::yield();
         return;
       }
       sleep_ = std::chrono::microseconds(10);
@@ -130,7 +127,8 @@ class mpi_backoff {
 
  private:
   const mpi_options& options_;
-  bool dedicated_;
+  support::spin_gate* gate_;
+  bool hot_;
   deadline hot_until_;
   std::chrono::microseconds sleep_{0};
 };
@@ -205,7 +203,7 @@ class mpi {
       tags = detail::mpi_tags(found && tag_ub ? *tag_ub : 32767);
       lock.unlock();
       exchange_hosts(until);
-      dedicated = static_cast<unsigned>(topology.local_size(rank)) <= std::max(1u, std::thread::hardware_concurrency());
+      dedicated = support::cpu_per_rank(topology.local_size(rank));
     }
     ~state() {
       if (!detail::mpi_runtime::usable()) return;
@@ -230,7 +228,7 @@ class mpi {
     // --- joining ---------------------------------------------------------------------
 
     void join_wait(MPI_Request& r, deadline until, const char* what) {
-      detail::mpi_backoff backoff(options, false);
+      detail::mpi_backoff backoff(options, nullptr);
       for (;;) {
         int done = 0;
         {
@@ -386,7 +384,7 @@ class mpi {
     }
 
     void wait(detail::mpi_op& op, deadline until) {
-      detail::mpi_backoff backoff(options, dedicated);
+      detail::mpi_backoff backoff(options, dedicated ? &spin : nullptr);
       for (unsigned i = 0;; ++i) {
         if (test(op)) return finish(op);
         if (i % 64 == 0 || backoff.sleeping()) poll_control();
@@ -398,7 +396,7 @@ class mpi {
 
     template <class Request>
     std::size_t wait_any(std::span<Request* const> requests, deadline until) {
-      detail::mpi_backoff backoff(options, dedicated);
+      detail::mpi_backoff backoff(options, dedicated ? &spin : nullptr);
       std::size_t live = 0;
       for (unsigned i = 0;; ++i) {
         for (std::size_t k = 0; k < requests.size(); ++k) {
@@ -513,7 +511,8 @@ class mpi {
     detail::mpi_tags tags;
     MPI_Comm comm = MPI_COMM_NULL;
     int rank = 0, size = 1;
-    bool dedicated = true;  // every rank of this host can have a core
+    bool dedicated = true;    // every rank of this host can have a CPU
+    support::spin_gate spin;  // whether a wait's poll window is hot (support/waiting.hpp)
     cluster::topology topology;
     bool lost = false;         // an MPI error on a link: the communicator is not freed
     bool failed_self = false;  // fail() was called: aborts sent

@@ -21,7 +21,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32,12 +31,6 @@
 #include "network_op.hpp"
 
 namespace gradwire::transport::detail {
-
-// Whether every rank of this job on this machine can have a core: a wait then polls
-// briefly before it sleeps. Asked once per transport: glibc reads /sys for it on every call.
-inline bool core_per_rank(int local_size) {
-  return static_cast<unsigned>(local_size) <= std::max(1u, std::thread::hardware_concurrency());
-}
 
 template <class Backend, class Op>
 class network_engine {

@@ -25,6 +25,7 @@
 #include "../../error.hpp"
 #include "../../rendezvous/store.hpp"
 #include "../../support/asio.hpp"
+#include "../../support/waiting.hpp"
 #include "../../timeouts.hpp"
 #include "../detail/messages.hpp"
 #include "../detail/network_engine.hpp"
@@ -42,7 +43,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   explicit tcp_engine(const asio_tcp_options& o)
       : options(o),
         token(wire::token_hash(o.job_token)),
-        dedicated(core_per_rank(o.local_size)),
+        dedicated(support::cpu_per_rank(o.local_size)),
         work(io.get_executor()) {
     if (o.size < 1) throw error(errc::config, "asio_tcp: world size must be >= 1, got " + std::to_string(o.size));
     if (o.rank < 0 || o.rank >= o.size)
@@ -93,6 +94,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   // --- send.hpp: the send path ------------------------------------------------
   void post_send(tcp_op& op);
   void write_next(tcp_link& link);
+  bool write_now(tcp_link& link, tcp_op& op);
   void send_to_self(tcp_op& op);
 
   // --- receive.hpp: the receive path ------------------------------------------
@@ -156,10 +158,8 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   static constexpr std::size_t max_status_bytes = 4096;
   asio_tcp_options options;
   std::uint64_t token;
-  bool dedicated;  // every local rank can have a core
-  // Waits that sleep at once after a polling window ran out (wait.hpp, poll_briefly).
-  static constexpr int poll_skip_after_miss = 64;
-  int polls_skipped_left = 0;
+  bool dedicated;           // every local rank can have a CPU
+  support::spin_gate spin;  // whether a wait polls hot before it sleeps (wait.hpp, poll_briefly)
   boost::asio::io_context io{1};
   // Keeps run_one_until sleeping until its deadline when nothing is outstanding.
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work;

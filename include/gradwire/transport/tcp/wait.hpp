@@ -47,30 +47,20 @@ bool tcp_engine::wait_for_any(Find& find, Done& done, std::span<Request* const> 
 }
 
 // A peer's answer often comes within microseconds; a sleep in epoll and the wake-up
-// after it cost more than that. With a core per rank, poll for a short while first;
-// oversubscribed, yield the core between polls instead (the peer may need it).
-// Polling pays only when the answer comes inside the window. When other processes keep
-// the cores busy it does not, and a rank that spun its whole window and then sleeps is
-// woken late (the scheduler has charged it the spin): 2 ranks, 4 B all-reduce, load 6
-// on 2 cores: 130-155 us per round with the 50 us window against 21-31 us sleeping at
-// once; this was the bimodal small-message latency (docs/perf/tcp.md). So a window that
-// runs out turns polling off for the next poll_skip_after_miss waits, then it is tried
-// again: on an idle machine the windows succeed and polling stays on. Only the spinning
-// (dedicated) mode does this: a window that yields between polls hands the core to the
-// peer, which is what an oversubscribed job needs (4 ranks on 2 cores: skipping it made
-// 1-64 KiB 1.2x slower).
+// after it cost more than that. With a CPU per rank, poll hot for a short window first,
+// while the spin gate says it pays (support/waiting.hpp); a closed gate sleeps at once.
+// Oversubscribed, yield the CPU between polls instead (the peer may need it), always: a
+// window that yields hands the CPU to the peer, which is what an oversubscribed job
+// needs (4 ranks on 2 cores: skipping it made 1-64 KiB 1.2x slower).
 inline void tcp_engine::poll_briefly(const tcp_op& op) {
   if (options.poll_before_sleep.count() == 0 || op.state == status::done) return;
-  if (polls_skipped_left > 0) {
-    --polls_skipped_left;
-    return;
-  }
+  if (dedicated && !spin.open()) return;
   const auto stop = clock::now() + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
   while (op.state != status::done && clock::now() < stop) {
     if (io.stopped()) io.restart();
     if (io.poll() == 0 && !dedicated) std::this_thread::yield();
   }
-  if (op.state != status::done && dedicated) polls_skipped_left = poll_skip_after_miss;
+  if (dedicated) spin.spun(op.state == status::done);
 }
 
 // Withdraws an op that will not be waited for. One that Asio is reading into or

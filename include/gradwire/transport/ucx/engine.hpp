@@ -18,6 +18,7 @@
 
 #include "../../error.hpp"
 #include "../../rendezvous/store.hpp"
+#include "../../support/waiting.hpp"
 #include "../../timeouts.hpp"
 #include "../detail/messages.hpp"
 #include "../detail/network_engine.hpp"
@@ -39,7 +40,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   static constexpr const char* name = "ucx";
 
   explicit ucx_engine(const ucx_options& o)
-      : options(o), dedicated(core_per_rank(o.local_size)) {
+      : options(o), dedicated(support::cpu_per_rank(o.local_size)) {
     if (o.size < 1) throw error(errc::config, "ucx: world size must be >= 1, got " + std::to_string(o.size));
     if (o.size > ucx_tag::max_ranks)
       throw error(errc::config, "ucx: at most " + std::to_string(ucx_tag::max_ranks) + " ranks, got " +
@@ -143,17 +144,11 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   static constexpr std::size_t address_header = sizeof(std::uint32_t) + sizeof(std::uint64_t);
   ucx_options options;
   bool dedicated;
-  // Hot polling only pays while the rank waited for runs on another core. Cores shared
-  // with other jobs break that even with a core per rank: a rank woken from its sleep
-  // lands on its waker's core (the kernel's wake-affine placement), and two ranks on
-  // one core that poll hot each wait out the other's whole poll before they sleep and
-  // let it run. Measured, 2 unbound ranks on the loaded 2-core VM, 4-byte all-reduce:
-  // 121 us hot, 6.4 us yielding (quiet: 1.06 hot, 1.9 yielding; docs/perf/ucx_sm.md).
-  // So a wait that outlasts its hot poll makes the next waits yield on every round,
-  // and one wait in spin_probe_period tries hot polling again.
-  static constexpr unsigned spin_probe_period = 64;
-  bool spin_pays = true;
-  unsigned waits_since_spin_missed = 0;
+  // Whether a wait polls hot (no yield) for its window; a closed gate polls the window
+  // yielding instead (support/waiting.hpp; ucx shared memory, 2 unbound ranks on the
+  // loaded 2-core VM, 4 B: 121 us hot against 6.4 us yielding, and quiet 1.06 against
+  // 1.9: docs/perf/ucx_sm.md).
+  support::spin_gate spin;
   ucp_context_ptr context;
   ucp_worker_ptr worker;
   int event_fd = -1;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../../observe/activity.hpp"
@@ -106,23 +107,22 @@ template <class Done>
 bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
   const auto began = clock::now();
   const auto poll_stop = began + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
-  // Hot polling (no yield) while it pays, and once every spin_probe_period waits to
-  // find out whether it pays again (see spin_pays).
-  const bool spin = dedicated && (spin_pays || ++waits_since_spin_missed % spin_probe_period == 0);
-  bool warned = false;
+  // Hot polling (no yield) while the spin gate says it pays.
+  const bool hot = dedicated && spin.open();
+  bool warned = false, missed = false;
   for (;;) {
     progress_once();
     if (done()) {
-      if (spin) spin_pays = clock::now() < poll_stop;
+      if (hot && !missed) spin.spun(true);  // answered inside the window
       return true;
     }
     const auto now = clock::now();
     if (now >= until) return false;
     if (now < poll_stop) {
-      if (!spin) std::this_thread::yield();
+      if (!hot) std::this_thread::yield();
       continue;
     }
-    if (spin) spin_pays = false;
+    if (hot && !std::exchange(missed, true)) spin.spun(false);
     if (!warned && now - began >= options.stall_warn) {  // sleeping waits wake every keepalive_wake
       warned = true;
       warn_stall(now - began, peer);
