@@ -72,7 +72,7 @@ TEST_CASE("auto picks halving-doubling below the threshold and the ring from it 
   // should have picked, the others use auto_; no mismatch means auto_ agreed.
   for (std::size_t n : {std::size_t(255), std::size_t(256)}) {
     CAPTURE(n);
-    auto out = gw::test::run_collect(3, {.timeout = 30s, .small_all_reduce_bytes = 1024}, [&](auto& comm) {
+    auto out = gw::test::run_collect(3, {.timeout = 30s, .one_shot_max_sent_bytes = 0, .small_all_reduce_bytes = 1024}, [&](auto& comm) {
       std::vector<float> v(n, 1.0f);
       if (comm.rank() == 0) {
         if (n * sizeof(float) < 1024)
@@ -94,7 +94,8 @@ TEST_CASE("ranks that choose different all-reduce algorithms get a mismatch nami
   // Rank 1 has a different auto_ threshold than everyone else, so it picks the ring.
   gw::transport::inproc_group group(ranks);
   auto raw = group.run([&](gw::transport::inproc t) {
-    gw::collective::communicator comm(t, {.timeout = 30s, .small_all_reduce_bytes = t.rank() == 1 ? 16u : 4096u});
+    gw::collective::communicator comm(
+        t, {.timeout = 30s, .one_shot_max_sent_bytes = 0, .small_all_reduce_bytes = t.rank() == 1 ? 16u : 4096u});
     std::vector<float> v(100, 1.0f);
     gw::collective::all_reduce(comm, std::span<float>(v));
   });

@@ -163,8 +163,9 @@ TEST_CASE("auto picks hierarchical from hierarchical_min_bytes on when ranks spa
     std::size_t count;
     const char* algorithm;
   };
+  // (One-shot off, on one host as across: these counts would take it on one host.)
   const gw::collective::communicator_options options{
-      .timeout = 30s, .small_all_reduce_bytes = 8192, .hierarchical_min_bytes = 4096};
+      .timeout = 30s, .one_shot_max_sent_bytes = 0, .small_all_reduce_bytes = 8192, .hierarchical_min_bytes = 4096};
   for (const auto& e : {expectation{{0, 0, 1, 1}, 1024, "hierarchical"}, expectation{{0, 0, 1, 1}, 1023, "halving_doubling"},
                         expectation{{0, 1, 0, 1, 2}, 5000, "hierarchical"}, expectation{{0, 1, 2, 3}, 1024, "halving_doubling"},
                         expectation{{0, 1, 2, 3}, 4096, "ring"}, expectation{{0, 0, 0, 0}, 1024, "halving_doubling"},

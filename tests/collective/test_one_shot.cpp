@@ -1,4 +1,4 @@
-// One-shot all-reduce (tiny buffers, one round of frames) against a float64 serial sum; its call check and limits.
+// One-shot all-reduce (small buffers, one round) against a float64 serial sum; its call check and auto_'s limits.
 #include <catch2/catch.hpp>
 
 #include <gradwire/collective/all_reduce.hpp>
@@ -36,28 +36,50 @@ void check_one_shot(int ranks, std::size_t n, reduce_op op) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("one-shot all-reduce sums and averages across 1..8 ranks up to its byte limit", "[collective]",
-                   float, double) {
+TEMPLATE_TEST_CASE("one-shot all-reduce sums and averages across 1..8 ranks, in the check frames and beside them",
+                   "[collective]", float, double) {
   const int ranks = GENERATE(range(1, 9));
-  const std::size_t n = GENERATE(as<std::size_t>{}, 0, 1, 7, gw::collective::one_shot_max_bytes / sizeof(TestType));
+  // Up to check_inline_bytes the neighbours' data rides in the check frames; beyond, in
+  // messages of their own.
+  const std::size_t n = GENERATE(as<std::size_t>{}, 0, 1, 7, gw::collective::check_inline_bytes / sizeof(TestType),
+                                 gw::collective::check_inline_bytes / sizeof(TestType) + 1, 3000);
   check_one_shot<TestType>(ranks, n, reduce_op::sum);
   check_one_shot<TestType>(ranks, n, reduce_op::average);
   check_one_shot<TestType, true>(ranks, n, reduce_op::sum);
 }
 
-TEST_CASE("one-shot refuses buffers over its limit and more ranks than it takes") {
-  auto out = gw::test::run_collect(2, {.timeout = 30s}, [](auto& comm) {
-    std::vector<float> v(gw::collective::one_shot_max_bytes / sizeof(float) + 1, 1.0f);
+TEST_CASE("one-shot with the call check off sums as well") {
+  for (const std::size_t n : {std::size_t{3}, std::size_t{3000}}) {
+    auto out = gw::test::run_collect(3, {.timeout = 30s, .verify = false}, [&](auto& comm) {
+      std::vector<float> v(n, static_cast<float>(comm.rank() + 1));
+      gw::collective::one_shot_all_reduce(comm, std::span<float>(v));
+      for (float x : v) gw::test::expect(x == 6.0f, "1 + 2 + 3");
+    });
+    for (auto& o : out) REQUIRE(o.kind == gw::errc{});
+  }
+}
+
+TEST_CASE("one-shot refuses more ranks than it takes") {
+  auto out = gw::test::run_collect(gw::collective::one_shot_max_ranks + 1, {.timeout = 30s}, [](auto& comm) {
+    std::vector<float> v(1, 1.0f);
     gw::collective::one_shot_all_reduce(comm, std::span<float>(v));
   });
   for (auto& o : out) REQUIRE(o.kind == gw::errc::invalid_argument);
 }
 
-TEST_CASE("auto takes one-shot up to its byte and rank limits, halving-doubling beyond") {
+namespace {
+// The largest float count auto_ sends one-shot on `ranks` ranks of one host.
+std::size_t one_shot_limit(int ranks) {
+  return gw::collective::communicator_options{}.one_shot_max_sent_bytes / std::size_t(ranks - 1) / sizeof(float);
+}
+}  // namespace
+
+TEST_CASE("auto takes one-shot while the copies a rank sends fit one_shot_max_sent_bytes, halving-doubling beyond") {
   // Which algorithm ran shows in the call check: rank 0 forces the one auto_ should pick.
-  constexpr std::size_t limit = gw::collective::one_shot_max_bytes / sizeof(float);
-  for (const auto& [ranks, n, one_shot] : {std::tuple{2, limit, true}, std::tuple{8, std::size_t{1}, true},
-                                           std::tuple{3, limit + 1, false}, std::tuple{9, std::size_t{1}, false}}) {
+  for (const auto& [ranks, n, one_shot] :
+       {std::tuple{2, one_shot_limit(2), true}, std::tuple{2, one_shot_limit(2) + 1, false},
+        std::tuple{4, one_shot_limit(4), true}, std::tuple{4, one_shot_limit(4) + 1, false},
+        std::tuple{8, std::size_t{1}, true}, std::tuple{9, std::size_t{1}, false}}) {
     CAPTURE(ranks, n, one_shot);
     auto out = gw::test::run_collect(ranks, {.timeout = 30s}, [&](auto& comm) {
       std::vector<float> v(n, 1.0f);
@@ -88,10 +110,10 @@ TEST_CASE("one-shot ranks with different counts get a mismatch naming both calls
   REQUIRE_THAT(out[1].what, Catch::Contains("count=4") && Catch::Contains("count=3") && Catch::Contains("one_shot"));
 }
 
-TEST_CASE("counts on both sides of the one-shot limit are a mismatch, not a wait") {
+TEST_CASE("counts on both sides of the one-shot limit, or of the check frame's, are a mismatch, not a wait") {
   const int ranks = GENERATE(2, 3, 4);
-  CAPTURE(ranks);
-  constexpr std::size_t limit = gw::collective::one_shot_max_bytes / sizeof(float);
+  const std::size_t limit = GENERATE_COPY(one_shot_limit(ranks), gw::collective::check_inline_bytes / sizeof(float));
+  CAPTURE(ranks, limit);
   const auto start = std::chrono::steady_clock::now();
   auto out = gw::test::run_collect(ranks, {.timeout = 20s}, [&](auto& comm) {
     std::vector<float> v(comm.rank() == 1 ? limit + 1 : limit, 1.0f);

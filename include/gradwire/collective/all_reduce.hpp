@@ -31,8 +31,8 @@ bool takes_hierarchical(const communicator<Tr>& comm, std::size_t bytes) noexcep
   return bytes >= comm.options().hierarchical_min_bytes && has_hierarchy(comm);
 }
 
-// Algorithm: auto_ (one round of frames up to one_shot_max_bytes over at most
-// one_shot_max_ranks ranks; hierarchical from communicator_options::hierarchical_min_bytes
+// Algorithm: auto_ (one round, one-shot, while the copies a rank sends stay within
+// communicator_options::one_shot_max_sent_bytes over at most one_shot_max_ranks ranks; hierarchical from communicator_options::hierarchical_min_bytes
 // on when ranks span hosts and some host has several; else halving-doubling below
 // communicator_options::small_all_reduce_bytes and the ring from there on), ring,
 // halving_doubling or hierarchical. Every rank must pass the same count.

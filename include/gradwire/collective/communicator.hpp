@@ -26,9 +26,18 @@ struct communicator_options {
   // Check that all ranks entered the same collective with the same count and dtype
   // (one small exchange with each ring neighbour per call).
   bool verify = true;
-  // all_reduce<auto_> runs the one-shot exchange up to one_shot_max_bytes over at most
-  // one_shot_max_ranks ranks (one_shot_all_reduce.hpp), recursive halving-doubling (2 log2 N
-  // latency-bound steps)
+  // all_reduce<auto_> runs the one-shot exchange (one round: every rank sends its buffer
+  // to every other, one_shot_all_reduce.hpp) over at most one_shot_max_ranks ranks on one
+  // host while the N - 1 copies a rank sends come to at most this many bytes (2 ranks:
+  // buffers up to 64 KiB, 4 ranks: up to 21 KiB); across hosts, only buffers that fit in
+  // the call check's frame (64 B). The one place this number lives; every rank must use
+  // the same value. Measured on the quiet 2-core VM (benchmarks/allreduce.sh, asio_tcp,
+  // 2 ranks, one-shot against halving-doubling): 256 B 17.5 against 27.8 us, 4 KiB 18.8
+  // against 28.0, 16 KiB 21.2 against 29.9, 64 KiB 36.7 against 37.8; ucx shared memory,
+  // 4 ranks (load 6.5): 1 KiB 47 -> 24 us, 4 KiB 49 -> 33, 16 KiB 59 -> 49, and 64 KiB
+  // 101 -> 155, where it stops paying (docs/perf/ucx_sm.md).
+  std::size_t one_shot_max_sent_bytes = 64 * 1024;
+  // Otherwise recursive halving-doubling (2 log2 N latency-bound steps)
   // for buffers smaller than this, and the ring (2(N-1) steps, bandwidth-optimal) from
   // this size on. The one place this number lives; every rank must use the same value
   // (the call check names a rank that does not). Measured on inproc, 2-core VM, 3-5

@@ -1,4 +1,4 @@
-// One-shot all-reduce for tiny buffers: one round of messages, the call check riding along.
+// One-shot all-reduce for small buffers: one round of messages, the call check riding along.
 #pragma once
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,30 +19,38 @@
 
 namespace gradwire::collective {
 
-// Latency is all a tiny all-reduce has: halving-doubling needs 2 log2 N rounds. Here
-// every rank sends its data to every other rank and adds what arrives: one round. With
-// the call check on, the data for the two ring neighbours rides inside the check frames
+// Latency is all a small all-reduce has: halving-doubling needs 2 log2 N rounds. Here
+// every rank sends its data to every other rank and adds what arrives: one round. On 2
+// ranks that moves the same bytes as halving-doubling (the whole buffer each way) in half
+// the rounds; on N ranks each sends N - 1 copies, so auto_ takes it while that stays
+// within communicator_options::one_shot_max_sent_bytes. With the call check on, data of
+// at most check_inline_bytes for the two ring neighbours rides inside the check frames
 // (verify.hpp), so checking costs no message of its own: on 2 ranks one message each
-// way, checked or not; the other N - 3 peers get plain data messages. The check is
-// waited for first, so ranks that disagree (another count, dtype or collective) get the
-// check's mismatch naming both calls. Every rank adds the N buffers in rank order, so
-// all get the same bits.
+// way, checked or not; larger data goes as plain messages posted beside the frames (no
+// round of their own). The check is waited for first, so ranks that disagree (another
+// count, dtype, algorithm or collective) get the check's mismatch naming both calls.
+// Every rank adds the N buffers in rank order, so all get the same bits.
 inline constexpr int one_shot_max_ranks = 8;
-inline constexpr std::size_t one_shot_max_bytes = check_inline_bytes;
 
 namespace detail {
 inline constexpr std::uint32_t one_shot_step = 0;
 }  // namespace detail
 
-// Whether all_reduce<auto_> takes the one-shot path: small enough in bytes and in ranks,
-// and over a transport whose requests can wait in an array. Every rank decides the same
-// way from the same (count, dtype); ranks that differ get the call check's mismatch.
+// Whether all_reduce<auto_> takes the one-shot path: at most one_shot_max_ranks ranks,
+// the N - 1 copies this rank sends within communicator_options::one_shot_max_sent_bytes
+// when all ranks share a host (across hosts only what fits in the check frame: there the
+// copies cross the slow links, and hierarchical or halving-doubling send fewer), and a
+// transport whose requests can wait in an array. Every rank decides the same way from
+// the same (count, dtype) and options; ranks that differ get the call check's mismatch.
 template <class Tr, class V>
 bool takes_one_shot(const communicator<Tr>& comm, std::span<const V> data) {
   if constexpr (!std::is_default_constructible_v<typename Tr::request>) {
     return false;
   } else {
-    return comm.size() > 1 && comm.size() <= one_shot_max_ranks && data.size_bytes() <= one_shot_max_bytes;
+    const int n = comm.size();
+    if (n < 2 || n > one_shot_max_ranks) return false;
+    if (comm.topology().host_count() > 1) return data.size_bytes() <= check_inline_bytes;
+    return data.size_bytes() * static_cast<std::size_t>(n - 1) <= comm.options().one_shot_max_sent_bytes;
   }
 }
 
@@ -51,25 +60,45 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
                 "one_shot_all_reduce keeps its requests in an array: Tr::request must be default-constructible");
   const std::uint64_t sequence = comm.begin_operation();
   const int n = comm.size(), me = comm.rank();
-  if (data.size_bytes() > one_shot_max_bytes || n > one_shot_max_ranks)
-    throw error(errc::invalid_argument, "one_shot_all_reduce: at most " + std::to_string(one_shot_max_bytes) +
-                                            " bytes over at most " + std::to_string(one_shot_max_ranks) + " ranks");
+  if (n > one_shot_max_ranks)
+    throw error(errc::invalid_argument, "one_shot_all_reduce: at most " + std::to_string(one_shot_max_ranks) +
+                                            " ranks, got " + std::to_string(n));
   if (n == 1) return;
+  // (The n copies must be addressable; this bound also tells GCC, which otherwise warns
+  // about a copy of 2^64 - 4 bytes on a path it cannot rule out.)
+  if (data.size() > std::numeric_limits<std::size_t>::max() / sizeof(V) / one_shot_max_ranks)
+    throw error(errc::invalid_argument, "one_shot_all_reduce: " + std::to_string(data.size()) + " elements are too many");
   // Slot r holds rank r's data (this rank's own: a copy, as `data` receives the sum).
   const std::span<V> slots = comm.template scratch<V>(data.size() * static_cast<std::size_t>(n));
   auto slot = [&](int r) { return slots.subspan(data.size() * static_cast<std::size_t>(r), data.size()); };
-  std::copy(data.begin(), data.end(), slot(me).begin());
+  std::memcpy(slot(me).data(), data.data(), data.size_bytes());
 
   std::optional<call_check<Tr>> check;
+  const bool inline_data = data.size_bytes() <= check_inline_bytes;
+  const call_descriptor mine{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                             algorithm_id::one_shot};
   if (comm.options().verify)
-    check.emplace(comm, sequence,
-                  call_descriptor{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                                  algorithm_id::one_shot},
-                  std::as_bytes(std::span<const V>(slot(me))));
+    check.emplace(comm, sequence, mine,
+                  inline_data ? std::as_bytes(std::span<const V>(slot(me))) : std::span<const std::byte>{});
   // Peers whose data comes in the check frames get no data message.
-  auto in_frame = [&](int r) { return check && (r == check->left() || r == check->right()); };
+  auto in_frame = [&](int r) { return check && inline_data && (r == check->left() || r == check->right()); };
 
   auto& t = comm.transport();
+  // Ranks beyond the two ring neighbours (N >= 4) get this rank's descriptor too, ahead of
+  // its data, and theirs is checked before their data is waited for: one that disagrees
+  // (another count) is reported as the calls' mismatch naming both, not as a bare size
+  // mismatch of its data message, and not only once a neighbour's report comes round.
+  auto is_far = [&](int r) { return check && r != me && r != check->left() && r != check->right(); };
+  const check_frame far_mine{mine, {}};
+  std::array<check_frame, one_shot_max_ranks> far_frames{};
+  std::array<typename Tr::request, one_shot_max_ranks> far_receives, far_sends;
+  const auto far_tag = make_tag(sequence, detail::verify_from_far);
+  for (int r = 0; r < n; ++r)
+    if (is_far(r)) {
+      far_receives[r] = t.async_recv(r, far_tag, std::as_writable_bytes(std::span(&far_frames[r], 1)));
+      far_sends[r] = t.async_send(r, far_tag, std::as_bytes(std::span(&far_mine, 1)));
+    }
+
   const auto tag = make_tag(sequence, detail::one_shot_step);
   std::array<typename Tr::request, one_shot_max_ranks> receives, sends;
   for (int r = 0; r < n; ++r)
@@ -78,13 +107,21 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
     if (r != me && !in_frame(r)) sends[r] = t.async_send(r, tag, std::as_bytes(std::span<const V>(slot(me))));
   if (check) {
     check->finish();
-    for (int r : {check->left(), check->right()})
-      if (r != me) {
-        const auto bytes = check->inline_from(r, data.size_bytes());
-        std::memcpy(slot(r).data(), bytes.data(), bytes.size());
-      }
+    if (inline_data)
+      for (int r : {check->left(), check->right()})
+        if (r != me) {
+          const auto bytes = check->inline_from(r, data.size_bytes());
+          std::memcpy(slot(r).data(), bytes.data(), bytes.size());
+        }
   }
   const auto until = comm.step_deadline();
+  for (int r = 0; r < n; ++r)
+    if (is_far(r)) {
+      t.wait(far_receives[r], until);
+      detail::check_same_call(t, sequence, me, r, mine, far_frames[r].call);
+    }
+  for (int r = 0; r < n; ++r)
+    if (is_far(r)) t.wait(far_sends[r], until);
   for (int r = 0; r < n; ++r)
     if (r != me && !in_frame(r)) t.wait(receives[r], until), t.wait(sends[r], until);
 

@@ -75,6 +75,8 @@ namespace detail {
 // Steps of an operation's tag space used by the check (data steps count up from 0).
 inline constexpr std::uint32_t verify_from_left = 0xfff0;
 inline constexpr std::uint32_t verify_from_right = 0xfff1;
+// From a rank that is not a ring neighbour (one-shot checks every peer it sends data to).
+inline constexpr std::uint32_t verify_from_far = 0xfff2;
 
 // Throws errc::mismatch naming both calls unless `theirs` (rank `peer`'s) equals `mine`;
 // only the two ranks see the disagreement, so it tells every rank first where the

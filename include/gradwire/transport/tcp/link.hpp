@@ -22,6 +22,7 @@ using support::tcp;
 struct tcp_op : network_op {
   deliver_fn deliver = deliver_copy;  // receives: copy, or add (async_recv_accumulate)
   wire::header_bytes header{};        // sends: the frame header, written with the payload
+  std::size_t sent = 0;               // sends: bytes of header + payload already written (send.hpp)
 };
 
 // What a peer said it waits for in its latest status frame (it has waited long).
