@@ -83,21 +83,11 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
   // Peers whose data comes in the check frames get no data message.
   auto in_frame = [&](int r) { return check && inline_data && (r == check->left() || r == check->right()); };
 
+  // Ranks beyond the two ring neighbours (N >= 4) are checked too, ahead of their data.
+  std::optional<far_call_check<Tr, one_shot_max_ranks>> far_check;
+  if (check) far_check.emplace(comm, sequence, mine, check->left(), check->right());
+
   auto& t = comm.transport();
-  // Ranks beyond the two ring neighbours (N >= 4) get this rank's descriptor too, ahead of
-  // its data, and theirs is checked before their data is waited for: one that disagrees
-  // (another count) is reported as the calls' mismatch naming both, not as a bare size
-  // mismatch of its data message, and not only once a neighbour's report comes round.
-  auto is_far = [&](int r) { return check && r != me && r != check->left() && r != check->right(); };
-  const check_frame far_mine{mine, {}};
-  std::array<check_frame, one_shot_max_ranks> far_frames{};
-  std::array<typename Tr::request, one_shot_max_ranks> far_receives, far_sends;
-  const auto far_tag = make_tag(sequence, detail::verify_from_far);
-  for (int r = 0; r < n; ++r)
-    if (is_far(r)) {
-      far_receives[r] = t.async_recv(r, far_tag, std::as_writable_bytes(std::span(&far_frames[r], 1)));
-      far_sends[r] = t.async_send(r, far_tag, std::as_bytes(std::span(&far_mine, 1)));
-    }
 
   const auto tag = make_tag(sequence, detail::one_shot_step);
   std::array<typename Tr::request, one_shot_max_ranks> receives, sends;
@@ -114,14 +104,8 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
           std::memcpy(slot(r).data(), bytes.data(), bytes.size());
         }
   }
+  if (far_check) far_check->finish();
   const auto until = comm.step_deadline();
-  for (int r = 0; r < n; ++r)
-    if (is_far(r)) {
-      t.wait(far_receives[r], until);
-      detail::check_same_call(t, sequence, me, r, mine, far_frames[r].call);
-    }
-  for (int r = 0; r < n; ++r)
-    if (is_far(r)) t.wait(far_sends[r], until);
   for (int r = 0; r < n; ++r)
     if (r != me && !in_frame(r)) t.wait(receives[r], until), t.wait(sends[r], until);
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -190,6 +191,54 @@ class call_check {
   check_frame mine_{}, from_left_{}, from_right_{};
   int left_ = 0, right_ = 0;
   std::optional<typename Tr::request> from_left_request_, from_right_request_, to_right_, to_left_;
+};
+
+// The call check with the ranks beyond the two ring neighbours, for an algorithm that
+// sends them data (one-shot on N >= 4): a descriptor-only frame each way on
+// verify_from_far, posted before that data and compared before it is waited for, so a
+// far rank that disagrees (another count) is reported as the calls' mismatch naming both,
+// not as a bare size mismatch of its data, and not only once a neighbour's report comes
+// round. At most MaxRanks ranks (the frames live here, not on the heap).
+template <class Tr, int MaxRanks>
+class far_call_check {
+ public:
+  far_call_check(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine, int left, int right)
+      : comm_(comm), sequence_(sequence), left_(left), right_(right) {
+    if (comm.size() > MaxRanks)
+      throw error(errc::invalid_argument, "far_call_check: at most " + std::to_string(MaxRanks) + " ranks");
+    mine_.call = mine;
+    auto& t = comm.transport();
+    const auto tag = make_tag(sequence, detail::verify_from_far);
+    for (int r = 0; r < comm.size(); ++r)
+      if (is_far(r)) {
+        receives_[r] = t.async_recv(r, tag, std::as_writable_bytes(std::span(&theirs_[r], 1)));
+        sends_[r] = t.async_send(r, tag, std::as_bytes(std::span(&mine_, 1)));
+      }
+  }
+  far_call_check(const far_call_check&) = delete;
+  far_call_check& operator=(const far_call_check&) = delete;
+
+  void finish() {
+    auto& t = comm_.transport();
+    const auto until = comm_.step_deadline();
+    for (int r = 0; r < comm_.size(); ++r)
+      if (is_far(r)) {
+        t.wait(receives_[r], until);
+        detail::check_same_call(t, sequence_, comm_.rank(), r, mine_.call, theirs_[r].call);
+      }
+    for (int r = 0; r < comm_.size(); ++r)
+      if (is_far(r)) t.wait(sends_[r], until);
+  }
+
+ private:
+  bool is_far(int r) const noexcept { return r != comm_.rank() && r != left_ && r != right_; }
+
+  communicator<Tr>& comm_;
+  std::uint64_t sequence_;
+  int left_, right_;
+  check_frame mine_{};
+  std::array<check_frame, MaxRanks> theirs_;
+  std::array<typename Tr::request, MaxRanks> receives_, sends_;
 };
 
 // Posts the call check into `check` when the communicator's options ask for it (and

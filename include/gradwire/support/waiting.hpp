@@ -62,6 +62,14 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// How long a wait polls before it sleeps, from a transport's poll_before_sleep: all of it
+// with a CPU per rank; oversubscribed, a quarter, yielding between polls (long enough for
+// a peer that shares the CPU to answer, short enough not to hold up the others).
+template <class Duration>
+Duration poll_window(Duration poll_before_sleep, bool cpu_per_rank) noexcept {
+  return cpu_per_rank ? poll_before_sleep : poll_before_sleep / 4;
+}
+
 // Whether this wait polls hot, learned from how the last ones went. A hot window that
 // paid (the answer came inside it) keeps the gate open. One that ran out closes it for
 // the next waits: 1 after the first miss, doubling with each miss in a row up to

@@ -411,9 +411,7 @@ class inproc {
  private:
   request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
                detail::deliver_fn deliver = &detail::deliver_copy) {
-    if (peer < 0 || peer >= size())
-      throw error(errc::invalid_argument, "inproc: rank " + std::to_string(rank_) + " addressed rank " +
-                                              std::to_string(peer) + " in a group of " + std::to_string(size()));
+    detail::check_peer("inproc", rank_, peer, size());
     auto op = std::make_unique<detail::inproc_op>();
     op->is_send = is_send;
     op->source = is_send ? rank_ : peer;

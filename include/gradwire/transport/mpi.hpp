@@ -275,9 +275,7 @@ class mpi {
     // --- operations ------------------------------------------------------------------
 
     std::unique_ptr<detail::mpi_op> make_op(bool is_send, int peer, std::uint64_t tag, std::size_t bytes) {
-      if (peer < 0 || peer >= size)
-        throw error(errc::invalid_argument, "mpi: rank " + std::to_string(rank) + " addressed rank " +
-                                                std::to_string(peer) + " in a job of " + std::to_string(size));
+      detail::check_peer("mpi", rank, peer, size);
       auto op = std::make_unique<detail::mpi_op>();
       op->is_send = is_send;
       op->peer = peer;

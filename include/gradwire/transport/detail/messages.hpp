@@ -5,7 +5,17 @@
 #include <cstdint>
 #include <string>
 
+#include "../../error.hpp"
+
 namespace gradwire::transport::detail {
+
+// Throws invalid_argument unless `peer` is a rank of a job of `size` (every transport's
+// check when an operation is posted).
+inline void check_peer(const char* transport, int rank, int peer, int size) {
+  if (peer < 0 || peer >= size)
+    throw error(errc::invalid_argument, std::string(transport) + ": rank " + std::to_string(rank) + " addressed rank " +
+                                            std::to_string(peer) + " in a job of " + std::to_string(size));
+}
 
 // "send to rank 2 (tag 65536, 4096 bytes)"
 inline std::string describe_operation(bool is_send, int peer, std::uint64_t tag, std::size_t bytes) {

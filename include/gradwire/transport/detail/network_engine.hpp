@@ -41,10 +41,7 @@ class network_engine {
   // An op for `peer`, checked; throws the rank's failure if it has failed.
   std::unique_ptr<Op> make_op(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes) {
     const auto& o = self().options;
-    if (peer < 0 || peer >= o.size)
-      throw error(errc::invalid_argument, std::string(Backend::name) + ": rank " + std::to_string(o.rank) +
-                                              " addressed rank " + std::to_string(peer) + " in a job of " +
-                                              std::to_string(o.size));
+    check_peer(Backend::name, o.rank, peer, o.size);
     self().check_tag(tag);
     throw_if_failed();
     auto op = std::make_unique<Op>();

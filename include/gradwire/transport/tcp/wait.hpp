@@ -55,7 +55,7 @@ bool tcp_engine::wait_for_any(Find& find, Done& done, std::span<Request* const> 
 inline void tcp_engine::poll_briefly(const tcp_op& op) {
   if (options.poll_before_sleep.count() == 0 || op.state == status::done) return;
   if (dedicated && !spin.open()) return;
-  const auto stop = clock::now() + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
+  const auto stop = clock::now() + support::poll_window(options.poll_before_sleep, dedicated);
   while (op.state != status::done && clock::now() < stop) {
     if (io.stopped()) io.restart();
     if (io.poll() == 0 && !dedicated) std::this_thread::yield();

@@ -106,7 +106,7 @@ inline unsigned ucx_engine::progress_once() {
 template <class Done>
 bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
   const auto began = clock::now();
-  const auto poll_stop = began + (dedicated ? options.poll_before_sleep : options.poll_before_sleep / 4);
+  const auto poll_stop = began + support::poll_window(options.poll_before_sleep, dedicated);
   // Hot polling (no yield) while the spin gate says it pays.
   const bool hot = dedicated && spin.open();
   bool warned = false, missed = false;
