@@ -84,6 +84,28 @@ class Environment(unittest.TestCase):
         self.assertEqual(sorted(out.splitlines()),
                          ["[0] 10.1.2.3 29999 from-the-caller", "[1] 10.1.2.3 29999 from-the-caller"])
 
+    def test_chosen_port_stays_reserved_for_the_store(self):
+        # While the job runs, nothing else may bind MASTER_PORT, yet rank 0's store
+        # (SO_REUSEADDR, as support/asio.hpp's listen) can listen there and be reached.
+        program = """if 1:
+            import os, socket
+            port = int(os.environ["MASTER_PORT"])
+            other = socket.socket()
+            try:
+                other.bind(("127.0.0.1", port))
+                print("taken by another program")
+            except OSError:
+                print("refused to another program")
+            store = socket.socket()
+            store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            store.bind(("127.0.0.1", port))
+            store.listen()
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            print("store listens")
+        """
+        code, out, err, _ = run("-n", "1", "--no-prefix", sys.executable, "-c", program)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.splitlines(), ["refused to another program", "store listens"])
 
 class Output(unittest.TestCase):
     def test_prefixes_keep_stdout_and_stderr_apart(self):

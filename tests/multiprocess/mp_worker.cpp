@@ -479,6 +479,30 @@ void mismatch(comm_type& comm, const std::string& kind) {
   }
 }
 
+// Rank 1 fails (an abort) while rank 0 computes for 300 ms without calling the
+// transport, then exits at once. Rank 0 must still learn why, not only that rank 1 left
+// (UCX: the aborting rank waits, up to a second, for its peers to answer the abort).
+template <class Transport>
+void abort_heard(Transport& t) {
+  using namespace std::chrono;
+  if constexpr (!requires { t.fail(gw::errc::mismatch, std::string()); }) {
+    throw std::runtime_error("abort-heard: this transport cannot fail a rank on purpose");
+  } else if (t.rank() == 1) {
+    const auto began = steady_clock::now();
+    t.fail(gw::errc::mismatch, "a reason only rank 1 knows");
+    std::printf("rank 1: PASS abort sent in %.3f s\n", duration<double>(steady_clock::now() - began).count());
+    std::fflush(stdout);
+    std::_Exit(0);  // no goodbye, no destructors: as abrupt as an exit gets
+  }
+  if (t.rank() != 0) return;
+  std::this_thread::sleep_for(milliseconds(300));  // busy, not in the transport
+  std::vector<std::byte> nothing(4);
+  expect_error(gw::errc::mismatch, {"rank 1 failed", "a reason only rank 1 knows"}, [&] {
+    auto r = t.async_recv(1, 1, nothing);
+    t.wait(r, gw::deadline_after(seconds(10)));
+  });
+}
+
 // Point-to-point corner cases of the TCP transport between ranks 0 and 1:
 // - a receive for a later, small message waited on before the receive of an earlier,
 //   large one (the large one is then taken into memory instead of blocking the stream);
@@ -715,6 +739,11 @@ int main(int argc, char** argv) {
       col::barrier(c);  // the ranks still agree after a withdrawn receive
       return 0;
     }
+    if (mode == "abort-heard") {
+      auto t = join();
+      abort_heard(t);
+      return 0;
+    }
     if (mode == "point-to-point") {
       auto t = join();
       point_to_point(t);
@@ -741,7 +770,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") kill_rank(comm, std::stoi(arg));
     else if (mode == "mismatch") mismatch(comm, arg);
     else {
-      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join|timeout|point-to-point|one-sided (UCX)\n");
+      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join|timeout|point-to-point|abort-heard|one-sided (UCX)\n");
       return 2;
     }
     col::barrier(comm);

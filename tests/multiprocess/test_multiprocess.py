@@ -6,6 +6,7 @@
 Every case bounds its own time: a hang fails the test instead of stalling CI.
 """
 import os
+import re
 import shutil
 import signal
 import socket
@@ -94,6 +95,15 @@ class Failures(unittest.TestCase):
                 for r in range(4):
                     self.expect(lines, r, "mismatch", "rank 1", *values)
                 self.assertLess(took, 30)
+
+    def test_aborting_rank_waits_until_a_busy_peer_heard_why(self):
+        status, lines, took, out = run(2, "abort-heard", keep_going=True, bound=60)
+        self.assertEqual(status, 0, out)
+        self.expect(lines, 0, "mismatch", "rank 1 failed", "a reason only rank 1 knows")
+        if "ucx" in os.path.basename(WORKER):  # it waited for rank 0's answer, at most a second
+            sent = float(re.search(r"abort sent in ([0-9.]+) s", " ".join(lines.get(1, []))).group(1))
+            self.assertGreater(sent, 0.2, out)
+            self.assertLess(sent, 1.5, out)
 
     def test_wrong_job_token_is_refused(self):
         status, lines, took, out = run(3, "wrong-token", "1", keep_going=True, bound=60)

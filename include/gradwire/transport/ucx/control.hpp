@@ -1,4 +1,4 @@
-// ucx's control messages: goodbye and abort (with the reason) as tagged messages with the control bit.
+// ucx's control messages: goodbye, abort (with the reason) and its answer, as tagged messages with the control bit.
 #pragma once
 
 #include <chrono>
@@ -45,10 +45,16 @@ inline void ucx_engine::on_control() {
   post_control_receive();
   if (peer < 0 || peer >= options.size) return;
   if (kind == ucx_control::goodbye) return on_goodbye(peer);
+  if (kind == ucx_control::abort_seen) {
+    peers[peer].saw_our_abort = true;
+    return;
+  }
   if (kind == ucx_control::abort) {
-    const std::string why = peer_failed_message(options.rank, peer, reason);
+    // Answered before anything here closes an endpoint (see ucx_control).
+    send_control(ucx_control::abort_seen, errc{}, {}, deadline_after(std::chrono::milliseconds(200)), peer);
     if (peers[peer].tolerated) return isolate(peer, tolerated_peer_failed_message(options.rank, peer, reason));
-    fail_everything(cause == errc::mismatch ? errc::mismatch : errc::peer_lost, why);
+    if (aborting) return;  // abort_all fails this rank with its own reason
+    fail_everything(cause == errc::mismatch ? errc::mismatch : errc::peer_lost, peer_failed_message(options.rank, peer, reason));
   }
 }
 
@@ -68,8 +74,9 @@ inline void ucx_engine::fail_receives_from(int peer) {
       withdraw(*op, errc::peer_lost, finished_message(peer));
 }
 
-// Sends one control message to every live peer and waits (briefly) until they left.
-inline void ucx_engine::send_control(ucx_control kind, errc cause, const std::string& text) {
+// Sends one control message to every live peer (or only to `only`) and waits, until
+// `until`, for the sends to complete and reach the peers.
+inline void ucx_engine::send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only) {
   std::vector<ucx_op> sends(peers.size());
   const std::uint32_t header[3] = {static_cast<std::uint32_t>(options.rank), static_cast<std::uint32_t>(kind),
                                    static_cast<std::uint32_t>(cause)};
@@ -78,7 +85,7 @@ inline void ucx_engine::send_control(ucx_control kind, errc cause, const std::st
   std::memcpy(payload.data() + sizeof header, text.data(), text.size());
   for (int r = 0; r < options.size; ++r) {
     auto& p = peers[r];
-    if (r == options.rank || !p.ep || !p.lost_reason.empty() || p.finished) continue;
+    if (r == options.rank || (only >= 0 && r != only) || !p.ep || !p.lost_reason.empty() || p.finished) continue;
     auto& op = sends[r];
     op.is_send = true;
     op.peer = r;
@@ -90,12 +97,26 @@ inline void ucx_engine::send_control(ucx_control kind, errc cause, const std::st
         ucp_tag_send_nbx(p.ep, payload.data(), payload.size(), ucx_tag::control(options.rank), &prm);
     if (UCS_PTR_IS_PTR(s)) op.request = s;
   }
-  const auto until = deadline_after(std::chrono::milliseconds(500));
   auto all_sent = [&] { return std::none_of(sends.begin(), sends.end(), [](const auto& o) { return o.request != nullptr; }); };
   while (!all_sent() && clock::now() < until)
     if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
   if (!all_sent()) close_endpoints();  // releases what is left, so `sends` may go
-  flush(deadline_after(std::chrono::milliseconds(500)));
+  flush(until);
+}
+
+// Progresses until every live peer answered this rank's abort, or broke, or `until`.
+inline void ucx_engine::await_abort_seen(deadline until) {
+  auto answered = [&] {
+    if (failed) return true;
+    for (int r = 0; r < options.size; ++r) {
+      const auto& p = peers[r];
+      if (r == options.rank || !p.ep || !p.lost_reason.empty() || p.finished) continue;
+      if (!p.saw_our_abort && !p.loss_pending) return false;
+    }
+    return true;
+  };
+  while (!answered() && clock::now() < until)
+    if (progress_once() == 0) std::this_thread::yield();
 }
 
 inline void ucx_engine::say_goodbye() {
@@ -103,12 +124,17 @@ inline void ucx_engine::say_goodbye() {
   said_goodbye = true;
   // Everything this rank sent arrives before its goodbye (see on_goodbye).
   flush(deadline_after(std::chrono::seconds(2)));
-  send_control(ucx_control::goodbye, errc{}, {});
+  send_control(ucx_control::goodbye, errc{}, {}, deadline_after(std::chrono::seconds(1)));
 }
 
 inline void ucx_engine::abort_all(errc cause, const std::string& reason) {
   if (failed) return;
-  send_control(ucx_control::abort, cause, reason.substr(0, max_control_bytes - 12));
+  // Within a second: the peers hear why before this rank goes on (and perhaps exits).
+  const auto until = deadline_after(std::chrono::seconds(1));
+  aborting = true;
+  send_control(ucx_control::abort, cause, reason.substr(0, max_control_bytes - 12), until);
+  await_abort_seen(until);
+  aborting = false;
   fail_everything(cause, rank_failed_message(options.rank, reason));
 }
 

@@ -120,7 +120,8 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void on_control();
   void on_goodbye(int peer);
   void fail_receives_from(int peer);
-  void send_control(ucx_control kind, errc cause, const std::string& text);
+  void send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only = -1);
+  void await_abort_seen(deadline until);
   void say_goodbye();
   void abort_all(errc cause, const std::string& reason);
 
@@ -156,6 +157,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   std::vector<ucx_peer> peers;
   std::vector<ucx_op*> in_flight;  // ops UCX holds a request for
   bool said_goodbye = false;
+  bool aborting = false;  // abort_all waits for the peers' abort_seen
   bool joining = true;  // only the join may use ucx_tag::join_tag
   // The standing receive for control messages, and what its callback saw.
   std::vector<std::byte> control_buffer;
