@@ -508,7 +508,9 @@ void abort_heard(Transport& t) {
 //   large one (the large one is then taken into memory instead of blocking the stream);
 // - a message whose size differs from its receive: an error for that receive, and the
 //   stream stays in step for the next message;
-// - large messages whose receives are posted long after they arrive (copied, and added).
+// - large messages whose receives are posted long after they arrive (copied, and added);
+// - a message added into place whose first part, read with an earlier one, ends inside
+//   an element (asio_tcp reads up to 64 KiB at a time and splits the stream anywhere).
 void point_to_point(transport_type& t) {
   const auto until = [] { return gw::deadline_after(std::chrono::seconds(30)); };
   std::vector<std::byte> large(1 << 20), small(4), big(8 << 20), after(16);
@@ -530,6 +532,15 @@ void point_to_point(transport_type& t) {
     auto s6 = t.async_send(0, 6, std::as_bytes(std::span<const float>(values)));
     t.wait(s5, until());
     t.wait(s6, until());
+    std::vector<std::byte> go(4), odd(13, std::byte{5});
+    auto r9 = t.async_recv(0, 9, go);
+    t.wait(r9, until());  // rank 0 is not reading now: 7 and 8 wait in its kernel together
+    std::vector<double> doubles(100000);
+    for (std::size_t i = 0; i < doubles.size(); ++i) doubles[i] = double(i % 777);
+    auto s7 = t.async_send(0, 7, odd);
+    auto s8 = t.async_send(0, 8, std::as_bytes(std::span<const double>(doubles)));
+    t.wait(s7, until());
+    t.wait(s8, until());
   } else if (t.rank() == 0) {
     auto r2 = t.async_recv(1, 2, small);
     t.wait(r2, until());  // waited first, though its message is behind the large one
@@ -556,23 +567,35 @@ void point_to_point(transport_type& t) {
     auto r5 = t.async_recv(1, 5, std::as_writable_bytes(std::span<float>(copied)));
     t.wait(r5, until());
     // Generic, so that the branch a transport lacks is discarded rather than compiled.
-    auto receive_added = [&](auto& tr) {
+    auto receive_added = [&](auto& tr, std::uint64_t tag, auto target) {
       using tr_type = std::remove_cvref_t<decltype(tr)>;
-      if constexpr (gw::concepts::accumulating_transport<tr_type, float>) {
-        auto r6 = tr.async_recv_accumulate(1, 6, std::span<float>(added));
-        tr.wait(r6, until());
+      using value = typename decltype(target)::element_type;
+      if constexpr (gw::concepts::accumulating_transport<tr_type, value>) {
+        auto r = tr.async_recv_accumulate(1, tag, target);
+        tr.wait(r, until());
       } else {
-        std::vector<float> in(added.size());
-        auto r6 = tr.async_recv(1, 6, std::as_writable_bytes(std::span<float>(in)));
-        tr.wait(r6, until());
-        for (std::size_t i = 0; i < in.size(); ++i) added[i] += in[i];
+        std::vector<value> in(target.size());
+        auto r = tr.async_recv(1, tag, std::as_writable_bytes(std::span<value>(in)));
+        tr.wait(r, until());
+        for (std::size_t i = 0; i < in.size(); ++i) target[i] += in[i];
       }
     };
-    receive_added(t);
+    receive_added(t, 6, std::span<float>(added));
     for (std::size_t i = 0; i < copied.size(); ++i) {
       if (copied[i] != float(i % 1000)) fail("large message received late, element " + std::to_string(i));
       if (double(added[i]) != double(i % 1000) + 0.5) fail("large message added late, element " + std::to_string(i));
     }
+    std::vector<std::byte> go(4), odd(13);
+    auto s9 = t.async_send(1, 9, go);
+    t.wait(s9, until());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // 13 bytes, then 800 KB, arrive
+    std::vector<double> sums(100000, 0.25);
+    auto r7 = t.async_recv(1, 7, odd);
+    receive_added(t, 8, std::span<double>(sums));
+    t.wait(r7, until());
+    if (odd != std::vector<std::byte>(13, std::byte{5})) fail("13-byte message");
+    for (std::size_t i = 0; i < sums.size(); ++i)
+      if (sums[i] != double(i % 777) + 0.25) fail("doubles added after a 13-byte message, element " + std::to_string(i));
   }
   std::printf("rank %d: PASS point-to-point\n", t.rank());
 }

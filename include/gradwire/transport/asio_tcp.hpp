@@ -6,9 +6,11 @@
 // time (the collectives' background thread, or the caller).
 //
 // Messages move without staging copies where the order of events allows: a send
-// writes the frame header and the caller's buffer with one gathered write; a receive
-// posted before its message arrives is read straight into the caller's buffer. A
-// message that arrives first is buffered if it is small (eager, up to eager_bytes);
+// writes the frame header and the caller's buffer with one gathered write. Each
+// connection reads what has arrived into a 64 KiB frame buffer, one read for all the
+// frames in it, and small messages are copied from there; the rest of a large message
+// whose receive is posted is read straight into the caller's buffer. A large
+// message that arrives first is buffered if it is not too large (eager, up to eager_bytes);
 // of a large one, the head (early_bytes) is read ahead into the link's early buffer and
 // the rest stays in the kernel until its receive is posted, then goes straight into
 // place. Later messages on that connection wait behind it. Reads and writes move as

@@ -99,13 +99,15 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
 
   // --- receive.hpp: the receive path ------------------------------------------
   void post_recv(tcp_op& op);
-  void read_header(tcp_link& link);
-  void on_header(tcp_link& link);
-  void read_payload_into(tcp_link& link, tcp_op& op);
+  void read_frames(tcp_link& link);
+  void on_frames(tcp_link& link);
+  bool accept_header(tcp_link& link, std::span<const std::byte> bytes);
+  bool on_buffered_frame(tcp_link& link, std::span<const std::byte> payload);
+  void on_large_frame(tcp_link& link);
   void read_ahead(tcp_link& link);
   void resume_parked(tcp_link& link, tcp_op& op);
   void read_in_place(tcp_link& link, std::size_t offset);
-  void read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc);
+  void read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc, std::size_t carried);
   void drain(tcp_link& link, std::size_t left);
   void read_eager(tcp_link& link);
   void on_eager(tcp_link& link, arrived_message m);
@@ -156,6 +158,11 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
 
   static constexpr std::size_t max_abort_bytes = std::size_t{64} << 10;
   static constexpr std::size_t max_status_bytes = 4096;
+  // Each link reads through a buffer of frame_buffer_bytes; a frame whose payload is at
+  // most buffered_payload_bytes is completed there (then copied into place), a longer
+  // one is read into place once the buffered part of it is (docs/perf/tcp.md).
+  static constexpr std::size_t frame_buffer_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t buffered_payload_bytes = std::size_t{16} << 10;
   asio_tcp_options options;
   std::uint64_t token;
   bool dedicated;           // every local rank can have a CPU

@@ -63,7 +63,7 @@ inline void tcp_engine::join() {
                                    " ms: did they start, with the same WORLD_SIZE and job token?");
   }
   for (auto& l : links)
-    if (l) read_header(*l);
+    if (l) read_frames(*l);
   start_watch();
 }
 
@@ -170,11 +170,12 @@ inline void tcp_engine::add_link(int peer, tcp::socket socket) {
   links[peer] = std::make_unique<tcp_link>(std::move(socket), peer);
   links[peer]->address = links[peer]->socket.remote_endpoint(ignored).address().to_string();
   links[peer]->status_out.state = status::done;
-  // The stage that chunked receives read through, allocated and touched now, not
-  // on the first step (first touch is slow on these machines).
-  // Allocated and touched once here: first touches are slow on these machines.
+  // The buffers a link reads through, allocated and touched now, not on the first step
+  // (first touch is slow on these machines). The early buffer also takes the part of a
+  // large frame that the frame buffer holds, so it is at least as large.
   links[peer]->stage.assign(std::max<std::size_t>(options.chunk_bytes, 1), std::byte{0});
-  links[peer]->early.assign(options.early_bytes, std::byte{0});
+  links[peer]->rx.assign(frame_buffer_bytes, std::byte{0});
+  links[peer]->early.assign(std::max(options.early_bytes, frame_buffer_bytes), std::byte{0});
 }
 
 }  // namespace gradwire::transport::detail

@@ -55,8 +55,9 @@ struct tcp_link {
   bool finished = false;  // the peer said goodbye: nothing more will arrive
   bool tolerated = false;  // losing this peer fails only its own operations (tolerate_loss)
   std::string lost_reason;  // why a tolerated peer was lost
-  // Reading side.
-  wire::header_bytes in_header{};
+  // Reading side: frames are read through rx; bytes [rx_begin, rx_end) are not yet handled.
+  std::vector<std::byte> rx;
+  std::size_t rx_begin = 0, rx_end = 0;
   wire::frame_header incoming;                   // header of the frame being read
   tcp_op* reading = nullptr;                     // receive whose payload is being read into place
   std::optional<arrived_message> reading_eager;  // or: eager payload being read

@@ -26,7 +26,8 @@ struct asio_tcp_options {
   std::chrono::milliseconds connect_timeout = default_timeout;
   // Unmatched messages up to this size are buffered on arrival. Of a larger one, the
   // first early_bytes are read ahead into the link's early buffer (allocated and
-  // pre-faulted once per link), so the sender's writes go on while its receive is not
+  // pre-faulted once per link, at least 64 KiB: the part of a frame that the frame
+  // buffer read goes there too), so the sender's writes go on while its receive is not
   // yet posted; the rest waits in the kernel until it is, then goes straight into place.
   std::size_t eager_bytes = std::size_t{256} << 10;
   std::size_t early_bytes = std::size_t{1} << 20;

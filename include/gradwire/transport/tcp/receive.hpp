@@ -1,4 +1,4 @@
-// asio_tcp's receive path: headers, payloads read into place, buffered (eager) or read ahead, chunked accumulation, matching by tag.
+// asio_tcp's receive path: frames read through a per-link buffer, large payloads read into place, buffered (eager) or read ahead, chunked accumulation, matching by tag.
 #pragma once
 
 #include <algorithm>
@@ -36,40 +36,121 @@ inline void tcp_engine::post_recv(tcp_op& op) {
   link.receives.push_back(&op);
 }
 
-inline void tcp_engine::read_header(tcp_link& link) {
-  boost::asio::async_read(link.socket, boost::asio::buffer(link.in_header),
-                          [this, &link](const boost::system::error_code& ec, std::size_t) {
-                            if (ec) return broken(link, ec);
-                            on_header(link);
-                          });
+// Reads what the kernel holds for this link, up to the frame buffer's free space, in one
+// system call, and handles every frame in it: a small message costs one read and one
+// handler, not one each for its header and its payload (docs/perf/tcp.md).
+inline void tcp_engine::read_frames(tcp_link& link) {
+  if (link.rx_begin == link.rx_end) link.rx_begin = link.rx_end = 0;
+  link.socket.async_read_some(
+      boost::asio::buffer(link.rx.data() + link.rx_end, link.rx.size() - link.rx_end),
+      [this, &link](const boost::system::error_code& ec, std::size_t n) {
+        if (ec) return broken(link, ec);
+        link.rx_end += n;
+        on_frames(link);
+      });
 }
 
-inline void tcp_engine::on_header(tcp_link& link) {
+// Handles the buffered frames in order. A whole frame is taken from the buffer; an
+// incomplete small one waits there for its rest; of an incomplete larger one, the
+// buffered bytes become the head of its payload (link.early) and the rest is read from
+// the socket as before (into place, into memory, or parked: on_large_frame).
+inline void tcp_engine::on_frames(tcp_link& link) {
+  for (;;) {
+    const std::size_t have = link.rx_end - link.rx_begin;
+    const std::byte* at = link.rx.data() + link.rx_begin;
+    if (have < wire::header_size) break;
+    if (!accept_header(link, {at, wire::header_size})) return;
+    if (link.incoming.kind == wire::frame_kind::goodbye) return on_goodbye(link);  // nothing follows it
+    const auto length = link.incoming.length;
+    const std::size_t payload = have - wire::header_size;
+    if (length <= payload) {
+      link.rx_begin += wire::header_size + static_cast<std::size_t>(length);
+      if (!on_buffered_frame(link, {at + wire::header_size, static_cast<std::size_t>(length)})) return;
+      continue;
+    }
+    if (length <= buffered_payload_bytes) break;  // its rest fits: read more into the buffer
+    std::memcpy(link.early.data(), at + wire::header_size, payload);
+    link.early_filled = payload;
+    link.rx_begin = link.rx_end = 0;
+    return on_large_frame(link);
+  }
+  // Keep the partial frame at the front, so that the next read can complete it.
+  const std::size_t have = link.rx_end - link.rx_begin;
+  if (link.rx_begin) std::memmove(link.rx.data(), link.rx.data() + link.rx_begin, have);
+  link.rx_begin = 0;
+  link.rx_end = have;
+  read_frames(link);
+}
+
+// Decodes and checks a frame's header into link.incoming; loses the link if it is bad.
+inline bool tcp_engine::accept_header(tcp_link& link, std::span<const std::byte> bytes) {
   const std::string who = "rank " + std::to_string(link.peer);
   try {
-    link.incoming = wire::decode(link.in_header, token, who);
+    link.incoming = wire::decode(bytes, token, who);
   } catch (const error& e) {
-    return lose(link, e.kind(), e.what());
+    lose(link, e.kind(), e.what());
+    return false;
   }
   const auto& h = link.incoming;
-  if (h.source != static_cast<std::uint32_t>(link.peer))
-    return lose(link, errc::protocol, who + " sent a frame claiming to come from rank " + std::to_string(h.source));
-  if (h.kind == wire::frame_kind::abort) {  // the reason follows, as text
-    if (h.length > max_abort_bytes) return lose(link, errc::protocol, who + " sent an oversized abort frame");
-    return read_eager(link);
+  if (h.source != static_cast<std::uint32_t>(link.peer)) {
+    lose(link, errc::protocol, who + " sent a frame claiming to come from rank " + std::to_string(h.source));
+    return false;
   }
-  if (h.kind == wire::frame_kind::goodbye) return on_goodbye(link);
-  if (h.kind == wire::frame_kind::status) {  // what the peer waits for follows
-    if (h.length > max_status_bytes) return lose(link, errc::protocol, who + " sent an oversized status frame");
-    return read_eager(link);
+  const bool known = h.kind == wire::frame_kind::data || h.kind == wire::frame_kind::abort ||
+                     h.kind == wire::frame_kind::status || h.kind == wire::frame_kind::goodbye;
+  if (!known) {
+    lose(link, errc::protocol, who + " sent an unexpected frame kind " + std::to_string(int(h.kind)));
+    return false;
   }
-  if (h.kind != wire::frame_kind::data)
-    return lose(link, errc::protocol, who + " sent an unexpected frame kind " + std::to_string(int(h.kind)));
+  if ((h.kind == wire::frame_kind::abort && h.length > max_abort_bytes) ||
+      (h.kind == wire::frame_kind::status && h.length > max_status_bytes)) {
+    lose(link, errc::protocol, who + " sent an oversized " + (h.kind == wire::frame_kind::abort ? "abort" : "status") +
+                                   " frame");
+    return false;
+  }
+  return true;
+}
+
+// A whole frame (link.incoming) whose payload is in the frame buffer. Returns whether
+// the link reads on.
+inline bool tcp_engine::on_buffered_frame(tcp_link& link, std::span<const std::byte> payload) {
+  const auto kind = link.incoming.kind;
+  try {
+    wire::check_payload(link.incoming, payload, "rank " + std::to_string(link.peer));
+  } catch (const error& e) {
+    lose(link, e.kind(), e.what());
+    return false;
+  }
+  if (kind == wire::frame_kind::abort) {
+    on_abort(link, std::string(reinterpret_cast<const char*>(payload.data()), payload.size()));
+    return false;
+  }
+  if (kind == wire::frame_kind::status) return on_status(link, payload);
+  for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
+    if ((*it)->tag == link.incoming.tag) {
+      tcp_op& op = **it;
+      link.receives.erase(it);
+      deliver(op, payload);
+      return link.alive;
+    }
+  arrived_message m;
+  m.tag = link.incoming.tag;
+  m.payload = take_buffer(payload.size());
+  if (!payload.empty()) std::memcpy(m.payload.data(), payload.data(), payload.size());
+  link.arrived.push_back(std::move(m));
+  return true;
+}
+
+// A frame longer than the buffer holds; its first link.early_filled payload bytes are in
+// link.early.
+inline void tcp_engine::on_large_frame(tcp_link& link) {
+  const auto& h = link.incoming;
+  if (h.kind != wire::frame_kind::data) return read_eager(link);  // an abort or status frame's text
   for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
     if ((*it)->tag == h.tag) {
       tcp_op& op = **it;
       link.receives.erase(it);
-      return read_payload_into(link, op);
+      return resume_parked(link, op);
     }
   // Small, or large while a receive for a later message already waits on this link
   // (its bytes are behind this one): into memory. Otherwise its head is read ahead into
@@ -81,15 +162,15 @@ inline void tcp_engine::on_header(tcp_link& link) {
   read_ahead(link);
 }
 
-// Reads the head of the parked message (up to early_bytes) into link.early. When it
+// Reads the rest of the parked message's head (up to early_bytes) into link.early. When it
 // lands, a receive posted meanwhile takes the message, or a wait that needs the stream
 // beyond it (evict) takes it into memory; otherwise it stays parked with its head here.
 inline void tcp_engine::read_ahead(tcp_link& link) {
-  link.early_filled = 0;
+  const std::size_t have = link.early_filled;  // from the frame buffer
   const std::size_t head = std::min<std::size_t>(link.early.size(), link.incoming.length);
-  if (head == 0) return;
+  if (head <= have) return;
   link.early_reading = true;
-  boost::asio::async_read(link.socket, boost::asio::buffer(link.early.data(), head), whole_message,
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.early.data() + have, head - have), whole_message,
                           [this, &link, head](const boost::system::error_code& ec, std::size_t) {
                             link.early_reading = false;
                             if (ec) return broken(link, ec);
@@ -113,24 +194,18 @@ inline void tcp_engine::resume_parked(tcp_link& link, tcp_op& op) {
   }
   op.state = status::active;
   link.reading = &op;
-  if (head) op.deliver(op.data, link.early.data(), head);
   if (op.deliver != deliver_copy) {
+    // Added in whole elements: a head that ends inside one (the frame buffer holds what
+    // one read returned) leaves its last bytes to the stage, before the next chunk.
+    const std::size_t whole = head / 16 * 16, carried = head - whole;
+    if (whole) op.deliver(op.data, link.early.data(), whole);
+    if (carried) std::memcpy(link.stage.data(), link.early.data() + whole, carried);
     const std::uint32_t crc =
         (link.incoming.flags & wire::payload_checksummed) ? wire::crc32c({link.early.data(), head}, 0) : 0;
-    return read_accumulating(link, head, crc);
+    return read_accumulating(link, whole, crc, carried);
   }
+  if (head) op.deliver(op.data, link.early.data(), head);
   read_in_place(link, head);
-}
-
-inline void tcp_engine::read_payload_into(tcp_link& link, tcp_op& op) {
-  if (op.bytes != link.incoming.length) {
-    fail_size(op, link.incoming.length);
-    return drain(link, static_cast<std::size_t>(link.incoming.length));  // keeps the stream in step
-  }
-  op.state = status::active;
-  link.reading = &op;
-  if (op.deliver != deliver_copy) return read_accumulating(link, 0, 0);
-  read_in_place(link, 0);
 }
 
 // Reads link.reading's payload from byte `offset` on straight into place, then checks
@@ -151,23 +226,24 @@ inline void tcp_engine::read_in_place(tcp_link& link, std::size_t offset) {
                                 return lose(link, e.kind(), e.what());
                               }
                             }
-                            read_header(link);
+                            read_frames(link);
                           });
 }
 
 // Reads link.reading's payload through the link's stage in chunks, adding each into
-// place as it lands, from byte `offset` on; `crc` carries the payload checksum so far.
-inline void tcp_engine::read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc) {
+// place as it lands, from byte `offset` on; the stage's first `carried` bytes (fewer than
+// 16) were read already. `crc` carries the payload checksum of every byte read so far.
+inline void tcp_engine::read_accumulating(tcp_link& link, std::size_t offset, std::uint32_t crc, std::size_t carried) {
   tcp_op& op = *link.reading;
   const std::size_t chunk = std::min(link.stage.size(), op.bytes - offset);
-  auto on_chunk = [this, &link, offset, crc, chunk](const boost::system::error_code& ec, std::size_t) {
+  auto on_chunk = [this, &link, offset, crc, chunk, carried](const boost::system::error_code& ec, std::size_t) {
     if (ec) return broken(link, ec);
     tcp_op* op = link.reading;
     if (!op) return;  // withdrawn mid-message: the connection is being closed
-    const std::span<const std::byte> piece(link.stage.data(), chunk);
-    const std::uint32_t sum = (link.incoming.flags & wire::payload_checksummed) ? wire::crc32c(piece, crc) : crc;
-    if (chunk) op->deliver(op->data + offset, piece.data(), chunk);
-    if (offset + chunk < op->bytes) return read_accumulating(link, offset + chunk, sum);
+    const std::span<const std::byte> fresh(link.stage.data() + carried, chunk - carried);
+    const std::uint32_t sum = (link.incoming.flags & wire::payload_checksummed) ? wire::crc32c(fresh, crc) : crc;
+    if (chunk) op->deliver(op->data + offset, link.stage.data(), chunk);
+    if (offset + chunk < op->bytes) return read_accumulating(link, offset + chunk, sum, 0);
     link.reading = nullptr;
     if ((link.incoming.flags & wire::payload_checksummed) && sum != link.incoming.payload_crc) {
       const std::string why = "corrupt payload from rank " + std::to_string(link.peer) + " (tag " +
@@ -176,15 +252,16 @@ inline void tcp_engine::read_accumulating(tcp_link& link, std::size_t offset, st
       return lose(link, errc::protocol, why);
     }
     op->finish();
-    read_header(link);
+    read_frames(link);
   };
-  if (chunk == 0) return on_chunk({}, 0);
-  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk), whole_message, on_chunk);
+  if (chunk == carried) return on_chunk({}, 0);
+  boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data() + carried, chunk - carried),
+                          whole_message, on_chunk);
 }
 
 // Reads and drops `left` payload bytes through the stage, then the next header.
 inline void tcp_engine::drain(tcp_link& link, std::size_t left) {
-  if (left == 0) return read_header(link);
+  if (left == 0) return read_frames(link);
   const std::size_t chunk = std::min(link.stage.size(), left);
   boost::asio::async_read(link.socket, boost::asio::buffer(link.stage.data(), chunk), whole_message,
                           [this, &link, left, chunk](const boost::system::error_code& ec, std::size_t) {
@@ -218,11 +295,11 @@ inline void tcp_engine::read_eager(tcp_link& link) {
                             if (link.incoming.kind == wire::frame_kind::status) {
                               const bool fine = on_status(link, m.payload);
                               give_back(std::move(m.payload));
-                              if (fine) read_header(link);
+                              if (fine) read_frames(link);
                               return;
                             }
                             on_eager(link, std::move(m));
-                            read_header(link);
+                            read_frames(link);
                           });
 }
 
