@@ -24,8 +24,9 @@ struct asio_tcp_options {
   std::uint16_t listen_port = 0;  // 0: any free port (published through the store)
   // The whole join (store, listening, connecting to every peer) must finish within this.
   std::chrono::milliseconds connect_timeout = default_timeout;
-  // Unmatched messages up to this size are buffered on arrival. Of a larger one, the
-  // first early_bytes are read ahead into the link's early buffer (allocated and
+  // Unmatched messages up to this size are buffered on arrival (so are any of at most
+  // 16 KiB, and any that one read of the 64 KiB frame buffer took whole). Of a larger
+  // one, the first early_bytes are read ahead into the link's early buffer (allocated and
   // pre-faulted once per link, at least 64 KiB: the part of a frame that the frame
   // buffer read goes there too), so the sender's writes go on while its receive is not
   // yet posted; the rest waits in the kernel until it is, then goes straight into place.

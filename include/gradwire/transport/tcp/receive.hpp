@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <boost/asio/read.hpp>
 #include <span>
@@ -130,7 +131,16 @@ inline bool tcp_engine::on_buffered_frame(tcp_link& link, std::span<const std::b
     if ((*it)->tag == link.incoming.tag) {
       tcp_op& op = **it;
       link.receives.erase(it);
-      deliver(op, payload);
+      if (op.deliver != deliver_copy && reinterpret_cast<std::uintptr_t>(payload.data()) % 16 != 0) {
+        // The add reads whole elements: a payload behind a frame of odd length is not
+        // aligned for them, so it is added from aligned memory.
+        std::vector<std::byte> aligned = take_buffer(payload.size());
+        std::memcpy(aligned.data(), payload.data(), payload.size());
+        deliver(op, aligned);
+        give_back(std::move(aligned));
+      } else {
+        deliver(op, payload);
+      }
       return link.alive;
     }
   arrived_message m;
@@ -152,8 +162,8 @@ inline void tcp_engine::on_large_frame(tcp_link& link) {
       link.receives.erase(it);
       return resume_parked(link, op);
     }
-  // Small, or large while a receive for a later message already waits on this link
-  // (its bytes are behind this one): into memory. Otherwise its head is read ahead into
+  // Up to eager_bytes, or larger while a receive for a later message already waits on this
+  // link (its bytes are behind this one): into memory. Otherwise its head is read ahead into
   // the link's early buffer and the rest stays in the kernel until its receive is posted
   // (post_recv) or another one is waited for (wait.hpp): bounded memory per link, and
   // the sender is not held up by a receiver that is a little behind.
