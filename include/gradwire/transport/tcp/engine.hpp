@@ -113,6 +113,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void on_eager(tcp_link& link, arrived_message m);
   std::vector<std::byte> take_buffer(std::size_t bytes);
   void give_back(std::vector<std::byte> b);
+  tcp_op* take_receive(tcp_link& link, std::uint64_t tag);
   void deliver(tcp_op& op, std::span<const std::byte> payload);
   void fail_size(tcp_op& op, std::uint64_t sent);
   void receive_from_self(tcp_op& op);

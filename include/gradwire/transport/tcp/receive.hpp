@@ -127,22 +127,10 @@ inline bool tcp_engine::on_buffered_frame(tcp_link& link, std::span<const std::b
     return false;
   }
   if (kind == wire::frame_kind::status) return on_status(link, payload);
-  for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
-    if ((*it)->tag == link.incoming.tag) {
-      tcp_op& op = **it;
-      link.receives.erase(it);
-      if (op.deliver != deliver_copy && reinterpret_cast<std::uintptr_t>(payload.data()) % 16 != 0) {
-        // The add reads whole elements: a payload behind a frame of odd length is not
-        // aligned for them, so it is added from aligned memory.
-        std::vector<std::byte> aligned = take_buffer(payload.size());
-        std::memcpy(aligned.data(), payload.data(), payload.size());
-        deliver(op, aligned);
-        give_back(std::move(aligned));
-      } else {
-        deliver(op, payload);
-      }
-      return link.alive;
-    }
+  if (tcp_op* op = take_receive(link, link.incoming.tag)) {
+    deliver(*op, payload);
+    return link.alive;
+  }
   arrived_message m;
   m.tag = link.incoming.tag;
   m.payload = take_buffer(payload.size());
@@ -156,12 +144,7 @@ inline bool tcp_engine::on_buffered_frame(tcp_link& link, std::span<const std::b
 inline void tcp_engine::on_large_frame(tcp_link& link) {
   const auto& h = link.incoming;
   if (h.kind != wire::frame_kind::data) return read_eager(link);  // an abort or status frame's text
-  for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
-    if ((*it)->tag == h.tag) {
-      tcp_op& op = **it;
-      link.receives.erase(it);
-      return resume_parked(link, op);
-    }
+  if (tcp_op* op = take_receive(link, h.tag)) return resume_parked(link, *op);
   // Up to eager_bytes, or larger while a receive for a later message already waits on this
   // link (its bytes are behind this one): into memory. Otherwise its head is read ahead into
   // the link's early buffer and the rest stays in the kernel until its receive is posted
@@ -315,13 +298,10 @@ inline void tcp_engine::read_eager(tcp_link& link) {
 
 inline void tcp_engine::on_eager(tcp_link& link, arrived_message m) {
   // A receive posted while the payload was being read takes it now.
-  for (auto it = link.receives.begin(); it != link.receives.end(); ++it)
-    if ((*it)->tag == m.tag) {
-      tcp_op& op = **it;
-      link.receives.erase(it);
-      deliver(op, m.payload);
-      return give_back(std::move(m.payload));
-    }
+  if (tcp_op* op = take_receive(link, m.tag)) {
+    deliver(*op, m.payload);
+    return give_back(std::move(m.payload));
+  }
   link.arrived.push_back(std::move(m));
 }
 
@@ -340,8 +320,26 @@ inline void tcp_engine::give_back(std::vector<std::byte> b) {
   if (spare_buffers.size() < 16 && b.capacity() <= options.eager_bytes) spare_buffers.push_back(std::move(b));
 }
 
+// The first posted receive for `tag` on the link, taken off its queue (nullptr if none).
+inline tcp_op* tcp_engine::take_receive(tcp_link& link, std::uint64_t tag) {
+  const auto it = std::find_if(link.receives.begin(), link.receives.end(), [tag](const tcp_op* op) { return op->tag == tag; });
+  if (it == link.receives.end()) return nullptr;
+  tcp_op* op = *it;
+  link.receives.erase(it);
+  return op;
+}
+
 inline void tcp_engine::deliver(tcp_op& op, std::span<const std::byte> payload) {
   if (payload.size() != op.bytes) return fail_size(op, payload.size());
+  if (op.deliver != deliver_copy && reinterpret_cast<std::uintptr_t>(payload.data()) % 16 != 0) {
+    // The add reads whole elements: a payload in the frame buffer behind a frame of odd
+    // length is not aligned for them, so it is added from aligned memory.
+    std::vector<std::byte> aligned = take_buffer(payload.size());
+    std::memcpy(aligned.data(), payload.data(), payload.size());
+    op.deliver(op.data, aligned.data(), aligned.size());
+    give_back(std::move(aligned));
+    return op.finish();
+  }
   if (!payload.empty()) op.deliver(op.data, payload.data(), payload.size());
   op.finish();
 }

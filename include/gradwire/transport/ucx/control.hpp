@@ -74,6 +74,12 @@ inline void ucx_engine::fail_receives_from(int peer) {
       withdraw(*op, errc::peer_lost, finished_message(peer));
 }
 
+// A peer that control messages can still reach: connected, not lost, not finished.
+inline bool ucx_engine::listening(int r) const {
+  const auto& p = peers[r];
+  return r != options.rank && p.ep && p.lost_reason.empty() && !p.finished;
+}
+
 // Sends one control message to every live peer (or only to `only`) and waits, until
 // `until`, for the sends to complete and reach the peers.
 inline void ucx_engine::send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only) {
@@ -85,7 +91,7 @@ inline void ucx_engine::send_control(ucx_control kind, errc cause, const std::st
   std::memcpy(payload.data() + sizeof header, text.data(), text.size());
   for (int r = 0; r < options.size; ++r) {
     auto& p = peers[r];
-    if (r == options.rank || (only >= 0 && r != only) || !p.ep || !p.lost_reason.empty() || p.finished) continue;
+    if ((only >= 0 && r != only) || !listening(r)) continue;
     auto& op = sends[r];
     op.is_send = true;
     op.peer = r;
@@ -110,8 +116,7 @@ inline void ucx_engine::await_abort_seen(deadline until) {
     if (failed) return true;
     for (int r = 0; r < options.size; ++r) {
       const auto& p = peers[r];
-      if (r == options.rank || !p.ep || !p.lost_reason.empty() || p.finished) continue;
-      if (!p.saw_our_abort && !p.loss_pending) return false;
+      if (listening(r) && !p.saw_our_abort && !p.loss_pending) return false;
     }
     return true;
   };

@@ -121,6 +121,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void on_goodbye(int peer);
   void fail_receives_from(int peer);
   void send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only = -1);
+  bool listening(int peer) const;
   void await_abort_seen(deadline until);
   void say_goodbye();
   void abort_all(errc cause, const std::string& reason);
