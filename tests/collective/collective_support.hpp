@@ -75,6 +75,8 @@ std::size_t count_wrong(const std::vector<V>& got, const std::vector<double>& ex
 // scratch, the path every transport without concepts::accumulating_transport takes.
 struct staging_only {
   using request = transport::inproc::request;
+  // Pipelined like inproc: the ring's staged path is tested segment by segment too.
+  static constexpr std::size_t ring_segment_bytes = transport::inproc::ring_segment_bytes;
   transport::inproc inner;
   int rank() const { return inner.rank(); }
   int size() const { return inner.size(); }

@@ -1,6 +1,7 @@
 // reduce onto every root against float64 serial references, for 1..8 ranks and awkward sizes; mismatches.
 #include <catch2/catch.hpp>
 
+#include <gradwire/collective/barrier.hpp>
 #include <gradwire/collective/reduce.hpp>
 #include <gradwire/transport/inproc.hpp>
 #include <vector>
@@ -89,6 +90,9 @@ TEST_CASE("reduce with different roots or counts names both ranks") {
     auto out = gw::test::run_collect(ranks, {.timeout = 30s}, [&](auto& comm) {
       std::vector<float> v(comm.rank() == odd_one ? 99 : 100, 1.0f);
       gw::collective::reduce(comm, std::span<float>(v), 0);
+      // A leaf whose peers agreed may finish its part (its send is taken) before the
+      // root finds the mismatch; the job's failure then reaches it in its next call.
+      gw::collective::barrier(comm);
     });
     for (int r = 0; r < ranks; ++r) {
       CAPTURE(r, out[r].what);

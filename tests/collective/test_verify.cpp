@@ -2,11 +2,20 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <functional>
+#include <gradwire/collective/all_gather.hpp>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/barrier.hpp>
 #include <gradwire/collective/broadcast.hpp>
+#include <gradwire/collective/hierarchical_all_reduce.hpp>
+#include <gradwire/collective/one_shot_all_reduce.hpp>
+#include <gradwire/collective/reduce.hpp>
+#include <gradwire/collective/reduce_scatter.hpp>
+#include <gradwire/support/topology.hpp>
 #include <gradwire/transport/inproc.hpp>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace gw = gradwire;
@@ -129,4 +138,197 @@ TEST_CASE("a rank that skips a collective makes the others time out, within thei
   }
   REQUIRE(timeouts >= 1);
   REQUIRE_FALSE(raw[2]);
+}
+
+// --- The check rides beside the data: no collective waits for it before posting data ---
+
+namespace {
+
+// inproc that logs, per rank, each message it posts ('d' data, 'c' a check frame) and
+// each wait ('w'): a wait before the first data is posted is a round spent on the check.
+struct recording {
+  using request = gw::transport::inproc::request;
+  gw::transport::inproc inner;
+  std::string* log;
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  const gw::cluster::topology& topology() const { return inner.topology(); }
+  void fail(gw::errc cause, const std::string& reason) { inner.fail(cause, reason); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) {
+    note(tag);
+    return inner.async_send(peer, tag, b);
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) {
+    note(tag);
+    return inner.async_recv(peer, tag, b);
+  }
+  void wait(request& r, gw::deadline until) {
+    *log += 'w';
+    inner.wait(r, until);
+  }
+  void note(std::uint64_t tag) { *log += (tag & 0xffff) >= gw::collective::detail::verify_from_left ? 'c' : 'd'; }
+};
+
+using recorded_comm = gw::collective::communicator<recording>;
+
+struct collective_case {
+  const char* name;
+  std::size_t count;
+  std::function<void(recorded_comm&, std::span<float>)> run;
+};
+
+std::vector<collective_case> collective_cases(int ranks) {
+  namespace col = gw::collective;
+  // Above small_all_reduce_bytes: reduce takes the ring reduce-scatter + gather.
+  const std::size_t large = col::communicator_options{}.small_all_reduce_bytes / sizeof(float) + 5;
+  std::vector<collective_case> cases = {
+      {"broadcast from 0", 1000, [](auto& c, auto v) { col::broadcast(c, v, 0); }},
+      {"broadcast from the last rank", 1000, [](auto& c, auto v) { col::broadcast(c, v, c.size() - 1); }},
+      {"broadcast inside the check frame", 4, [](auto& c, auto v) { col::broadcast(c, v, 1 % c.size()); }},
+      {"reduce by tree", 1000, [](auto& c, auto v) { col::reduce(c, v, 0); }},
+      {"reduce by scatter-gather", large, [](auto& c, auto v) { col::reduce(c, v, c.size() / 2); }},
+      {"reduce_scatter", 1000, [](auto& c, auto v) { col::reduce_scatter(c, v); }},
+      {"all_gather", 1000, [](auto& c, auto v) { col::all_gather(c, v); }},
+      {"ring", 1000, [](auto& c, auto v) { col::all_reduce<col::ring>(c, v); }},
+      {"halving_doubling", 1000, [](auto& c, auto v) { col::all_reduce<col::halving_doubling>(c, v); }},
+      {"hierarchical", 1000, [](auto& c, auto v) { col::all_reduce<col::hierarchical>(c, v); }},
+  };
+  if (ranks <= col::one_shot_max_ranks) {
+    cases.push_back({"one_shot in the frames", 4, [](auto& c, auto v) { col::one_shot_all_reduce(c, v); }});
+    cases.push_back({"one_shot beside the frames", 1000, [](auto& c, auto v) { col::one_shot_all_reduce(c, v); }});
+  }
+  return cases;
+}
+
+// Ranks on two pretend hosts, alternating, so the hierarchical rings' peers are not ring
+// neighbours (far frames) where there are three or more ranks.
+gw::cluster::topology alternating_hosts(int ranks) {
+  std::vector<int> hosts;
+  for (int r = 0; r < ranks; ++r) hosts.push_back(r % 2);
+  return gw::cluster::topology(hosts);
+}
+
+}  // namespace
+
+TEST_CASE("every collective posts its first data before it waits for the call check: the check takes no round") {
+  const int ranks = GENERATE(2, 3, 4, 5, 8);
+  for (const auto& c : collective_cases(ranks)) {
+    CAPTURE(ranks, c.name);
+    std::vector<std::string> logs(static_cast<std::size_t>(ranks));
+    std::vector<std::vector<float>> data(static_cast<std::size_t>(ranks));
+    gw::transport::inproc_group group{alternating_hosts(ranks)};
+    auto raw = group.run([&](gw::transport::inproc t) {
+      const int me = t.rank();
+      recorded_comm comm(recording{t, &logs[me]}, {.timeout = 30s});
+      data[me].assign(c.count, 1.0f);
+      c.run(comm, std::span<float>(data[me]));
+    });
+    for (int r = 0; r < ranks; ++r) {
+      const std::string& log = logs[r];
+      CAPTURE(r, log);
+      REQUIRE_FALSE(raw[r]);
+      REQUIRE(log.find('c') < log.find('w'));  // the check is posted, and before any wait
+      // A rank whose data all comes in check frames posts none; every other posts data first.
+      if (log.find('d') != std::string::npos) REQUIRE(log.find('d') < log.find('w'));
+    }
+    // And the collective did its job (1 from every rank): the sum, or the root's data.
+    const std::string name = c.name;
+    if (name.rfind("broadcast", 0) == 0)
+      for (int r = 0; r < ranks; ++r) REQUIRE(data[r][0] == 1.0f);
+    else if (name == "ring" || name == "halving_doubling" || name == "hierarchical" || name.rfind("one_shot", 0) == 0)
+      for (int r = 0; r < ranks; ++r) REQUIRE(data[r].back() == float(ranks));
+  }
+}
+
+TEST_CASE("a verified barrier, and a broadcast that fits the check frame, send no more messages than unverified") {
+  for (const bool verify : {false, true}) {
+    CAPTURE(verify);
+    std::vector<gw::transport::traffic_counters> barrier_sent(2), broadcast_sent(2);
+    std::vector<float> got(2);
+    gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+      gw::collective::communicator comm(t, {.timeout = 30s, .verify = verify});
+      const int me = comm.rank();
+      auto before = comm.transport().traffic();
+      gw::collective::barrier(comm);
+      barrier_sent[me] = comm.transport().traffic() - before;
+      std::vector<float> v(16, me == 1 ? 7.0f : 0.0f);  // 64 bytes, from rank 1
+      before = comm.transport().traffic();
+      gw::collective::broadcast(comm, std::span<float>(v), 1);
+      broadcast_sent[me] = comm.transport().traffic() - before;
+      got[me] = v[15];
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      REQUIRE(barrier_sent[r].messages_sent == 1);  // verified: the check frame is the barrier's message
+      REQUIRE(got[r] == 7.0f);
+    }
+    REQUIRE(broadcast_sent[1].messages_sent == 1);                   // the root: its data, in its frame when verified
+    REQUIRE(broadcast_sent[0].messages_sent == (verify ? 1u : 0u));  // the leaf: its check frame
+  }
+}
+
+namespace {
+// inproc whose rank reports its failure to the others only after 300 ms: a rank that
+// found a mismatch then cannot tell the rest before they have exchanged data, so each
+// rank shows what its own checks found.
+struct slow_to_report {
+  using request = gw::transport::inproc::request;
+  gw::transport::inproc inner;
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  const gw::cluster::topology& topology() const { return inner.topology(); }
+  void fail(gw::errc cause, const std::string& reason) {
+    std::this_thread::sleep_for(300ms);
+    inner.fail(cause, reason);
+  }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) { return inner.async_send(peer, tag, b); }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) { return inner.async_recv(peer, tag, b); }
+  void wait(request& r, gw::deadline until) { inner.wait(r, until); }
+};
+}  // namespace
+
+TEST_CASE("a far peer that disagrees is reported as the calls' mismatch, never as a bare size mismatch") {
+  namespace col = gw::collective;
+  // Ranks 0-3 call with 300 elements, 4-7 with 301. Ranks 1, 2, 5 and 6 agree with both
+  // ring neighbours but exchange data with a rank of the other half: halving-doubling's
+  // first partner (distance 4), the trees rooted at rank 1 (rank 5 is its child),
+  // one-shot's every peer, the hierarchical host rings on alternating hosts (2 and 4).
+  // Without far frames those ranks saw a bare size mismatch unless a boundary rank's
+  // report overtook the data (slow_to_report makes sure it does not).
+  using comm_type = gw::collective::communicator<slow_to_report>;
+  const std::vector<std::pair<const char*, std::function<void(comm_type&, std::span<float>)>>> cases = {
+      {"broadcast", [](auto& c, auto v) { col::broadcast(c, v, 1); }},
+      {"reduce", [](auto& c, auto v) { col::reduce(c, v, 1); }},
+      {"halving_doubling", [](auto& c, auto v) { col::all_reduce<col::halving_doubling>(c, v); }},
+      {"hierarchical", [](auto& c, auto v) { col::all_reduce<col::hierarchical>(c, v); }},
+      {"one_shot", [](auto& c, auto v) { col::one_shot_all_reduce(c, v); }}};
+  const int ranks = 8;
+  for (const auto& [name, run] : cases) {
+    CAPTURE(name);
+    gw::transport::inproc_group group{alternating_hosts(ranks)};
+    auto raw = group.run([&](gw::transport::inproc t) {
+      comm_type comm(slow_to_report{t}, {.timeout = 30s});
+      std::vector<float> v(comm.rank() < ranks / 2 ? 300 : 301, 1.0f);
+      run(comm, std::span<float>(v));
+    });
+    // A rank whose own exchanges all agreed may finish before the report reaches it;
+    // every rank that fails names both calls, and ranks of both halves fail.
+    int failed_low = 0, failed_high = 0;
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      if (!raw[r]) continue;
+      (r < ranks / 2 ? failed_low : failed_high) += 1;
+      try {
+        std::rethrow_exception(raw[r]);
+      } catch (const gw::error& e) {
+        const std::string what = e.what();
+        CAPTURE(what);
+        REQUIRE(e.kind() == gw::errc::mismatch);
+        REQUIRE_THAT(what, Catch::Contains("collective mismatch") && Catch::Contains("count=301") &&
+                               Catch::Contains("count=300"));
+      }
+    }
+    REQUIRE(failed_low > 0);
+    REQUIRE(failed_high > 0);
+  }
 }

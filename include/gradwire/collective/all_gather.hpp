@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -21,10 +22,12 @@ template <class Tr, class V>
 void all_gather(communicator<Tr>& comm, std::span<V> data) {
   auto trace = comm.trace("all_gather", data.size_bytes());
   const std::uint64_t sequence = comm.begin_operation();
-  verify_same_call(comm, sequence, {operation::all_gather, 0, data.size(), dtype_of_v<V>});
-  if (comm.size() == 1 || data.empty()) return;
+  std::optional<call_check<Tr>> check;  // settled beside the first data step (verify.hpp)
+  post_call_check(check, comm, sequence, {operation::all_gather, 0, data.size(), dtype_of_v<V>});
+  if (comm.size() == 1 || data.empty()) return settle_call_check(check);
   std::uint32_t step = 0;
-  detail::ring_all_gather(comm, sequence, step, data);
+  detail::ring_all_gather(comm, sequence, step, data, &check);
+  settle_call_check(check);  // settled in the first step already; no path returns with it posted
 }
 
 // Copies `mine` into this rank's chunk of `out` (unless it is already there), then

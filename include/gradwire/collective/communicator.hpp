@@ -24,7 +24,7 @@ struct communicator_options {
   // or GRADWIRE_STEP_TIMEOUT seconds when set: see gradwire::step_timeout()).
   std::chrono::milliseconds timeout = default_timeout;
   // Check that all ranks entered the same collective with the same count and dtype
-  // (one small exchange with each ring neighbour per call).
+  // (small descriptor frames beside each call's first data, no round trip: verify.hpp).
   bool verify = true;
   // all_reduce<auto_> runs the one-shot exchange (one round: every rank sends its buffer
   // to every other, one_shot_all_reduce.hpp) over at most one_shot_max_ranks ranks on one

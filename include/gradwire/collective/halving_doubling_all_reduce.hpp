@@ -1,6 +1,8 @@
 // Recursive halving-doubling all-reduce (Rabenseifner): 2 log2 N steps, for small and mid-size messages.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -30,21 +32,28 @@ namespace gradwire::collective {
 template <class Tr, class V>
 void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   const std::uint64_t sequence = comm.begin_operation();
-  // The call check rides beside the first halving step when that partner is a ring
-  // neighbour (N <= 3): its frame then arrives ahead of its data on the same link, so a
-  // disagreeing partner is reported by its call, not as a bare size mismatch. Otherwise
-  // (a partner across the ring, ranks that fold) it is settled first, a round of its own.
+  // The call check rides beside the first data (verify.hpp): partners beyond the ring
+  // neighbours (every halving and doubling partner for N >= 4) get far frames.
+  const int n = comm.size(), me = comm.rank();
+  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n))), extra = n - p;
+  const bool folded = me < 2 * extra && me % 2 == 0, folds_in = me < 2 * extra && me % 2 == 1;
+  // Rank among the P that take part, and back.
+  const int virt = me < 2 * extra ? me / 2 : me - extra;
+  auto real = [extra](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+  std::array<int, 32> partners{};
+  std::size_t partner_count = 0;
+  if (!folded)
+    for (int mask = p / 2; mask >= 1; mask >>= 1) partners[partner_count++] = real(virt ^ mask);
+  const std::span<const int> far(partners.data(), partner_count);
   std::optional<call_check<Tr>> check;
   post_call_check(check, comm, sequence,
                   {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                   algorithm_id::halving_doubling});
-  const int n = comm.size(), me = comm.rank();
+                   algorithm_id::halving_doubling},
+                  far);
   if (n == 1 || data.empty()) return settle_call_check(check);
-  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n))), extra = n - p;
   const auto rounds = static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(p)));
   // Tag steps: 0 fold, 1..rounds halving, rounds+1..2 rounds doubling, 2 rounds+1 unfold.
   const auto fold_tag = make_tag(sequence, 0), unfold_tag = make_tag(sequence, 2 * rounds + 1);
-  const bool folds_in = me < 2 * extra && me % 2 == 1;
   const detail::chunking chunks{data.size(), static_cast<std::size_t>(p)};
   // Staging for transports that cannot add on delivery: the whole buffer for a rank that
   // takes a fold, else the largest half (the lower one; earlier chunks are longer).
@@ -52,16 +61,18 @@ void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, redu
   if constexpr (!concepts::accumulating_transport<Tr, V>)
     incoming = comm.template scratch<V>(folds_in ? data.size() : chunks.begin(static_cast<std::size_t>(p / 2)));
 
-  if (me < 2 * extra) settle_call_check(check);
-  if (me < 2 * extra && me % 2 == 0) {  // folded: hand the data over, get the result back
-    detail::send(comm, me + 1, fold_tag, std::span<const V>(data));
+  if (folded) {  // hand the data over, get the result back
+    auto handed = comm.transport().async_send(me + 1, fold_tag, std::as_bytes(std::span<const V>(data)));
+    settle_call_check(check);
+    comm.transport().wait(handed, comm.step_deadline());
     detail::recv(comm, me + 1, unfold_tag, data);
     return;
   }
-  if (folds_in) detail::recv_accumulate(comm, fold_tag, me - 1, data, incoming);
-  // Rank among the P that take part, and back.
-  const int virt = me < 2 * extra ? me / 2 : me - extra;
-  auto real = [extra](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+  if (folds_in) {
+    auto taken = detail::post_recv_accumulate(comm, fold_tag, me - 1, data, incoming);
+    settle_call_check(check);
+    detail::complete_accumulate(comm, taken, comm.step_deadline());
+  }
   auto range = [&](std::size_t lo, std::size_t hi) { return data.subspan(chunks.begin(lo), chunks.begin(hi) - chunks.begin(lo)); };
 
   // Reduce-scatter: this rank's range of chunks [lo, hi) halves every step, ending at chunk virt.
@@ -72,7 +83,6 @@ void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, redu
     const std::size_t mid = lo + static_cast<std::size_t>(mask);
     const bool upper = (virt & mask) != 0;
     const auto keep = upper ? range(mid, hi) : range(lo, mid), give = upper ? range(lo, mid) : range(mid, hi);
-    if (check && partner != check->left() && partner != check->right()) settle_call_check(check);
     if (check) {
       auto first = detail::post_exchange(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner,
                                          keep, true, incoming);

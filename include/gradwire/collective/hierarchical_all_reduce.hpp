@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -175,8 +176,11 @@ void hierarchical_program(const cluster::topology& topo, int me, std::span<V> da
 // done everywhere: no round waits on a later one. Segment k's
 // inter-host exchanges so travel while later segments' intra-host ones run. One segment:
 // one exchange at a time, the plain phases.
+// The call check is posted here, once the program is known (its peers beyond the ring
+// neighbours get far frames), and settled beside the first round's messages.
 template <class Tr, class V>
-void hierarchical_phases(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, reduce_op op) {
+void hierarchical_phases(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, reduce_op op,
+                         const call_descriptor& mine) {
   const cluster::topology& topo = comm.topology();
   const std::uint32_t per_segment = hierarchical_steps(topo.max_local_size(), topo.host_count());
   const int segments = hierarchical_segments(data.size_bytes(), per_segment);
@@ -186,6 +190,12 @@ void hierarchical_phases(communicator<Tr>& comm, std::uint64_t sequence, std::sp
   for (int k = 0; k < segments; ++k)
     hierarchical_program(topo, comm.rank(), data.subspan(cut.begin(k), cut.length(k)), k, per_segment, steps);
   std::stable_sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.round < b.round; });
+  std::optional<call_check<Tr>> check;
+  {
+    std::vector<int> peers;
+    for (const auto& s : steps) peers.push_back(s.to), peers.push_back(s.from);
+    post_call_check(check, comm, sequence, mine, peers);
+  }
 
   // Staging for transports that cannot add on delivery: a slice per segment, since each
   // segment may have a reduce in flight in the same round.
@@ -208,6 +218,7 @@ void hierarchical_phases(communicator<Tr>& comm, std::uint64_t sequence, std::sp
       posted.push_back(
           post_exchange(comm, make_tag(sequence, s.tag_step), s.to, s.out, s.from, s.in, s.reduce, staging));
     }
+    settle_call_check(check);  // the first round's messages are posted
     const deadline until = comm.step_deadline();
     for (std::size_t j = i; j < end; ++j) {
       complete_exchange(comm, posted[j - i], until);
@@ -217,6 +228,7 @@ void hierarchical_phases(communicator<Tr>& comm, std::uint64_t sequence, std::sp
     posted.clear();
     i = end;
   }
+  settle_call_check(check);  // settled in the first round already; no path returns with it posted
 }
 
 }  // namespace detail
@@ -235,14 +247,17 @@ bool has_hierarchy(const communicator<Tr>& comm) noexcept {
 template <class Tr, class V>
 void hierarchical_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   const std::uint64_t sequence = comm.begin_operation();
-  verify_same_call(comm, sequence,
-                   {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                    algorithm_id::hierarchical});
-  if (comm.size() == 1 || data.empty()) return;
-  if (has_hierarchy(comm))
-    detail::hierarchical_phases(comm, sequence, data, op);
-  else
-    detail::ring_all_reduce_phases(comm, sequence, data, op);
+  call_descriptor mine{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                       algorithm_id::hierarchical};
+  if (comm.size() == 1) return;
+  if (data.empty() || !has_hierarchy(comm)) {
+    mine.segments = static_cast<std::uint8_t>(detail::ring_segments_for(comm, std::span<const V>(data)));
+    std::optional<call_check<Tr>> check;  // settled beside the ring's first step (verify.hpp)
+    post_call_check(check, comm, sequence, mine);
+    if (!data.empty()) detail::ring_all_reduce_phases(comm, sequence, data, op, &check);
+    return settle_call_check(check);
+  }
+  detail::hierarchical_phases(comm, sequence, data, op, mine);
 }
 
 }  // namespace gradwire::collective

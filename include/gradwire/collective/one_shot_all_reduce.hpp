@@ -75,24 +75,37 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
 
   std::optional<call_check<Tr>> check;
   const bool inline_data = data.size_bytes() <= check_inline_bytes;
-  const call_descriptor mine{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                             algorithm_id::one_shot};
-  if (comm.options().verify)
-    check.emplace(comm, sequence, mine,
-                  inline_data ? std::as_bytes(std::span<const V>(slot(me))) : std::span<const std::byte>{});
+  // Every peer gets this rank's data: ranks beyond the two ring neighbours (N >= 4) are
+  // checked too (far frames), ahead of their data.
+  std::array<int, one_shot_max_ranks> everyone{};
+  for (int r = 0; r < n; ++r) everyone[static_cast<std::size_t>(r)] = r;
+  const std::span<const int> peers(everyone.data(), static_cast<std::size_t>(n));
+  post_call_check(check, comm, sequence,
+                  {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                   algorithm_id::one_shot},
+                  peers, inline_data ? std::as_bytes(std::span<const V>(slot(me))) : std::span<const std::byte>{});
   // Peers whose data comes in the check frames get no data message.
   auto in_frame = [&](int r) { return check && inline_data && (r == check->left() || r == check->right()); };
 
-  // Ranks beyond the two ring neighbours (N >= 4) are checked too, ahead of their data.
-  std::optional<far_call_check<Tr, one_shot_max_ranks>> far_check;
-  if (check) far_check.emplace(comm, sequence, mine, check->left(), check->right());
-
   auto& t = comm.transport();
 
+  // Two ranks, data not in the frames, a transport that adds on delivery: the peer's
+  // buffer is added straight into `data` as it arrives (a + b == b + a exactly in IEEE
+  // arithmetic, so both ranks still get the same bits); only the copy this rank sends from
+  // is made: two passes over the buffer instead of four.
+  constexpr bool adds_on_delivery = concepts::accumulating_transport<Tr, V>;
+  const bool fused = adds_on_delivery && n == 2 && !in_frame(1 - me);
   const auto tag = make_tag(sequence, detail::one_shot_step);
   std::array<typename Tr::request, one_shot_max_ranks> receives, sends;
-  for (int r = 0; r < n; ++r)
-    if (r != me && !in_frame(r)) receives[r] = t.async_recv(r, tag, std::as_writable_bytes(slot(r)));
+  for (int r = 0; r < n; ++r) {
+    if (r == me || in_frame(r)) continue;
+    if constexpr (adds_on_delivery)
+      if (fused) {
+        receives[r] = t.async_recv_accumulate(r, tag, data);
+        continue;
+      }
+    receives[r] = t.async_recv(r, tag, std::as_writable_bytes(slot(r)));
+  }
   for (int r = 0; r < n; ++r)
     if (r != me && !in_frame(r)) sends[r] = t.async_send(r, tag, std::as_bytes(std::span<const V>(slot(me))));
   if (check) {
@@ -104,13 +117,14 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
           std::memcpy(slot(r).data(), bytes.data(), bytes.size());
         }
   }
-  if (far_check) far_check->finish();
   const auto until = comm.step_deadline();
   for (int r = 0; r < n; ++r)
     if (r != me && !in_frame(r)) t.wait(receives[r], until), t.wait(sends[r], until);
 
-  std::copy_n(slot(0).data(), data.size(), data.data());
-  for (int r = 1; r < n; ++r) kernels::add(data.data(), slot(r).data(), data.size());
+  if (!fused) {
+    std::copy_n(slot(0).data(), data.size(), data.data());
+    for (int r = 1; r < n; ++r) kernels::add(data.data(), slot(r).data(), data.size());
+  }
   if (op == reduce_op::average) kernels::scale(data.data(), V(1) / V(n), data.size());
 }
 

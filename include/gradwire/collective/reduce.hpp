@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "../kernels/host.hpp"
 #include "chunking.hpp"
 #include "communicator.hpp"
+#include "detail/binomial_tree.hpp"
 #include "detail/exchange.hpp"
 #include "detail/ring.hpp"
 #include "verify.hpp"
@@ -23,28 +25,49 @@ namespace detail {
 // Binomial tree towards the root: ceil(log2 N) rounds; in round k, relative rank v with
 // bit k set sends its partial sum to v - 2^k and drops out, the others add what v + 2^k
 // sends. The root receives ceil(log2 N) whole buffers: latency-optimal, not bandwidth.
+// The call check (when posted) gets far frames with the tree peers beyond the ring
+// neighbours and is settled once the first message is posted.
 template <class Tr, class V>
-void tree_reduce(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, int root) {
+void tree_reduce(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, int root,
+                 std::optional<call_check<Tr>>& check, const call_descriptor& mine) {
   const int n = comm.size(), relative = (comm.rank() - root + n) % n;
+  const binomial_tree tree(n, comm.rank(), root);
+  const int parent = tree.parent();
+  post_call_check(check, comm, sequence, mine, tree.peers());
+
+  auto& t = comm.transport();
   std::span<V> incoming;
   if constexpr (!concepts::accumulating_transport<Tr, V>) incoming = comm.template scratch<V>(data.size());
   std::uint32_t step = 0;
   for (int mask = 1; mask < n; mask <<= 1, ++step) {
+    const auto tag = make_tag(sequence, step);
     if (relative & mask) {
-      send(comm, (relative - mask + root) % n, make_tag(sequence, step), std::span<const V>(data));
+      auto sent = t.async_send(parent, tag, std::as_bytes(std::span<const V>(data)));
+      settle_call_check(check);
+      t.wait(sent, comm.step_deadline());
       return;
     }
-    if (relative + mask < n) recv_accumulate(comm, make_tag(sequence, step), (relative + mask + root) % n, data, incoming);
+    if (relative + mask >= n) continue;
+    auto received = post_recv_accumulate(comm, tag, tree.rank_of(relative + mask), data, incoming);
+    settle_call_check(check);
+    complete_accumulate(comm, received, comm.step_deadline());
   }
+  settle_call_check(check);  // every rank posted a message above; no path returns with it posted
 }
 
 // Ring reduce-scatter, then every rank sends its reduced chunk straight into place on
 // the root: the root receives 2(N-1)/N of the buffer, independent of N.
+// The ring's call check (settled beside its first step) covers the gather too: the root
+// finishes the reduce-scatter only once every rank but its right neighbour (which it
+// checked itself) has settled its check, so by then every ring edge agreed.
 template <class Tr, class V>
-void scatter_gather_reduce(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, int root) {
+void scatter_gather_reduce(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, int root,
+                           std::optional<call_check<Tr>>& check, const call_descriptor& mine) {
   const int n = comm.size(), me = comm.rank();
+  post_call_check(check, comm, sequence, mine);
   std::uint32_t step = 0;
-  ring_reduce_scatter(comm, sequence, step, data, reduce_op::sum);
+  ring_reduce_scatter(comm, sequence, step, data, reduce_op::sum, &check);
+  settle_call_check(check);
   const chunking chunks{data.size(), static_cast<std::size_t>(n)};
   auto chunk = [&](int i) { return data.subspan(chunks.begin(i), chunks.length(i)); };
   const auto tag = make_tag(sequence, step);
@@ -83,15 +106,19 @@ void reduce(communicator<Tr>& comm, std::span<V> data, int root, reduce_op op = 
   const std::uint64_t sequence = comm.begin_operation();
   // The descriptor has one argument: the root in the high bits, then the algorithm (ranks
   // with different thresholds would exchange different messages), then the reduce_op.
-  verify_same_call(comm, sequence,
-                   {operation::reduce,
-                    (static_cast<std::uint32_t>(root) << 8) | (tree ? 0u : 0x80u) | static_cast<std::uint32_t>(op),
-                    data.size(), dtype_of_v<V>});
-  if (n == 1 || data.empty()) return;  // one rank: the sum and the average are the data
+  const call_descriptor mine{
+      operation::reduce, (static_cast<std::uint32_t>(root) << 8) | (tree ? 0u : 0x80u) | static_cast<std::uint32_t>(op),
+      data.size(), dtype_of_v<V>};
+  std::optional<call_check<Tr>> check;  // posted by the algorithm, beside its first data (verify.hpp)
+  if (n == 1) return;                   // one rank: the sum and the average are the data
+  if (data.empty()) {
+    post_call_check(check, comm, sequence, mine);
+    return settle_call_check(check);
+  }
   if (tree)
-    detail::tree_reduce(comm, sequence, data, root);
+    detail::tree_reduce(comm, sequence, data, root, check, mine);
   else
-    detail::scatter_gather_reduce(comm, sequence, data, root);
+    detail::scatter_gather_reduce(comm, sequence, data, root, check, mine);
   if (op == reduce_op::average && comm.rank() == root) kernels::scale(data.data(), V(1) / V(n), data.size());
 }
 

@@ -22,7 +22,8 @@ void ring_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = r
   std::optional<call_check<Tr>> check;  // settled beside the first data step (verify.hpp)
   post_call_check(check, comm, sequence,
                   {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                   algorithm_id::ring});
+                   algorithm_id::ring,
+                   static_cast<std::uint8_t>(detail::ring_segments_for(comm, std::span<const V>(data)))});
   if (comm.size() == 1 || data.empty()) return settle_call_check(check);  // one rank: the sum and the average are the data
   detail::ring_all_reduce_phases(comm, sequence, data, op, &check);
 }

@@ -2,13 +2,13 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "../error.hpp"
 #include "../tensor/dtype.hpp"
@@ -47,18 +47,21 @@ inline const char* name_of(algorithm_id a) noexcept {
   return "?";
 }
 
-// What a rank says it is doing; exchanged before the data when verification is on.
+// What a rank says it is doing; sent beside its first data when verification is on.
 struct call_descriptor {
   operation op{};
   std::uint32_t argument = 0;  // reduce_op for reductions, root for broadcast
   std::uint64_t count = 0;
   dtype type{};
   algorithm_id algorithm = algorithm_id::none;  // all_reduce only
-  std::uint8_t padding[6] = {};
+  // The ring's pipeline segments (detail/ring.hpp; 0 or 1: none): they follow from the
+  // transport type, and ranks that cut differently would exchange different messages.
+  std::uint8_t segments = 0;
+  std::uint8_t padding[5] = {};
 
   friend bool operator==(const call_descriptor& a, const call_descriptor& b) {
     return a.op == b.op && a.argument == b.argument && a.count == b.count && a.type == b.type &&
-           a.algorithm == b.algorithm;
+           a.algorithm == b.algorithm && a.segments == b.segments;
   }
 
   std::string to_string() const {
@@ -68,6 +71,7 @@ struct call_descriptor {
     if (op == operation::broadcast) s += ", root=" + std::to_string(argument);
     s += ")";
     if (algorithm != algorithm_id::none) s += std::string(" by ") + name_of(algorithm);
+    if (segments > 1) s += " in " + std::to_string(segments) + " segments";
     return s;
   }
 };
@@ -76,7 +80,7 @@ namespace detail {
 // Steps of an operation's tag space used by the check (data steps count up from 0).
 inline constexpr std::uint32_t verify_from_left = 0xfff0;
 inline constexpr std::uint32_t verify_from_right = 0xfff1;
-// From a rank that is not a ring neighbour (one-shot checks every peer it sends data to).
+// From a far peer: a rank beyond the ring neighbours that sends this rank data (call_check).
 inline constexpr std::uint32_t verify_from_far = 0xfff2;
 
 // Throws errc::mismatch naming both calls unless `theirs` (rank `peer`'s) equals `mine`;
@@ -108,21 +112,39 @@ void check_same_call(Tr& t, std::uint64_t sequence, int me, int peer, const call
 // and both calls, and transports that propagate a rank's failure (failable_transport)
 // fail the others with that same mismatch.
 //
+// Ranks beyond the two neighbours that an algorithm exchanges data with (a tree's
+// parent and children, halving-doubling's partners, one-shot's every peer, the
+// hierarchical rings) are its far peers: each such pair also exchanges descriptor-only
+// frames on verify_from_far, posted before the data and compared before any data is
+// waited for. So a far peer that disagrees about the count or dtype is reported as the
+// calls' mismatch naming both, on both sides, not as a bare size mismatch of the data
+// (which a transport reports to its sender as well as its receiver), and not only once a
+// neighbour's report comes round. (Ranks that disagree about the root or the algorithm
+// may list different far peers; a far frame waited for in vain then ends with the
+// mismatch a neighbour found and propagated, or at the deadline on a transport that
+// cannot propagate failures.)
+//
+// Without a round before the data, a rank whose own exchanges all agreed may complete
+// its part of a collective (a leaf of a tree whose parent took its message) before
+// another rank finds a mismatch; the failure then reaches it in its next call.
+//
 // Why frames and not a transport capability that prefixes a header to a data message:
 // the frame works over every transport as it is (inproc, asio_tcp, ucx, mpi, the
 // simulation), and a fixed-size frame always matches its receive, which a header glued
 // to data of a disagreeing size would not without new receive semantics in each
 // backend. The cost goes where latency lives:
-// - small data (one_shot_all_reduce, at most check_inline_bytes) rides inside the frame
-//   itself, so a verified tiny all-reduce on 2 ranks is one message each way, as an
-//   unverified one is (before: three each way);
-// - larger data: the frame is posted beside the first data message rather than in a
-//   round before it (call_check is constructed, the data posted, then finish() checks
-//   before any data is waited for), one extra small message per neighbour, no round trip.
-// The frame is waited for before any data so a disagreement is reported as the calls'
-// mismatch: a neighbour's frame travels ahead of its data on the same link.
+// - small data (one_shot_all_reduce, a small broadcast's first hop) rides inside the
+//   frame itself, so a verified tiny all-reduce on 2 ranks is one message each way, as
+//   an unverified one is (before: three each way);
+// - larger data: the frames are posted beside the first data messages rather than in a
+//   round before them (the check is constructed, the data posted, then finish() checks
+//   before any data is waited for): one extra small message per neighbour and far
+//   peer, no round trip. Every collective works this way.
+// The frames are waited for before any data so a disagreement is reported as the calls'
+// mismatch: a peer's frame travels ahead of its data on the same link.
 // Not movable: the transports hold its buffers.
-// 64 bytes: every collective pays two frames, so the frame is kept small (with 256 bytes
+// 64 bytes: every collective pays a frame to and from each neighbour (far frames carry
+// the descriptor only), so the frame is kept small (with 256 bytes
 // the tutorial's top-k at 1% density sent 12.5% of a dense all-reduce's bytes, frames
 // included, on a 1001-parameter model; with 64, under 10%).
 inline constexpr std::size_t check_inline_bytes = 64;
@@ -132,12 +154,18 @@ struct check_frame {
   std::byte data[check_inline_bytes];
 };
 
+// The peers an algorithm exchanges data with, either way: those that are not ring
+// neighbours (nor this rank) exchange far frames with it. Repeats are fine. The relation
+// must be symmetric: rank a lists b exactly when b lists a (it is for every algorithm
+// here, whose peers follow from the descriptor and the topology alone).
+using far_peers = std::span<const int>;
+
 template <class Tr>
 class call_check {
  public:
   // `inline_data` (at most check_inline_bytes) travels in the frames to both neighbours.
   call_check(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine,
-             std::span<const std::byte> inline_data = {})
+             std::span<const std::byte> inline_data = {}, far_peers far = {})
       : comm_(comm), sequence_(sequence) {
     const int n = comm.size(), me = comm.rank();
     left_ = (me + n - 1) % n;
@@ -157,6 +185,7 @@ class call_check {
     to_right_.emplace(t.async_send(right_, make_tag(sequence, detail::verify_from_left), mine_bytes));
     if (right_ != left_)
       to_left_.emplace(t.async_send(left_, make_tag(sequence, detail::verify_from_right), mine_bytes));
+    post_far(far);
   }
   call_check(const call_check&) = delete;
   call_check& operator=(const call_check&) = delete;
@@ -164,17 +193,23 @@ class call_check {
   void finish() {
     auto& t = comm_.transport();
     const auto until = comm_.step_deadline();
-    // Each neighbour's call is checked as soon as it arrives: a rank that fails withdraws
-    // its own pending operations, so waiting for both first could turn a mismatch into
-    // a lost peer.
+    // Each peer's call is checked as soon as it arrives: a rank that fails withdraws its
+    // own pending operations, so waiting for all first could turn a mismatch into a lost
+    // peer. Neighbours first: every collective has them, so a rank in another collective
+    // is reported from there.
     t.wait(*from_left_request_, until);
     detail::check_same_call(t, sequence_, comm_.rank(), left_, mine_.call, from_left_.call);
     if (from_right_request_) {
       t.wait(*from_right_request_, until);
       detail::check_same_call(t, sequence_, comm_.rank(), right_, mine_.call, from_right_.call);
     }
+    for (std::size_t i = 0; i < far_.size(); ++i) {
+      t.wait(far_receives_[i], until);
+      detail::check_same_call(t, sequence_, comm_.rank(), far_[i], mine_.call, far_theirs_[i]);
+    }
     t.wait(*to_right_, until);
     if (to_left_) t.wait(*to_left_, until);
+    for (auto& s : far_sends_) t.wait(s, until);
   }
 
   // The data a neighbour put in its frame (valid after finish(); `bytes` as agreed).
@@ -186,59 +221,33 @@ class call_check {
   int right() const noexcept { return right_; }
 
  private:
+  bool is_far(int r) const noexcept { return r != comm_.rank() && r != left_ && r != right_; }
+
+  // Far frames carry the descriptor only. Lists are short (a tree's log2 N edges, at most
+  // N - 3 for one-shot): a linear search drops repeats. Storage is reserved up front, as
+  // the transports hold pointers into it.
+  void post_far(far_peers far) {
+    for (int r : far)
+      if (is_far(r) && std::find(far_.begin(), far_.end(), r) == far_.end()) far_.push_back(r);
+    if (far_.empty()) return;
+    auto& t = comm_.transport();
+    const auto tag = make_tag(sequence_, detail::verify_from_far);
+    far_theirs_.resize(far_.size());
+    far_receives_.reserve(far_.size());
+    far_sends_.reserve(far_.size());
+    for (std::size_t i = 0; i < far_.size(); ++i)
+      far_receives_.push_back(t.async_recv(far_[i], tag, std::as_writable_bytes(std::span(&far_theirs_[i], 1))));
+    for (int r : far_) far_sends_.push_back(t.async_send(r, tag, std::as_bytes(std::span(&mine_.call, 1))));
+  }
+
   communicator<Tr>& comm_;
   std::uint64_t sequence_;
   check_frame mine_{}, from_left_{}, from_right_{};
   int left_ = 0, right_ = 0;
   std::optional<typename Tr::request> from_left_request_, from_right_request_, to_right_, to_left_;
-};
-
-// The call check with the ranks beyond the two ring neighbours, for an algorithm that
-// sends them data (one-shot on N >= 4): a descriptor-only frame each way on
-// verify_from_far, posted before that data and compared before it is waited for, so a
-// far rank that disagrees (another count) is reported as the calls' mismatch naming both,
-// not as a bare size mismatch of its data, and not only once a neighbour's report comes
-// round. At most MaxRanks ranks (the frames live here, not on the heap).
-template <class Tr, int MaxRanks>
-class far_call_check {
- public:
-  far_call_check(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine, int left, int right)
-      : comm_(comm), sequence_(sequence), left_(left), right_(right) {
-    if (comm.size() > MaxRanks)
-      throw error(errc::invalid_argument, "far_call_check: at most " + std::to_string(MaxRanks) + " ranks");
-    mine_.call = mine;
-    auto& t = comm.transport();
-    const auto tag = make_tag(sequence, detail::verify_from_far);
-    for (int r = 0; r < comm.size(); ++r)
-      if (is_far(r)) {
-        receives_[r] = t.async_recv(r, tag, std::as_writable_bytes(std::span(&theirs_[r], 1)));
-        sends_[r] = t.async_send(r, tag, std::as_bytes(std::span(&mine_, 1)));
-      }
-  }
-  far_call_check(const far_call_check&) = delete;
-  far_call_check& operator=(const far_call_check&) = delete;
-
-  void finish() {
-    auto& t = comm_.transport();
-    const auto until = comm_.step_deadline();
-    for (int r = 0; r < comm_.size(); ++r)
-      if (is_far(r)) {
-        t.wait(receives_[r], until);
-        detail::check_same_call(t, sequence_, comm_.rank(), r, mine_.call, theirs_[r].call);
-      }
-    for (int r = 0; r < comm_.size(); ++r)
-      if (is_far(r)) t.wait(sends_[r], until);
-  }
-
- private:
-  bool is_far(int r) const noexcept { return r != comm_.rank() && r != left_ && r != right_; }
-
-  communicator<Tr>& comm_;
-  std::uint64_t sequence_;
-  int left_, right_;
-  check_frame mine_{};
-  std::array<check_frame, MaxRanks> theirs_;
-  std::array<typename Tr::request, MaxRanks> receives_, sends_;
+  std::vector<int> far_;
+  std::vector<call_descriptor> far_theirs_;
+  std::vector<typename Tr::request> far_receives_, far_sends_;
 };
 
 // Posts the call check into `check` when the communicator's options ask for it (and
@@ -247,8 +256,8 @@ class far_call_check {
 // data instead of a round before it.
 template <class Tr>
 void post_call_check(std::optional<call_check<Tr>>& check, communicator<Tr>& comm, std::uint64_t sequence,
-                     const call_descriptor& mine) {
-  if (comm.size() > 1 && comm.options().verify) check.emplace(comm, sequence, mine);
+                     const call_descriptor& mine, far_peers far = {}, std::span<const std::byte> inline_data = {}) {
+  if (comm.size() > 1 && comm.options().verify) check.emplace(comm, sequence, mine, inline_data, far);
 }
 
 // Waits for a posted check and compares; nothing when none is posted or it is settled.
@@ -257,19 +266,6 @@ void settle_call_check(std::optional<call_check<Tr>>& check) {
   if (!check) return;
   check->finish();
   check.reset();
-}
-
-// Runs the call check (when the communicator's options ask for it) before an algorithm
-// exchanges any data: a round of its own, for the collectives that do not yet post their
-// first data before settling the check (broadcast, reduce, reduce_scatter, all_gather,
-// barrier, hierarchical).
-// (Constructed directly, not through an optional: GCC 12 warns that a local optional's
-// nested requests "may be used uninitialized" after inlining.)
-template <class Tr>
-void verify_same_call(communicator<Tr>& comm, std::uint64_t sequence, const call_descriptor& mine) {
-  if (comm.size() == 1 || !comm.options().verify) return;
-  call_check<Tr> check(comm, sequence, mine);
-  check.finish();
 }
 
 }  // namespace gradwire::collective

@@ -36,18 +36,38 @@ void send_recv(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<cons
   t.wait(s, until);
 }
 
-// Receives a message of inout.size() elements from `from` and adds it into `inout`:
-// fused into delivery where the transport can, else staged in `scratch`.
+// A receive-and-add posted but not yet waited for: fused into delivery where the
+// transport can, else staged (`staged` is added into `add_into` on completion).
+template <class Tr, class V>
+struct posted_accumulate {
+  typename Tr::request recv;
+  std::span<V> add_into, staged;
+};
+
+// Posts the receive of a message of inout.size() elements from `from`, to be added into
+// `inout` (staged in `scratch` on transports that cannot add on delivery).
+template <class Tr, class V>
+posted_accumulate<Tr, V> post_recv_accumulate(communicator<Tr>& comm, std::uint64_t tag, int from, std::span<V> inout,
+                                              std::span<V> scratch) {
+  if constexpr (concepts::accumulating_transport<Tr, V>) {
+    return {comm.transport().async_recv_accumulate(from, tag, inout), {}, {}};
+  } else {
+    auto staged = scratch.first(inout.size());
+    return {comm.transport().async_recv(from, tag, std::as_writable_bytes(staged)), inout, staged};
+  }
+}
+
+template <class Tr, class V>
+void complete_accumulate(communicator<Tr>& comm, posted_accumulate<Tr, V>& p, deadline until) {
+  comm.transport().wait(p.recv, until);
+  if (!p.staged.empty()) kernels::add(p.add_into.data(), p.staged.data(), p.add_into.size());
+}
+
+// Receives a message of inout.size() elements from `from` and adds it into `inout`.
 template <class Tr, class V>
 void recv_accumulate(communicator<Tr>& comm, std::uint64_t tag, int from, std::span<V> inout, std::span<V> scratch) {
-  if constexpr (concepts::accumulating_transport<Tr, V>) {
-    auto r = comm.transport().async_recv_accumulate(from, tag, inout);
-    comm.transport().wait(r, comm.step_deadline());
-  } else {
-    auto in = scratch.first(inout.size());
-    recv(comm, from, tag, in);
-    kernels::add(inout.data(), in.data(), inout.size());
-  }
+  auto p = post_recv_accumulate(comm, tag, from, inout, scratch);
+  complete_accumulate(comm, p, comm.step_deadline());
 }
 
 // Like send_recv, but adds what arrives from `from` into `inout`: fused into delivery on
