@@ -83,15 +83,10 @@ void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, redu
     const std::size_t mid = lo + static_cast<std::size_t>(mask);
     const bool upper = (virt & mask) != 0;
     const auto keep = upper ? range(mid, hi) : range(lo, mid), give = upper ? range(lo, mid) : range(mid, hi);
-    if (check) {
-      auto first = detail::post_exchange(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner,
-                                         keep, true, incoming);
-      settle_call_check(check);
-      detail::complete_exchange(comm, first, comm.step_deadline());
-    } else {
-      detail::send_recv_accumulate(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner, keep,
-                                   incoming);
-    }
+    auto exchange = detail::post_exchange(comm, make_tag(sequence, step), partner, std::span<const V>(give), partner,
+                                          keep, true, incoming);
+    settle_call_check(check);  // beside the first step's messages; nothing later
+    detail::complete_exchange(comm, exchange, comm.step_deadline());
     (upper ? lo : hi) = mid;
   }
   if (op == reduce_op::average) {

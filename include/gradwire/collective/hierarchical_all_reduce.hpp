@@ -247,16 +247,10 @@ bool has_hierarchy(const communicator<Tr>& comm) noexcept {
 template <class Tr, class V>
 void hierarchical_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   const std::uint64_t sequence = comm.begin_operation();
-  call_descriptor mine{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                       algorithm_id::hierarchical};
+  const call_descriptor mine{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                             algorithm_id::hierarchical};
   if (comm.size() == 1) return;
-  if (data.empty() || !has_hierarchy(comm)) {
-    mine.segments = static_cast<std::uint8_t>(detail::ring_segments_for(comm, std::span<const V>(data)));
-    std::optional<call_check<Tr>> check;  // settled beside the ring's first step (verify.hpp)
-    post_call_check(check, comm, sequence, mine);
-    if (!data.empty()) detail::ring_all_reduce_phases(comm, sequence, data, op, &check);
-    return settle_call_check(check);
-  }
+  if (data.empty() || !has_hierarchy(comm)) return detail::checked_ring_all_reduce(comm, sequence, data, op, mine);
   detail::hierarchical_phases(comm, sequence, data, op, mine);
 }
 

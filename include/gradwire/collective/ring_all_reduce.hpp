@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstddef>
-#include <optional>
 #include <span>
 
 #include "../kernels/host.hpp"
@@ -19,13 +18,9 @@ namespace gradwire::collective {
 template <class Tr, class V>
 void ring_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
   const std::uint64_t sequence = comm.begin_operation();
-  std::optional<call_check<Tr>> check;  // settled beside the first data step (verify.hpp)
-  post_call_check(check, comm, sequence,
-                  {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
-                   algorithm_id::ring,
-                   static_cast<std::uint8_t>(detail::ring_segments_for(comm, std::span<const V>(data)))});
-  if (comm.size() == 1 || data.empty()) return settle_call_check(check);  // one rank: the sum and the average are the data
-  detail::ring_all_reduce_phases(comm, sequence, data, op, &check);
+  detail::checked_ring_all_reduce(comm, sequence, data, op,
+                                  {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
+                                   algorithm_id::ring});
 }
 
 }  // namespace gradwire::collective

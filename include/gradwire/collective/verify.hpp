@@ -203,13 +203,13 @@ class call_check {
       t.wait(*from_right_request_, until);
       detail::check_same_call(t, sequence_, comm_.rank(), right_, mine_.call, from_right_.call);
     }
-    for (std::size_t i = 0; i < far_.size(); ++i) {
-      t.wait(far_receives_[i], until);
-      detail::check_same_call(t, sequence_, comm_.rank(), far_[i], mine_.call, far_theirs_[i]);
+    for (far_peer& p : far_) {
+      t.wait(*p.receive, until);
+      detail::check_same_call(t, sequence_, comm_.rank(), p.rank, mine_.call, p.theirs);
     }
     t.wait(*to_right_, until);
     if (to_left_) t.wait(*to_left_, until);
-    for (auto& s : far_sends_) t.wait(s, until);
+    for (far_peer& p : far_) t.wait(*p.send, until);
   }
 
   // The data a neighbour put in its frame (valid after finish(); `bytes` as agreed).
@@ -223,21 +223,25 @@ class call_check {
  private:
   bool is_far(int r) const noexcept { return r != comm_.rank() && r != left_ && r != right_; }
 
-  // Far frames carry the descriptor only. Lists are short (a tree's log2 N edges, at most
-  // N - 3 for one-shot): a linear search drops repeats. Storage is reserved up front, as
-  // the transports hold pointers into it.
+  // A peer beyond the ring neighbours: its frame carries the descriptor only.
+  struct far_peer {
+    int rank;
+    call_descriptor theirs{};
+    std::optional<typename Tr::request> receive, send;
+  };
+
+  // Lists are short (a tree's log2 N edges, at most N - 3 for one-shot): a linear search
+  // drops repeats. Every peer is listed before any frame is posted, as the transports
+  // hold pointers into the list.
   void post_far(far_peers far) {
+    far_.reserve(far.size());
     for (int r : far)
-      if (is_far(r) && std::find(far_.begin(), far_.end(), r) == far_.end()) far_.push_back(r);
-    if (far_.empty()) return;
+      if (is_far(r) && std::none_of(far_.begin(), far_.end(), [r](const far_peer& p) { return p.rank == r; }))
+        far_.push_back({r, {}, std::nullopt, std::nullopt});
     auto& t = comm_.transport();
     const auto tag = make_tag(sequence_, detail::verify_from_far);
-    far_theirs_.resize(far_.size());
-    far_receives_.reserve(far_.size());
-    far_sends_.reserve(far_.size());
-    for (std::size_t i = 0; i < far_.size(); ++i)
-      far_receives_.push_back(t.async_recv(far_[i], tag, std::as_writable_bytes(std::span(&far_theirs_[i], 1))));
-    for (int r : far_) far_sends_.push_back(t.async_send(r, tag, std::as_bytes(std::span(&mine_.call, 1))));
+    for (far_peer& p : far_) p.receive.emplace(t.async_recv(p.rank, tag, std::as_writable_bytes(std::span(&p.theirs, 1))));
+    for (far_peer& p : far_) p.send.emplace(t.async_send(p.rank, tag, std::as_bytes(std::span(&mine_.call, 1))));
   }
 
   communicator<Tr>& comm_;
@@ -245,9 +249,7 @@ class call_check {
   check_frame mine_{}, from_left_{}, from_right_{};
   int left_ = 0, right_ = 0;
   std::optional<typename Tr::request> from_left_request_, from_right_request_, to_right_, to_left_;
-  std::vector<int> far_;
-  std::vector<call_descriptor> far_theirs_;
-  std::vector<typename Tr::request> far_receives_, far_sends_;
+  std::vector<far_peer> far_;
 };
 
 // Posts the call check into `check` when the communicator's options ask for it (and

@@ -57,10 +57,16 @@ posted_accumulate<Tr, V> post_recv_accumulate(communicator<Tr>& comm, std::uint6
   }
 }
 
+// Adds a completed receive's staged copy into place (nothing when it added on delivery).
+template <class Tr, class V>
+void add_staged(posted_accumulate<Tr, V>& p) {
+  if (!p.staged.empty()) kernels::add(p.add_into.data(), p.staged.data(), p.add_into.size());
+}
+
 template <class Tr, class V>
 void complete_accumulate(communicator<Tr>& comm, posted_accumulate<Tr, V>& p, deadline until) {
   comm.transport().wait(p.recv, until);
-  if (!p.staged.empty()) kernels::add(p.add_into.data(), p.staged.data(), p.add_into.size());
+  add_staged(p);
 }
 
 // Receives a message of inout.size() elements from `from` and adds it into `inout`.
@@ -70,33 +76,13 @@ void recv_accumulate(communicator<Tr>& comm, std::uint64_t tag, int from, std::s
   complete_accumulate(comm, p, comm.step_deadline());
 }
 
-// Like send_recv, but adds what arrives from `from` into `inout`: fused into delivery on
-// transports that can (concepts::accumulating_transport), else staged in `scratch`.
-template <class Tr, class V>
-void send_recv_accumulate(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<const V> out, int from,
-                          std::span<V> inout, std::span<V> scratch) {
-  if constexpr (concepts::accumulating_transport<Tr, V>) {
-    auto& t = comm.transport();
-    auto r = t.async_recv_accumulate(from, tag, inout);
-    auto s = t.async_send(to, tag, std::as_bytes(out));
-    const auto until = comm.step_deadline();
-    t.wait(r, until);
-    t.wait(s, until);
-  } else {
-    auto in = scratch.first(inout.size());
-    send_recv(comm, tag, to, out, from, in);
-    kernels::add(inout.data(), in.data(), inout.size());
-  }
-}
-
-// A send_recv or send_recv_accumulate posted but not yet waited for, so that a pipelined
+// A send_recv, or a send with a receive-and-add, posted but not yet waited for, so that a pipelined
 // collective can keep several steps in flight (the transports progress a rank's requests
-// only while it waits). Staged accumulates add `staged` into `add_into` on completion, so
-// every exchange in flight needs its own staging.
+// only while it waits). A staged receive-and-add needs staging of its own per exchange.
 template <class Tr, class V>
 struct posted_exchange {
-  typename Tr::request recv, send;
-  std::span<V> add_into, staged;
+  posted_accumulate<Tr, V> in;  // nothing staged when the receive copies into place
+  typename Tr::request send;
 };
 
 // Posts the receive (added into `in` when `accumulate`, else copied into it) and the send.
@@ -104,28 +90,17 @@ template <class Tr, class V>
 posted_exchange<Tr, V> post_exchange(communicator<Tr>& comm, std::uint64_t tag, int to, std::span<const V> out,
                                      int from, std::span<V> in, bool accumulate, std::span<V> scratch) {
   auto& t = comm.transport();
-  if (accumulate) {
-    if constexpr (concepts::accumulating_transport<Tr, V>) {
-      auto r = t.async_recv_accumulate(from, tag, in);
-      auto s = t.async_send(to, tag, std::as_bytes(out));
-      return {std::move(r), std::move(s), {}, {}};
-    } else {
-      auto staged = scratch.first(in.size());
-      auto r = t.async_recv(from, tag, std::as_writable_bytes(staged));
-      auto s = t.async_send(to, tag, std::as_bytes(out));
-      return {std::move(r), std::move(s), in, staged};
-    }
-  }
-  auto r = t.async_recv(from, tag, std::as_writable_bytes(in));
-  auto s = t.async_send(to, tag, std::as_bytes(out));
-  return {std::move(r), std::move(s), {}, {}};
+  auto received = accumulate ? post_recv_accumulate(comm, tag, from, in, scratch)
+                             : posted_accumulate<Tr, V>{t.async_recv(from, tag, std::as_writable_bytes(in)), {}, {}};
+  auto sent = t.async_send(to, tag, std::as_bytes(out));
+  return {std::move(received), std::move(sent)};
 }
 
 template <class Tr, class V>
 void complete_exchange(communicator<Tr>& comm, posted_exchange<Tr, V>& p, deadline until) {
-  comm.transport().wait(p.recv, until);
+  comm.transport().wait(p.in.recv, until);
   comm.transport().wait(p.send, until);
-  if (!p.staged.empty()) kernels::add(p.add_into.data(), p.staged.data(), p.add_into.size());
+  add_staged(p.in);
 }
 
 }  // namespace gradwire::collective::detail

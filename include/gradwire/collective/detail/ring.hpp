@@ -68,15 +68,10 @@ void ring_reduce_scatter(communicator<Tr>& comm, std::uint64_t sequence, std::ui
   }
   for (int s = 0; s < n - 1; ++s, ++step) {
     const ring_step at = reduce_scatter_step(n, me, s);
-    if (s == 0 && check && *check) {
-      auto first = post_exchange(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
-                                 part(at.recv), true, incoming);
-      settle_call_check(*check);
-      complete_exchange(comm, first, comm.step_deadline());
-      continue;
-    }
-    send_recv_accumulate(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
-                         part(at.recv), incoming);
+    auto exchange = post_exchange(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
+                                  part(at.recv), true, incoming);
+    if (check) settle_call_check(*check);  // beside the first step's messages; nothing later
+    complete_exchange(comm, exchange, comm.step_deadline());
   }
   if (op == reduce_op::average) {
     auto owned = part(me);
@@ -94,14 +89,10 @@ void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32
   const int n = group.size, me = group.position, right = group.right(), left = group.left();
   for (int s = 0; s < n - 1; ++s, ++step) {
     const ring_step at = all_gather_step(n, me, s);
-    if (s == 0 && check && *check) {
-      auto first = post_exchange(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
-                                 part(at.recv), false, std::span<V>{});
-      settle_call_check(*check);
-      complete_exchange(comm, first, comm.step_deadline());
-      continue;
-    }
-    send_recv(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left, part(at.recv));
+    auto exchange = post_exchange(comm, make_tag(sequence, step), right, std::span<const V>(part(at.send)), left,
+                                  part(at.recv), false, std::span<V>{});
+    if (check) settle_call_check(*check);  // beside the first step's messages; nothing later
+    complete_exchange(comm, exchange, comm.step_deadline());
   }
 }
 
@@ -180,26 +171,17 @@ void pipelined_ring_all_reduce(communicator<Tr>& comm, std::uint64_t sequence, s
   const std::size_t slot = segment(0, 0).size();
   std::span<V> staging;
   if constexpr (!concepts::accumulating_transport<Tr, V>) staging = comm.template scratch<V>(slot * static_cast<std::size_t>(m));
-  struct receiving {
-    std::optional<typename Tr::request> request;
-    std::span<V> add_into, staged;
-  };
-  std::vector<receiving> in(static_cast<std::size_t>(m));
+  auto staging_of = [&](int j) { return staging.empty() ? staging : staging.subspan(slot * static_cast<std::size_t>(j)); };
+  std::vector<std::optional<posted_accumulate<Tr, V>>> in(static_cast<std::size_t>(m));
   std::vector<std::optional<typename Tr::request>> out(static_cast<std::size_t>(steps * m));
   auto post = [&](int step, int j) {
     const auto tag = make_tag(sequence, static_cast<std::uint32_t>(step * m + j));
     const std::span<V> into = segment(part_at(step + 2), j);
-    receiving& r = in[static_cast<std::size_t>(j)];
-    r.add_into = r.staged = {};
-    if (step >= n - 1) {
-      r.request.emplace(t.async_recv(left, tag, std::as_writable_bytes(into)));
-    } else if constexpr (concepts::accumulating_transport<Tr, V>) {
-      r.request.emplace(t.async_recv_accumulate(left, tag, into));
-    } else {
-      r.staged = staging.subspan(slot * static_cast<std::size_t>(j), into.size());
-      r.add_into = into;
-      r.request.emplace(t.async_recv(left, tag, std::as_writable_bytes(r.staged)));
-    }
+    auto& received = in[static_cast<std::size_t>(j)];
+    if (step >= n - 1)  // all-gather: copied into place
+      received.emplace(posted_accumulate<Tr, V>{t.async_recv(left, tag, std::as_writable_bytes(into)), {}, {}});
+    else
+      received.emplace(post_recv_accumulate(comm, tag, left, into, staging_of(j)));
     out[static_cast<std::size_t>(step * m + j)].emplace(
         t.async_send(right, tag, std::as_bytes(std::span<const V>(segment(part_at(step + 1), j)))));
   };
@@ -207,9 +189,7 @@ void pipelined_ring_all_reduce(communicator<Tr>& comm, std::uint64_t sequence, s
   if (check) settle_call_check(*check);
   for (int step = 0; step < steps; ++step)
     for (int j = 0; j < m; ++j) {
-      receiving& r = in[static_cast<std::size_t>(j)];
-      t.wait(*r.request, comm.step_deadline());
-      if (!r.staged.empty()) kernels::add(r.add_into.data(), r.staged.data(), r.add_into.size());
+      complete_accumulate(comm, *in[static_cast<std::size_t>(j)], comm.step_deadline());
       if (step == n - 2 && op == reduce_op::average) {  // this segment of this rank's part is fully reduced
         const auto owned = segment(part_at(step + 2), j);
         kernels::scale(owned.data(), V(1) / V(n), owned.size());
@@ -237,18 +217,30 @@ int ring_segments_for(const communicator<Tr>& comm, std::span<const V> data) noe
 }
 
 // The flat ring all-reduce's data phases (N > 1): reduce-scatter, then all-gather, from
-// step 0 of `sequence`; pipelined in segments where the transport asks for it and a part
-// holds two of them. Shared by ring_all_reduce and the hierarchical fallback. A posted
-// call `check` is settled beside the first step's messages.
+// step 0 of `sequence`; pipelined when `segments` (ring_segments_for) is more than one. A
+// posted call `check` is settled beside the first step's messages.
 template <class Tr, class V>
 void ring_all_reduce_phases(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, reduce_op op,
-                            std::optional<call_check<Tr>>* check = nullptr) {
-  if (const int segments = ring_segments_for(comm, std::span<const V>(data)); segments > 1)
-    return pipelined_ring_all_reduce(comm, sequence, data, op, segments, check);
+                            int segments, std::optional<call_check<Tr>>& check) {
+  if (segments > 1) return pipelined_ring_all_reduce(comm, sequence, data, op, segments, &check);
   std::uint32_t step = 0;
-  ring_reduce_scatter(comm, sequence, step, data, op, check);
-  if (check) settle_call_check(*check);  // a ring of one step count still settles it
+  ring_reduce_scatter(comm, sequence, step, data, op, &check);
   ring_all_gather(comm, sequence, step, data);
+}
+
+// The flat ring all-reduce with its call check: `mine` (naming the caller's algorithm)
+// gets the ring's segment count, and the check rides beside the first step. Shared by
+// ring_all_reduce and the hierarchical fallback.
+template <class Tr, class V>
+void checked_ring_all_reduce(communicator<Tr>& comm, std::uint64_t sequence, std::span<V> data, reduce_op op,
+                             call_descriptor mine) {
+  const int segments = ring_segments_for(comm, std::span<const V>(data));
+  mine.segments = static_cast<std::uint8_t>(segments);
+  std::optional<call_check<Tr>> check;
+  post_call_check(check, comm, sequence, mine);
+  // One rank: the sum and the average are the data.
+  if (comm.size() > 1 && !data.empty()) ring_all_reduce_phases(comm, sequence, data, op, segments, check);
+  settle_call_check(check);  // settled in the first step already unless nothing was sent
 }
 
 }  // namespace gradwire::collective::detail
