@@ -2,7 +2,8 @@
 // multi_worker_mirrored, central_storage, local_sgd or parameter_server strategy.
 //
 //   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|parameter_server]
-//                 [--transport inproc|tcp] [--replicas N] [--owner R] [--period H]
+//                 [--transport inproc|tcp|ucx|simulated] [--replicas N] [--owner R] [--period H]
+//                 [--cluster MODEL] [--step-compute SECONDS] [--evals-per-epoch K]
 //                 [--ps S] [--ps-mode sync|async|bounded:S|backup:B] [--checkpoint-dir D] [--checkpoint-every K]
 //                 [--epochs E] [--batch B] [--lr LR] [--optimizer sgd|momentum|adam|adamw]
 //                 [--data DIR] [--seed S] [--schedule cosine|constant] [--standardise]
@@ -14,7 +15,9 @@
 // TF_CONFIG). Either way each global step takes N*B samples of the shuffled epoch and
 // replica r trains on samples [r*B, (r+1)*B) of them (like PyTorch's DistributedSampler),
 // so N synchronous replicas of batch B follow the same trajectory as one device with
-// batch N*B.
+// batch N*B. With --transport simulated the replicas (and servers) run as threads in virtual
+// time on the cluster --cluster describes (gradwire/simulation/), and every time printed
+// is virtual: the training is real, its duration is the model's.
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -44,6 +47,8 @@
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/strategy.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
+#include <gradwire/simulation/transport.hpp>
+#include <gradwire/support/virtual_clock.hpp>
 #include <gradwire/transport/inproc.hpp>
 #if GRADWIRE_HAS_ASIO
 #include <gradwire/asio.hpp>
@@ -58,7 +63,7 @@
 
 namespace {
 
-using steady = std::chrono::steady_clock;
+using steady = gradwire::support::step_clock;  // virtual time on a simulated rank
 using model_type = fashion_mnist::mlp<float>;
 using matrix = model_type::matrix;
 
@@ -71,7 +76,16 @@ constexpr const char* usage_text =
     "  --transport inproc|tcp|ucx       central_storage, local_sgd: replicas as threads of this process (inproc,\n"
     "                                   the default) or one per process under a launcher (tcp, as\n"
     "                                   multi_worker_mirrored, or ucx: UCX, with UCX_TLS choosing shared memory,\n"
-    "                                   TCP or RDMA); mirrored is inproc, multi_worker_mirrored tcp or ucx\n"
+    "                                   TCP or RDMA); mirrored is inproc, multi_worker_mirrored tcp or ucx;\n"
+    "                                   simulated (any strategy but one_device): replicas and servers as threads\n"
+    "                                   in virtual time on the cluster --cluster describes; times are virtual\n"
+    "  --cluster MODEL                  simulated: the cluster, e.g. \"hosts=25 ranks_per_host=4 bandwidth=10Gbit\n"
+    "                                   latency=20us compute=modelled jitter=0.1 tail=0.02:2\" (docs/planning.md);\n"
+    "                                   without hosts= every rank is a host of its own\n"
+    "  --step-compute SECONDS           simulated: each forward/backward also takes SECONDS of virtual time\n"
+    "                                   (with compute=modelled, the only compute counted: runs are exactly\n"
+    "                                   reproducible)\n"
+    "  --evals-per-epoch K              evaluate the test set K times per epoch (default 1): the accuracy curve\n"
     "  --device cpu|cuda                where the model and its parameters live (default cpu); cuda: the MLP on\n"
     "                                   cuBLAS and gradwire's strategies over cuda_tensor, for one_device,\n"
     "                                   mirrored and central_storage (threads, one stream each, on one GPU), and\n"
@@ -136,6 +150,10 @@ struct options {
   std::string ps_mode = "sync";
   std::string checkpoint_dir;
   std::uint64_t checkpoint_every = 0;
+  // simulated only
+  std::string cluster;        // simulation::parse_cluster_model text
+  double step_compute = 0;    // seconds of virtual time per forward/backward
+  int evals_per_epoch = 1;
 };
 
 // One replica per process, under a launcher (tcp or ucx), rather than threads.
@@ -192,8 +210,14 @@ options parse(int argc, char** argv) {
         throw usage_error("--device must be cpu or cuda, got '" + o.device + "'");
     } else if (flag == "--transport") {
       o.transport = next();
-      if (o.transport != "inproc" && o.transport != "tcp" && o.transport != "ucx")
-        throw usage_error("--transport must be inproc, tcp or ucx, got '" + o.transport + "'");
+      if (o.transport != "inproc" && o.transport != "tcp" && o.transport != "ucx" && o.transport != "simulated")
+        throw usage_error("--transport must be inproc, tcp, ucx or simulated, got '" + o.transport + "'");
+    } else if (flag == "--cluster") {
+      o.cluster = next();
+    } else if (flag == "--step-compute") {
+      o.step_compute = parse_positive(flag, next());
+    } else if (flag == "--evals-per-epoch") {
+      o.evals_per_epoch = parse_int<int>(flag, next(), 1);
     } else if (flag == "--owner") {
       o.owner = parse_int<int>(flag, next(), 0);
     } else if (flag == "--period") {
@@ -214,9 +238,10 @@ options parse(int argc, char** argv) {
       o.servers = parse_int<int>(flag, next(), 1);
     } else if (flag == "--ps-mode") {
       o.ps_mode = next();
-      static const char* modes[] = {"sync", "async", "bounded:1", "bounded:2", "bounded:4", "backup:1", "backup:2"};
+      static const char* modes[] = {"sync",     "async",    "bounded:1", "bounded:2", "bounded:4",
+                                    "backup:1", "backup:2", "backup:4",  "backup:8"};
       if (std::find(std::begin(modes), std::end(modes), o.ps_mode) == std::end(modes))
-        throw usage_error("--ps-mode must be sync, async, bounded:1|2|4 or backup:1|2, got '" + o.ps_mode + "'");
+        throw usage_error("--ps-mode must be sync, async, bounded:1|2|4 or backup:1|2|4|8, got '" + o.ps_mode + "'");
     } else if (flag == "--checkpoint-dir") {
       o.checkpoint_dir = next();
     } else if (flag == "--checkpoint-every") {
@@ -263,7 +288,7 @@ options parse(int argc, char** argv) {
                                       : (o.strategy == "mirrored" || o.strategy == "one_device") ? "inproc"
                                                                                                  : "";
   if (!fixed_transport.empty() && !o.transport.empty() && o.transport != fixed_transport &&
-      !(fixed_transport == "tcp" && o.transport == "ucx"))
+      !(fixed_transport == "tcp" && o.transport == "ucx") && !(o.transport == "simulated" && o.strategy != "one_device"))
     throw usage_error("--strategy " + o.strategy + " runs " +
                       (fixed_transport == "tcp" ? "one replica per process (tcp)" : "in this process (inproc)") +
                       (fixed_transport == "tcp" ? "; use --strategy mirrored for threads"
@@ -277,6 +302,12 @@ options parse(int argc, char** argv) {
   if (!ps && (o.servers || o.ps_mode != "sync"))
     throw usage_error("--ps and --ps-mode are for --strategy parameter_server");
   if (o.checkpoint_every && o.checkpoint_dir.empty()) throw usage_error("--checkpoint-every needs --checkpoint-dir");
+  const bool simulated = o.transport == "simulated";
+  if (!simulated && (!o.cluster.empty() || o.step_compute > 0))
+    throw usage_error("--cluster and --step-compute are for --transport simulated");
+  if (simulated && o.straggler_rank >= 0)
+    throw usage_error("--straggler sleeps, which takes no virtual time: with --transport simulated slow a rank in "
+                      "--cluster instead (slow=RANK:FACTOR)");
   if (ps) {
     if (uses_tcp(o) && o.servers)
       throw usage_error("--ps S is for threads; over tcp the launcher says (scripts/gradwire-run -n N --ps S)");
@@ -330,18 +361,21 @@ struct summary {
   bool chief = false;  // this process holds rank 0 and prints the summary
   double final_accuracy = 0;
   double total_seconds = 0;
-  int epoch_reached = 0;  // first epoch with test accuracy >= target; 0: never
+  double epoch_reached = 0;  // first evaluation (in epochs) with test accuracy >= target; 0: never
   double seconds_reached = 0;
 
-  // The chief's evaluation after `epoch`.
-  void record(int epoch, double accuracy, double elapsed, double target) {
+  // The chief's evaluation after `epochs` (fractional with --evals-per-epoch); also
+  // printed as a "curve" line, for plots of accuracy against time.
+  void record(double epochs, double accuracy, double elapsed, double target) {
     chief = true;
     final_accuracy = accuracy;
     total_seconds = elapsed;
     if (epoch_reached == 0 && accuracy >= target) {
-      epoch_reached = epoch;
+      epoch_reached = epochs;
       seconds_reached = elapsed;
     }
+    std::printf("curve epochs=%.4f seconds=%.6f accuracy=%.4f\n", epochs, elapsed, accuracy);
+    std::fflush(stdout);
   }
 };
 
@@ -443,49 +477,12 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
     if (!checkpoint.empty() && (rank == saver || averaging)) gradwire::save_checkpoint(checkpoint, strategy, done);
   };
 
-  const auto start = steady::now();
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-    // Same seed on every replica: the same permutation everywhere, a new one per epoch.
-    std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch));
-    std::shuffle(order.begin(), order.end(), rng);
-    if (static_cast<std::uint64_t>(epoch) * steps <= resumed) continue;  // done before the restart
-
-    const auto epoch_start = steady::now();
-    double loss_sum = 0;
-    std::size_t steps_done = 0;  // fewer than steps in an epoch resumed from a checkpoint
-    // Where a replica's step time goes: its own forward/backward vs strategy.step
-    // (all-reduce, waiting for the slowest replica, optimizer).
-    steady::duration compute_time{}, step_time{};
-    gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
-    for (std::size_t step = 0; step < steps; ++step) {
-      const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
-      if (global_step < resumed) continue;
-      const auto step_start = steady::now();
-      load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
-      loss_sum += model.loss_and_gradient(x, y);
-      // A simulated slow replica: sleeping (FACTOR - 1) x its own compute time makes its
-      // forward/backward take FACTOR times as long (--timing counts the sleep there).
-      if (straggling)
-        std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
-      set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
-      const auto computed = steady::now();
-      strategy.step(gradients);
-      epoch_stats += strategy.last_step_stats();
-      compute_time += computed - step_start;
-      step_time += steady::now() - computed;
-      ++steps_done;
-      if (o.checkpoint_every && (global_step + 1) % o.checkpoint_every == 0) save(global_step + 1);
-    }
-    const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
-
-    // {sum of per-step mean losses, steps, correct test predictions, compute and step
-    // seconds} summed over all replicas.
-    std::array<double, 5> stats{loss_sum, double(steps_done), 0.0, std::chrono::duration<double>(compute_time).count(),
-                                std::chrono::duration<double>(step_time).count()};
+  // This replica's correct predictions on its share of the test set, after `steps_so_far`
+  // global steps (collective: every replica calls it at the same step).
+  auto test_correct = [&](std::size_t steps_so_far) {
     model_type* evaluated = &model;
     if constexpr (averaging) {
       // Every rank counts the same steps, so all agree whether the last one averaged.
-      const auto steps_so_far = static_cast<std::size_t>(epoch) * steps;
       if (replicas > 1 && steps_so_far % static_cast<std::size_t>(*o.period) != 0) {
         std::size_t offset = 0;
         for (const auto& p : model.parameter_views()) {
@@ -509,7 +506,59 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       correct += evaluated->count_correct(test_x.middleCols(begin, n),
                                           test_y.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)));
     }
-    stats[2] = double(correct);
+    return double(correct);
+  };
+  // --evals-per-epoch K: the test accuracy every steps/K steps as well as at each epoch's end.
+  const std::size_t eval_every = o.evals_per_epoch > 1 ? std::max<std::size_t>(1, steps / o.evals_per_epoch) : 0;
+
+  const auto start = steady::now();
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    // Same seed on every replica: the same permutation everywhere, a new one per epoch.
+    std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch));
+    std::shuffle(order.begin(), order.end(), rng);
+    if (static_cast<std::uint64_t>(epoch) * steps <= resumed) continue;  // done before the restart
+
+    const auto epoch_start = steady::now();
+    double loss_sum = 0;
+    std::size_t steps_done = 0;  // fewer than steps in an epoch resumed from a checkpoint
+    // Where a replica's step time goes: its own forward/backward vs strategy.step
+    // (all-reduce, waiting for the slowest replica, optimizer).
+    steady::duration compute_time{}, step_time{};
+    gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
+    for (std::size_t step = 0; step < steps; ++step) {
+      const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
+      if (global_step < resumed) continue;
+      const auto step_start = steady::now();
+      load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
+      loss_sum += model.loss_and_gradient(x, y);
+      if (o.step_compute > 0) gradwire::simulation::compute(std::chrono::nanoseconds(std::llround(o.step_compute * 1e9)));
+      // A simulated slow replica: sleeping (FACTOR - 1) x its own compute time makes its
+      // forward/backward take FACTOR times as long (--timing counts the sleep there).
+      if (straggling)
+        std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
+      set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
+      const auto computed = steady::now();
+      strategy.step(gradients);
+      epoch_stats += strategy.last_step_stats();
+      compute_time += computed - step_start;
+      step_time += steady::now() - computed;
+      ++steps_done;
+      if (o.checkpoint_every && (global_step + 1) % o.checkpoint_every == 0) save(global_step + 1);
+      if (eval_every && (step + 1) % eval_every == 0 && step + 1 < steps) {
+        double correct = test_correct(static_cast<std::size_t>(global_step + 1));
+        gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(&correct, 1));
+        if (rank == 0)
+          out.record(double(epoch - 1) + double(step + 1) / double(steps), correct / double(n_test),
+                     std::chrono::duration<double>(steady::now() - start).count(), o.target_accuracy);
+      }
+    }
+    const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
+
+    // {sum of per-step mean losses, steps, correct test predictions, compute and step
+    // seconds} summed over all replicas.
+    std::array<double, 5> stats{loss_sum, double(steps_done), 0.0, std::chrono::duration<double>(compute_time).count(),
+                                std::chrono::duration<double>(step_time).count()};
+    stats[2] = test_correct(static_cast<std::size_t>(epoch) * steps);
     gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(stats));
 
     if (rank == 0) {
@@ -590,21 +639,26 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
   int evaluated_epochs = 0;
   std::uint64_t my_steps = 0;
   gradwire::observe::step_stats epoch_stats;  // worker 0's steps since the last evaluation
-  auto evaluate = [&](int epoch) {
+  // Evaluations are numbered 1, 2, ...: K per epoch of the servers' progress.
+  const int per_epoch = o.evals_per_epoch;
+  auto evaluate = [&](int evaluation) {
     const double accuracy = model.accuracy(data.test.images, data.test.labels);
     const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
-    std::printf("epoch %2d/%d  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s  lost_workers %u\n", epoch,
-                o.epochs, 100.0 * accuracy, progress() * double(steps * global_batch) / elapsed, elapsed,
-                strategy.aggregation().lost_workers());
-    std::printf("          rank 0: %s\n", gradwire::observe::to_string(epoch_stats).c_str());
-    epoch_stats = {};
+    const double epochs = std::min(double(o.epochs), double(evaluation) / per_epoch);
+    if (evaluation % per_epoch == 0 || epochs >= o.epochs) {
+      std::printf("epoch %2d/%d  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s  lost_workers %u\n",
+                  int(std::lround(epochs)), o.epochs, 100.0 * accuracy,
+                  progress() * double(steps * global_batch) / elapsed, elapsed, strategy.aggregation().lost_workers());
+      std::printf("          rank 0: %s\n", gradwire::observe::to_string(epoch_stats).c_str());
+      epoch_stats = {};
+    }
     std::fflush(stdout);
-    out.record(epoch, accuracy, elapsed, o.target_accuracy);
+    out.record(epochs, accuracy, elapsed, o.target_accuracy);
   };
   for (;;) {
     const bool finished = mode::on_arrival ? strategy.aggregation().applied() >= total * workers
                                            : strategy.aggregation().version() >= total;
-    if (rank == 0 && (finished || int(progress()) > evaluated_epochs)) evaluate(++evaluated_epochs);
+    if (rank == 0 && (finished || int(progress() * per_epoch) > evaluated_epochs)) evaluate(++evaluated_epochs);
     if (finished) break;
     const std::size_t step = my_steps % steps;
     if (step == 0) {  // a new pass of this worker's: the epoch's shared permutation
@@ -614,6 +668,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
     const auto step_start = steady::now();
     load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
     model.loss_and_gradient(x, y);
+    if (o.step_compute > 0) gradwire::simulation::compute(std::chrono::nanoseconds(std::llround(o.step_compute * 1e9)));
     if (straggling) std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
     strategy.step(gradients);
     epoch_stats += strategy.last_step_stats();
@@ -669,6 +724,8 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
       else if (o.ps_mode == "bounded:4") run(ps_mode::bounded_staleness<4>{});
       else if (o.ps_mode == "backup:1") run(ps_mode::backup_workers<1>{});
       else if (o.ps_mode == "backup:2") run(ps_mode::backup_workers<2>{});
+      else if (o.ps_mode == "backup:4") run(ps_mode::backup_workers<4>{});
+      else if (o.ps_mode == "backup:8") run(ps_mode::backup_workers<8>{});
       else run(ps_mode::sync{});
     } else if (o.strategy == "central_storage") {
       gradwire::central_storage<view, Optimizer, Transport> strategy(
@@ -706,6 +763,18 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
 #else
     throw std::logic_error("--transport tcp in a build without gradwire::asio");  // process_rank() said so
 #endif
+  } else if (o.transport == "simulated") {
+    auto cluster = gradwire::simulation::parse_cluster_model(o.cluster);
+    const int ranks = o.replicas + o.servers;
+    if (cluster.size() == 1 && ranks > 1) cluster.hosts = ranks;  // no layout given: a host per rank
+    if (cluster.size() != ranks)
+      throw usage_error("--cluster describes " + std::to_string(cluster.size()) + " ranks (hosts x ranks_per_host) "
+                        "but the job has " + std::to_string(ranks) + " (replicas + servers)");
+    if (o.replicas + o.servers > 0)
+      std::printf("simulated cluster: %s\n", gradwire::simulation::describe(cluster).c_str());
+    const auto report = gradwire::simulation::run(
+        cluster, [&](gradwire::transport::simulated endpoint) { replica(std::move(endpoint)); });
+    std::printf("simulated %.3f s of virtual time\n", double(report.end.count()) / 1e9);
   } else {
     gradwire::transport::run_inproc(o.replicas + o.servers,
                                     [&](gradwire::transport::inproc endpoint) { replica(std::move(endpoint)); });
@@ -842,7 +911,7 @@ int main(int argc, char** argv) {
     std::printf("final test accuracy %.2f%% after %d epochs, %.1f s of training\n", 100.0 * s.final_accuracy,
                 o.epochs, s.total_seconds);
     if (s.epoch_reached)
-      std::printf("reached %g%% test accuracy at epoch %d, %.1f s\n", 100.0 * o.target_accuracy, s.epoch_reached,
+      std::printf("reached %g%% test accuracy at epoch %.2f, %.3f s\n", 100.0 * o.target_accuracy, s.epoch_reached,
                   s.seconds_reached);
     else
       std::printf("did not reach %g%% test accuracy in %d epochs\n", 100.0 * o.target_accuracy, o.epochs);

@@ -25,6 +25,7 @@
 #include "observe/step_stats.hpp"
 #include "observe/timeline.hpp"
 #include "observe/type_name.hpp"
+#include "support/virtual_clock.hpp"
 #include "tensor/aligned_buffer.hpp"
 #include "tensor/flat_layout.hpp"
 #include "tensor/host_tensor.hpp"
@@ -302,7 +303,7 @@ class strategy {
   }
 
  private:
-  using clock = std::chrono::steady_clock;
+  using clock = support::step_clock;  // virtual time on a simulated rank
   enum class mark : std::uint8_t { none, ready, unused };
 
   std::span<const std::span<value_type>> params() const noexcept { return param_spans_; }
@@ -357,6 +358,7 @@ class strategy {
     no_sync_ = local_only;
     std::fill(marks_.begin(), marks_.end(), mark::none);
     marked_ = 0;
+    support::step_began();
     step_began_ = clock::now();
     traffic_before_ = traffic();
     step_trace_.open(comm_.trace(local_only ? "micro_batch" : "step", 0, "strategy"))

@@ -27,6 +27,7 @@
 #include "../error.hpp"
 #include "../timeouts.hpp"
 #include "../observe/timeline.hpp"
+#include "../support/virtual_clock.hpp"
 
 namespace gradwire::collective {
 
@@ -45,6 +46,7 @@ struct async_slot {
   std::exception_ptr failure;
   void (*run)(void* comm, async_slot&) = nullptr;
   async_slot* next = nullptr;  // in the queue or in the free list
+  std::int64_t virtual_done_ns = -1;  // a simulated rank's: when, in virtual time, it finished
   alignas(std::max_align_t) std::byte work[capacity];
 };
 
@@ -72,6 +74,7 @@ struct async_core {
   void release(async_slot* s) noexcept {  // mutex held
     s->state = async_slot::status::free;
     s->failure = nullptr;
+    s->virtual_done_ns = -1;
     s->next = std::exchange(free_list, s);
   }
 };
@@ -116,9 +119,11 @@ class async_handle {
                   "async collective did not finish before the deadline; it is still queued or running (wait again, "
                   "or raise the deadline)");
     std::exception_ptr failure = std::move(slot_->failure);
+    const std::int64_t done_ns = slot_->virtual_done_ns;
     core_->release(std::exchange(slot_, nullptr));
     lock.unlock();
     core_.reset();
+    advance_virtual_clock(done_ns);
     if (failure) std::rethrow_exception(failure);
   }
 
@@ -132,9 +137,16 @@ class async_handle {
     if (!slot_) return;
     std::unique_lock lock(core_->mutex);
     core_->finished.wait(lock, [&] { return slot_->state == detail::async_slot::status::done; });
+    const std::int64_t done_ns = slot_->virtual_done_ns;
     core_->release(std::exchange(slot_, nullptr));
     lock.unlock();
     core_.reset();
+    advance_virtual_clock(done_ns);
+  }
+
+  // On a simulated rank, waiting for an operation moves its clock to when it finished.
+  static void advance_virtual_clock(std::int64_t done_ns) noexcept {
+    if (support::virtual_clock* v = support::this_thread_virtual_clock(); v && done_ns >= 0) v->advance_to(done_ns);
   }
 
   std::shared_ptr<detail::async_core> core_;
@@ -186,11 +198,19 @@ class async_engine {
       s->run = [](void* comm, detail::async_slot& slot) {
         (*std::launder(reinterpret_cast<F*>(slot.work)))(*static_cast<communicator<Transport>*>(comm));
       };
-      s->state = detail::async_slot::status::queued;
-      (core_->tail ? core_->tail->next : core_->head) = s;
-      core_->tail = s;
+      if (support::this_thread_virtual_clock()) {
+        s->state = detail::async_slot::status::running;
+      } else {
+        s->state = detail::async_slot::status::queued;
+        (core_->tail ? core_->tail->next : core_->head) = s;
+        core_->tail = s;
+      }
     }
-    core_->work_ready.notify_one();
+    if (support::virtual_clock* v = support::this_thread_virtual_clock()) {
+      run_in_virtual_background(*v, *s);
+    } else {
+      core_->work_ready.notify_one();
+    }
     return async_handle(core_, s);
   }
 
@@ -222,6 +242,47 @@ class async_engine {
       s->state = detail::async_slot::status::done;
       core.finished.notify_all();
     }
+  }
+
+  // A simulated rank has no second thread to give (its ranks run one at a time, in virtual
+  // time): the operation runs now, inline, on the rank's background clock, so it overlaps
+  // the caller's later compute in virtual time as it would on the engine's thread.
+  void run_in_virtual_background(support::virtual_clock& v, detail::async_slot& s) {
+    struct context {
+      async_engine* engine;
+      detail::async_slot* slot;
+      std::exception_ptr failure;
+    } c{this, &s, nullptr};
+    std::exception_ptr broken;
+    {
+      std::lock_guard lock(core_->mutex);
+      broken = core_->broken;
+    }
+    if (broken) {
+      try {
+        not_started(broken);
+      } catch (...) {
+        c.failure = std::current_exception();
+      }
+    }
+    const std::int64_t done = broken ? v.now_ns() : v.run_in_background(
+        [](void* p) {
+          auto& c = *static_cast<context*>(p);
+          int& track = observe::detail::this_thread_track();
+          const int caller_track = std::exchange(track, 1);
+          try {
+            c.slot->run(&c.engine->comm_, *c.slot);
+          } catch (...) {
+            c.failure = std::current_exception();
+          }
+          track = caller_track;
+        },
+        &c);
+    std::lock_guard lock(core_->mutex);
+    if (c.failure && !core_->broken) core_->broken = c.failure;
+    s.failure = std::move(c.failure);
+    s.virtual_done_ns = done;
+    s.state = detail::async_slot::status::done;
   }
 
   [[noreturn]] static void not_started(const std::exception_ptr& broken) {

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "../support/virtual_clock.hpp"
 #include "activity.hpp"
 #include "log.hpp"
 
@@ -136,8 +137,11 @@ class timeline {
   }
 
   // Now, in the timeline's clock: Unix time, advanced by the steady clock (so durations
-  // never go backwards; processes of one machine share the Unix epoch).
+  // never go backwards; processes of one machine share the Unix epoch). On a simulated
+  // rank, its virtual time from the simulation's start, so a simulated trace reads as a
+  // real one that began at the epoch.
   std::int64_t now_ns() const noexcept {
+    if (support::virtual_clock* v = support::this_thread_virtual_clock()) return v->now_ns();
     return unix_at_start_ns_ + std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now() - steady_at_start_)
                                    .count();

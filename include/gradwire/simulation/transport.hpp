@@ -1,0 +1,267 @@
+// transport::simulated: N ranks of the user's real code in virtual time, on a modelled cluster (simulation/).
+//
+//   simulation::cluster_model model = simulation::parse_cluster_model("hosts=25 ranks_per_host=4 bandwidth=10Gbit");
+//   simulation::run(model, [&](transport::simulated t) {    // one thread per rank, one at a time
+//     gradwire::strategy<..., transport::simulated> s(std::move(t), params, optimizer);
+//     ... s.step(grads); simulation::compute(2ms) ...
+//   });
+//
+// The endpoint models the transport concept and the optional capabilities the library's
+// strategies use: accumulating receives, fail, wait_any (in virtual arrival order: the
+// parameter server sees requests as a real one would), loss tolerance, traffic counts and
+// the topology of the modelled hosts. It does not claim a shared address space: the
+// ranks stand for processes. What a rank computes is real (gradients, accuracy); only time
+// is modelled: scheduler.hpp says how, network.hpp how messages take time, and
+// cluster_model.hpp what can be set. Traces (GRADWIRE_TIMELINE) and step stats are in
+// virtual time; a simulated job's timeline opens like a real one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../support/topology.hpp"
+#include "../timeouts.hpp"
+#include "../transport/detail/messages.hpp"
+#include "../transport/detail/pending_request.hpp"
+#include "cluster_model.hpp"
+#include "scheduler.hpp"
+
+namespace gradwire::simulation {
+
+namespace detail {
+// The simulated rank of the calling thread (null on other threads).
+inline rank_state*& this_thread_rank() noexcept {
+  thread_local rank_state* rank = nullptr;
+  return rank;
+}
+}  // namespace detail
+
+// One simulated rank's endpoint (transport::simulated). Cheap to move; it belongs to the
+// rank's thread that run() gave it to.
+class endpoint {
+ public:
+  using request = transport::detail::pending_request<detail::scheduler, detail::sim_op>;
+
+  endpoint(std::shared_ptr<detail::scheduler> scheduler, int rank)
+      : scheduler_(std::move(scheduler)), rank_(rank), topology_(scheduler_->model().topology()) {}
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return scheduler_->size(); }
+
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    // The sender's buffer is only read (copied from).
+    return post(true, peer, tag, const_cast<std::byte*>(bytes.data()), bytes.size(), transport::detail::deliver_copy);
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    return post(false, peer, tag, bytes.data(), bytes.size(), transport::detail::deliver_copy);
+  }
+  // inout[i] += message[i] as the message is delivered (concepts::accumulating_transport).
+  template <class V>
+  request async_recv_accumulate(int peer, std::uint64_t tag, std::span<V> inout) {
+    return post(false, peer, tag, reinterpret_cast<std::byte*>(inout.data()), inout.size_bytes(),
+                &transport::detail::deliver_accumulate<V>);
+  }
+
+  void wait(request& r, deadline until) {
+    auto op = r.take();
+    if (!op) throw error(errc::invalid_argument, "simulated: wait on an empty or already finished request");
+    detail::sim_op* ops[] = {op.get()};
+    try {
+      scheduler_->wait_any(rank_, ops, until);
+    } catch (...) {
+      scheduler_->cancel(*op);
+      scheduler_->end_call(rank_);
+      throw;
+    }
+    scheduler_->end_call(rank_);
+    if (op->failure != errc{}) throw error(op->failure, op->failure_message);  // it names this rank
+  }
+
+  // The request that completes first in virtual time; wait() then finishes it at once.
+  std::size_t wait_any(std::span<request* const> requests, deadline until) {
+    ops_.clear();
+    for (request* r : requests) ops_.push_back(r ? const_cast<detail::sim_op*>(r->peek()) : nullptr);
+    const std::size_t i = scheduler_->wait_any(rank_, ops_, until);
+    scheduler_->end_call(rank_);
+    return i;
+  }
+
+  // This rank failed: its peers learn it one latency later (concepts::failable_transport).
+  void fail(errc cause, const std::string& reason) { scheduler_->fail(rank_, cause, reason); }
+
+  // Survive the loss of `peer` (concepts::loss_tolerant_transport).
+  void tolerate_loss(int peer) {
+    transport::detail::check_peer("simulated", rank_, peer, size());
+    scheduler_->tolerate_loss(rank_, peer);
+  }
+  std::vector<int> lost_peers() const { return scheduler_->lost_peers(rank_); }
+
+  support::traffic_counters traffic() const noexcept { return scheduler_->state(rank_).traffic; }
+
+  // The modelled hosts (cluster_model::hosts x ranks_per_host).
+  const cluster::topology& topology() const noexcept { return topology_; }
+
+  // This rank's virtual clock.
+  time_point now() const noexcept { return scheduler_->state(rank_).clock; }
+
+ private:
+  request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
+               transport::detail::deliver_fn deliver) {
+    transport::detail::check_peer("simulated", rank_, peer, size());
+    scheduler_->sync(rank_);
+    auto op = std::make_unique<detail::sim_op>();
+    op->is_send = is_send;
+    op->source = is_send ? rank_ : peer;
+    op->destination = is_send ? peer : rank_;
+    op->tag = tag;
+    op->data = data;
+    op->bytes = bytes;
+    op->deliver = deliver;
+    request r = transport::detail::start_operation(scheduler_, std::move(op), [&](detail::sim_op& o) {
+      is_send ? scheduler_->post_send(o) : scheduler_->post_recv(o);
+    });
+    scheduler_->end_call(rank_);
+    return r;
+  }
+
+  std::shared_ptr<detail::scheduler> scheduler_;
+  int rank_;
+  cluster::topology topology_;
+  std::vector<detail::sim_op*> ops_;  // wait_any's, reused
+};
+
+// What a simulated run took, in virtual time.
+struct run_report {
+  time_point end{};                 // the last rank's clock when it finished
+  std::vector<time_point> rank_end;  // each rank's
+  std::vector<int> died;            // ranks that died as the model said
+};
+
+// A simulated job: the model's ranks, each running fn(endpoint) on a thread of its own,
+// one at a time in virtual-time order (scheduler.hpp).
+class job {
+ public:
+  explicit job(cluster_model model) : scheduler_(std::make_shared<detail::scheduler>(std::move(model))) {}
+
+  int size() const noexcept { return scheduler_->size(); }
+  const cluster_model& model() const noexcept { return scheduler_->model(); }
+
+  // Runs fn on every rank; returns each rank's outcome (null on success or a modelled
+  // death). A rank that throws is lost to the others, as on a real transport.
+  template <class Fn>
+  std::vector<std::exception_ptr> run(Fn&& fn, run_report* report = nullptr) {
+    const int n = size();
+    std::vector<std::exception_ptr> outcomes(static_cast<std::size_t>(n));
+    std::vector<char> died(static_cast<std::size_t>(n), 0);
+    {
+      std::vector<std::jthread> threads;
+      threads.reserve(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r)
+        threads.emplace_back([&, r] {
+          detail::scheduler& s = *scheduler_;
+          s.enter(r);
+          detail::this_thread_rank() = &s.state(r);
+          std::optional<std::pair<errc, std::string>> failure;
+          try {
+            fn(endpoint(scheduler_, r));
+          } catch (const rank_died&) {
+            died[static_cast<std::size_t>(r)] = 1;
+          } catch (const error& e) {
+            outcomes[static_cast<std::size_t>(r)] = std::current_exception();
+            failure.emplace(e.kind(), e.what());
+          } catch (const std::exception& e) {
+            outcomes[static_cast<std::size_t>(r)] = std::current_exception();
+            failure.emplace(errc::peer_lost, e.what());
+          } catch (...) {
+            outcomes[static_cast<std::size_t>(r)] = std::current_exception();
+            failure.emplace(errc::peer_lost, "unknown exception");
+          }
+          detail::this_thread_rank() = nullptr;
+          s.leave(r, std::move(failure));
+        });
+      scheduler_->start();
+      scheduler_->join_all();
+    }
+    if (report) {
+      report->rank_end.clear();
+      report->died.clear();
+      report->end = {};
+      for (int r = 0; r < n; ++r) {
+        report->rank_end.push_back(scheduler_->state(r).clock);
+        report->end = std::max(report->end, scheduler_->state(r).clock);
+        if (died[static_cast<std::size_t>(r)]) report->died.push_back(r);
+      }
+    }
+    return outcomes;
+  }
+
+ private:
+  std::shared_ptr<detail::scheduler> scheduler_;
+};
+
+// Runs fn(endpoint) on every rank of `model` and rethrows the root cause if a rank failed
+// (the first failure that is not a consequence, peer_lost, of another's), as
+// transport::run_inproc does. Returns the run's virtual times.
+template <class Fn>
+run_report run(cluster_model model, Fn&& fn) {
+  job j(std::move(model));
+  run_report report;
+  auto outcomes = j.run(std::forward<Fn>(fn), &report);
+  std::exception_ptr first, root;
+  for (auto& e : outcomes) {
+    if (!e) continue;
+    if (!first) first = e;
+    try {
+      std::rethrow_exception(e);
+    } catch (const error& x) {
+      if (!root && x.kind() != errc::peer_lost) root = e;
+    } catch (...) {
+      if (!root) root = e;
+    }
+  }
+  if (root || first) std::rethrow_exception(root ? root : first);
+  return report;
+}
+
+// Modelled work on the calling simulated rank: its clock advances by `d` times its speed
+// factors (cluster_model speed, slow=, this step's straggler draw). On other threads, nothing.
+inline void compute(duration d) {
+  if (detail::rank_state* s = detail::this_thread_rank()) {
+    s->charge_compute();
+    s->clock += s->stretched(d);
+  }
+}
+
+// The calling simulated rank's virtual time (zero on other threads).
+inline time_point now() {
+  if (detail::rank_state* s = detail::this_thread_rank()) return duration(s->now_ns());
+  return {};
+}
+
+// Whether the calling thread is a simulated rank.
+inline bool simulated() noexcept { return detail::this_thread_rank() != nullptr; }
+
+}  // namespace gradwire::simulation
+
+namespace gradwire::transport {
+// The simulated transport (simulation/transport.hpp).
+using simulated = simulation::endpoint;
+}  // namespace gradwire::transport
+
+namespace gradwire::simulation {
+static_assert(concepts::transport<endpoint>);
+static_assert(concepts::accumulating_transport<endpoint, float> && concepts::accumulating_transport<endpoint, double>);
+static_assert(concepts::failable_transport<endpoint> && concepts::multiplexing_transport<endpoint>);
+static_assert(concepts::loss_tolerant_transport<endpoint> && concepts::metered_transport<endpoint>);
+static_assert(concepts::topology_aware_transport<endpoint>);
+}  // namespace gradwire::simulation

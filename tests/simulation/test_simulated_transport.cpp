@@ -1,0 +1,493 @@
+// transport::simulated: closed-form virtual times, determinism, every strategy's maths equal to inproc's, faults.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <filesystem>
+#include <gradwire/gradwire.hpp>
+#include <gradwire/simulation/transport.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace gw = gradwire;
+namespace sim = gradwire::simulation;
+using namespace std::chrono_literals;
+
+namespace {
+
+gw::deadline soon() { return gw::deadline_after(std::chrono::seconds(30)); }
+
+double seconds(sim::time_point t) { return double(t.count()) / 1e9; }
+
+void send(gw::transport::simulated& t, int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+  auto r = t.async_send(peer, tag, bytes);
+  t.wait(r, soon());
+}
+void recv(gw::transport::simulated& t, int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+  auto r = t.async_recv(peer, tag, bytes);
+  t.wait(r, soon());
+}
+
+}  // namespace
+
+TEST_CASE("cluster models parse from key=value text and refuse what they cannot mean") {
+  const auto m = sim::parse_cluster_model(
+      "hosts=3 ranks_per_host=2, bandwidth=1Gbit latency=50us  # a comment\n local_bandwidth=10GB local_latency=2us "
+      "overhead=1us compute=modelled speed=2 slow=1:3 jitter=0.1 tail=0.02:1.5:10 die=4@1.5s seed=7");
+  CHECK(m.size() == 6);
+  CHECK(m.host(3) == 1);
+  CHECK(m.network.bandwidth == 125e6);
+  CHECK(m.network.latency == 50us);
+  CHECK(m.local.bandwidth == 10e9);
+  CHECK(m.overhead == 1us);
+  CHECK(m.compute == sim::compute_model::modelled);
+  CHECK(m.stragglers.fixed_factor(1) == 3);
+  CHECK(m.stragglers.tail_cap == 10);
+  REQUIRE(m.deaths.size() == 1);
+  CHECK(m.deaths[0].at == 1500ms);
+  CHECK(m.topology().host(5) == 2);
+  // What describe() prints reads back as the same model.
+  const auto again = sim::parse_cluster_model(sim::describe(m));
+  CHECK(again.size() == m.size());
+  CHECK(again.network.latency == m.network.latency);
+  CHECK(again.stragglers.tail_alpha == m.stragglers.tail_alpha);
+
+  auto config_error = [](const char* text, const char* says) {
+    CAPTURE(text);
+    REQUIRE_THROWS_MATCHES(sim::parse_cluster_model(text), gw::error,
+                           Catch::Predicate<gw::error>([&](const gw::error& e) {
+                             return e.kind() == gw::errc::config && std::string(e.what()).find(says) != std::string::npos;
+                           }));
+  };
+  config_error("hosts=0", "hosts and ranks_per_host");
+  config_error("bandwidth=fast", "bandwidth=fast");
+  config_error("latency=5 parsecs", "parsecs");
+  config_error("colour=blue", "unknown key 'colour'");
+  config_error("slow=9:2", "slow=9");
+  config_error("die=1", "RANK@TIME");
+  config_error("hosts", "not key=value");
+}
+
+TEST_CASE("virtual times of simple patterns equal their closed forms") {
+  SECTION("ping-pong: 2k messages of latency + n / bandwidth each") {
+    const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us compute=modelled");
+    const std::size_t n = 1'000'000;
+    const int round_trips = 10;
+    const auto report = sim::run(m, [&](gw::transport::simulated t) {
+      std::vector<std::byte> buf(n);
+      for (int i = 0; i < round_trips; ++i) {
+        if (t.rank() == 0) {
+          send(t, 1, 1, buf);
+          recv(t, 1, 2, buf);
+        } else {
+          recv(t, 0, 1, buf);
+          send(t, 0, 2, buf);
+        }
+      }
+    });
+    CHECK(seconds(report.end) == Approx(2 * round_trips * (10e-6 + double(n) / 1e9)).epsilon(1e-9));
+  }
+
+  SECTION("ring all-reduce: 2(N-1) steps of latency + (n/N) / bandwidth") {
+    for (int ranks : {2, 3, 5}) {
+      CAPTURE(ranks);
+      const auto m = sim::parse_cluster_model("hosts=" + std::to_string(ranks) +
+                                              " bandwidth=1GB latency=10us compute=modelled");
+      const std::size_t elements = 3 * 5 * 4096;  // divisible by every N here
+      double checked = 0;
+      const auto report = sim::run(m, [&](gw::transport::simulated t) {
+        gw::collective::communicator<gw::transport::simulated> comm(std::move(t));
+        std::vector<float> x(elements, float(comm.rank() + 1));
+        gw::collective::all_reduce<gw::collective::ring>(comm, std::span<float>(x));
+        if (comm.rank() == 0) checked = x[0];
+      });
+      CHECK(checked == ranks * (ranks + 1) / 2);
+      const double step = 10e-6 + double(elements * sizeof(float)) / ranks / 1e9;
+      // The call check rides beside the first data: a few bytes more in the first step
+      // (under 500 B: half a microsecond; one step more or less would be 10 us or more).
+      CHECK(seconds(report.end) == Approx(2 * (ranks - 1) * step).epsilon(0).margin(0.5e-6));
+    }
+  }
+
+  SECTION("two flows into one host share its link: the second arrives n / bandwidth after the first") {
+    const auto m = sim::parse_cluster_model("hosts=3 bandwidth=1GB latency=10us compute=modelled");
+    const std::size_t n = 4'000'000;
+    std::vector<double> arrived(2);
+    sim::run(m, [&](gw::transport::simulated t) {
+      std::vector<std::byte> buf(n);
+      if (t.rank() == 0) {
+        auto a = t.async_recv(1, 1, buf);
+        std::vector<std::byte> other(n);
+        auto b = t.async_recv(2, 1, other);
+        gw::transport::simulated::request* both[] = {&a, &b};
+        const std::size_t first = t.wait_any(both, soon());
+        arrived[0] = seconds(t.now());
+        t.wait(*both[first], soon());
+        t.wait(*both[1 - first], soon());
+        arrived[1] = seconds(t.now());
+      } else {
+        send(t, 0, 1, buf);
+      }
+    });
+    CHECK(arrived[0] == Approx(10e-6 + 4e-3).epsilon(1e-9));
+    CHECK(arrived[1] == Approx(10e-6 + 8e-3).epsilon(1e-9));
+  }
+
+  SECTION("two flows out of one host share its link; to ranks of its own host they take the local link") {
+    const auto m = sim::parse_cluster_model(
+        "hosts=2 ranks_per_host=2 bandwidth=1GB latency=10us local_bandwidth=4GB local_latency=1us compute=modelled");
+    const std::size_t n = 4'000'000;
+    std::vector<double> done(4);
+    sim::run(m, [&](gw::transport::simulated t) {
+      std::vector<std::byte> buf(n);
+      if (t.rank() == 0) {  // host 0 -> ranks 2 and 3 of host 1, and to rank 1 beside it
+        auto a = t.async_send(2, 1, buf);
+        auto b = t.async_send(3, 1, buf);
+        auto c = t.async_send(1, 1, buf);
+        t.wait(a, soon());
+        t.wait(b, soon());
+        t.wait(c, soon());
+      } else {
+        recv(t, 0, 1, buf);
+        done[static_cast<std::size_t>(t.rank())] = seconds(t.now());
+      }
+    });
+    CHECK(done[2] == Approx(10e-6 + 4e-3).epsilon(1e-9));
+    CHECK(done[3] == Approx(10e-6 + 8e-3).epsilon(1e-9));
+    CHECK(done[1] == Approx(1e-6 + 1e-3).epsilon(1e-9));
+  }
+
+  SECTION("modelled compute, speed and a slow rank: the step waits for the slowest") {
+    const auto m = sim::parse_cluster_model("hosts=3 bandwidth=1GB latency=0us compute=modelled speed=2 slow=2:3");
+    const auto report = sim::run(m, [&](gw::transport::simulated t) {
+      gw::collective::communicator<gw::transport::simulated> comm(std::move(t));
+      sim::compute(10ms);
+      gw::collective::barrier(comm);
+    });
+    // Rank 2 computes 10 ms x 2 x 3; the barrier's messages are a few bytes.
+    CHECK(seconds(report.end) == Approx(0.060).epsilon(1e-4));
+    CHECK(report.rank_end[0] >= 60ms);
+  }
+
+  SECTION("measured compute counts the CPU time a rank spends, times its speed") {
+    const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=0us compute=measured speed=10");
+    sim::time_point after_spin{};
+    double cpu_seconds = 0;
+    sim::run(m, [&](gw::transport::simulated t) {
+      std::byte b[1];
+      if (t.rank() == 0) {
+        const auto begin = std::chrono::steady_clock::now();
+        volatile double x = 0;
+        while (std::chrono::steady_clock::now() - begin < 20ms) x = x + 1;  // ~20 ms of CPU (2 cores, maybe less)
+        cpu_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        send(t, 1, 1, b);
+        after_spin = t.now();
+      } else {
+        recv(t, 0, 1, b);
+      }
+    });
+    // At most the wall time spun, times 10; at least a fifth of it (a busy machine).
+    CHECK(seconds(after_spin) <= 10 * cpu_seconds * 1.05);
+    CHECK(seconds(after_spin) >= 10 * cpu_seconds / 5);
+  }
+}
+
+TEST_CASE("a receive nobody sends times out in virtual time; a job where every rank waits forever is a deadlock") {
+  const auto m = sim::parse_cluster_model("hosts=2 compute=modelled");
+  sim::time_point timed_out_at{};
+  REQUIRE_THROWS_MATCHES(sim::run(m,
+                                  [&](gw::transport::simulated t) {
+                                    std::byte b[4];
+                                    if (t.rank() == 1) return;
+                                    auto r = t.async_recv(1, 9, b);
+                                    try {
+                                      t.wait(r, gw::deadline_after(2s));
+                                    } catch (...) {
+                                      timed_out_at = t.now();
+                                      throw;
+                                    }
+                                  }),
+                         gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
+                           // Rank 1 returned: its endpoint closed, so the receive fails
+                           // as a lost peer at once instead of waiting for the deadline.
+                           return e.kind() == gw::errc::peer_lost && std::string(e.what()).find("rank 0: rank 1 finished") != std::string::npos;
+                         }));
+  CHECK(timed_out_at < 1ms);
+
+  REQUIRE_THROWS_MATCHES(sim::run(m,
+                                  [&](gw::transport::simulated t) {
+                                    std::byte b[4];
+                                    auto r = t.async_recv(1 - t.rank(), 9, b);
+                                    t.wait(r, gw::deadline_after(2s));
+                                  }),
+                         gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
+                           return e.kind() == gw::errc::timeout && std::string(e.what()).find("virtual time 2.0") != std::string::npos;
+                         }));
+
+  REQUIRE_THROWS_MATCHES(sim::run(m,
+                                  [&](gw::transport::simulated t) {
+                                    std::byte b[4];
+                                    auto r = t.async_recv(1 - t.rank(), 9, b);
+                                    t.wait(r, gw::deadline::max());
+                                  }),
+                         gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
+                           return e.kind() == gw::errc::timeout && std::string(e.what()).find("deadlocked") != std::string::npos;
+                         }));
+}
+
+TEST_CASE("wait_any returns requests in virtual arrival order, not in rank order") {
+  const auto m = sim::parse_cluster_model("hosts=5 bandwidth=1GB latency=10us compute=modelled");
+  std::vector<int> order;
+  sim::run(m, [&](gw::transport::simulated t) {
+    std::uint32_t word = 0;
+    auto bytes = std::as_writable_bytes(std::span(&word, 1));
+    if (t.rank() == 0) {
+      std::vector<std::uint32_t> words(4);
+      std::vector<gw::transport::simulated::request> rs;
+      for (int p = 1; p <= 4; ++p) rs.push_back(t.async_recv(p, 1, std::as_writable_bytes(std::span(&words[p - 1], 1))));
+      std::vector<gw::transport::simulated::request*> ptrs;
+      for (auto& r : rs) ptrs.push_back(&r);
+      for (int k = 0; k < 4; ++k) {
+        const std::size_t i = t.wait_any(ptrs, soon());
+        t.wait(*ptrs[i], soon());
+        ptrs[i] = nullptr;
+        order.push_back(int(words[i]));
+      }
+    } else {
+      sim::compute(std::chrono::milliseconds(10 * ((t.rank() * 3) % 5)));  // ranks 1..4: 30, 10, 40, 20 ms
+      word = std::uint32_t(t.rank());
+      send(t, 0, 1, bytes);
+    }
+  });
+  CHECK(order == std::vector<int>{2, 4, 1, 3});
+}
+
+namespace {
+
+// The incremental-step test's model: tensors of several sizes, a gradient linear in the
+// parameters, a float64 reference of synchronous SGD on the mean gradient.
+const std::vector<std::size_t> sizes{37, 0, 1, 300, 5, 1024, 3};
+
+double shift(int rank, int step, std::size_t tensor, std::size_t j) {
+  return std::sin(0.37 * double(j) + 1.3 * double(tensor) + 0.71 * rank + 0.19 * step);
+}
+double slope(int rank) { return 0.5 + 0.25 * rank; }
+
+std::vector<gw::host_tensor<float>> make_params() {
+  std::vector<gw::host_tensor<float>> out;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    out.emplace_back(gw::shape{sizes[t]});
+    for (std::size_t j = 0; j < sizes[t]; ++j) out.back().data()[j] = float(0.1 * std::cos(double(j + t)));
+  }
+  return out;
+}
+
+using params_t = std::vector<std::vector<float>>;
+
+// `workers` workers' synchronous SGD on the mean gradient, in float64.
+std::vector<std::vector<double>> reference(int workers, int steps, double lr) {
+  std::vector<std::vector<double>> p;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    p.emplace_back(sizes[t]);
+    for (std::size_t j = 0; j < sizes[t]; ++j) p[t][j] = double(float(0.1 * std::cos(double(j + t))));
+  }
+  for (int k = 0; k < steps; ++k)
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<double> mean(sizes[t], 0.0);
+      for (int r = 0; r < workers; ++r)
+        for (std::size_t j = 0; j < sizes[t]; ++j) mean[j] += (slope(r) * p[t][j] + shift(r, k, t, j)) / workers;
+      for (std::size_t j = 0; j < sizes[t]; ++j) p[t][j] -= lr * mean[j];
+    }
+  return p;
+}
+
+// Trains `steps` steps on every rank the transport `each_rank` runs; returns every
+// worker's final parameters (servers' entries stay empty).
+template <class Strategy, class Transport>
+void train_rank(Transport t, int steps, double lr, typename Strategy::aggregation_type aggregation,
+                std::vector<params_t>& out) {
+  const int rank = t.rank();
+  Strategy s(std::move(t), make_params(), gw::optim::sgd({.lr = lr}), aggregation, {.timeout = std::chrono::seconds(60)});
+  if (s.is_server()) {
+    if constexpr (requires { s.serve(); }) s.serve();
+    return;
+  }
+  for (int k = 0; k < steps; ++k) {
+    std::vector<std::vector<float>> grads;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const float* p = s.parameters()[i].data();
+      grads.emplace_back(sizes[i]);
+      for (std::size_t j = 0; j < sizes[i]; ++j) grads[i][j] = float(slope(rank) * double(p[j]) + shift(rank, k, i, j));
+    }
+    sim::compute(std::chrono::milliseconds(1 + rank % 3));
+    std::vector<std::span<const float>> views(grads.begin(), grads.end());
+    s.step(views);
+  }
+  params_t mine;
+  for (auto& p : s.parameters()) mine.emplace_back(p.data(), p.data() + p.size());
+  out[static_cast<std::size_t>(rank)] = std::move(mine);
+}
+
+template <class A, class Transport>
+using strategy_of = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, A, Transport>;
+
+template <class A>
+std::vector<params_t> on_inproc(int ranks, int steps, double lr, A aggregation) {
+  std::vector<params_t> out(static_cast<std::size_t>(ranks));
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    train_rank<strategy_of<A, gw::transport::inproc>>(std::move(t), steps, lr, aggregation, out);
+  });
+  return out;
+}
+
+template <class A>
+std::vector<params_t> on_simulated(const sim::cluster_model& m, int steps, double lr, A aggregation) {
+  std::vector<params_t> out(static_cast<std::size_t>(m.size()));
+  sim::run(m, [&](gw::transport::simulated t) {
+    train_rank<strategy_of<A, gw::transport::simulated>>(std::move(t), steps, lr, aggregation, out);
+  });
+  return out;
+}
+
+void require_close(const params_t& got, const std::vector<std::vector<double>>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t t = 0; t < want.size(); ++t)
+    for (std::size_t j = 0; j < want[t].size(); ++j) {
+      CAPTURE(t, j);
+      REQUIRE(double(got[t][j]) == Approx(want[t][j]).epsilon(2e-5).margin(2e-6));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("every strategy computes on the simulated transport what it computes on inproc: time changes, not maths") {
+  constexpr double lr = 0.05;
+  constexpr int steps = 4;
+  namespace agg = gw::aggregation;
+  const auto one_host = sim::parse_cluster_model("hosts=1 ranks_per_host=4 compute=modelled jitter=0.3 seed=3");
+  const auto two_hosts = sim::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1Gbit compute=modelled jitter=0.3");
+  const auto want = reference(4, steps, lr);
+
+  SECTION("all_reduce (bucketed, async engine), central, averaging<1>: bit-identical to inproc on one host") {
+    auto check = [&](auto aggregation) {
+      const auto a = on_inproc(4, steps, lr, aggregation);
+      const auto b = on_simulated(one_host, steps, lr, aggregation);
+      for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        CHECK(a[static_cast<std::size_t>(r)] == b[static_cast<std::size_t>(r)]);
+        require_close(b[static_cast<std::size_t>(r)], want);
+      }
+    };
+    check(agg::all_reduce{});
+    check(agg::all_reduce(512));
+    check(agg::central(2));
+    check(agg::averaging<1>{});
+  }
+  SECTION("all_reduce across two modelled hosts (hierarchical where auto picks it) matches the reference") {
+    for (const auto& r : on_simulated(two_hosts, steps, lr, agg::all_reduce{})) require_close(r, want);
+  }
+  SECTION("parameter server, sync, on 3 workers and 1 server matches the reference") {
+    gw::ps::options o;
+    o.servers = 1;
+    const auto got = on_simulated(two_hosts, steps, lr, agg::parameter_server<gw::ps::sync>(o));
+    const auto want3 = reference(3, steps, lr);
+    for (int r = 0; r < 3; ++r) require_close(got[static_cast<std::size_t>(r)], want3);
+    CHECK(got[3].empty());
+  }
+}
+
+TEST_CASE("two runs with the same seed give identical traces and parameters; another seed does not") {
+  namespace agg = gw::aggregation;
+  auto& timeline = gw::observe::timeline::global();
+  const auto path = std::filesystem::temp_directory_path() / "gradwire_test_simulation_timeline.json";
+  timeline.start(path);
+  gw::ps::options o;
+  o.servers = 1;
+  auto run_once = [&](const char* cluster) {
+    timeline.write();  // forget earlier events
+    const auto m = sim::parse_cluster_model(cluster);
+    const auto params = on_simulated(m, 6, 0.05, agg::parameter_server<gw::ps::async>(o));
+    std::vector<std::tuple<std::string, int, int, std::int64_t, std::int64_t, std::uint64_t>> events;
+    for (const auto& e : timeline.events()) events.emplace_back(e.name, e.rank, e.track, e.begin_ns, e.duration_ns, e.bytes);
+    return std::pair{params, events};
+  };
+  const char* model = "hosts=5 bandwidth=1Gbit latency=20us compute=modelled jitter=0.4 tail=0.2:1.5 seed=11";
+  const auto [params_a, events_a] = run_once(model);
+  const auto [params_b, events_b] = run_once(model);
+  const auto [params_c, events_c] = run_once("hosts=5 bandwidth=1Gbit latency=20us compute=modelled jitter=0.4 tail=0.2:1.5 seed=12");
+  timeline.stop();
+  timeline.write();
+  std::filesystem::remove(path);
+  REQUIRE(events_a.size() > 50);
+  CHECK(events_a == events_b);
+  CHECK(params_a == params_b);
+  // Virtual time: the first event begins near zero, not at the Unix time of today.
+  CHECK(std::get<3>(events_a.front()) < std::int64_t(1e9));
+  CHECK(events_a != events_c);  // async: arrival order, so the maths, follows the stragglers
+}
+
+TEST_CASE("a rank that dies at virtual time t is a lost peer to the others, as on a real transport") {
+  namespace agg = gw::aggregation;
+  SECTION("synchronous all-reduce: every survivor fails with peer_lost naming the rank, after t") {
+    const auto m = sim::parse_cluster_model("hosts=4 bandwidth=1Gbit latency=50us compute=modelled die=2@25ms");
+    std::vector<std::string> errors(4);
+    std::vector<sim::time_point> when(4);
+    sim::job job(m);
+    sim::run_report report;
+    const auto outcomes = job.run(
+        [&](gw::transport::simulated t) {
+          const int r = t.rank();
+          gw::collective::communicator<gw::transport::simulated> comm(std::move(t));
+          std::vector<float> x(1000, 1.0f);
+          try {
+            for (int k = 0; k < 100; ++k) {
+              sim::compute(1ms);
+              gw::collective::all_reduce(comm, std::span<float>(x));
+            }
+          } catch (const gw::error& e) {
+            errors[static_cast<std::size_t>(r)] = e.what();
+            when[static_cast<std::size_t>(r)] = sim::now();
+            throw;
+          }
+        },
+        &report);
+    CHECK(report.died == std::vector<int>{2});
+    CHECK(!outcomes[2]);
+    for (int r : {0, 1, 3}) {
+      CAPTURE(r, errors[static_cast<std::size_t>(r)]);
+      REQUIRE(outcomes[static_cast<std::size_t>(r)]);
+      CHECK(errors[static_cast<std::size_t>(r)].find("rank 2") != std::string::npos);
+      CHECK(when[static_cast<std::size_t>(r)] >= 25ms + 50us);
+      CHECK(when[static_cast<std::size_t>(r)] < 40ms);
+    }
+  }
+  SECTION("asynchronous parameter server: the servers drop the dead worker and training goes on") {
+    gw::ps::options o;
+    o.servers = 1;
+    const auto m = sim::parse_cluster_model("hosts=4 bandwidth=1Gbit latency=50us compute=modelled die=1@2ms");
+    std::vector<params_t> out(4);
+    std::vector<int> lost;
+    sim::run_report report = sim::run(m, [&](gw::transport::simulated t) {
+      using S = strategy_of<agg::parameter_server<gw::ps::async>, gw::transport::simulated>;
+      const int rank = t.rank();
+      S s(std::move(t), make_params(), gw::optim::sgd({.lr = 0.01}), agg::parameter_server<gw::ps::async>(o));
+      if (s.is_server()) {
+        const auto stats = s.serve();
+        lost = stats.lost_workers;
+        return;
+      }
+      for (int k = 0; k < 10; ++k) {
+        std::vector<std::vector<float>> grads;
+        for (std::size_t i = 0; i < sizes.size(); ++i) grads.emplace_back(sizes[i], 0.01f * float(rank + 1));
+        sim::compute(1ms);
+        std::vector<std::span<const float>> views(grads.begin(), grads.end());
+        s.step(views);
+      }
+    });
+    CHECK(report.died == std::vector<int>{1});
+    CHECK(lost == std::vector<int>{1});
+  }
+}
