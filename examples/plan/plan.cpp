@@ -1,0 +1,158 @@
+// plan: predicted all-reduce times, step times and samples/s of every strategy on a described cluster, and which to choose.
+//
+//   plan [--params P | --tensors N,N,...] [--step-compute 2ms | --flops-per-sample X --device-flops 50G]
+//        [--batch 64] [--workers W] [--cluster "hosts=25 ranks_per_host=4 bandwidth=10Gbit ..." | --cluster-file F]
+//        [--servers S] [--backup-workers K] [--staleness S] [--period H] [--trials N] [--simulate]
+//
+// The numbers come from the analytic cost models (gradwire/simulation/cost_model.hpp):
+// the messages each collective and strategy sends, priced on the cluster's links, and the
+// straggler model's order statistics. docs/planning.md explains the model and the output.
+// --simulate runs the strategies in virtual time for time to accuracy (run_simulation).
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <gradwire/simulation/cost_model.hpp>
+
+#include "plan_options.hpp"
+
+namespace {
+
+namespace sim = gradwire::simulation;
+using plan::plan_options;
+
+double mib(std::size_t bytes) { return double(bytes) / double(1 << 20); }
+
+void print_inputs(const plan_options& o, const sim::strategy_costs& costs) {
+  const auto& c = o.cluster;
+  const std::size_t bytes = o.work.parameters * sizeof(float);
+  std::printf("# gradwire plan: %d workers on %d host%s x %d, batch %d, %zu float32 parameters (%.2f MiB%s)\n",
+              c.size(), c.hosts, c.hosts == 1 ? "" : "s", c.ranks_per_host, o.work.batch, o.work.parameters, mib(bytes),
+              o.work.tensors.empty() ? "" : (", " + std::to_string(o.work.tensors.size()) + " tensors").c_str());
+  std::printf("# cluster: %s\n#          %s\n", o.cluster_text.c_str(), sim::describe(c).c_str());
+  const double step = o.work.step_seconds;
+  std::printf("# compute: %.3f ms per step per worker at speed 1 (%s)\n", step * 1e3, o.compute_source.c_str());
+  const double slowest = costs.expected_max_compute();
+  std::printf("# stragglers: a step waits E[slowest of %d] = %.3f ms (%.2fx); one worker alone averages %.3f ms", c.size(),
+              slowest * 1e3, step > 0 ? slowest / step : 1, costs.statistics().expected(0, costs.statistics().mean_draw()) * 1e3);
+  if (c.stragglers.random())
+    std::printf(" (%d Monte Carlo steps, seed %llu)", costs.statistics().trials(),
+                static_cast<unsigned long long>(c.seed));
+  std::printf("\n#\n");
+}
+
+// The nccl-tests table for one all-reduce of the whole gradient, every algorithm.
+void print_all_reduce(const plan_options& o) {
+  const auto& c = o.cluster;
+  const std::size_t count = o.work.parameters, bytes = count * sizeof(float);
+  std::printf("# all-reduce of the gradient in one call, every algorithm (busbw = algbw x 2(N-1)/N, N = %d)\n#\n",
+              c.size());
+  std::printf("# %12s %10s %6s  %-28s %7s %12s %12s %12s  %s\n", "size", "count", "type", "algorithm", "rounds",
+              "time(us)", "algbw(GB/s)", "busbw(GB/s)", "note");
+  for (const auto a : sim::every_all_reduce_algorithm) {
+    const sim::all_reduce_cost r = sim::predict_all_reduce(c, a, count);
+    std::string name = sim::name_of(a);
+    if (a == sim::all_reduce_algorithm::auto_ || r.runs != a) name += std::string(" -> ") + sim::name_of(r.runs);
+    if (!r.available) {
+      std::printf("  %12zu %10zu %6s  %-28s %7s %12s %12s %12s  %s\n", bytes, count, "float", name.c_str(), "-", "-", "-",
+                  "-", r.note.c_str());
+      continue;
+    }
+    const double algbw = r.seconds > 0 ? double(bytes) / r.seconds / 1e9 : 0;
+    const double busbw = algbw * 2 * (c.size() - 1) / c.size();
+    std::printf("  %12zu %10zu %6s  %-28s %7lld %12.2f %12.3f %12.3f  %s\n", bytes, count, "float", name.c_str(), r.rounds,
+                r.seconds * 1e6, algbw, busbw, r.note.c_str());
+  }
+  std::printf("#\n");
+}
+
+// [docs:predict]
+// Every strategy the planner compares, priced by the cost model. One the cost model
+// refuses (too many workers x servers to price) is listed as unavailable, with why.
+std::vector<sim::strategy_cost> predict_strategies(const plan_options& o, const sim::strategy_costs& costs) {
+  using sim::all_reduce_algorithm;
+  std::vector<sim::strategy_cost> all;
+  auto add = [&](const std::string& name, auto&& predict) {
+    try {
+      all.push_back(predict());
+    } catch (const gradwire::error& e) {
+      if (e.kind() != gradwire::errc::invalid_argument) throw;
+      all.push_back({name, {}, true, false, 0, 0, 0, 0, e.details()});
+    }
+  };
+  for (const auto a : {all_reduce_algorithm::auto_, all_reduce_algorithm::ring, all_reduce_algorithm::halving_doubling,
+                       all_reduce_algorithm::hierarchical})
+    add(std::string("all_reduce<") + sim::name_of(a) + ">", [&] { return costs.all_reduce(a); });
+  add("parameter_server<sync>", [&] { return costs.ps_sync(o.servers); });
+  add("parameter_server<backup_workers>", [&] { return costs.ps_backup_workers(o.servers, o.backup_workers); });
+  add("parameter_server<async>", [&] { return costs.ps_async(o.servers); });
+  add("parameter_server<bounded_staleness>", [&] { return costs.ps_bounded_staleness(o.servers, o.staleness); });
+  add("local_sgd", [&] { return costs.local_sgd(o.period); });
+  add("central_storage", [&] { return costs.central_storage(); });
+  return all;
+}
+// [/docs:predict]
+
+void print_strategies(const std::vector<sim::strategy_cost>& all, const sim::strategy_costs& costs) {
+  const double alone = costs.one_worker_samples_per_second();
+  std::printf("# every strategy: per step, compute (the wait for the workers a step needs) + communication\n#\n");
+  std::printf("# %-40s %12s %10s %10s %12s %8s %5s  %s\n", "strategy", "compute(ms)", "comm(ms)", "step(ms)", "samples/s",
+              "speedup", "sync", "note");
+  for (const auto& s : all) {
+    if (!s.available) {
+      std::printf("  %-40s %12s %10s %10s %12s %8s %5s  %s\n", s.name.c_str(), "-", "-", "-", "-", "-", "-",
+                  s.note.c_str());
+      continue;
+    }
+    std::printf("  %-40s %12.3f %10.3f %10.3f %12.0f %8.1f %5s  %s\n", s.name.c_str(), s.compute * 1e3,
+                s.communication * 1e3, s.step * 1e3, s.samples_per_second, alone > 0 ? s.samples_per_second / alone : 0,
+                s.synchronous ? "yes" : "no", s.note.c_str());
+  }
+  std::printf("# speedup: over one worker alone (%.0f samples/s); sync no: stale or averaged updates, more steps to an "
+              "accuracy\n#\n",
+              alone);
+}
+
+void print_recommendation(const std::vector<sim::strategy_cost>& all) {
+  const sim::recommendation r = sim::recommend(all);
+  std::printf("# recommendation: %s\n#   why: %s\n#   note: %s\n", all[r.best].name.c_str(), r.reason.c_str(),
+              r.caveat.c_str());
+}
+
+// --simulate: runs each strategy's real training (examples/fashion_mnist) over the
+// simulated transport in virtual time and reports time to accuracy beside the prediction.
+// TODO(issue 20): call simulate_strategies (the simulator's driver) with o.cluster,
+// o.work and the strategies above; this is the one function to fill in.
+void run_simulation(const plan_options& o) {
+  std::printf("#\n# --simulate: runs simulate_strategies on %s for time to accuracy\n", o.cluster_text.c_str());
+  std::printf("# (not wired to the simulator's driver yet: the predictions above are analytic only)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const plan_options o = plan::parse_plan_options(argc, argv);
+    if (o.help) {
+      std::fputs(plan::usage_text, stdout);
+      return 0;
+    }
+    sim::cost_options model;
+    model.trials = o.trials;
+    const sim::strategy_costs costs(o.cluster, o.work, model);
+    print_inputs(o, costs);
+    print_all_reduce(o);
+    const auto all = predict_strategies(o, costs);
+    print_strategies(all, costs);
+    print_recommendation(all);
+    if (o.simulate) run_simulation(o);
+    return 0;
+  } catch (const gradwire::error& e) {
+    std::fprintf(stderr, "plan: %s\n", e.details().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "plan: %s\n", e.what());
+    return 1;
+  }
+}

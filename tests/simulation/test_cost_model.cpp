@@ -1,0 +1,395 @@
+// The analytic cost models (simulation/cost_model.hpp) against closed forms derived by hand, and the planner's options.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gradwire/collective/verify.hpp>
+#include <gradwire/ps/protocol.hpp>
+#include <gradwire/simulation/cost_model.hpp>
+
+#include "plan_options.hpp"
+#include "support/errors.hpp"
+
+namespace gw = gradwire;
+namespace sim = gradwire::simulation;
+using sim::all_reduce_algorithm;
+
+namespace {
+
+// Options without the call check's frames, for the pure closed forms; the frames are
+// checked on their own below.
+sim::cost_options unchecked() {
+  sim::cost_options o;
+  o.collective.verify = false;
+  return o;
+}
+
+double predicted(const sim::cluster_model& c, all_reduce_algorithm a, std::size_t elements,
+                 const sim::cost_options& o = unchecked()) {
+  const auto cost = sim::predict_all_reduce(c, a, elements, o);
+  REQUIRE(cost.available);
+  return cost.seconds;
+}
+
+// One message alone, its receive included: overhead to send, latency, bytes / bandwidth,
+// overhead to receive (simulation/network.hpp, scheduler.hpp).
+double hop(const sim::cluster_model& c, const sim::link_model& l, double bytes) {
+  return 2 * sim::seconds_of(c.overhead) + sim::seconds_of(l.latency) + bytes / l.bandwidth;
+}
+
+}  // namespace
+
+TEST_CASE("a round prices contention: k messages through one link cost k times their bytes") {
+  // Sender r posts its k-th message at k overhead; each egress link, then each ingress
+  // link, carries its messages one after another (simulation/network.hpp); the receive
+  // completes an overhead after the last byte.
+  const auto c = sim::parse_cluster_model("hosts=3 bandwidth=1GB latency=10us overhead=1us");
+  const double n = 1e6, o = 1e-6, a = 10e-6, b = 1e9;
+  const std::vector<sim::message> one{{0, 1, n}};
+  CHECK(sim::round_seconds(c, one) == Approx(o + a + n / b + o));
+  // Two hosts into one: its ingress carries both.
+  const std::vector<sim::message> into{{0, 2, n}, {1, 2, n}};
+  CHECK(sim::round_seconds(c, into) == Approx(o + a + 2 * n / b + o));
+  // One host out to two: its egress carries both (the second overhead is paid while the
+  // first message is on the wire).
+  const std::vector<sim::message> out{{0, 1, n}, {0, 2, n}};
+  CHECK(sim::round_seconds(c, out) == Approx(o + 2 * n / b + a + o));
+  // Opposite directions of one link do not share (full duplex).
+  const std::vector<sim::message> both{{0, 1, n}, {1, 0, n}};
+  CHECK(sim::round_seconds(c, both) == Approx(o + a + n / b + o));
+  // Steady state: 500 messages/s of 1 MB through a 1 GB/s link is half of it.
+  sim::link_loads rate(c);
+  rate.add(one, 500);
+  CHECK(rate.utilisation() == Approx(0.5));
+}
+
+TEST_CASE("ring all-reduce: 2(N-1) steps of one part, one network hop per host boundary") {
+  // Step s: rank r sends part (r - s - 1) mod N, n/N elements, to r + 1 and waits for
+  // part (r - s - 2) from r - 1; nothing else is on its links, so each step is one
+  // message alone: 2 overhead + latency + (n/N) bytes / bandwidth; 2(N-1) steps in all.
+  for (int ranks : {2, 3, 4, 7}) {
+    CAPTURE(ranks);
+    const std::size_t elements = 7 * 5 * 4 * 3 * 1024;  // divisible by every N here
+    const double part = double(elements * sizeof(float)) / ranks;
+    // One host: local ports only.
+    const auto one_host = sim::parse_cluster_model("hosts=1 ranks_per_host=" + std::to_string(ranks) +
+                                                   " local_bandwidth=10GB local_latency=2us overhead=500ns");
+    CHECK(predicted(one_host, all_reduce_algorithm::ring, elements) ==
+          Approx(2 * (ranks - 1) * hop(one_host, one_host.local, part)));
+    // One rank per host: every hop crosses the network.
+    const auto spread = sim::parse_cluster_model("hosts=" + std::to_string(ranks) + " bandwidth=1Gbit latency=50us");
+    CHECK(predicted(spread, all_reduce_algorithm::ring, elements) ==
+          Approx(2 * (ranks - 1) * hop(spread, spread.network, part)));
+    CHECK(sim::predict_all_reduce(spread, all_reduce_algorithm::ring, elements).rounds == 2 * (ranks - 1));
+  }
+  // Hosts of several ranks: steps are not in lockstep. Each rank waits only for its left
+  // neighbour, so the ranks behind a host's local hops run ahead, and what binds is the
+  // host's last rank sending one part per step across, back to back: its send of step s
+  // leaves part / bandwidth after its send of step s - 1 (the parts from its left arrive
+  // over the fast local hops in time). 2(N-1) - 1 parts one after another on the host
+  // link, then the last one's hop: (2(N-1) - 1) part / bandwidth + latency + part /
+  // bandwidth. (Lockstep would charge every step the network hop: 2(N-1) x 82 us here,
+  // against 370 us; the simulator measures 370.)
+  const auto mixed = sim::parse_cluster_model("hosts=2 ranks_per_host=3 bandwidth=1Gbit latency=50us");
+  const std::size_t elements = 6 * 1000;
+  const double part = elements * 4.0 / 6;
+  CHECK(predicted(mixed, all_reduce_algorithm::ring, elements) ==
+        Approx(9 * part / mixed.network.bandwidth + hop(mixed, mixed.network, part)));
+  // Parts are cut in elements: 10 elements on 3 ranks are priced at the longest, 4.
+  const auto three = sim::parse_cluster_model("hosts=3 bandwidth=1GB latency=0s");
+  CHECK(predicted(three, all_reduce_algorithm::ring, 10) == Approx(4 * 16 / 1e9));
+}
+
+TEST_CASE("the call check's frames ride in the first round") {
+  // With verify on, a rank posts a check_frame to each neighbour before step 0's data:
+  // the data leaves at 3 overheads (the frames, 88 B, are off the port by then), so step
+  // 0 takes 3 overhead + latency + part / bandwidth + overhead.
+  const auto c = sim::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=1us overhead=1us");
+  const std::size_t elements = 4096;
+  const double part = elements * 4.0 / 4, frame = sizeof(gw::collective::check_frame);
+  const double first = 3e-6 + 1e-6 + part / 1e9 + 1e-6;
+  const double rest = 5 * hop(c, c.local, part);
+  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::ring, elements).seconds == Approx(first + rest));
+  // Nothing to reduce: the frames alone; the left-going frame, posted second, is last.
+  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::ring, 0).rounds == 1);
+  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::ring, 0).seconds == Approx(2e-6 + 1e-6 + frame / 1e9 + 1e-6));
+}
+
+TEST_CASE("halving-doubling: 2 log2 P exchanges, a fold and an unfold for N not a power of two") {
+  const auto c = sim::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=2us");
+  const std::size_t elements = 1 << 16;
+  const double n = elements * 4.0;
+  // Halving gives away n/2 then n/4; doubling sends n/4 then n/2; one message per rank each.
+  const double four = hop(c, c.local, n / 2) + hop(c, c.local, n / 4) + hop(c, c.local, n / 4) + hop(c, c.local, n / 2);
+  CHECK(predicted(c, all_reduce_algorithm::halving_doubling, elements) == Approx(four));
+  // Five ranks: rank 0 folds its whole buffer into rank 1 first and gets the result back
+  // last. Rank 1 is on the whole path (the others' early messages to it queue behind the
+  // fold on its port): the four exchanges plus two whole-buffer hops.
+  const auto five = sim::parse_cluster_model("hosts=1 ranks_per_host=5 local_bandwidth=1GB local_latency=2us");
+  CHECK(predicted(five, all_reduce_algorithm::halving_doubling, elements) == Approx(four + 2 * hop(five, five.local, n)));
+  CHECK(sim::predict_all_reduce(five, all_reduce_algorithm::halving_doubling, elements).rounds == 6);
+}
+
+TEST_CASE("halving-doubling contends on host links where the ring does not") {
+  // 2 hosts x 2 ranks: the first halving exchange pairs rank r with r ^ 2, on the other
+  // host; both ranks of a host send n/2 at once, so the host link carries n. The ring's
+  // network step carries one part (n/4) per host, back to back over its 6 steps (see
+  // above): 6 parts and one latency.
+  const auto c = sim::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1GB latency=10us local_bandwidth=100GB "
+                                          "local_latency=0s");
+  const std::size_t elements = 1 << 18;
+  const double n = elements * 4.0;
+  const double across = 2 * hop(c, c.network, 2 * (n / 2));  // halving and doubling at distance 2
+  const double inside = 2 * hop(c, c.local, n / 4);            // at distance 1, on the host
+  CHECK(predicted(c, all_reduce_algorithm::halving_doubling, elements) == Approx(across + inside));
+  CHECK(predicted(c, all_reduce_algorithm::ring, elements) == Approx(5 * (n / 4) / 1e9 + hop(c, c.network, n / 4)));
+}
+
+TEST_CASE("hierarchical: host ring, R parallel rings across hosts sharing the link, host ring") {
+  // H = 2 hosts of R = 2: reduce-scatter in the host (1 round of a column, n/2, local),
+  // 2(H-1) = 2 rounds across in which both ranks of a host send their column's 1/H (n/4),
+  // then the all-gather in the host (1 round). The two rings across do not wait for each
+  // other, so the host link stays busy while either's latency passes: the rounds across
+  // take max(2 (latency + n/4 / bandwidth), latency + 2 rounds x 2 rings x n/4 / bandwidth).
+  const auto c = sim::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1GB latency=10us local_bandwidth=10GB "
+                                          "local_latency=1us");
+  const std::size_t elements = 1 << 16;
+  const double n = elements * 4.0;
+  const double across = std::max(2 * hop(c, c.network, n / 4), 10e-6 + 2 * 2 * (n / 4) / 1e9);
+  CHECK(across == Approx(10e-6 + n / 1e9));  // the link binds here
+  CHECK(predicted(c, all_reduce_algorithm::hierarchical, elements) == Approx(2 * hop(c, c.local, n / 2) + across));
+  // From 4 MiB on the library cuts K segments, staggered one round apart:
+  // K - 1 + 2(R-1) + 2(H-1) rounds.
+  const std::size_t big = std::size_t{8} << 20;
+  const int k = sim::hierarchical_segment_count(c, big);
+  CHECK(k > 1);
+  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::hierarchical, big, unchecked()).rounds == k - 1 + 2 + 2);
+  // Pipelining hides the local rounds behind the network ones: faster than one segment's sum.
+  const double whole = big * 4.0;
+  CHECK(predicted(c, all_reduce_algorithm::hierarchical, big) <
+        2 * hop(c, c.local, whole / 2) + 2 * hop(c, c.network, whole / 2));
+  // No hierarchy: the flat ring runs.
+  const auto flat = sim::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us");
+  const auto cost = sim::predict_all_reduce(flat, all_reduce_algorithm::hierarchical, elements);
+  CHECK(cost.runs == all_reduce_algorithm::ring);
+  CHECK(cost.seconds == sim::predict_all_reduce(flat, all_reduce_algorithm::ring, elements).seconds);
+}
+
+TEST_CASE("one-shot: one round of N-1 copies per rank; refused beyond 8 ranks") {
+  const auto c = sim::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=2us overhead=1us");
+  const std::size_t elements = 1000;
+  const double n = elements * 4.0;
+  // Each rank sends 3 copies through its local egress port, to ranks in rank order, so
+  // rank 3 gets every copy third: each leaves its sender at overhead + 2n / bandwidth, and
+  // rank 3's port then takes the three one after another: overhead + 2n/bw + latency +
+  // 3n/bw, and its receive's overhead (the simulator measures 24 us).
+  CHECK(predicted(c, all_reduce_algorithm::one_shot, elements) == Approx(1e-6 + 2 * n / 1e9 + 2e-6 + 3 * n / 1e9 + 1e-6));
+  const auto nine = sim::parse_cluster_model("hosts=1 ranks_per_host=9");
+  const auto refused = sim::predict_all_reduce(nine, all_reduce_algorithm::one_shot, elements);
+  CHECK_FALSE(refused.available);
+  CHECK(refused.note.find("at most 8 ranks") != std::string::npos);
+}
+
+TEST_CASE("auto_ takes what all_reduce<auto_> takes, by size and topology") {
+  const auto one_host = sim::parse_cluster_model("hosts=1 ranks_per_host=4");
+  CHECK(sim::auto_choice(one_host, 1000) == all_reduce_algorithm::one_shot);  // 3 x 4000 B <= 64 KiB
+  CHECK(sim::auto_choice(one_host, 8000) == all_reduce_algorithm::halving_doubling);
+  CHECK(sim::auto_choice(one_host, 1 << 20) == all_reduce_algorithm::ring);
+  const auto two_by_two = sim::parse_cluster_model("hosts=2 ranks_per_host=2");
+  CHECK(sim::auto_choice(two_by_two, 16) == all_reduce_algorithm::one_shot);  // 64 B: inside the check frame
+  CHECK(sim::auto_choice(two_by_two, 1000) == all_reduce_algorithm::halving_doubling);
+  CHECK(sim::auto_choice(two_by_two, 1 << 16) == all_reduce_algorithm::hierarchical);
+  const auto sixteen = sim::parse_cluster_model("hosts=16");
+  CHECK(sim::auto_choice(sixteen, 1 << 16) == all_reduce_algorithm::ring);
+  const auto picked = sim::predict_all_reduce(two_by_two, all_reduce_algorithm::auto_, 1 << 16);
+  CHECK(picked.runs == all_reduce_algorithm::hierarchical);
+  CHECK(picked.seconds == sim::predict_all_reduce(two_by_two, all_reduce_algorithm::hierarchical, 1 << 16).seconds);
+}
+
+TEST_CASE("straggler order statistics are deterministic, ordered, and exact without randomness") {
+  const auto c = sim::parse_cluster_model("hosts=16 jitter=0.2 tail=0.05:1.5 seed=3");
+  const sim::compute_statistics a(c, 16, 1e-3), b(c, 16, 1e-3);
+  CHECK(a.expected_max() == b.expected_max());  // the same draws, bit for bit
+  CHECK(a.expected_order_statistic(12) == b.expected_order_statistic(12));
+  // Trial by trial the slowest is no faster than the 12th or the 1st: so are the means.
+  CHECK(a.expected_max() >= a.expected_order_statistic(12));
+  CHECK(a.expected_order_statistic(12) >= a.expected_order_statistic(1));
+  CHECK(a.expected_max() > 1e-3);  // the tail makes the slowest of 16 slower than the median worker
+  // A window of one step is the single step; longer windows average the stragglers out
+  // (max of means <= mean of maxes: a margin for Monte Carlo noise only).
+  CHECK(a.expected_max_mean(1) == a.expected_max());
+  CHECK(a.expected_max_mean(8) < a.expected_max() * 1.02);
+  // Another seed: other draws, close estimates.
+  const auto other = sim::parse_cluster_model("hosts=16 jitter=0.2 tail=0.05:1.5 seed=4");
+  CHECK(sim::compute_statistics(other, 16, 1e-3).expected_max() != a.expected_max());
+  CHECK(sim::compute_statistics(other, 16, 1e-3).expected_max() == Approx(a.expected_max()).epsilon(0.1));
+  // No randomness: fixed factors, exact.
+  const auto fixed = sim::parse_cluster_model("hosts=4 speed=2 slow=1:3");
+  const sim::compute_statistics f(fixed, 4, 1e-3);
+  CHECK(f.expected_max() == Approx(6e-3));
+  CHECK(f.expected_order_statistic(3) == Approx(2e-3));
+  CHECK(f.expected(1, f.mean_draw()) == Approx(6e-3));
+  // Nonsense refused, saying what is allowed.
+  const auto [kind, what] = gw::testing::error_of([&] { (void)f.expected_order_statistic(5); });
+  CHECK(kind == gw::errc::invalid_argument);
+  CHECK(what.find("expected 1..4") != std::string::npos);
+}
+
+TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central storage by hand") {
+  // 2 workers on 2 hosts, no stragglers: compute is c, exactly.
+  const auto c = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
+  const std::size_t p = 250'000;
+  const double n = p * 4.0, step = 2e-3, o = 1e-6, a = 10e-6, bw = 1e9;
+  const sim::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
+
+  const auto ring = costs.all_reduce(all_reduce_algorithm::ring);
+  CHECK(ring.compute == Approx(step));
+  CHECK(ring.communication == Approx(2 * (2 * o + a + n / 2 / bw)));
+  CHECK(ring.samples_per_second == Approx(2 * 32 / ring.step));
+
+  // One server, rank 2 on a host of its own. At the close it posts the replies
+  // ([40 B header][n]) to worker 0 then worker 1 (at 1 and 2 overheads), one after another
+  // on its link: worker 1 has its reply at overhead + 2 (n + 40) / bw + latency, and its
+  // receive completes an overhead later. It computes, then posts a request header, the
+  // gradient and its pull request (3 overheads; the request leaves behind the gradient);
+  // the server has them latency + (n + 32) / bw after the gradient left, and closes an
+  // overhead later. Worker 0's push went through the server's ingress while worker 1
+  // still waited for its reply: period = c + 5 overhead + 2 latency + 2 (n + 40) / bw +
+  // (n + 32) / bw, not c + a push phase + a pull phase.
+  const double header = sizeof(gw::ps::detail::request_header), reply = sizeof(gw::ps::detail::reply_header);
+  const auto ps = costs.ps_sync(1);
+  CHECK(ps.communication == Approx(5 * o + 2 * a + 2 * (n + reply) / bw + (n + header) / bw));
+  CHECK(ps.note.find("1 server on host 2") != std::string::npos);
+  CHECK(sim::with_servers(c, 1).hosts == 3);
+
+  // Backup workers: a step waits for the first W - 1 and counts only their samples.
+  const auto backup = costs.ps_backup_workers(1, 1);
+  CHECK(backup.compute == Approx(step));
+  CHECK(backup.samples_per_second == Approx(32 / backup.step));
+
+  // Async: each worker steps every compute + its own push and pull alone; 4 workers of
+  // 0.5 ms would send more than the server's link takes: each gradient puts n + 64 bytes
+  // on its ingress, so at most bw / (n + 64) gradients per second.
+  {
+    const auto four = sim::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us overhead=1us");
+    const sim::strategy_costs fast(four, {p, {}, 32, 0.5e-3}, unchecked());
+    // Alone, the push (header, gradient, request: the request leaves behind the gradient)
+    // takes 3 overhead + latency + (n + 32) / bw, the reply 2 overhead + latency + (n + 40) / bw.
+    const double alone = 0.5e-3 + (3 * o + a + (n + header) / bw) + (o + a + (n + reply) / bw + o);
+    const double wanted = 4 / alone, cap = bw / (n + 2 * header);
+    REQUIRE(wanted > cap);
+    const auto async = fast.ps_async(1);
+    CHECK(async.samples_per_second == Approx(32 * cap));
+    CHECK(async.step == Approx(4 / cap));
+    CHECK_FALSE(async.synchronous);
+    CHECK(async.note.find("capped") != std::string::npos);
+    // Two workers ask for less than the link takes: each at its own round trip.
+    const auto uncapped = costs.ps_async(1);
+    const double two = 2e-3 + (3 * o + a + (n + header) / bw) + (o + a + (n + reply) / bw + o);
+    CHECK(uncapped.samples_per_second == Approx(32 * 2 / two));
+    CHECK(uncapped.note.find("capped") == std::string::npos);
+  }
+
+  // Local SGD: the parameter all-reduce once per H steps.
+  const auto local = costs.local_sgd(4);
+  const auto auto_ar = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, p, unchecked());
+  CHECK(local.communication == Approx(auto_ar.seconds / 4));
+  CHECK(local.compute == Approx(step));
+  CHECK_FALSE(local.synchronous);
+  CHECK(costs.local_sgd(1).synchronous);
+
+  // Central storage: on 2 ranks the tree reduce is one message, the broadcast one message.
+  const auto central = costs.central_storage();
+  CHECK(central.communication == Approx(2 * (2 * o + a + n / bw)));
+
+  // Stragglers slow every synchronous step, not the asynchronous workers' own pace.
+  const auto slow = sim::parse_cluster_model("hosts=2 bandwidth=100GB latency=0s slow=1:3");
+  const sim::strategy_costs slowed(slow, {p, {}, 32, step}, unchecked());
+  CHECK(slowed.all_reduce(all_reduce_algorithm::ring).compute == Approx(3 * step));
+  CHECK(slowed.ps_async(1).compute == Approx(2 * step));  // the mean of 1 and 3
+}
+
+TEST_CASE("shards and buckets follow the library's sharding and bucket plans") {
+  const auto c = sim::parse_cluster_model("hosts=4");
+  const sim::strategy_costs flat(c, {1000, {}, 8, 1e-3});
+  CHECK(flat.shards(3) == std::vector<std::size_t>{333, 333, 334});
+  CHECK(flat.buckets(1000) == std::vector<std::size_t>{250, 250, 250, 250});
+  // Fashion-MNIST's MLP: the 784x256 weights split over 4 servers (256 KiB pieces), the rest whole.
+  const sim::strategy_costs mlp(c, {235146, plan::fashion_mnist_tensors, 8, 1e-3});
+  std::size_t total = 0;
+  for (auto s : mlp.shards(4)) total += s;
+  CHECK(total == 235146);
+  CHECK(mlp.buckets() == std::vector<std::size_t>{235146});
+  const auto [kind, what] = gw::testing::error_of([&] { sim::strategy_costs bad(c, {10, {4, 5}, 8, 1e-3}); });
+  CHECK(kind == gw::errc::invalid_argument);
+  CHECK(what.find("add up to 9") != std::string::npos);
+}
+
+TEST_CASE("recommend: the most samples per second, and what an asynchronous choice trades") {
+  std::vector<sim::strategy_cost> costs(3);
+  costs[0] = {"all_reduce<ring>", sim::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 1000, {}};
+  costs[1] = {"parameter_server<async>", sim::strategy_kind::ps_async, false, true, 1e-3, 0.5e-3, 1.5e-3, 1500, {}};
+  costs[2] = {"central_storage", sim::strategy_kind::central_storage, true, false, 0, 0, 0, 0, "refused"};
+  auto r = sim::recommend(costs);
+  CHECK(r.best == 1);
+  CHECK(r.best_synchronous == 0);
+  CHECK(r.reason.find("1.50x all_reduce<ring>") != std::string::npos);
+  CHECK(r.caveat.find("fastest synchronous choice is all_reduce<ring>") != std::string::npos);
+  CHECK(r.caveat.find("--simulate") != std::string::npos);
+  costs[1].samples_per_second = 500;
+  r = sim::recommend(costs);
+  CHECK(r.best == 0);
+  CHECK(r.caveat.find("synchronous") == 0);
+  const auto [kind, what] = gw::testing::error_of([] { (void)sim::recommend({}); });
+  CHECK(kind == gw::errc::invalid_argument);
+}
+
+namespace {
+plan::plan_options parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "plan");
+  return plan::parse_plan_options(static_cast<int>(args.size()), args.data());
+}
+void usage_error(std::vector<const char*> args, gw::errc expected, const std::string& says) {
+  const auto [kind, what] = gw::testing::error_of([&] { (void)parse(args); });
+  CAPTURE(what);
+  CHECK(kind == expected);
+  CHECK(what.find(says) != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE("the planner's options: defaults, and usage errors that say what to change") {
+  const auto d = parse({});
+  CHECK(d.work.parameters == 235146);  // Fashion-MNIST's MLP
+  CHECK(d.work.tensors.size() == 6);
+  CHECK(d.cluster.size() == 8);
+  CHECK(d.servers == 1);
+  const auto o = parse({"--params", "1000000", "--step-compute", "2ms", "--workers", "100", "--batch=32", "--cluster",
+                        "hosts=25 ranks_per_host=4 bandwidth=10Gbit latency=20us jitter=0.1 tail=0.02:1.5"});
+  CHECK(o.work.parameters == 1000000);
+  CHECK(o.work.tensors.empty());
+  CHECK(o.work.step_seconds == Approx(2e-3));
+  CHECK(o.work.batch == 32);
+  CHECK(o.cluster.size() == 100);
+  CHECK(o.servers == 10);
+  CHECK(o.backup_workers == 5);
+  CHECK(parse({"--workers", "6"}).cluster.hosts == 6);
+  CHECK(parse({"--flops-per-sample", "1M", "--device-flops", "1G", "--batch", "10"}).work.step_seconds == Approx(1e-2));
+  CHECK(parse({"--help"}).help);
+
+  using gw::errc;
+  usage_error({"--colour", "blue"}, errc::invalid_argument, "unknown option '--colour'");
+  usage_error({"--workers", "10", "--cluster", "hosts=4 ranks_per_host=2"}, errc::invalid_argument,
+              "cluster has 4 hosts x 2 ranks = 8");
+  usage_error({"--step-compute", "2 weeks"}, errc::invalid_argument, "a time such as 2ms");
+  usage_error({"--step-compute", "2ms", "--flops-per-sample", "1M"}, errc::invalid_argument, "give one of them");
+  usage_error({"--params", "10", "--tensors", "4,5"}, errc::invalid_argument, "--tensors add up to 9");
+  usage_error({"--batch", "0"}, errc::invalid_argument, "--batch expects an integer >= 1");
+  usage_error({"--backup-workers", "8"}, errc::invalid_argument, "below the 8 workers");
+  usage_error({"--servers"}, errc::invalid_argument, "--servers needs a value");
+  usage_error({"--cluster", "hosts=2 colour=blue"}, errc::config, "unknown key 'colour'");
+  usage_error({"--cluster", "hosts=1"}, errc::invalid_argument, "nothing to distribute");
+  usage_error({"--cluster", "x", "--cluster-file", "y"}, errc::invalid_argument, "give one");
+  usage_error({"--cluster-file", "/nonexistent/cluster.txt"}, errc::config, "cannot read");
+}
