@@ -3,7 +3,7 @@
 
     simulate_strategies.py FASHION_MNIST RESULTS_DIR [--workers "25 50 100"] [--epochs 8] [--global-batch 800]
                            [--sample-ms 0.5] [--cluster "bandwidth=10Gbit latency=20us jitter=0.1 tail=0.03:1.5:10"]
-                           [--only NAME,...] [--target 0.88]
+                           [--only NAME,...] [--target 0.88] [--name simulate_strategies]
 
 Runs examples/fashion_mnist with --transport simulated for each strategy and worker count:
 the MLP trains for real (real gradients, real accuracy) while time is modelled: every
@@ -66,7 +66,7 @@ def run(program, results, name, flags, servers, workers, args):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
     wall = time.monotonic() - start
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    with open(os.path.join(results, "simulate_strategies", f"w{workers}_{slug}.txt"), "w") as f:
+    with open(os.path.join(results, args.name, f"w{workers}_{slug}.txt"), "w") as f:
         f.write(" ".join(cmd) + "\n" + p.stdout)
     if p.returncode != 0:
         sys.stdout.write(p.stdout[-4000:])
@@ -118,8 +118,10 @@ def main():
     p.add_argument("--evals-per-epoch", type=int, default=4)
     p.add_argument("--target", type=float, default=0.88)
     p.add_argument("--only", default="", help="comma-separated strategy names")
+    p.add_argument("--name", default="simulate_strategies",
+                   help="results are NAME.csv, NAME_curves.csv, NAME.png and NAME/ (default simulate_strategies)")
     args = p.parse_args()
-    os.makedirs(os.path.join(args.results, "simulate_strategies"), exist_ok=True)
+    os.makedirs(os.path.join(args.results, args.name), exist_ok=True)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     print(f"simulated cluster: compute=modelled {args.cluster}; global batch {args.global_batch}, "
           f"{args.sample_ms} ms of compute per sample, {args.epochs} epochs, target {100 * args.target:g}%")
@@ -142,11 +144,11 @@ def main():
                   f"{100 * row['final_accuracy']:>8.2f}% {100 * row['best_accuracy']:>7.2f}% "
                   f"{row['virtual_s']:>9.3f} {row['dropped']:>6} ({row['dropped_pct']:4.1f}%) "
                   f"{row['staleness_mean']:>10.2f} {row['staleness_p99']:>4} {row['wall_s']:>7.1f}", flush=True)
-    with open(os.path.join(args.results, "simulate_strategies.csv"), "w", newline="") as f:
+    with open(os.path.join(args.results, f"{args.name}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    with open(os.path.join(args.results, "simulate_strategies_curves.csv"), "w", newline="") as f:
+    with open(os.path.join(args.results, f"{args.name}_curves.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["workers", "strategy", "epochs", "virtual_s", "accuracy"])
         w.writeheader()
         w.writerows(curves)
@@ -177,7 +179,7 @@ def plot(args, rows, curves):
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"Fashion-MNIST MLP, global batch {args.global_batch}; {args.cluster}", fontsize=9)
     fig.tight_layout()
-    path = os.path.join(args.results, "simulate_strategies.png")
+    path = os.path.join(args.results, f"{args.name}.png")
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 

@@ -199,7 +199,7 @@ class scheduler {
   // Rank r's function returned (failure: it threw, with that cause and reason).
   void leave(int r, std::optional<std::pair<errc, std::string>> failure) {
     auto& s = state(r);
-    if (!failure || !s.failed) s.charge_compute();
+    if (!s.failed) s.charge_compute();  // a dead rank's clock stays at its death
     if (failure) lose(r, s.clock, failure->first, failure->second, true);
     else lose(r, s.clock, errc::peer_lost, "finished and closed its endpoint at virtual time " + seconds(s.clock), false);
     s.state = rank_state::status::finished;

@@ -33,6 +33,7 @@
 #include "../timeouts.hpp"
 #include "../transport/detail/messages.hpp"
 #include "../transport/detail/pending_request.hpp"
+#include "../transport/detail/root_cause.hpp"
 #include "cluster_model.hpp"
 #include "scheduler.hpp"
 
@@ -216,20 +217,7 @@ template <class Fn>
 run_report run(cluster_model model, Fn&& fn) {
   job j(std::move(model));
   run_report report;
-  auto outcomes = j.run(std::forward<Fn>(fn), &report);
-  std::exception_ptr first, root;
-  for (auto& e : outcomes) {
-    if (!e) continue;
-    if (!first) first = e;
-    try {
-      std::rethrow_exception(e);
-    } catch (const error& x) {
-      if (!root && x.kind() != errc::peer_lost) root = e;
-    } catch (...) {
-      if (!root) root = e;
-    }
-  }
-  if (root || first) std::rethrow_exception(root ? root : first);
+  transport::detail::rethrow_root_cause(j.run(std::forward<Fn>(fn), &report));
   return report;
 }
 

@@ -63,6 +63,7 @@
 #include "detail/deliver.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
+#include "detail/root_cause.hpp"
 #include "traffic.hpp"
 
 namespace gradwire::transport {
@@ -507,20 +508,7 @@ class inproc_group {
 // rank failed: the first failure that is not a consequence (peer_lost) of another's.
 template <class Fn>
 void run_inproc(inproc_group group, Fn&& fn) {
-  auto outcomes = group.run(std::forward<Fn>(fn));
-  std::exception_ptr first, root;
-  for (auto& e : outcomes) {
-    if (!e) continue;
-    if (!first) first = e;
-    try {
-      std::rethrow_exception(e);
-    } catch (const error& x) {
-      if (!root && x.kind() != errc::peer_lost) root = e;
-    } catch (...) {
-      if (!root) root = e;
-    }
-  }
-  if (root || first) std::rethrow_exception(root ? root : first);
+  detail::rethrow_root_cause(group.run(std::forward<Fn>(fn)));
 }
 
 // As above on topology.size() threads, placed on the hosts `topology` says.
