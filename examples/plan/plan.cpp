@@ -2,20 +2,25 @@
 //
 //   plan [--params P | --tensors N,N,...] [--step-compute 2ms | --flops-per-sample X --device-flops 50G]
 //        [--batch 64] [--workers W] [--cluster "hosts=25 ranks_per_host=4 bandwidth=10Gbit ..." | --cluster-file F]
-//        [--servers S] [--backup-workers K] [--staleness S] [--period H] [--trials N] [--simulate]
+//        [--servers S] [--backup-workers K] [--staleness S] [--period H] [--trials N]
+//        [--simulate [--epochs E] [--target-accuracy A] [--lr LR] [--async-lr LR] [--local-lr LR] [--fashion-mnist PATH]]
 //
 // The numbers come from the analytic cost models (gradwire/simulation/cost_model.hpp):
 // the messages each collective and strategy sends, priced on the cluster's links, and the
 // straggler model's order statistics. docs/planning.md explains the model and the output.
-// --simulate runs the strategies in virtual time for time to accuracy (run_simulation).
+// --simulate trains Fashion-MNIST with each strategy in virtual time for time to accuracy
+// (run_simulation, simulate.hpp).
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <gradwire/simulation/cost_model.hpp>
 
 #include "plan_options.hpp"
+#include "simulate.hpp"
 
 namespace {
 
@@ -120,13 +125,79 @@ void print_recommendation(const std::vector<sim::strategy_cost>& all) {
               r.caveat.c_str());
 }
 
-// --simulate: runs each strategy's real training (examples/fashion_mnist) over the
-// simulated transport in virtual time and reports time to accuracy beside the prediction.
-// TODO(issue 20): call simulate_strategies (the simulator's driver) with o.cluster,
-// o.work and the strategies above; this is the one function to fill in.
-void run_simulation(const plan_options& o) {
-  std::printf("#\n# --simulate: runs simulate_strategies on %s for time to accuracy\n", o.cluster_text.c_str());
-  std::printf("# (not wired to the simulator's driver yet: the predictions above are analytic only)\n");
+// --simulate's table: one row per strategy as its run ends.
+void print_simulated(const plan::simulated_strategy& st, const plan::run_result& r) {
+  if (r.status != 0) {
+    std::printf("  %-40s failed (exit status %d): %s\n", st.name.c_str(), r.status,
+                r.last_line.empty() ? "no output" : r.last_line.c_str());
+  } else {
+    std::string flags;
+    for (const auto& f : st.flags) flags += " " + f;
+    std::printf("  %-40s %10s %8.2f%% %10.3f %8llu %9.2f %7.1f %s\n", st.name.c_str(),
+                r.reached ? plan::detail::formatted(*r.reached, "%.3f").c_str() : "-", 100 * r.final_accuracy,
+                r.virtual_seconds, static_cast<unsigned long long>(r.dropped), r.staleness_mean, r.wall_seconds,
+                flags.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Which run reached the target first, and how the analytic model's choice fared.
+void print_verdict(const plan_options& o, const std::vector<sim::strategy_cost>& all,
+                   const std::vector<plan::simulated_strategy>& strategies, const std::vector<plan::run_result>& results) {
+  const double target = 100 * o.run.target_accuracy;
+  const std::size_t none = strategies.size();
+  std::size_t first = none;
+  for (std::size_t i = 0; i < results.size(); ++i)
+    if (results[i].status == 0 && results[i].reached && (first == none || *results[i].reached < *results[first].reached))
+      first = i;
+  if (first < none)
+    std::printf("#\n# first to %g%%: %s, at %.3f s of virtual time\n", target, strategies[first].name.c_str(),
+                *results[first].reached);
+  else
+    std::printf("#\n# no strategy reached %g%% in %d epochs (--epochs, --target-accuracy)\n", target, o.run.epochs);
+  const sim::strategy_cost& chosen = all[sim::recommend(all).best];
+  std::size_t same = none;  // the run of the chosen strategy's kind (every all_reduce<A> runs as auto_)
+  for (std::size_t i = 0; i < strategies.size(); ++i)
+    if (strategies[i].kind == chosen.kind) same = i;
+  std::printf("# the analytic model recommended %s (the most samples/s)", chosen.name.c_str());
+  if (same == none)
+    std::printf(", which --simulate does not run\n");
+  else if (results[same].status != 0)
+    std::printf(": its run failed\n");
+  else if (results[same].reached)
+    std::printf(": %s reached %g%% at %.3f s\n", strategies[same].name.c_str(), target, *results[same].reached);
+  else
+    std::printf(": %s did not reach %g%% in %d epochs\n", strategies[same].name.c_str(), target, o.run.epochs);
+}
+
+// --simulate: every strategy's Fashion-MNIST training in virtual time (simulate.hpp), one
+// run after another; false if a run failed.
+bool run_simulation(const plan_options& o, const std::filesystem::path& program,
+                    const std::vector<sim::strategy_cost>& all) {
+  const auto strategies = plan::simulated_strategies(o);
+  const std::string target = plan::detail::formatted(100 * o.run.target_accuracy);
+  std::printf("#\n# time to %s%% test accuracy: Fashion-MNIST trained with each strategy in virtual time (--simulate)\n#  ",
+              target.c_str());
+  for (const auto& word : plan::fashion_mnist_command(o, program, {}))
+    std::printf(word.find(' ') == std::string::npos ? " %s" : " \"%s\"", word.c_str());
+  std::printf(" [flags]\n");
+  int servers = 0;
+  for (const auto& st : strategies) servers = std::max(servers, st.servers);
+  if (servers > 0)
+    std::printf("#   parameter servers: --ps %d, on hosts %d.. (--cluster with hosts=%d)%s\n", servers, o.cluster.hosts,
+                sim::with_servers(o.cluster, servers).hosts,
+                servers == o.servers ? "" : ": the planner's servers, filled up to whole hosts");
+  std::printf("#\n# %-40s %10s %9s %10s %8s %9s %7s  %s\n", "strategy", ("to " + target + "%(s)").c_str(), "final acc",
+              "virtual(s)", "dropped", "staleness", "wall(s)", "flags");
+  std::vector<plan::run_result> results;
+  bool ok = true;
+  for (const auto& st : strategies) {
+    results.push_back(plan::run_strategy(plan::fashion_mnist_command(o, program, st)));
+    ok = ok && results.back().status == 0;
+    print_simulated(st, results.back());
+  }
+  print_verdict(o, all, strategies, results);
+  return ok;
 }
 
 }  // namespace
@@ -138,6 +209,8 @@ int main(int argc, char** argv) {
       std::fputs(plan::usage_text, stdout);
       return 0;
     }
+    // --simulate's program is looked for first, so that a missing one fails at once.
+    const auto program = o.simulate ? plan::fashion_mnist_program(o.run) : std::filesystem::path();
     sim::cost_options model;
     model.trials = o.trials;
     const sim::strategy_costs costs(o.cluster, o.work, model);
@@ -146,7 +219,7 @@ int main(int argc, char** argv) {
     const auto all = predict_strategies(o, costs);
     print_strategies(all, costs);
     print_recommendation(all);
-    if (o.simulate) run_simulation(o);
+    if (o.simulate && !run_simulation(o, program, all)) return 1;
     return 0;
   } catch (const gradwire::error& e) {
     std::fprintf(stderr, "plan: %s\n", e.details().c_str());

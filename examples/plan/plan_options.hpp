@@ -1,14 +1,17 @@
 // The planner's command line: what model, workers, cluster and strategies to price (parse_plan_options).
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstddef>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <gradwire/error.hpp>
@@ -40,11 +43,30 @@ inline constexpr const char* usage_text =
     "  --staleness S              bounded_staleness<S> (default 2)\n"
     "  --period H                 local SGD: average the parameters every H steps (default 8)\n"
     "  --trials N                 Monte Carlo steps per straggler statistic (default 2000)\n"
-    "  --simulate                 also run the strategies in the simulator (virtual time) for time to accuracy\n"
+    "  --simulate                 also train Fashion-MNIST with each strategy in the simulator (virtual time,\n"
+    "                             one fashion_mnist process each) and compare their time to accuracy\n"
+    "  with --simulate (the defaults are benchmarks/simulate_strategies.py's):\n"
+    "  --fashion-mnist PATH       the example's binary (default: fashion_mnist beside this plan binary)\n"
+    "  --epochs E                 passes over the training set (default 8)\n"
+    "  --target-accuracy A        the test accuracy to time, in (0, 1] (default 0.88)\n"
+    "  --lr LR                    Adam's rate for all-reduce, sync and backup workers (default 0.002)\n"
+    "  --async-lr LR              ... for async and bounded staleness (default 1e-4)\n"
+    "  --local-lr LR              ... for local SGD (default 0.002)\n"
     "  --help                     this text\n";
 
 // Fashion-MNIST's MLP (examples/fashion_mnist/mlp.hpp): weights and biases of 784-256-128-10.
 inline const std::vector<std::size_t> fashion_mnist_tensors = {784 * 256, 256, 256 * 128, 128, 128 * 10, 10};
+
+// --simulate: how each strategy's Fashion-MNIST run is set up (simulate.hpp). The
+// defaults are benchmarks/simulate_strategies.py's; keep the two alike.
+struct simulate_options {
+  std::string fashion_mnist;  // the example's binary; empty: beside plan's own
+  int epochs = 8;
+  double target_accuracy = 0.88;
+  double lr = 0.002;        // Adam, synchronous strategies: the mean gradient of the global batch
+  double async_lr = 1e-4;   // async and bounded staleness: every worker's gradient applied on its own
+  double local_lr = 0.002;  // local SGD: each replica's own steps
+};
 
 struct plan_options {
   gradwire::simulation::cluster_model cluster;
@@ -57,6 +79,7 @@ struct plan_options {
   int period = 8;
   int trials = gradwire::simulation::default_monte_carlo_trials;
   bool simulate = false;
+  simulate_options run;  // with simulate
   bool help = false;
 };
 
@@ -83,33 +106,33 @@ inline long long integer(std::string_view flag, std::string_view text, long long
   return v;
 }
 
-// "2ms", "350us", "0.01s", "0.01" (seconds).
-inline double seconds(std::string_view flag, std::string_view text) {
+// A number > 0 followed by one of `units` (each a suffix and its scale), scaled;
+// `expected` says what the flag takes, for the message.
+inline double scaled(std::string_view flag, std::string_view text,
+                     std::initializer_list<std::pair<std::string_view, double>> units, std::string_view expected) {
   std::string_view unit;
   const double v = number(flag, text, unit);
-  double scale = 0;
-  if (unit == "ns") scale = 1e-9;
-  else if (unit == "us") scale = 1e-6;
-  else if (unit == "ms") scale = 1e-3;
-  else if (unit == "s" || unit.empty()) scale = 1;
-  else usage(std::string(flag) + " expects a time such as 2ms, 350us or 0.01s, got '" + std::string(text) + "'");
-  if (!(v > 0)) usage(std::string(flag) + " expects a time > 0, got '" + std::string(text) + "'");
-  return v * scale;
+  const auto at = std::find_if(units.begin(), units.end(), [&](const auto& u) { return u.first == unit; });
+  if (at == units.end() || !(v > 0))
+    usage(std::string(flag) + " expects " + std::string(expected) + ", got '" + std::string(text) + "'");
+  return v * at->second;
+}
+
+// "2ms", "350us", "0.01s", "0.01" (seconds).
+inline double seconds(std::string_view flag, std::string_view text) {
+  return scaled(flag, text, {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}, {"", 1}},
+                "a time > 0 such as 2ms, 350us or 0.01s");
 }
 
 // "50G", "2.5T", "1e9": a positive count with an optional K, M, G or T.
 inline double count(std::string_view flag, std::string_view text) {
-  std::string_view unit;
-  const double v = number(flag, text, unit);
-  double scale = 0;
-  if (unit.empty()) scale = 1;
-  else if (unit == "K") scale = 1e3;
-  else if (unit == "M") scale = 1e6;
-  else if (unit == "G") scale = 1e9;
-  else if (unit == "T") scale = 1e12;
-  else usage(std::string(flag) + " expects a number with an optional K, M, G or T, got '" + std::string(text) + "'");
-  if (!(v > 0)) usage(std::string(flag) + " expects a number > 0, got '" + std::string(text) + "'");
-  return v * scale;
+  return scaled(flag, text, {{"", 1}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}},
+                "a number > 0 with an optional K, M, G or T");
+}
+
+// A number > 0 without a unit (a learning rate, an accuracy).
+inline double positive(std::string_view flag, std::string_view text) {
+  return scaled(flag, text, {{"", 1}}, "a number > 0");
 }
 
 inline std::vector<std::size_t> sizes(std::string_view flag, std::string_view text) {
@@ -124,6 +147,44 @@ inline std::vector<std::size_t> sizes(std::string_view flag, std::string_view te
   return out;
 }
 
+// The command line one option at a time, each "--flag value" or "--flag=value".
+class arguments {
+ public:
+  arguments(int argc, const char* const* argv) : argc_(argc), argv_(argv) {}
+
+  // Moves to the next option; false after the last.
+  bool next() {
+    if (++at_ >= argc_) return false;
+    flag_ = argv_[at_];
+    attached_.reset();
+    if (const auto eq = flag_.find('='); flag_.starts_with("--") && eq != std::string_view::npos) {
+      attached_ = flag_.substr(eq + 1);
+      flag_ = flag_.substr(0, eq);
+    }
+    return true;
+  }
+  std::string_view flag() const noexcept { return flag_; }
+  // The option as typed, for messages.
+  std::string typed() const { return argv_[at_]; }
+  // Its value: after the '=', or the next argument.
+  std::string_view value() {
+    if (attached_) return *attached_;
+    if (at_ + 1 >= argc_) usage(std::string(flag_) + " needs a value");
+    return argv_[++at_];
+  }
+  // A switch: "--switch=value" is refused.
+  void no_value() const {
+    if (attached_) usage(std::string(flag_) + " takes no value");
+  }
+
+ private:
+  int argc_;
+  const char* const* argv_;
+  int at_ = 0;
+  std::string_view flag_;
+  std::optional<std::string_view> attached_;
+};
+
 }  // namespace detail
 
 // Reads the planner's options; throws gradwire::error(errc::invalid_argument) for a usage
@@ -137,57 +198,67 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
   std::optional<double> step, flops_per_sample;
   double device_flops = 50e9;
   std::optional<std::string> cluster_text, cluster_file;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view flag = argv[i], value;
-    bool has_value = false;
-    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string_view::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      has_value = true;
-    }
-    auto next = [&]() -> std::string_view {
-      if (has_value) return value;
-      if (i + 1 >= argc) detail::usage(std::string(flag) + " needs a value");
-      return argv[++i];
+  bool simulate_only = false;  // an option that only --simulate reads was given
+  for (detail::arguments a(argc, argv); a.next();) {
+    const std::string_view flag = a.flag();
+    auto for_simulate = [&] {
+      simulate_only = true;
+      return a.value();
     };
     if (flag == "--help" || flag == "-h") {
       o.help = true;
       return o;
     } else if (flag == "--params") {
-      params = detail::integer(flag, next(), 1);
+      params = detail::integer(flag, a.value(), 1);
     } else if (flag == "--tensors") {
-      tensors = detail::sizes(flag, next());
+      tensors = detail::sizes(flag, a.value());
     } else if (flag == "--step-compute") {
-      step = detail::seconds(flag, next());
+      step = detail::seconds(flag, a.value());
     } else if (flag == "--flops-per-sample") {
-      flops_per_sample = detail::count(flag, next());
+      flops_per_sample = detail::count(flag, a.value());
     } else if (flag == "--device-flops") {
-      device_flops = detail::count(flag, next());
+      device_flops = detail::count(flag, a.value());
     } else if (flag == "--batch") {
-      o.work.batch = static_cast<int>(detail::integer(flag, next(), 1));
+      o.work.batch = static_cast<int>(detail::integer(flag, a.value(), 1));
     } else if (flag == "--workers") {
-      workers = detail::integer(flag, next(), 1);
+      workers = detail::integer(flag, a.value(), 1);
     } else if (flag == "--cluster") {
-      cluster_text = std::string(next());
+      cluster_text = std::string(a.value());
     } else if (flag == "--cluster-file") {
-      cluster_file = std::string(next());
+      cluster_file = std::string(a.value());
     } else if (flag == "--servers") {
-      servers = detail::integer(flag, next(), 1);
+      servers = detail::integer(flag, a.value(), 1);
     } else if (flag == "--backup-workers") {
-      backups = detail::integer(flag, next(), 1);
+      backups = detail::integer(flag, a.value(), 1);
     } else if (flag == "--staleness") {
-      o.staleness = static_cast<int>(detail::integer(flag, next(), 0));
+      o.staleness = static_cast<int>(detail::integer(flag, a.value(), 0));
     } else if (flag == "--period") {
-      o.period = static_cast<int>(detail::integer(flag, next(), 1));
+      o.period = static_cast<int>(detail::integer(flag, a.value(), 1));
     } else if (flag == "--trials") {
-      o.trials = static_cast<int>(detail::integer(flag, next(), 1));
+      o.trials = static_cast<int>(detail::integer(flag, a.value(), 1));
     } else if (flag == "--simulate") {
+      a.no_value();
       o.simulate = true;
+    } else if (flag == "--fashion-mnist") {
+      o.run.fashion_mnist = std::string(for_simulate());
+    } else if (flag == "--epochs") {
+      o.run.epochs = static_cast<int>(detail::integer(flag, for_simulate(), 1));
+    } else if (flag == "--target-accuracy") {
+      o.run.target_accuracy = detail::positive(flag, for_simulate());
+      if (o.run.target_accuracy > 1) detail::usage("--target-accuracy is a fraction in (0, 1], e.g. 0.88");
+    } else if (flag == "--lr") {
+      o.run.lr = detail::positive(flag, for_simulate());
+    } else if (flag == "--async-lr") {
+      o.run.async_lr = detail::positive(flag, for_simulate());
+    } else if (flag == "--local-lr") {
+      o.run.local_lr = detail::positive(flag, for_simulate());
     } else {
-      detail::usage("unknown option '" + std::string(argv[i]) + "'");
+      detail::usage("unknown option '" + a.typed() + "'");
     }
-    if (has_value && (flag == "--simulate")) detail::usage("--simulate takes no value");
   }
+  if (simulate_only && !o.simulate)
+    detail::usage("--fashion-mnist, --epochs, --target-accuracy, --lr, --async-lr and --local-lr set up --simulate's "
+                  "runs: add --simulate, or leave them out");
 
   // The model: tensors, parameters, or Fashion-MNIST's MLP.
   if (tensors) {
@@ -248,6 +319,9 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
     detail::usage("--backup-workers " + std::to_string(o.backup_workers) + " leaves no worker: it must be below the " +
                   std::to_string(w) + " workers");
   if (o.period < 1) detail::usage("--period must be >= 1");
+  if (o.simulate && o.work.tensors != fashion_mnist_tensors)
+    detail::usage("--simulate trains the Fashion-MNIST MLP (examples/fashion_mnist): leave out --params and --tensors, "
+                  "or leave out --simulate");
   o.work.validate();
   return o;
 }

@@ -1,7 +1,9 @@
-// The analytic cost models (simulation/cost_model.hpp) against closed forms derived by hand, and the planner's options.
+// The analytic cost models (simulation/cost_model.hpp) against closed forms derived by hand, and the planner's options and --simulate.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include <gradwire/simulation/cost_model.hpp>
 
 #include "plan_options.hpp"
+#include "simulate.hpp"
 #include "support/errors.hpp"
 
 namespace gw = gradwire;
@@ -382,7 +385,9 @@ TEST_CASE("the planner's options: defaults, and usage errors that say what to ch
   usage_error({"--colour", "blue"}, errc::invalid_argument, "unknown option '--colour'");
   usage_error({"--workers", "10", "--cluster", "hosts=4 ranks_per_host=2"}, errc::invalid_argument,
               "cluster has 4 hosts x 2 ranks = 8");
-  usage_error({"--step-compute", "2 weeks"}, errc::invalid_argument, "a time such as 2ms");
+  usage_error({"--step-compute", "2 weeks"}, errc::invalid_argument, "a time > 0 such as 2ms");
+  usage_error({"--step-compute", "0ms"}, errc::invalid_argument, "a time > 0");
+  usage_error({"--device-flops", "5X"}, errc::invalid_argument, "optional K, M, G or T");
   usage_error({"--step-compute", "2ms", "--flops-per-sample", "1M"}, errc::invalid_argument, "give one of them");
   usage_error({"--params", "10", "--tensors", "4,5"}, errc::invalid_argument, "--tensors add up to 9");
   usage_error({"--batch", "0"}, errc::invalid_argument, "--batch expects an integer >= 1");
@@ -392,4 +397,72 @@ TEST_CASE("the planner's options: defaults, and usage errors that say what to ch
   usage_error({"--cluster", "hosts=1"}, errc::invalid_argument, "nothing to distribute");
   usage_error({"--cluster", "x", "--cluster-file", "y"}, errc::invalid_argument, "give one");
   usage_error({"--cluster-file", "/nonexistent/cluster.txt"}, errc::config, "cannot read");
+  usage_error({"--epochs", "2"}, errc::invalid_argument, "add --simulate");
+  usage_error({"--simulate=yes"}, errc::invalid_argument, "--simulate takes no value");
+  usage_error({"--simulate", "--params", "1000"}, errc::invalid_argument, "trains the Fashion-MNIST MLP");
+  usage_error({"--simulate", "--target-accuracy", "88"}, errc::invalid_argument, "a fraction in (0, 1]");
+}
+
+namespace {
+std::string after(const std::vector<std::string>& args, const std::string& flag) {
+  const auto at = std::find(args.begin(), args.end(), flag);
+  return at == args.end() || at + 1 == args.end() ? std::string() : *(at + 1);
+}
+}  // namespace
+
+TEST_CASE("plan --simulate: fashion_mnist's command lines, and what it reads back from a run") {
+  // 6 workers on 3 hosts of 2, 1 server: the servers' host is filled (2 servers), as the
+  // simulator's hosts are all alike; backup workers and staleness round down to what
+  // fashion_mnist has.
+  const auto o = parse({"--simulate", "--cluster", "hosts=3 ranks_per_host=2 bandwidth=1Gbit", "--backup-workers", "3",
+                        "--staleness", "3", "--period", "5", "--epochs", "2", "--lr=0.003", "--step-compute", "2ms"});
+  CHECK(o.run.epochs == 2);
+  CHECK(o.run.lr == 0.003);
+  CHECK(o.run.async_lr == 1e-4);  // benchmarks/simulate_strategies.py's
+  const auto strategies = plan::simulated_strategies(o);
+  REQUIRE(strategies.size() == 6);
+  CHECK(strategies[2].name == "parameter_server<backup_workers<2>>");
+  CHECK(strategies[4].name == "parameter_server<bounded_staleness<2>>");
+  CHECK(strategies[5].name == "local_sgd (averaging<5>)");
+  const std::filesystem::path program = "/bin/fashion_mnist";
+  for (const auto& st : strategies) {
+    CAPTURE(st.name);
+    const auto args = plan::fashion_mnist_command(o, program, st);
+    CHECK(args.front() == program);
+    const auto cluster = sim::parse_cluster_model(after(args, "--cluster"));
+    CHECK(cluster.compute == sim::compute_model::modelled);
+    CHECK(cluster.size() == 6 + st.servers);  // fashion_mnist refuses any other
+    CHECK(cluster.network.bandwidth == 125e6);
+    CHECK(after(args, "--replicas") == "6");
+    CHECK(after(args, "--step-compute") == "0.002");
+    CHECK(after(args, "--epochs") == "2");
+    CHECK(after(args, "--ps") == (st.servers ? "2" : ""));
+  }
+  CHECK(after(plan::fashion_mnist_command(o, program, strategies[0]), "--lr") == "0.003");
+  CHECK(after(plan::fashion_mnist_command(o, program, strategies[3]), "--ps-mode") == "async");
+  CHECK(after(plan::fashion_mnist_command(o, program, strategies[3]), "--lr") == "0.0001");
+
+  // fashion_mnist's lines: the chief's curve and target, the servers' counts (the first
+  // server with gradients speaks for the job).
+  const auto r = plan::parse_run_output(
+      "curve epochs=0.2500 seconds=0.500000 accuracy=0.7000\n"
+      "curve epochs=0.5000 seconds=1.000000 accuracy=0.8100\n"
+      "ps rank 7: mode backup_workers version 10 updates 10 gradients 0 applied 0 dropped 0 staleness mean 0.00 p50 0\n"
+      "ps rank 6: mode backup_workers version 10 updates 10 gradients 60 applied 50 dropped 10 staleness mean 0.50 p50 0\n"
+      "simulated 1.250 s of virtual time\n"
+      "final test accuracy 81.00% after 2 epochs, 1.0 s of training\n"
+      "reached 80% test accuracy at epoch 0.50, 1.000 s\n");
+  REQUIRE(r.reached);
+  CHECK(*r.reached == 1.0);
+  CHECK(r.final_accuracy == 0.81);
+  CHECK(r.virtual_seconds == 1.25);
+  CHECK(r.dropped == 10);
+  CHECK(r.staleness_mean == 0.5);
+  CHECK_FALSE(plan::parse_run_output("did not reach 88% test accuracy in 2 epochs\n").reached);
+  // A program that is not there fails at once, saying what to do.
+  plan::simulate_options missing;
+  missing.fashion_mnist = "/nonexistent/fashion_mnist";
+  const auto [kind, what] = gw::testing::error_of([&] { (void)plan::fashion_mnist_program(missing); });
+  CHECK(kind == gw::errc::config);
+  CHECK(what.find("--fashion-mnist PATH") != std::string::npos);
 }
