@@ -6,6 +6,7 @@
 #include <string>
 
 #include "error.hpp"
+#include "support/virtual_clock.hpp"
 
 namespace gradwire {
 
@@ -30,7 +31,13 @@ inline constexpr std::chrono::milliseconds default_stall_warn{std::chrono::secon
 // (GRADWIRE_STALL_TIMEOUT); 0: never before the operation deadline (default_timeout).
 inline constexpr std::chrono::milliseconds default_stall_timeout{0};
 
-inline deadline deadline_after(std::chrono::milliseconds timeout) { return clock::now() + timeout; }
+// On a simulated rank (simulation/), the deadline is virtual: `timeout` after the rank's
+// virtual clock, so the real time other ranks take never eats into it.
+inline deadline deadline_after(std::chrono::milliseconds timeout) {
+  if (support::virtual_clock* v = support::this_thread_virtual_clock())
+    return deadline(std::chrono::duration_cast<clock::duration>(std::chrono::nanoseconds(v->now_ns()) + timeout));
+  return clock::now() + timeout;
+}
 
 // Seconds as an environment variable `name` gives them ("30", "0.5"): errc::config
 // naming the variable if `text` is not a number from 0.001 to 1e7.

@@ -1,15 +1,20 @@
 // transport::simulated: closed-form virtual times, determinism, every strategy's maths equal to inproc's, faults.
 #include <catch2/catch.hpp>
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstddef>
 #include <filesystem>
 #include <gradwire/gradwire.hpp>
 #include <gradwire/simulation/transport.hpp>
 #include <numeric>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace gw = gradwire;
@@ -69,6 +74,12 @@ TEST_CASE("cluster models parse from key=value text and refuse what they cannot 
   config_error("slow=9:2", "slow=9");
   config_error("die=1", "RANK@TIME");
   config_error("hosts", "not key=value");
+  config_error("hosts=65536 ranks_per_host=65536", "at most 100000 ranks");
+  config_error("speed=inf", "speed=inf");
+  config_error("jitter=nan", "jitter=nan");
+  config_error("bandwidth=infGB", "finite rate");
+  config_error("latency=1e300s", "0 to 100 years");
+  REQUIRE_THROWS_AS(sim::compute(-5ms), gw::error);
 }
 
 TEST_CASE("virtual times of simple patterns equal their closed forms") {
@@ -174,24 +185,48 @@ TEST_CASE("virtual times of simple patterns equal their closed forms") {
 
   SECTION("measured compute counts the CPU time a rank spends, times its speed") {
     const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=0us compute=measured speed=10");
-    sim::time_point after_spin{};
+    sim::time_point before_spin{}, after_spin{};
     double cpu_seconds = 0;
+    auto thread_cpu = [] {
+      timespec ts{};
+      ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+    };
     sim::run(m, [&](gw::transport::simulated t) {
       std::byte b[1];
       if (t.rank() == 0) {
-        const auto begin = std::chrono::steady_clock::now();
+        before_spin = t.now();
+        const double cpu_begin = thread_cpu();
         volatile double x = 0;
-        while (std::chrono::steady_clock::now() - begin < 20ms) x = x + 1;  // ~20 ms of CPU (2 cores, maybe less)
-        cpu_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        while (thread_cpu() - cpu_begin < 0.02) x = x + 1;  // 20 ms of this thread's CPU
+        cpu_seconds = thread_cpu() - cpu_begin;
         send(t, 1, 1, b);
         after_spin = t.now();
       } else {
         recv(t, 0, 1, b);
       }
     });
-    // At most the wall time spun, times 10; at least a fifth of it (a busy machine).
-    CHECK(seconds(after_spin) <= 10 * cpu_seconds * 1.05);
-    CHECK(seconds(after_spin) >= 10 * cpu_seconds / 5);
+    // The spin's CPU time x 10, plus the little CPU the calls around it took.
+    CHECK(seconds(after_spin - before_spin) >= 10 * cpu_seconds);
+    CHECK(seconds(after_spin - before_spin) <= 10 * cpu_seconds + 0.005);
+  }
+
+  SECTION("thousands of messages (links forget old reservations) keep the closed form") {
+    const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us compute=modelled");
+    const int round_trips = 6000;  // 12,000 messages: pruned every 4,096
+    const auto report = sim::run(m, [&](gw::transport::simulated t) {
+      std::vector<std::byte> buf(1000);
+      for (int i = 0; i < round_trips; ++i) {
+        if (t.rank() == 0) {
+          send(t, 1, 1, buf);
+          recv(t, 1, 2, buf);
+        } else {
+          recv(t, 0, 1, buf);
+          send(t, 0, 2, buf);
+        }
+      }
+    });
+    CHECK(seconds(report.end) == Approx(2 * round_trips * (10e-6 + 1000 / 1e9)).epsilon(1e-9));
   }
 }
 
@@ -224,7 +259,8 @@ TEST_CASE("a receive nobody sends times out in virtual time; a job where every r
                                     t.wait(r, gw::deadline_after(2s));
                                   }),
                          gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
-                           return e.kind() == gw::errc::timeout && std::string(e.what()).find("virtual time 2.0") != std::string::npos;
+                           return e.kind() == gw::errc::timeout &&
+                                  std::string(e.what()).find("virtual time 2.000000 s") != std::string::npos;
                          }));
 
   REQUIRE_THROWS_MATCHES(sim::run(m,
@@ -235,6 +271,77 @@ TEST_CASE("a receive nobody sends times out in virtual time; a job where every r
                                   }),
                          gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
                            return e.kind() == gw::errc::timeout && std::string(e.what()).find("deadlocked") != std::string::npos;
+                         }));
+
+  // Deadlines count virtual time only: a peer that spends real CPU time before it sends
+  // within the deadline (in virtual time) is waited for.
+  const auto measured = sim::parse_cluster_model("hosts=2 compute=modelled latency=10us");
+  sim::run(measured, [&](gw::transport::simulated t) {
+    std::byte b[4]{};
+    if (t.rank() == 0) {
+      const auto until = gw::deadline_after(10ms);
+      auto r = t.async_recv(1, 9, b);
+      t.wait(r, until);
+      CHECK(t.now() == 5ms + 10us + 32ns);  // 4 B at 1 Gbit/s: 32 ns
+    } else {
+      const auto begin = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - begin < 100ms) {
+      }  // real time, no virtual time (compute=modelled)
+      sim::compute(5ms);
+      send(t, 0, 9, b);
+    }
+  });
+
+  // A receive that timed out took nothing: posted again, it gets the message.
+  sim::run(m, [&](gw::transport::simulated t) {
+    std::uint32_t word = 0;
+    auto bytes = std::as_writable_bytes(std::span(&word, 1));
+    if (t.rank() == 0) {
+      auto r = t.async_recv(1, 9, bytes);
+      REQUIRE_THROWS_AS(t.wait(r, gw::deadline_after(1ms)), gw::error);
+      auto again = t.async_recv(1, 9, bytes);
+      t.wait(again, gw::deadline_after(1s));
+      CHECK(word == 7);
+    } else {
+      sim::compute(5ms);
+      word = 7;
+      send(t, 0, 9, bytes);
+    }
+  });
+
+  // A job runs once; an empty wait_any is a timeout, not a hang.
+  sim::job once(m);
+  once.run([](gw::transport::simulated t) {
+    std::vector<gw::transport::simulated::request*> none(2, nullptr);
+    REQUIRE_THROWS_AS(t.wait_any(none, gw::deadline_after(1ms)), gw::error);
+  });
+  REQUIRE_THROWS_AS(once.run([](gw::transport::simulated) {}), gw::error);
+}
+
+TEST_CASE("a dropped receive gives its message to the next one; a size mismatch fails the receiver as a mismatch") {
+  const auto m = sim::parse_cluster_model("hosts=2 compute=modelled latency=10us");
+  sim::run(m, [&](gw::transport::simulated t) {
+    std::uint32_t word = 0;
+    auto bytes = std::as_writable_bytes(std::span(&word, 1));
+    if (t.rank() == 0) {
+      { auto dropped = t.async_recv(1, 9, bytes); }
+      auto r = t.async_recv(1, 9, bytes);
+      t.wait(r, gw::deadline_after(1s));
+      CHECK(word == 42);
+    } else {
+      sim::compute(1ms);
+      word = 42;
+      send(t, 0, 9, bytes);
+    }
+  });
+  REQUIRE_THROWS_MATCHES(sim::run(m,
+                                  [&](gw::transport::simulated t) {
+                                    std::vector<std::byte> b(t.rank() == 0 ? 8 : 4);
+                                    if (t.rank() == 0) recv(t, 1, 9, b);
+                                    else send(t, 0, 9, b);
+                                  }),
+                         gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
+                           return e.kind() == gw::errc::mismatch && std::string(e.what()).find("sent 4 bytes") != std::string::npos;
                          }));
 }
 
@@ -441,6 +548,31 @@ TEST_CASE("two runs with the same seed give identical traces and parameters; ano
   // Virtual time: the first event begins near zero, not at the Unix time of today.
   CHECK(std::get<3>(events_a.front()) < std::int64_t(1e9));
   CHECK(events_a != events_c);  // async: arrival order, so the maths, follows the stragglers
+  CHECK(params_a != params_c);
+}
+
+TEST_CASE("a bucketed all-reduce job (collectives on the background clock) is reproducible to the nanosecond") {
+  namespace agg = gw::aggregation;
+  const auto m = sim::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1Gbit compute=modelled jitter=0.3 tail=0.2:1.5");
+  auto once = [&] {
+    std::vector<params_t> out(4);
+    std::vector<sim::time_point> ends;
+    sim::job job(m);
+    sim::run_report report;
+    job.run(
+        [&](gw::transport::simulated t) {
+          train_rank<strategy_of<agg::all_reduce, gw::transport::simulated>>(std::move(t), 5, 0.05, agg::all_reduce(512),
+                                                                               out);
+        },
+        &report);
+    return std::pair{out, report.rank_end};
+  };
+  const auto [params_a, ends_a] = once();
+  const auto [params_b, ends_b] = once();
+  CHECK(params_a == params_b);
+  CHECK(ends_a == ends_b);
+  // Each step computes 1-3 ms x its straggler draw: the clocks moved.
+  CHECK(ends_a[0] > 5ms);
 }
 
 TEST_CASE("a rank that dies at virtual time t is a lost peer to the others, as on a real transport") {
@@ -484,6 +616,7 @@ TEST_CASE("a rank that dies at virtual time t is a lost peer to the others, as o
     const auto m = sim::parse_cluster_model("hosts=4 bandwidth=1Gbit latency=50us compute=modelled die=1@2ms");
     std::vector<params_t> out(4);
     std::vector<int> lost;
+    std::vector<int> steps_done(4, 0);
     sim::run_report report = sim::run(m, [&](gw::transport::simulated t) {
       using S = strategy_of<agg::parameter_server<gw::ps::async>, gw::transport::simulated>;
       const int rank = t.rank();
@@ -499,9 +632,90 @@ TEST_CASE("a rank that dies at virtual time t is a lost peer to the others, as o
         sim::compute(1ms);
         std::vector<std::span<const float>> views(grads.begin(), grads.end());
         s.step(views);
+        ++steps_done[static_cast<std::size_t>(rank)];
       }
     });
     CHECK(report.died == std::vector<int>{1});
     CHECK(lost == std::vector<int>{1});
+    CHECK(steps_done[0] == 10);
+    CHECK(steps_done[2] == 10);
+  }
+  SECTION("a worker that throws is a lost peer to an async server, which drops it") {
+    gw::ps::options o;
+    o.servers = 1;
+    const auto m = sim::parse_cluster_model("hosts=4 bandwidth=1Gbit latency=50us compute=modelled");
+    std::vector<int> lost;
+    sim::job job(m);
+    const auto outcomes = job.run([&](gw::transport::simulated t) {
+      using S = strategy_of<agg::parameter_server<gw::ps::async>, gw::transport::simulated>;
+      const int rank = t.rank();
+      S s(std::move(t), make_params(), gw::optim::sgd({.lr = 0.01}), agg::parameter_server<gw::ps::async>(o));
+      if (s.is_server()) {
+        lost = s.serve().lost_workers;
+        return;
+      }
+      for (int k = 0; k < 5; ++k) {
+        if (rank == 1 && k == 2) throw gw::error(gw::errc::invalid_argument, "worker 1 gives up");
+        std::vector<std::vector<float>> grads;
+        for (std::size_t i = 0; i < sizes.size(); ++i) grads.emplace_back(sizes[i], 0.01f);
+        sim::compute(1ms);
+        std::vector<std::span<const float>> views(grads.begin(), grads.end());
+        s.step(views);
+      }
+    });
+    CHECK(outcomes[1]);
+    CHECK(!outcomes[0]);
+    CHECK(!outcomes[3]);
+    CHECK(lost == std::vector<int>{1});
+  }
+  SECTION("a death with no transport call after it is still a death; fail() tells the peers why") {
+    const auto m = sim::parse_cluster_model("hosts=3 latency=50us compute=modelled die=1@1ms");
+    std::string why;
+    sim::job job(m);
+    sim::run_report report;
+    const auto outcomes = job.run(
+        [&](gw::transport::simulated t) {
+          std::byte b[4];
+          if (t.rank() == 1) {
+            sim::compute(5ms);  // dies at 1 ms, inside this compute
+            return;
+          }
+          if (t.rank() == 2) {
+            t.fail(gw::errc::mismatch, "rank 2 disagrees");
+            return;
+          }
+          try {
+            recv(t, 2, 1, b);
+          } catch (const gw::error& e) {
+            why = e.what();
+            throw;
+          }
+        },
+        &report);
+    CHECK(report.died == std::vector<int>{1});
+    CHECK(report.rank_end[1] == 1ms);
+    REQUIRE(outcomes[0]);
+    CHECK(why.find("rank 2 disagrees") != std::string::npos);
+  }
+  SECTION("a message that arrives before the receiver learns of a third rank's loss is received") {
+    const auto m = sim::parse_cluster_model("hosts=3 latency=50us compute=modelled");
+    std::uint32_t got = 0;
+    sim::job job(m);
+    job.run([&](gw::transport::simulated t) {
+      std::uint32_t word = 5;
+      auto bytes = std::as_writable_bytes(std::span(&word, 1));
+      if (t.rank() == 0) {
+        sim::compute(100ms);
+        throw gw::error(gw::errc::invalid_argument, "rank 0 stops");
+      }
+      if (t.rank() == 2) {
+        sim::compute(10ms);
+        send(t, 1, 1, bytes);
+        return;
+      }
+      recv(t, 2, 1, bytes);  // arrives at 10.05 ms; rank 0's loss is known at 100.05 ms
+      got = word;
+    });
+    CHECK(got == 5);
   }
 }

@@ -82,13 +82,13 @@ void log(log_level level, int rank, int size, Parts&&... parts) {
   if (!log_enabled(level)) return;
   auto& state = detail::logger();
   std::ostringstream line;
-  // A simulated rank logs its virtual time (from the simulation's start; marked "v").
+  // A simulated rank logs its virtual time (from the simulation's start, marked "virtual").
   support::virtual_clock* virtual_time = support::this_thread_virtual_clock();
   const double seconds =
       virtual_time ? double(virtual_time->now_ns()) / 1e9
                    : std::chrono::duration<double>(std::chrono::steady_clock::now() - state.start).count();
   char prefix[96];
-  std::snprintf(prefix, sizeof prefix, "[gradwire %d/%d +%.3fs%s] %s: ", rank, size, seconds, virtual_time ? "v" : "",
+  std::snprintf(prefix, sizeof prefix, "[gradwire %d/%d +%.3fs%s] %s: ", rank, size, seconds, virtual_time ? " virtual" : "",
                 level == log_level::debug ? "debug" : level == log_level::warning ? "warning" : "info");
   line << prefix;
   line.setf(std::ios::fixed);  // durations as 2.763 ms, not 2.76229 ms

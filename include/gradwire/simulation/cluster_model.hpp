@@ -27,6 +27,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -119,19 +120,27 @@ struct cluster_model {
     return cluster::topology(std::move(labels), std::move(names));
   }
 
+  // The most ranks a model may have: every rank is a thread of the simulating process.
+  static constexpr long long max_ranks = 100000;
+
   // Throws errc::config naming what is wrong.
   void validate() const {
     auto bad = [](const std::string& what) { throw error(errc::config, "simulated cluster: " + what); };
+    auto finite_positive = [](double v) { return std::isfinite(v) && v > 0; };
     if (hosts < 1 || ranks_per_host < 1) bad("hosts and ranks_per_host must be >= 1");
-    if (!(network.bandwidth > 0) || !(local.bandwidth > 0)) bad("bandwidths must be > 0");
+    if (static_cast<long long>(hosts) * ranks_per_host > max_ranks)
+      bad("hosts x ranks_per_host must be at most " + std::to_string(max_ranks) + " ranks");
+    if (!finite_positive(network.bandwidth) || !finite_positive(local.bandwidth))
+      bad("bandwidths must be finite and > 0");
     if (network.latency.count() < 0 || local.latency.count() < 0 || overhead.count() < 0)
       bad("latencies and overhead must be >= 0");
-    if (!(speed > 0)) bad("speed must be > 0");
+    if (!finite_positive(speed)) bad("speed must be finite and > 0");
     for (const auto& [r, f] : stragglers.slow)
-      if (r < 0 || r >= size() || !(f > 0)) bad("slow=" + std::to_string(r) + ":" + std::to_string(f) + ": rank or factor out of range");
-    if (stragglers.jitter < 0 || stragglers.tail_probability < 0 || stragglers.tail_probability > 1 ||
-        !(stragglers.tail_alpha > 0) || !(stragglers.tail_cap >= 1))
-      bad("jitter >= 0, tail probability in [0, 1], alpha > 0, cap >= 1");
+      if (r < 0 || r >= size() || !finite_positive(f)) bad("slow=" + std::to_string(r) + ":" + std::to_string(f) + ": rank or factor out of range");
+    if (!(stragglers.jitter >= 0 && stragglers.jitter <= 10) || !(stragglers.tail_probability >= 0) ||
+        stragglers.tail_probability > 1 || !finite_positive(stragglers.tail_alpha) ||
+        !(stragglers.tail_cap >= 1 && std::isfinite(stragglers.tail_cap)))
+      bad("jitter in [0, 10], tail probability in [0, 1], alpha > 0, cap >= 1 (all finite)");
     for (const auto& d : deaths)
       if (d.rank < 0 || d.rank >= size() || d.at.count() < 0) bad("die=" + std::to_string(d.rank) + ": no such rank");
   }
@@ -162,7 +171,8 @@ inline duration parse_time(std::string_view key, std::string_view text) {
   else if (unit == "ms") scale = 1e6;
   else if (unit == "s" || unit.empty()) scale = 1e9;
   else bad_value(key, text, "a time such as 50us, 2ms or 1.5s");
-  if (!(v >= 0)) bad_value(key, text, "a time >= 0");
+  // Up to a century of virtual time: nanoseconds in 64 bits go to 292 years.
+  if (!(v >= 0) || !(v * scale <= 3.2e18)) bad_value(key, text, "a time from 0 to 100 years");
   return duration(static_cast<std::int64_t>(std::llround(v * scale)));
 }
 
@@ -179,14 +189,21 @@ inline double parse_rate(std::string_view key, std::string_view text) {
   else if (unit == "Mbit") scale = 1e6 / 8;
   else if (unit == "Gbit") scale = 1e9 / 8;
   else bad_value(key, text, "a rate such as 1Gbit, 119MB or 10GB (per second)");
-  if (!(v > 0)) bad_value(key, text, "a rate > 0");
+  if (!(v > 0) || !std::isfinite(v * scale)) bad_value(key, text, "a finite rate > 0");
   return v * scale;
 }
 
 inline double parse_double(std::string_view key, std::string_view text) {
   std::string_view unit;
   const double v = number_and_unit(key, text, unit);
-  if (!unit.empty()) bad_value(key, text, "a plain number");
+  if (!unit.empty() || !std::isfinite(v)) bad_value(key, text, "a finite plain number");
+  return v;
+}
+
+inline std::uint64_t parse_seed(std::string_view key, std::string_view text) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size()) bad_value(key, text, "an unsigned 64-bit integer");
   return v;
 }
 
@@ -237,7 +254,7 @@ inline void set_cluster_key(cluster_model& m, std::string_view key, std::string_
     const auto [rank, at] = split(key, value, '@', "RANK@TIME");
     m.deaths.push_back({parse_int(key, rank), parse_time(key, at)});
   } else if (key == "seed") {
-    m.seed = static_cast<std::uint64_t>(parse_int(key, value));
+    m.seed = parse_seed(key, value);
   } else {
     throw error(errc::config, "simulated cluster: unknown key '" + std::string(key) +
                                   "' (hosts, ranks_per_host, bandwidth, latency, local_bandwidth, local_latency, "
@@ -284,23 +301,26 @@ inline cluster_model load_cluster_model(const std::string& path, cluster_model m
   return parse_cluster_model(text.str(), std::move(m));
 }
 
-// One line that parse_cluster_model reads back as `m` (for reports and traces).
+// One line that parse_cluster_model reads back as `m` (for reports and traces): rates in
+// bytes/s and times in nanoseconds, exactly; factors to 17 significant digits.
 inline std::string describe(const cluster_model& m) {
-  auto rate = [](double bytes_per_s) {
-    std::ostringstream s;
-    s << bytes_per_s / 1e6 << "MB";
-    return s.str();
+  auto number = [](double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", v);
+    return std::string(text);
   };
-  auto time = [](duration d) { return std::to_string(double(d.count()) / 1e3) + "us"; };
+  auto rate = [&](double bytes_per_s) { return number(bytes_per_s) + "B"; };
+  auto time = [](duration d) { return std::to_string(d.count()) + "ns"; };
   std::ostringstream s;
   s << "hosts=" << m.hosts << " ranks_per_host=" << m.ranks_per_host << " bandwidth=" << rate(m.network.bandwidth)
     << " latency=" << time(m.network.latency) << " local_bandwidth=" << rate(m.local.bandwidth)
     << " local_latency=" << time(m.local.latency) << " overhead=" << time(m.overhead)
-    << " compute=" << (m.compute == compute_model::measured ? "measured" : "modelled") << " speed=" << m.speed;
-  for (const auto& [r, f] : m.stragglers.slow) s << " slow=" << r << ':' << f;
-  if (m.stragglers.jitter > 0) s << " jitter=" << m.stragglers.jitter;
+    << " compute=" << (m.compute == compute_model::measured ? "measured" : "modelled") << " speed=" << number(m.speed);
+  for (const auto& [r, f] : m.stragglers.slow) s << " slow=" << r << ':' << number(f);
+  if (m.stragglers.jitter > 0) s << " jitter=" << number(m.stragglers.jitter);
   if (m.stragglers.tail_probability > 0)
-    s << " tail=" << m.stragglers.tail_probability << ':' << m.stragglers.tail_alpha << ':' << m.stragglers.tail_cap;
+    s << " tail=" << number(m.stragglers.tail_probability) << ':' << number(m.stragglers.tail_alpha) << ':'
+      << number(m.stragglers.tail_cap);
   for (const auto& d : m.deaths) s << " die=" << d.rank << '@' << time(d.at);
   s << " seed=" << m.seed;
   return s.str();

@@ -80,7 +80,7 @@ class endpoint {
     try {
       scheduler_->wait_any(rank_, ops, until);
     } catch (...) {
-      scheduler_->cancel(*op);
+      scheduler_->cancel(*op);  // before the op goes: it may still be queued
       scheduler_->end_call(rank_);
       throw;
     }
@@ -92,9 +92,14 @@ class endpoint {
   std::size_t wait_any(std::span<request* const> requests, deadline until) {
     ops_.clear();
     for (request* r : requests) ops_.push_back(r ? const_cast<detail::sim_op*>(r->peek()) : nullptr);
-    const std::size_t i = scheduler_->wait_any(rank_, ops_, until);
-    scheduler_->end_call(rank_);
-    return i;
+    try {
+      const std::size_t i = scheduler_->wait_any(rank_, ops_, until);
+      scheduler_->end_call(rank_);
+      return i;
+    } catch (...) {
+      scheduler_->end_call(rank_);
+      throw;
+    }
   }
 
   // This rank failed: its peers learn it one latency later (concepts::failable_transport).
@@ -112,14 +117,14 @@ class endpoint {
   // The modelled hosts (cluster_model::hosts x ranks_per_host).
   const cluster::topology& topology() const noexcept { return topology_; }
 
-  // This rank's virtual clock.
-  time_point now() const noexcept { return scheduler_->state(rank_).clock; }
+  // This rank's virtual clock (the compute it has done counted).
+  time_point now() const { return duration(scheduler_->state(rank_).now_ns()); }
 
  private:
   request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
                transport::detail::deliver_fn deliver) {
     transport::detail::check_peer("simulated", rank_, peer, size());
-    scheduler_->sync(rank_);
+    scheduler_->begin_call(rank_, is_send ? scheduler_->model().overhead : duration{});
     auto op = std::make_unique<detail::sim_op>();
     op->is_send = is_send;
     op->source = is_send ? rank_ : peer;
@@ -158,19 +163,22 @@ class job {
   const cluster_model& model() const noexcept { return scheduler_->model(); }
 
   // Runs fn on every rank; returns each rank's outcome (null on success or a modelled
-  // death). A rank that throws is lost to the others, as on a real transport.
+  // death). A rank that throws is lost to the others, as on a real transport. Once per job.
   template <class Fn>
   std::vector<std::exception_ptr> run(Fn&& fn, run_report* report = nullptr) {
+    if (ran_) throw error(errc::invalid_argument, "simulation::job::run: a job runs once; make a new job to run again");
+    ran_ = true;
     const int n = size();
     std::vector<std::exception_ptr> outcomes(static_cast<std::size_t>(n));
     std::vector<char> died(static_cast<std::size_t>(n), 0);
     {
       std::vector<std::jthread> threads;
       threads.reserve(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r)
+      try {
+        for (int r = 0; r < n; ++r)
         threads.emplace_back([&, r] {
           detail::scheduler& s = *scheduler_;
-          s.enter(r);
+          if (!s.enter(r)) return;
           detail::this_thread_rank() = &s.state(r);
           std::optional<std::pair<errc, std::string>> failure;
           try {
@@ -188,8 +196,12 @@ class job {
             failure.emplace(errc::peer_lost, "unknown exception");
           }
           detail::this_thread_rank() = nullptr;
-          s.leave(r, std::move(failure));
+          if (s.leave(r, std::move(failure))) died[static_cast<std::size_t>(r)] = 1;
         });
+      } catch (...) {  // a thread did not start: those that did return at once
+        scheduler_->abort_start(static_cast<int>(threads.size()));
+        throw;
+      }
       scheduler_->start();
       scheduler_->join_all();
     }
@@ -208,6 +220,7 @@ class job {
 
  private:
   std::shared_ptr<detail::scheduler> scheduler_;
+  bool ran_ = false;
 };
 
 // Runs fn(endpoint) on every rank of `model` and rethrows the root cause if a rank failed
@@ -224,6 +237,8 @@ run_report run(cluster_model model, Fn&& fn) {
 // Modelled work on the calling simulated rank: its clock advances by `d` times its speed
 // factors (cluster_model speed, slow=, this step's straggler draw). On other threads, nothing.
 inline void compute(duration d) {
+  if (d.count() < 0)
+    throw error(errc::invalid_argument, "simulation::compute: a duration >= 0, got " + std::to_string(d.count()) + " ns");
   if (detail::rank_state* s = detail::this_thread_rank()) {
     s->charge_compute();
     s->clock += s->stretched(d);
