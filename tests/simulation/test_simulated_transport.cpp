@@ -36,6 +36,23 @@ void recv(gw::transport::simulated& t, int peer, std::uint64_t tag, std::span<st
   t.wait(r, soon());
 }
 
+// Ranks 0 and 1 exchange `bytes` back and forth `round_trips` times; returns the job's end.
+sim::time_point ping_pong(const sim::cluster_model& m, int round_trips, std::size_t bytes) {
+  return sim::run(m, [&](gw::transport::simulated t) {
+           std::vector<std::byte> buf(bytes);
+           for (int i = 0; i < round_trips; ++i) {
+             if (t.rank() == 0) {
+               send(t, 1, 1, buf);
+               recv(t, 1, 2, buf);
+             } else {
+               recv(t, 0, 1, buf);
+               send(t, 0, 2, buf);
+             }
+           }
+         })
+      .end;
+}
+
 }  // namespace
 
 TEST_CASE("cluster models parse from key=value text and refuse what they cannot mean") {
@@ -87,19 +104,7 @@ TEST_CASE("virtual times of simple patterns equal their closed forms") {
     const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us compute=modelled");
     const std::size_t n = 1'000'000;
     const int round_trips = 10;
-    const auto report = sim::run(m, [&](gw::transport::simulated t) {
-      std::vector<std::byte> buf(n);
-      for (int i = 0; i < round_trips; ++i) {
-        if (t.rank() == 0) {
-          send(t, 1, 1, buf);
-          recv(t, 1, 2, buf);
-        } else {
-          recv(t, 0, 1, buf);
-          send(t, 0, 2, buf);
-        }
-      }
-    });
-    CHECK(seconds(report.end) == Approx(2 * round_trips * (10e-6 + double(n) / 1e9)).epsilon(1e-9));
+    CHECK(seconds(ping_pong(m, round_trips, n)) == Approx(2 * round_trips * (10e-6 + double(n) / 1e9)).epsilon(1e-9));
   }
 
   SECTION("ring all-reduce: 2(N-1) steps of latency + (n/N) / bandwidth") {
@@ -214,19 +219,7 @@ TEST_CASE("virtual times of simple patterns equal their closed forms") {
   SECTION("thousands of messages (links forget old reservations) keep the closed form") {
     const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us compute=modelled");
     const int round_trips = 6000;  // 12,000 messages: pruned every 4,096
-    const auto report = sim::run(m, [&](gw::transport::simulated t) {
-      std::vector<std::byte> buf(1000);
-      for (int i = 0; i < round_trips; ++i) {
-        if (t.rank() == 0) {
-          send(t, 1, 1, buf);
-          recv(t, 1, 2, buf);
-        } else {
-          recv(t, 0, 1, buf);
-          send(t, 0, 2, buf);
-        }
-      }
-    });
-    CHECK(seconds(report.end) == Approx(2 * round_trips * (10e-6 + 1000 / 1e9)).epsilon(1e-9));
+    CHECK(seconds(ping_pong(m, round_trips, 1000)) == Approx(2 * round_trips * (10e-6 + 1000 / 1e9)).epsilon(1e-9));
   }
 }
 
