@@ -97,18 +97,10 @@ store=$(mktemp -d)
 port=29400
 pids=()
 
-kill_job() {  # every process group started for the current job, TERM then KILL
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-  sleep 2
-  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  [ ${#pids[@]} -eq 0 ] || kill_job
+  [ ${#pids[@]} -eq 0 ] || gradwire_kill_job
   "$cluster" down --name "$name" >/dev/null 2>&1 || echo "cluster.sh: scripts/cluster down --name $name failed" >&2
   rm -rf "$store"
   exit "$status"
@@ -148,7 +140,7 @@ wait_job() {
       local live=()
       for pid in "${pids[@]}"; do [ -z "$pid" ] || live+=("$pid"); done
       pids=("${live[@]}")
-      kill_job
+      gradwire_kill_job
       break
     fi
     sleep 0.2

@@ -92,18 +92,10 @@ printf 'rate\tcluster\trepeat\tlabel\tstatus\tseconds\tcsv\tload\tcompilers\n' >
 port=29700
 pids=()
 
-kill_job() {  # every process group started for the current job, TERM then KILL
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-  sleep 2
-  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  [ ${#pids[@]} -eq 0 ] || kill_job
+  [ ${#pids[@]} -eq 0 ] || gradwire_kill_job
   "$cluster" down --name "$name" >/dev/null 2>&1 || echo "overlap.sh: scripts/cluster down --name $name failed" >&2
   exit "$status"
 }
@@ -142,7 +134,7 @@ wait_job() {
       local live=()
       for pid in "${pids[@]}"; do [ -z "$pid" ] || live+=("$pid"); done
       pids=("${live[@]}")
-      kill_job
+      gradwire_kill_job
       break
     fi
     sleep 0.2

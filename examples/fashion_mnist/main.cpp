@@ -152,7 +152,7 @@ struct options {
   std::uint64_t checkpoint_every = 0;
   // simulated only
   std::string cluster;        // simulation::parse_cluster_model text
-  double step_compute = 0;    // seconds of virtual time per forward/backward
+  std::chrono::nanoseconds step_compute{};  // virtual time per forward/backward (0: none)
   int evals_per_epoch = 1;
 };
 
@@ -215,7 +215,7 @@ options parse(int argc, char** argv) {
     } else if (flag == "--cluster") {
       o.cluster = next();
     } else if (flag == "--step-compute") {
-      o.step_compute = parse_positive(flag, next());
+      o.step_compute = std::chrono::nanoseconds(std::llround(parse_positive(flag, next()) * 1e9));
     } else if (flag == "--evals-per-epoch") {
       o.evals_per_epoch = parse_int<int>(flag, next(), 1);
     } else if (flag == "--owner") {
@@ -303,7 +303,7 @@ options parse(int argc, char** argv) {
     throw usage_error("--ps and --ps-mode are for --strategy parameter_server");
   if (o.checkpoint_every && o.checkpoint_dir.empty()) throw usage_error("--checkpoint-every needs --checkpoint-dir");
   const bool simulated = o.transport == "simulated";
-  if (!simulated && (!o.cluster.empty() || o.step_compute > 0))
+  if (!simulated && (!o.cluster.empty() || o.step_compute.count() > 0))
     throw usage_error("--cluster and --step-compute are for --transport simulated");
   if (simulated && o.straggler_rank >= 0)
     throw usage_error("--straggler sleeps, which takes no virtual time: with --transport simulated slow a rank in "
@@ -531,7 +531,7 @@ void train_replica(Strategy& strategy, model_type& model, const fashion_mnist::f
       const auto step_start = steady::now();
       load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
       loss_sum += model.loss_and_gradient(x, y);
-      if (o.step_compute > 0) gradwire::simulation::compute(std::chrono::nanoseconds(std::llround(o.step_compute * 1e9)));
+      gradwire::simulation::compute(o.step_compute);  // modelled work: nothing unless simulated
       // A simulated slow replica: sleeping (FACTOR - 1) x its own compute time makes its
       // forward/backward take FACTOR times as long (--timing counts the sleep there).
       if (straggling)
@@ -668,7 +668,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
     const auto step_start = steady::now();
     load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
     model.loss_and_gradient(x, y);
-    if (o.step_compute > 0) gradwire::simulation::compute(std::chrono::nanoseconds(std::llround(o.step_compute * 1e9)));
+    gradwire::simulation::compute(o.step_compute);
     if (straggling) std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
     strategy.step(gradients);
     epoch_stats += strategy.last_step_stats();
@@ -770,8 +770,7 @@ summary train(const options& o, const Optimizer& optimizer, const fashion_mnist:
     if (cluster.size() != ranks)
       throw usage_error("--cluster describes " + std::to_string(cluster.size()) + " ranks (hosts x ranks_per_host) "
                         "but the job has " + std::to_string(ranks) + " (replicas + servers)");
-    if (o.replicas + o.servers > 0)
-      std::printf("simulated cluster: %s\n", gradwire::simulation::describe(cluster).c_str());
+    std::printf("simulated cluster: %s\n", gradwire::simulation::describe(cluster).c_str());
     const auto report = gradwire::simulation::run(
         cluster, [&](gradwire::transport::simulated endpoint) { replica(std::move(endpoint)); });
     std::printf("simulated %.3f s of virtual time\n", double(report.end.count()) / 1e9);

@@ -189,7 +189,9 @@ class async_engine {
                   "spans and values, not containers)");
     static_assert(std::is_invocable_v<F&, communicator<Transport>&>,
                   "async_engine::submit: the callable must take communicator<Transport>&");
+    support::virtual_clock* const virtual_time = support::this_thread_virtual_clock();
     detail::async_slot* s;
+    std::exception_ptr broken;  // for a simulated rank's inline run
     {
       std::lock_guard lock(core_->mutex);
       if (core_->stopping) throw error(errc::invalid_argument, "async_engine: submit during destruction");
@@ -198,19 +200,19 @@ class async_engine {
       s->run = [](void* comm, detail::async_slot& slot) {
         (*std::launder(reinterpret_cast<F*>(slot.work)))(*static_cast<communicator<Transport>*>(comm));
       };
-      if (support::this_thread_virtual_clock()) {
+      if (virtual_time) {
         s->state = detail::async_slot::status::running;
+        broken = core_->broken;
       } else {
         s->state = detail::async_slot::status::queued;
         (core_->tail ? core_->tail->next : core_->head) = s;
         core_->tail = s;
       }
     }
-    if (support::virtual_clock* v = support::this_thread_virtual_clock()) {
-      run_in_virtual_background(*v, *s);
-    } else {
+    if (virtual_time)
+      run_in_virtual_background(*virtual_time, *s, broken);
+    else
       core_->work_ready.notify_one();
-    }
     return async_handle(core_, s);
   }
 
@@ -229,60 +231,54 @@ class async_engine {
       s->state = detail::async_slot::status::running;
       const std::exception_ptr broken = core.broken;
       lock.unlock();
-      std::exception_ptr failure;
-      try {
-        if (broken) not_started(broken);
-        s->run(&comm_, *s);
-      } catch (...) {
-        failure = std::current_exception();
-      }
+      std::exception_ptr failure = run_slot(*s, broken);
       lock.lock();
-      if (failure && !core.broken) core.broken = failure;
-      s->failure = std::move(failure);
-      s->state = detail::async_slot::status::done;
+      finish_slot(*s, std::move(failure));
       core.finished.notify_all();
     }
+  }
+
+  // Runs a slot's operation, or fails it unstarted after an earlier failure (`broken`);
+  // returns how it failed (null: it did not).
+  std::exception_ptr run_slot(detail::async_slot& s, const std::exception_ptr& broken) noexcept {
+    try {
+      if (broken) not_started(broken);
+      s.run(&comm_, s);
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  }
+
+  // Records a slot's outcome; the first failure breaks the engine (core_->mutex held).
+  void finish_slot(detail::async_slot& s, std::exception_ptr failure) noexcept {
+    if (failure && !core_->broken) core_->broken = failure;
+    s.failure = std::move(failure);
+    s.state = detail::async_slot::status::done;
   }
 
   // A simulated rank has no second thread to give (its ranks run one at a time, in virtual
   // time): the operation runs now, inline, on the rank's background clock, so it overlaps
   // the caller's later compute in virtual time as it would on the engine's thread.
-  void run_in_virtual_background(support::virtual_clock& v, detail::async_slot& s) {
+  void run_in_virtual_background(support::virtual_clock& v, detail::async_slot& s, const std::exception_ptr& broken) {
     struct context {
       async_engine* engine;
       detail::async_slot* slot;
+      const std::exception_ptr* broken;
       std::exception_ptr failure;
-    } c{this, &s, nullptr};
-    std::exception_ptr broken;
-    {
-      std::lock_guard lock(core_->mutex);
-      broken = core_->broken;
-    }
-    if (broken) {
-      try {
-        not_started(broken);
-      } catch (...) {
-        c.failure = std::current_exception();
-      }
-    }
-    const std::int64_t done = broken ? v.now_ns() : v.run_in_background(
+    } c{this, &s, &broken, nullptr};
+    const std::int64_t done = v.run_in_background(
         [](void* p) {
           auto& c = *static_cast<context*>(p);
-          int& track = observe::detail::this_thread_track();
+          int& track = observe::detail::this_thread_track();  // the engine's track, as on its thread
           const int caller_track = std::exchange(track, 1);
-          try {
-            c.slot->run(&c.engine->comm_, *c.slot);
-          } catch (...) {
-            c.failure = std::current_exception();
-          }
+          c.failure = c.engine->run_slot(*c.slot, *c.broken);
           track = caller_track;
         },
         &c);
     std::lock_guard lock(core_->mutex);
-    if (c.failure && !core_->broken) core_->broken = c.failure;
-    s.failure = std::move(c.failure);
+    finish_slot(s, std::move(c.failure));
     s.virtual_done_ns = done;
-    s.state = detail::async_slot::status::done;
   }
 
   [[noreturn]] static void not_started(const std::exception_ptr& broken) {

@@ -32,7 +32,6 @@ struct sim_op {
   std::size_t bytes = 0;
   transport::detail::deliver_fn deliver = transport::detail::deliver_copy;
   bool done = false;  // completes at complete_at (maybe later than now)
-  time_point posted_at{};
   time_point complete_at = never;
   errc failure{};
   std::string failure_message;

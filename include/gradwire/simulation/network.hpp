@@ -67,8 +67,6 @@ class link_schedule {
     while (it != busy_.end() && it->second <= horizon) it = busy_.erase(it);
   }
 
-  std::size_t intervals() const noexcept { return busy_.size(); }
-
  private:
   std::map<time_point, time_point> busy_;  // begin -> end
 };

@@ -87,6 +87,13 @@ inline std::string seconds(time_point t) {
 
 class scheduler;
 
+// Ends a transport call of a rank however it leaves (scheduler::end_call).
+struct call_end {
+  scheduler& s;
+  int rank;
+  ~call_end();
+};
+
 // One rank: its clocks, its baton, what it waits for, and what it knows of lost peers.
 struct rank_state final : support::virtual_clock {
   enum class status : std::uint8_t { idle, running, ready, waiting, finished };
@@ -140,6 +147,7 @@ class scheduler {
  public:
   explicit scheduler(cluster_model model)
       : model_((model.validate(), std::move(model))),
+        topology_(model_.topology()),
         network_(model_),
         mailbox_(model_.size()),
         ranks_(static_cast<std::size_t>(model_.size())) {
@@ -156,6 +164,7 @@ class scheduler {
   }
 
   const cluster_model& model() const noexcept { return model_; }
+  const cluster::topology& topology() const noexcept { return topology_; }
   int size() const noexcept { return model_.size(); }
   rank_state& state(int r) noexcept { return ranks_[static_cast<std::size_t>(r)]; }
 
@@ -237,7 +246,6 @@ class scheduler {
 
   void post_send(sim_op& op) {
     auto& s = state(op.source);
-    op.posted_at = s.clock;
     s.traffic.sent(op.bytes);
     if (auto d = doom(s, op.destination); d && d->at <= s.clock) {
       op.fail(s.clock, d->cause, d->message);
@@ -263,7 +271,6 @@ class scheduler {
 
   void post_recv(sim_op& op) {
     auto& s = state(op.destination);
-    op.posted_at = s.clock;
     s.traffic.received(op.bytes);
     const bool staged = mailbox_.take_staged(op.source, op.destination, op.tag, [&](const staged_message& m) {
       deliver(op, m.bytes.data(), m.bytes.size(), std::max(m.arrives, s.clock), op.source, op.tag);
@@ -312,6 +319,15 @@ class scheduler {
       s.clock = std::max(s.clock, s.agenda_time);
       check_death(s);
     }
+  }
+
+  // Waits for one operation (transport::detail::finish_operation's engine.wait) and throws
+  // its failure, which names this rank.
+  void wait(sim_op& op, deadline until) {
+    sim_op* ops[] = {&op};
+    const call_end done(*this, op.owner());
+    wait_any(op.owner(), ops, until);
+    if (op.failure != errc{}) throw error(op.failure, op.failure_message);
   }
 
   // Withdraws an operation that will not be waited for (its request was dropped): an
@@ -556,6 +572,7 @@ class scheduler {
   }
 
   const cluster_model model_;
+  const cluster::topology topology_;  // the modelled hosts, as every endpoint reports them
   network network_;
   mailbox mailbox_;
   std::vector<rank_state> ranks_;
@@ -564,6 +581,8 @@ class scheduler {
   bool aborted_ = false;
   std::binary_semaphore all_done_{0};
 };
+
+inline call_end::~call_end() { s.end_call(rank); }
 
 inline void rank_state::charge_compute() {
   if (owner->model().compute == compute_model::measured) {

@@ -54,7 +54,7 @@ class endpoint {
   using request = transport::detail::pending_request<detail::scheduler, detail::sim_op>;
 
   endpoint(std::shared_ptr<detail::scheduler> scheduler, int rank)
-      : scheduler_(std::move(scheduler)), rank_(rank), topology_(scheduler_->model().topology()) {}
+      : scheduler_(std::move(scheduler)), rank_(rank) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return scheduler_->size(); }
@@ -73,33 +73,14 @@ class endpoint {
                 &transport::detail::deliver_accumulate<V>);
   }
 
-  void wait(request& r, deadline until) {
-    auto op = r.take();
-    if (!op) throw error(errc::invalid_argument, "simulated: wait on an empty or already finished request");
-    detail::sim_op* ops[] = {op.get()};
-    try {
-      scheduler_->wait_any(rank_, ops, until);
-    } catch (...) {
-      scheduler_->cancel(*op);  // before the op goes: it may still be queued
-      scheduler_->end_call(rank_);
-      throw;
-    }
-    scheduler_->end_call(rank_);
-    if (op->failure != errc{}) throw error(op->failure, op->failure_message);  // it names this rank
-  }
+  void wait(request& r, deadline until) { transport::detail::finish_operation(*scheduler_, r, until, "simulated"); }
 
   // The request that completes first in virtual time; wait() then finishes it at once.
   std::size_t wait_any(std::span<request* const> requests, deadline until) {
     ops_.clear();
     for (request* r : requests) ops_.push_back(r ? const_cast<detail::sim_op*>(r->peek()) : nullptr);
-    try {
-      const std::size_t i = scheduler_->wait_any(rank_, ops_, until);
-      scheduler_->end_call(rank_);
-      return i;
-    } catch (...) {
-      scheduler_->end_call(rank_);
-      throw;
-    }
+    const detail::call_end done(*scheduler_, rank_);
+    return scheduler_->wait_any(rank_, ops_, until);
   }
 
   // This rank failed: its peers learn it one latency later (concepts::failable_transport).
@@ -115,7 +96,7 @@ class endpoint {
   support::traffic_counters traffic() const noexcept { return scheduler_->state(rank_).traffic; }
 
   // The modelled hosts (cluster_model::hosts x ranks_per_host).
-  const cluster::topology& topology() const noexcept { return topology_; }
+  const cluster::topology& topology() const noexcept { return scheduler_->topology(); }
 
   // This rank's virtual clock (the compute it has done counted).
   time_point now() const { return duration(scheduler_->state(rank_).now_ns()); }
@@ -125,24 +106,15 @@ class endpoint {
                transport::detail::deliver_fn deliver) {
     transport::detail::check_peer("simulated", rank_, peer, size());
     scheduler_->begin_call(rank_, is_send ? scheduler_->model().overhead : duration{});
-    auto op = std::make_unique<detail::sim_op>();
-    op->is_send = is_send;
-    op->source = is_send ? rank_ : peer;
-    op->destination = is_send ? peer : rank_;
-    op->tag = tag;
-    op->data = data;
-    op->bytes = bytes;
-    op->deliver = deliver;
-    request r = transport::detail::start_operation(scheduler_, std::move(op), [&](detail::sim_op& o) {
+    auto op = transport::detail::make_operation<detail::sim_op>(is_send, rank_, peer, tag, data, bytes, deliver);
+    const detail::call_end done(*scheduler_, rank_);
+    return transport::detail::start_operation(scheduler_, std::move(op), [&](detail::sim_op& o) {
       is_send ? scheduler_->post_send(o) : scheduler_->post_recv(o);
     });
-    scheduler_->end_call(rank_);
-    return r;
   }
 
   std::shared_ptr<detail::scheduler> scheduler_;
   int rank_;
-  cluster::topology topology_;
   std::vector<detail::sim_op*> ops_;  // wait_any's, reused
 };
 

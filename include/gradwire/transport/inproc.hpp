@@ -419,14 +419,7 @@ class inproc {
   request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
                detail::deliver_fn deliver = &detail::deliver_copy) {
     detail::check_peer("inproc", rank_, peer, size());
-    auto op = std::make_unique<detail::inproc_op>();
-    op->is_send = is_send;
-    op->source = is_send ? rank_ : peer;
-    op->destination = is_send ? peer : rank_;
-    op->tag = tag;
-    op->data = data;
-    op->bytes = bytes;
-    op->deliver = deliver;
+    auto op = detail::make_operation<detail::inproc_op>(is_send, rank_, peer, tag, data, bytes, deliver);
     hub_->post(*op);
     is_send ? traffic_.sent(bytes) : traffic_.received(bytes);
     return request(hub_, std::move(op));

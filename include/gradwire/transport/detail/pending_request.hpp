@@ -1,6 +1,8 @@
 // The request handle transports return: owns one operation, and withdraws it if dropped before it completes.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,6 +46,22 @@ class pending_request {
   std::shared_ptr<Engine> engine_;
   std::unique_ptr<Op> op_;
 };
+
+// A point-to-point operation of rank `me` with `peer` (Op: an op type with these fields,
+// as inproc's and the simulator's): who sends, who receives, and where the bytes are.
+template <class Op, class Deliver>
+std::unique_ptr<Op> make_operation(bool is_send, int me, int peer, std::uint64_t tag, std::byte* data,
+                                   std::size_t bytes, Deliver deliver) {
+  auto op = std::make_unique<Op>();
+  op->is_send = is_send;
+  op->source = is_send ? me : peer;
+  op->destination = is_send ? peer : me;
+  op->tag = tag;
+  op->data = data;
+  op->bytes = bytes;
+  op->deliver = deliver;
+  return op;
+}
 
 // Starts an operation: the request owns `op` before `post(op)` runs, so that an
 // exception while posting withdraws it (the request's destructor) instead of leaving
