@@ -1,0 +1,31 @@
+# GRADWIRE_SANITIZE: builds every target of this project (tests, the multi-process workers,
+# examples and snippets that tests run) with a sanitizer; scripts/sanitize configures it.
+#   address: AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer, any UB report
+#            ends the process (-fno-sanitize-recover), so a test cannot pass over it;
+#   thread:  ThreadSanitizer.
+# Only this project's targets get the flags (add_compile_options at the top level, before
+# its subdirectories); the installed package and its consumers never do.
+set(GRADWIRE_SANITIZE "" CACHE STRING "Sanitize every target of this build: address (ASan+UBSan), thread (TSan) or empty")
+set_property(CACHE GRADWIRE_SANITIZE PROPERTY STRINGS "" address thread)
+if(GRADWIRE_SANITIZE STREQUAL "")
+  return()
+endif()
+if(NOT CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  message(FATAL_ERROR "gradwire: GRADWIRE_SANITIZE needs g++ or clang++ (found ${CMAKE_CXX_COMPILER_ID})")
+endif()
+if(GRADWIRE_SANITIZE STREQUAL "address")
+  set(gradwire_sanitize_flags -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+elseif(GRADWIRE_SANITIZE STREQUAL "thread")
+  set(gradwire_sanitize_flags -fsanitize=thread)
+else()
+  message(FATAL_ERROR "gradwire: GRADWIRE_SANITIZE=${GRADWIRE_SANITIZE}: use address, thread or leave it empty")
+endif()
+if(GRADWIRE_HAS_CUDA)
+  message(FATAL_ERROR "gradwire: GRADWIRE_SANITIZE does not instrument nvcc's host code; configure with "
+                      "-DGRADWIRE_CUDA=OFF (compute-sanitizer checks the device side)")
+endif()
+# Frame pointers: the reports' stacks unwind through every frame (fast unwinder).
+list(APPEND gradwire_sanitize_flags -fno-omit-frame-pointer)
+add_compile_options(${gradwire_sanitize_flags})
+add_link_options(${gradwire_sanitize_flags})
+message(STATUS "gradwire: every target built with ${gradwire_sanitize_flags}")
