@@ -51,7 +51,7 @@ void broadcast(communicator<Tr>& comm, std::span<V> data, int root = 0) {
   } else if (in_frame && relative == 1) {
     check->finish();
     const auto bytes = check->inline_from(parent, data.size_bytes());
-    std::memcpy(data.data(), bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(data.data(), bytes.data(), bytes.size());  // both may be null
     check.reset();
   } else {
     auto received = t.async_recv(parent, tag, std::as_writable_bytes(data));

@@ -71,7 +71,8 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
   // Slot r holds rank r's data (this rank's own: a copy, as `data` receives the sum).
   const std::span<V> slots = comm.template scratch<V>(data.size() * static_cast<std::size_t>(n));
   auto slot = [&](int r) { return slots.subspan(data.size() * static_cast<std::size_t>(r), data.size()); };
-  std::memcpy(slot(me).data(), data.data(), data.size_bytes());
+  // (Guarded: with no elements both pointers may be null, which memcpy must not get.)
+  if (!data.empty()) std::memcpy(slot(me).data(), data.data(), data.size_bytes());
 
   std::optional<call_check<Tr>> check;
   const bool inline_data = data.size_bytes() <= check_inline_bytes;
@@ -114,7 +115,7 @@ void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op
       for (int r : {check->left(), check->right()})
         if (r != me) {
           const auto bytes = check->inline_from(r, data.size_bytes());
-          std::memcpy(slot(r).data(), bytes.data(), bytes.size());
+          if (!bytes.empty()) std::memcpy(slot(r).data(), bytes.data(), bytes.size());
         }
   }
   const auto until = comm.step_deadline();

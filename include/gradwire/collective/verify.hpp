@@ -174,7 +174,7 @@ class call_check {
       throw error(errc::invalid_argument, "call_check: at most " + std::to_string(check_inline_bytes) +
                                               " bytes of data ride in the check frame");
     mine_.call = mine;
-    std::memcpy(mine_.data, inline_data.data(), inline_data.size());
+    if (!inline_data.empty()) std::memcpy(mine_.data, inline_data.data(), inline_data.size());  // may be null
     auto& t = comm.transport();
     const auto mine_bytes = std::as_bytes(std::span(&mine_, 1));
     from_left_request_.emplace(t.async_recv(left_, make_tag(sequence, detail::verify_from_left),
