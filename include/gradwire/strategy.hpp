@@ -19,12 +19,14 @@
 #include "aggregation/local.hpp"
 #include "aggregation/parameter_server.hpp"
 #include "collective/communicator.hpp"
+#include "collective/same_model.hpp"
 #include "concepts.hpp"
 #include "error.hpp"
 #include "observe/log.hpp"
 #include "observe/step_stats.hpp"
 #include "observe/timeline.hpp"
 #include "observe/type_name.hpp"
+#include "support/finite_check.hpp"
 #include "support/virtual_clock.hpp"
 #include "tensor/aligned_buffer.hpp"
 #include "tensor/flat_layout.hpp"
@@ -146,8 +148,19 @@ class strategy {
       : comm_(std::move(transport), options),
         optimizer_(std::move(optimizer)),
         agent_(std::move(aggregation)),
-        parameters_(std::move(parameters)) {
+        parameters_(std::move(parameters)),
+        check_finite_(support::finite_check_from_env()) {
     const auto setup_began = clock::now();
+    // Before anything else that communicates: ranks with different models fail here, all
+    // of them, naming both models, not later in some collective (or never: a hang).
+    {
+      std::vector<shape> shapes;
+      shapes.reserve(parameters_.size());
+      for (const auto& p : parameters_) shapes.push_back(p.shape());
+      collective::check_same_model(comm_, dtype_of_v<value_type>, shapes);
+    }
+    if constexpr (on_device)
+      if (check_finite_) refuse_finite_check_on_device();
     param_spans_.reserve(parameters_.size());
     grad_spans_.reserve(parameters_.size());
     marks_.assign(parameters_.size(), mark::none);
@@ -232,6 +245,19 @@ class strategy {
   void step(const std::vector<Gradient>& gradients, no_sync_t) {
     step(std::span<const Gradient>(gradients), no_sync);
   }
+
+  // Check every gradient for NaN and infinity at step() / step.ready() (off by default;
+  // GRADWIRE_CHECK_FINITE=1 turns it on for every strategy). A rank that finds one throws
+  // errc::invalid_argument naming the gradient and the element, and fails its transport
+  // with that report so that every other rank gets errc::peer_lost carrying it instead
+  // of waiting (support/finite_check.hpp). Every step then costs one read of the
+  // gradients (benchmarks/finite_check). Host tensors only for now.
+  void check_finite_gradients(bool on) {
+    if constexpr (on_device)
+      if (on) refuse_finite_check_on_device();
+    check_finite_ = on;
+  }
+  bool checks_finite_gradients() const noexcept { return check_finite_; }
 
   // Micro-batches accumulated since the last synchronised step.
   std::size_t accumulated_micro_batches() const noexcept { return accumulated_; }
@@ -388,6 +414,7 @@ class strategy {
                                               "(" + std::to_string(i) + "): the model has " +
                                               std::to_string(parameters_.size()) + " parameter tensors");
     if (how == mark::ready) check_gradient_size("strategy: step.ready: gradient ", i, grad);
+    if (how == mark::ready && check_finite_) check_finite(i, grad);
     std::lock_guard lock(ready_mutex_.mutex);
     if (finishing_)
       throw error(errc::invalid_argument, "strategy: step." + std::string(how == mark::unused ? "unused" : "ready") +
@@ -405,6 +432,21 @@ class strategy {
     }
     if (accumulated_ > 0) grad = fold_accumulated(i, grad);
     agent_.ready(comm_, i, grad);
+  }
+
+  // A gradient with a NaN or infinity: tell the other ranks (they would wait for it),
+  // then throw. This rank's transport is failed from here on.
+  void check_finite(std::size_t i, std::span<const value_type> grad) {
+    const auto report = support::non_finite_report(rank(), i, parameters_[i].shape(), grad);
+    if (!report) return;
+    if constexpr (concepts::failable_transport<Transport>)
+      if (comm_.size() > 1) comm_.transport().fail(errc::invalid_argument, *report);
+    throw error(errc::invalid_argument, *report);
+  }
+  [[noreturn]] static void refuse_finite_check_on_device() {
+    throw error(errc::invalid_argument,
+                "gradwire::strategy: the non-finite gradient check (check_finite_gradients, GRADWIRE_CHECK_FINITE) is "
+                "not available for CUDA tensors yet; leave it off");
   }
 
   // step.finish(): every tensor marked? then the aggregation completes the step.
@@ -602,6 +644,7 @@ class strategy {
   bool step_open_ = false, no_sync_ = false;
   bool finishing_ = false;   // finish() has begun: ready() is refused
   std::string out_of_step_;  // why this rank can take no more steps (empty: it can)
+  bool check_finite_ = false;  // check_finite_gradients
   clock::time_point step_began_;
   support::traffic_counters traffic_before_;
   detail::step_trace step_trace_;

@@ -13,3 +13,5 @@ template void k::momentum_step<float, true>(float*, const float*, float*, std::s
 template void k::momentum_step<float, false>(float*, const float*, float*, std::size_t, float, float, float, float);
 template void k::adam_step<float>(float*, const float*, float*, float*, std::size_t, const k::adam_coefficients<float>&);
 template void k::adam_step<double>(double*, const double*, double*, double*, std::size_t, const k::adam_coefficients<double>&);
+template bool k::any_non_finite<float>(const float*, std::size_t);
+template bool k::any_non_finite<double>(const double*, std::size_t);

@@ -49,7 +49,7 @@ inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const e
   const bool local = spec.master_addr == "127.0.0.1" || spec.master_addr == "localhost" || spec.master_addr == "::1";
   o.listen_host = env("GRADWIRE_LISTEN_HOST").value_or(local ? "127.0.0.1" : "");
   if (auto t = seconds_from(env, "GRADWIRE_TIMEOUT")) o.connect_timeout = *t;
-  o.checksum_payload = env("GRADWIRE_WIRE_CHECKSUM").value_or("0") == "1";
+  o.checksum_payload = integer_from(env, "GRADWIRE_WIRE_CHECKSUM", 0, 1) == 1;  // "yes" is refused, not read as 0
   o.host_id = env("GRADWIRE_HOST_ID").value_or("");  // empty: detected (rendezvous/host_identity.hpp)
   o.local_size = spec.local_world_size;
   o.socket_buffer_bytes = static_cast<int>(integer_from(env, "GRADWIRE_SOCKET_BUFFER", 0, 1 << 30));

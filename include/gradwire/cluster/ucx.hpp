@@ -23,7 +23,7 @@ inline transport::ucx_options ucx_options(const cluster_spec& spec, const env_lo
   o.host_id = env("GRADWIRE_HOST_ID").value_or("");  // empty: detected (rendezvous/host_identity.hpp)
   o.poll_before_sleep =
       std::chrono::microseconds(integer_from(env, "GRADWIRE_POLL_US", o.poll_before_sleep.count(), 1000000));
-  o.peer_error_handling = env("GRADWIRE_UCX_PEER_ERRORS").value_or("1") != "0";
+  o.peer_error_handling = integer_from(env, "GRADWIRE_UCX_PEER_ERRORS", 1, 1) == 1;  // "off" is refused, not read as 1
   o.heartbeat_interval = std::chrono::seconds(integer_from(env, "GRADWIRE_HEARTBEAT", o.heartbeat_interval.count(), 3600));
   if (auto t = seconds_from(env, "GRADWIRE_STALL_WARN")) o.stall_warn = *t;
   o.bulk_bytes = static_cast<std::size_t>(integer_from(env, "GRADWIRE_UCX_BULK_BYTES", static_cast<long long>(o.bulk_bytes), 1LL << 40));

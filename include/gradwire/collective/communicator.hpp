@@ -72,6 +72,9 @@ class communicator {
       : transport_(std::move(t)), options_(options), topology_(topology_of(transport_)) {
     // GRADWIRE_STEP_TIMEOUT sets the deadline where the options leave the default.
     if (options_.timeout == default_timeout) options_.timeout = step_timeout();
+    if (options_.timeout.count() <= 0)
+      throw error(errc::invalid_argument, "communicator_options::timeout = " + std::to_string(options_.timeout.count()) +
+                                              " ms: the deadline of each step of a collective must be positive");
     observe::timeline::global().add_rank(rank(), size());
     if (observe::log_enabled(observe::log_level::info)) {
       observe::log_info(rank(), size(), "communicator over ", observe::type_name<Transport>(), " (timeout ",

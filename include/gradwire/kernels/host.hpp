@@ -9,10 +9,13 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include "flush_denormals.hpp"
 
@@ -24,8 +27,12 @@
 
 #if defined(GRADWIRE_OPENMP_SIMD)
 #define GRADWIRE_VECTORIZE _Pragma("omp simd")
+#define GRADWIRE_PRAGMA(x) _Pragma(#x)
+// A loop whose only carried value is `flag |= ...` (a reduction the clause declares).
+#define GRADWIRE_VECTORIZE_OR(flag) GRADWIRE_PRAGMA(omp simd reduction(| : flag))
 #else
 #define GRADWIRE_VECTORIZE
+#define GRADWIRE_VECTORIZE_OR(flag)
 #endif
 
 namespace gradwire::kernels {
@@ -89,6 +96,36 @@ template <class T>
 void average(std::span<const T* const> inputs, T* out, std::size_t n) noexcept {
   if (inputs.empty()) return sum(inputs, out, n);
   sum(inputs, out, n, T(1) / static_cast<T>(inputs.size()));
+}
+
+// Whether the n elements at x hold a NaN or an infinity: one vectorised pass that ORs together, per
+// element, whether its exponent bits are all ones (what NaN and +-inf share, and no
+// finite value has). Integer work only, so -ffast-math (which may assume no NaNs and
+// fold std::isnan away) cannot remove it.
+template <class T>
+bool any_non_finite(const T* GRADWIRE_RESTRICT x, std::size_t n) noexcept {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "any_non_finite: float or double");
+  using bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr bits exponent = sizeof(T) == 4 ? bits(0x7f800000u) : bits(0x7ff0000000000000ull);
+  bits found = 0;
+  GRADWIRE_VECTORIZE_OR(found)
+  for (std::size_t i = 0; i < n; ++i) found |= bits((std::bit_cast<bits>(x[i]) & exponent) == exponent);
+  return found != 0;
+}
+
+// The index of the first NaN or infinity among the n elements at x, or n when every element is finite.
+// Blocks of 16 KiB (L1-sized) are scanned with any_non_finite; only a block that has
+// one is searched element by element, so the common all-finite case is one pass.
+template <class T>
+std::size_t first_non_finite(const T* x, std::size_t n) noexcept {
+  constexpr std::size_t block = 16384 / sizeof(T);
+  for (std::size_t begin = 0; begin < n; begin += block) {
+    const std::size_t len = std::min(block, n - begin);
+    if (!any_non_finite(x + begin, len)) continue;
+    for (std::size_t i = begin; i < begin + len; ++i)
+      if (!std::isfinite(x[i])) return i;
+  }
+  return n;
 }
 
 // --- fused optimizer steps (PyTorch semantics; g is scaled by grad_scale first) ---

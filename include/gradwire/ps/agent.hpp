@@ -11,7 +11,9 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
+#include <system_error>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -77,6 +79,24 @@ class agent {
       throw error(errc::config, "parameter_server: " + std::to_string(options_.servers) + " server(s) in a job of " +
                                     std::to_string(n) + " ranks: a job needs at least one server and one worker "
                                     "(launch with --ps N, or a TF_CONFIG with a \"ps\" list)");
+    // b backups of W workers: a step closes after W - b gradients, so b >= W would make
+    // steps of one gradient (the server's floor) where the user asked for a synchronous mode.
+    if (Mode::backups > 0 && Mode::backups >= n - options_.servers)
+      throw error(errc::config, "parameter_server: ps::backup_workers<" + std::to_string(Mode::backups) + "> in a job of " +
+                                    std::to_string(n - options_.servers) + " worker(s): a step closes after the first " +
+                                    "workers - b gradients, so b must be below the number of workers");
+    if (options_.timeout.count() <= 0)
+      throw error(errc::config, "parameter_server: ps::options::timeout = " + std::to_string(options_.timeout.count()) +
+                                    " ms: it must be positive (how long a server waits for any worker)");
+    // A checkpoint directory that cannot be made fails now, on the server that needs it,
+    // not as a filesystem exception when the server first saves.
+    if (is_server(me, n) && !options_.checkpoint_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(options_.checkpoint_dir, ec);
+      if (ec)
+        throw error(errc::config, "parameter_server: ps::options::checkpoint_dir '" + options_.checkpoint_dir.string() +
+                                      "' cannot be created (" + ec.message() + "): choose a writable directory");
+    }
     std::vector<std::size_t> sizes;
     for (auto p : params) sizes.push_back(p.size());
     shards_ = sharding(sizes, options_.servers, std::max<std::size_t>(1, options_.split_bytes / sizeof(V)));

@@ -1,0 +1,390 @@
+// Bad input a user can give a strategy: models that differ between ranks, NaN and infinite gradients, bad options.
+// docs/errors.md ("Every input and what a bad value gets") cites each test here by name.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <gradwire/gradwire.hpp>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../support/errors.hpp"
+
+namespace gw = gradwire;
+using Catch::Contains;
+
+namespace {
+
+using tensor = gw::host_tensor<float>;
+
+std::vector<tensor> params_of(const std::vector<gw::shape>& shapes) {
+  std::vector<tensor> p;
+  for (const auto& s : shapes) p.emplace_back(s);
+  return p;
+}
+
+// Each rank's outcome of fn on its own thread: ok, or (kind, message).
+struct outcome {
+  bool failed = false;
+  gw::errc kind{};
+  std::string what;
+};
+std::vector<outcome> run_ranks(int n, const std::function<void(gw::transport::inproc)>& fn) {
+  gw::transport::inproc_group group(n);
+  const auto raw = group.run(fn);
+  std::vector<outcome> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    if (!raw[r]) continue;
+    out[r].failed = true;
+    try {
+      std::rethrow_exception(raw[r]);
+    } catch (const gw::error& e) {
+      out[r].kind = e.kind();
+      out[r].what = e.what();
+    } catch (const std::exception& e) {
+      out[r].kind = gw::errc::protocol;  // not a gradwire::error: the test fails below on the kind
+      out[r].what = std::string("not a gradwire::error: ") + e.what();
+    }
+  }
+  return out;
+}
+
+// Short deadlines: a hang shows up as a timeout in seconds, which every check refuses.
+gw::collective::communicator_options quick() {
+  gw::collective::communicator_options o;
+  o.timeout = std::chrono::seconds(20);
+  return o;
+}
+gw::ps::options quick_ps() {
+  gw::ps::options o;
+  o.timeout = std::chrono::seconds(20);
+  return o;
+}
+
+enum class aggregation_kind { all_reduce, central, parameter_server, averaging };
+const char* name_of(aggregation_kind a) {
+  switch (a) {
+    case aggregation_kind::all_reduce: return "all_reduce";
+    case aggregation_kind::central: return "central";
+    case aggregation_kind::parameter_server: return "parameter_server";
+    case aggregation_kind::averaging: return "averaging";
+  }
+  return "?";
+}
+const aggregation_kind every_aggregation[] = {aggregation_kind::all_reduce, aggregation_kind::central,
+                                              aggregation_kind::parameter_server, aggregation_kind::averaging};
+
+// Builds the strategy of `kind` on this rank and runs `body(strategy)` on it; a parameter
+// server rank serves instead.
+template <class Tensor = tensor, class Body>
+void with_strategy(aggregation_kind kind, gw::transport::inproc t, std::vector<Tensor> params, Body&& body) {
+  const gw::optim::sgd opt({.lr = 0.1});
+  switch (kind) {
+    case aggregation_kind::all_reduce: {
+      gw::mirrored<Tensor, gw::optim::sgd> s(std::move(t), std::move(params), opt, gw::aggregation::all_reduce(), quick());
+      body(s);
+      return;
+    }
+    case aggregation_kind::central: {
+      gw::central_storage<Tensor, gw::optim::sgd> s(std::move(t), std::move(params), opt, gw::aggregation::central(),
+                                                    quick());
+      body(s);
+      return;
+    }
+    case aggregation_kind::parameter_server: {
+      gw::parameter_server<Tensor, gw::optim::sgd, gw::ps::sync> s(
+          std::move(t), std::move(params), opt, gw::aggregation::parameter_server<gw::ps::sync>(quick_ps()), quick());
+      if (s.is_server())
+        s.serve();
+      else
+        body(s);
+      return;
+    }
+    case aggregation_kind::averaging: {
+      gw::local_sgd<Tensor, gw::optim::sgd, 2> s(std::move(t), std::move(params), opt, gw::aggregation::averaging<2>(),
+                                                 quick());
+      body(s);
+      return;
+    }
+  }
+}
+
+// RAII: an environment variable for the scope of a test.
+struct scoped_env {
+  std::string name;
+  scoped_env(std::string n, const char* value) : name(std::move(n)) { ::setenv(name.c_str(), value, 1); }
+  ~scoped_env() { ::unsetenv(name.c_str()); }
+};
+
+}  // namespace
+
+TEST_CASE("ranks that build different models all get a mismatch at construction, naming both models",
+          "[strategy][bad_input]") {
+  struct model_case {
+    const char* name;
+    std::vector<gw::shape> rank0, other;
+    std::vector<const char*> says;
+  };
+  const std::vector<model_case> cases{
+      {"1001 against 1000 elements", {{1001}, {10, 10}}, {{1000}, {10, 10}},
+       {"rank 0 has 2 tensors of f32, 1101 elements: [1001], [10, 10]", "rank 1 has 2 tensors of f32, 1100 elements",
+        "tensor 0 is [1001] on rank 0, [1000] on rank 1"}},
+      {"another tensor count", {{1000}, {10, 10}}, {{1000}, {10, 10}, {5}},
+       {"rank 0 has 2 tensors", "rank 1 has 3 tensors", "tensor count 2 on rank 0, 3 on rank 1"}},
+      {"same element count, other shape", {{2, 3}, {7}}, {{3, 2}, {7}},
+       {"tensor 0 is [2, 3] on rank 0, [3, 2] on rank 1"}},
+      {"another order", {{7}, {2, 3}}, {{2, 3}, {7}}, {"tensor 0 is [7] on rank 0, [2, 3] on rank 1"}},
+  };
+  for (const auto kind : every_aggregation)
+    for (const auto& c : cases) {
+      DYNAMIC_SECTION(name_of(kind) << ": " << c.name) {
+        // 3 ranks: rank 1 differs (and is a worker; the parameter server's is rank 2).
+        const auto out = run_ranks(3, [&](gw::transport::inproc t) {
+          const bool odd = t.rank() == 1;
+          with_strategy(kind, std::move(t), params_of(odd ? c.other : c.rank0), [](auto&) {
+            FAIL("the strategy was built although the ranks' models differ");
+          });
+        });
+        for (int r = 0; r < 3; ++r) {
+          CAPTURE(r, out[r].what);
+          REQUIRE(out[r].failed);
+          REQUIRE(out[r].kind == gw::errc::mismatch);
+          REQUIRE_THAT(out[r].what, Contains("the ranks built different models") &&
+                                        Contains("rank 1 differs from rank 0") && Contains("same tensors, shapes"));
+          for (const char* s : c.says) REQUIRE_THAT(out[r].what, Contains(s));
+        }
+      }
+    }
+}
+
+TEST_CASE("a rank that builds its model in double beside float ranks gets a mismatch naming both dtypes",
+          "[strategy][bad_input]") {
+  const auto out = run_ranks(2, [&](gw::transport::inproc t) {
+    if (t.rank() == 0) {
+      gw::mirrored<gw::host_tensor<double>, gw::optim::sgd> s(std::move(t), {gw::host_tensor<double>(gw::shape{4})},
+                                                              gw::optim::sgd(), gw::aggregation::all_reduce(), quick());
+    } else {
+      gw::mirrored<tensor, gw::optim::sgd> s(std::move(t), {tensor(gw::shape{4})}, gw::optim::sgd(), gw::aggregation::all_reduce(), quick());
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(out[r].what);
+    REQUIRE(out[r].kind == gw::errc::mismatch);
+    REQUIRE_THAT(out[r].what, Contains("dtype f64 on rank 0, f32 on rank 1"));
+  }
+}
+
+TEST_CASE("ranks that agree on their model build the strategy: the model check costs one all_gather",
+          "[strategy][bad_input]") {
+  for (const auto kind : every_aggregation) {
+    DYNAMIC_SECTION(name_of(kind)) {
+      const auto out = run_ranks(3, [&](gw::transport::inproc t) {
+        with_strategy(kind, std::move(t), params_of({{1001}, {10, 10}, {0}}), [](auto&) {});
+      });
+      for (int r = 0; r < 3; ++r) {
+        CAPTURE(r, out[r].what);
+        REQUIRE_FALSE(out[r].failed);
+      }
+    }
+  }
+}
+
+TEST_CASE("first_non_finite finds the first NaN or infinity where a scalar scan does, and nothing else",
+          "[kernels][bad_input]") {
+  std::mt19937_64 gen(20240611);
+  auto check = [&]<class T>(T) {
+    const T specials[] = {std::numeric_limits<T>::quiet_NaN(), -std::numeric_limits<T>::quiet_NaN(),
+                          std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
+                          std::numeric_limits<T>::signaling_NaN()};
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{4097},
+                          std::size_t{100003}}) {
+      std::vector<T> x(n);
+      std::normal_distribution<T> dist;
+      for (auto& v : x) v = dist(gen) * T(1e3);
+      // Finite extremes are finite.
+      if (n >= 4) {
+        x[0] = std::numeric_limits<T>::max();
+        x[1] = std::numeric_limits<T>::lowest();
+        x[2] = std::numeric_limits<T>::denorm_min();
+        x[3] = -T(0);
+      }
+      CAPTURE(n);
+      REQUIRE(gw::kernels::first_non_finite(x.data(), n) == n);
+      REQUIRE_FALSE(gw::kernels::any_non_finite(x.data(), n));
+      if (n == 0) continue;
+      for (int trial = 0; trial < 20; ++trial) {
+        auto y = x;
+        const std::size_t at = std::uniform_int_distribution<std::size_t>(0, n - 1)(gen);
+        const std::size_t later = std::uniform_int_distribution<std::size_t>(at, n - 1)(gen);
+        y[later] = specials[trial % 5];
+        y[at] = specials[(trial + 2) % 5];
+        std::size_t expected = n;
+        for (std::size_t i = 0; i < n; ++i)
+          if (!std::isfinite(y[i])) {
+            expected = i;
+            break;
+          }
+        CAPTURE(at, later);
+        REQUIRE(expected == at);
+        REQUIRE(gw::kernels::first_non_finite(y.data(), n) == expected);
+        REQUIRE(gw::kernels::any_non_finite(y.data(), n));
+      }
+    }
+  };
+  check(float{});
+  check(double{});
+}
+
+TEST_CASE("with the finite check on, a NaN or infinite gradient fails every rank, naming the rank, tensor and element",
+          "[strategy][bad_input]") {
+  const std::vector<std::pair<float, const char*>> bad{{std::nanf(""), "holds nan at element 7 of 100"},
+                                                       {std::numeric_limits<float>::infinity(), "holds inf at element 7"},
+                                                       {-std::numeric_limits<float>::infinity(), "holds -inf at element 7"}};
+  for (const auto kind : every_aggregation)
+    for (const auto& [value, says] : bad) {
+      DYNAMIC_SECTION(name_of(kind) << ": " << says) {
+        const auto out = run_ranks(3, [&](gw::transport::inproc t) {
+          const int me = t.rank();
+          with_strategy(kind, std::move(t), params_of({{10}, {10, 10}}), [&](auto& s) {
+            REQUIRE_FALSE(s.checks_finite_gradients());  // off by default
+            s.check_finite_gradients(true);
+            std::vector<std::vector<float>> grads{std::vector<float>(10, 0.5f), std::vector<float>(100, 0.25f)};
+            s.step(grads);  // a good step first
+            if (me == 1) grads[1][7] = value;
+            // averaging<2> communicates on every second step: the others learn at that one.
+            for (int k = 0; k < 2; ++k) s.step(grads);
+          });
+        });
+        for (int r = 0; r < 3; ++r) {
+          CAPTURE(r, out[r].what);
+          REQUIRE(out[r].failed);
+          REQUIRE_THAT(out[r].what, Contains("strategy::step on rank 1: gradient 1 (parameter of shape [10, 10]) ") &&
+                                        Contains(says) && Contains("GRADWIRE_CHECK_FINITE"));
+          // The rank with the bad gradient: invalid_argument; the others learn it from it.
+          if (r == 1)
+            REQUIRE(out[r].kind == gw::errc::invalid_argument);
+          else
+            REQUIRE((out[r].kind == gw::errc::peer_lost && out[r].what.find("rank 1 failed") != std::string::npos));
+        }
+      }
+    }
+}
+
+TEST_CASE("the finite check: off by default a NaN passes; the incremental step, no_sync and GRADWIRE_CHECK_FINITE",
+          "[strategy][bad_input]") {
+  using one = gw::one_device<tensor, gw::optim::sgd>;
+  const std::vector<float> nan_at_3{0, 0, 0, std::nanf(""), 0};
+  SECTION("off: nothing reads the gradient; the parameters take the NaN") {
+    one s(params_of({{5}}), gw::optim::sgd({.lr = 0.1}));
+    s.step(std::vector<std::vector<float>>{nan_at_3});
+    REQUIRE(std::isnan(s.parameters()[0][3]));
+  }
+  SECTION("on: step.ready refuses it before the parameters change") {
+    one s(params_of({{5}}), gw::optim::sgd({.lr = 0.1}));
+    s.check_finite_gradients(true);
+    auto step = s.begin_step();
+    const auto e = gw::testing::error_of([&] { step.ready(0, nan_at_3); });
+    REQUIRE(e.first == gw::errc::invalid_argument);
+    REQUIRE_THAT(e.second, Contains("rank 0: gradient 0 (parameter of shape [5]) holds nan at element 3 of 5"));
+    REQUIRE(s.parameters()[0][3] == 0.0f);
+  }
+  SECTION("on: a micro-batch (no_sync) is checked too") {
+    one s(params_of({{5}}), gw::optim::sgd({.lr = 0.1}));
+    s.check_finite_gradients(true);
+    const auto e = gw::testing::error_of([&] { s.step(std::vector<std::vector<float>>{nan_at_3}, gw::no_sync); });
+    REQUIRE(e.first == gw::errc::invalid_argument);
+  }
+  SECTION("GRADWIRE_CHECK_FINITE=1 turns it on, 0 leaves it off, anything else is a config error naming it") {
+    {
+      scoped_env on("GRADWIRE_CHECK_FINITE", "1");
+      REQUIRE(one(params_of({{5}})).checks_finite_gradients());
+    }
+    {
+      scoped_env off("GRADWIRE_CHECK_FINITE", "0");
+      REQUIRE_FALSE(one(params_of({{5}})).checks_finite_gradients());
+    }
+    scoped_env bad("GRADWIRE_CHECK_FINITE", "yes");
+    const auto e = gw::testing::error_of([&] { one s(params_of({{5}})); });
+    REQUIRE(e.first == gw::errc::config);
+    REQUIRE_THAT(e.second, Contains("GRADWIRE_CHECK_FINITE='yes' is neither 0 nor 1"));
+  }
+}
+
+TEST_CASE("bad options of collectives and parameter servers are clear errors on every rank, not hangs or silence",
+          "[strategy][bad_input]") {
+  const std::vector<std::vector<float>> grads{std::vector<float>(16, 1.0f)};
+  auto every_rank = [](const std::vector<outcome>& out, gw::errc kind, const char* says) {
+    for (std::size_t r = 0; r < out.size(); ++r) {
+      CAPTURE(r, out[r].what);
+      REQUIRE(out[r].failed);
+      REQUIRE(out[r].kind == kind);
+      REQUIRE_THAT(out[r].what, Contains(says));
+    }
+  };
+  SECTION("communicator_options::timeout of 0 or below") {
+    for (auto ms : {0, -1}) {
+      const auto out = run_ranks(2, [&](gw::transport::inproc t) {
+        auto o = quick();
+        o.timeout = std::chrono::milliseconds(ms);
+        gw::mirrored<tensor, gw::optim::sgd> s(std::move(t), params_of({{16}}), gw::optim::sgd(), gw::aggregation::all_reduce(), o);
+      });
+      every_rank(out, gw::errc::invalid_argument, "communicator_options::timeout = ");
+    }
+  }
+  SECTION("a bucket budget of 0 bytes") {
+    for (const auto kind : {aggregation_kind::all_reduce, aggregation_kind::central, aggregation_kind::averaging}) {
+      CAPTURE(name_of(kind));
+      const auto out = run_ranks(2, [&](gw::transport::inproc t) {
+        if (kind == aggregation_kind::all_reduce)
+          gw::mirrored<tensor, gw::optim::sgd> s(std::move(t), params_of({{16}}), gw::optim::sgd(),
+                                                 gw::aggregation::all_reduce(0), quick());
+        else if (kind == aggregation_kind::central)
+          gw::central_storage<tensor, gw::optim::sgd> s(std::move(t), params_of({{16}}), gw::optim::sgd(),
+                                                        gw::aggregation::central(0, 0), quick());
+        else
+          gw::local_sgd<tensor, gw::optim::sgd, 1> s(std::move(t), params_of({{16}}), gw::optim::sgd(),
+                                                     gw::aggregation::averaging<1>(std::size_t{0}), quick());
+      });
+      every_rank(out, gw::errc::invalid_argument, "bucket budget must be positive");
+    }
+  }
+  SECTION("ps::backup_workers<b> with b at or above the number of workers") {
+    const auto out = run_ranks(3, [&](gw::transport::inproc t) {
+      gw::parameter_server<tensor, gw::optim::sgd, gw::ps::backup_workers<2>> s(
+          std::move(t), params_of({{16}}), gw::optim::sgd(),
+          gw::aggregation::parameter_server<gw::ps::backup_workers<2>>(quick_ps()), quick());
+    });
+    every_rank(out, gw::errc::config, "ps::backup_workers<2> in a job of 2 worker(s)");
+  }
+  SECTION("ps::options::timeout of 0") {
+    const auto out = run_ranks(3, [&](gw::transport::inproc t) {
+      auto po = quick_ps();
+      po.timeout = std::chrono::milliseconds(0);
+      gw::parameter_server<tensor, gw::optim::sgd, gw::ps::sync> s(
+          std::move(t), params_of({{16}}), gw::optim::sgd(), gw::aggregation::parameter_server<gw::ps::sync>(po), quick());
+    });
+    every_rank(out, gw::errc::config, "ps::options::timeout = 0 ms");
+  }
+  SECTION("ps::options::checkpoint_dir that cannot be created") {
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / "gradwire_bad_input_not_a_dir";
+    { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f); std::fclose(f); }
+    const auto out = run_ranks(3, [&](gw::transport::inproc t) {
+      auto po = quick_ps();
+      po.checkpoint_dir = file / "sub";  // below a plain file
+      gw::parameter_server<tensor, gw::optim::sgd, gw::ps::sync> s(
+          std::move(t), params_of({{16}}), gw::optim::sgd(), gw::aggregation::parameter_server<gw::ps::sync>(po), quick());
+      if (s.is_server()) s.serve(); else s.step(grads);
+    });
+    std::filesystem::remove(file);
+    CAPTURE(out[2].what);
+    REQUIRE(out[2].kind == gw::errc::config);  // the server; the workers lose it
+    REQUIRE_THAT(out[2].what, Contains("checkpoint_dir") && Contains("cannot be created"));
+    for (int r = 0; r < 2; ++r) REQUIRE((out[r].failed && out[r].kind == gw::errc::peer_lost));
+  }
+}
