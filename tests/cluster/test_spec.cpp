@@ -201,6 +201,7 @@ TEST_CASE("srun: SLURM_* with the first host of the node list") {
   vars no_list = slurm_4;
   no_list.erase("SLURM_JOB_NODELIST");
   CHECK(detect(no_list).master_addr == "127.0.0.1");
+  CHECK_THAT(config_error(with(slurm_4, {{"SLURM_JOB_NODELIST", "gpu[07-08"}})), Contains("SLURM_JOB_NODELIST=gpu[07-08"));
   // srun's step task count beats the allocation's.
   CHECK(detect(with(slurm_4, {{"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "4"}})).world_size == 4);
   // Uneven nodes: "3,1" -> node 1 runs one task.
@@ -217,10 +218,19 @@ TEST_CASE("slurm host lists and task lists") {
   CHECK(first_slurm_host("a1,b2") == "a1");
   CHECK(first_slurm_host("single") == "single");
   CHECK(first_slurm_host("broken[01") == "");
+  // Malformed lists are refused whole, never half read into a host name (found by fuzzing).
+  CHECK(first_slurm_host("r[1[2]") == "");
+  CHECK(first_slurm_host("node]") == "");
+  CHECK(first_slurm_host("node[a-b]") == "");
+  CHECK(first_slurm_host("node[]") == "");
   CHECK(slurm_tasks_on_node("2(x3),1", 2) == 2);
   CHECK(slurm_tasks_on_node("2(x3),1", 3) == 1);
   CHECK(slurm_tasks_on_node("2(x3),1", 4) == std::nullopt);
   CHECK(slurm_tasks_on_node("x", 0) == std::nullopt);
+  CHECK(slurm_tasks_on_node("-2,1", 0) == std::nullopt);
+  CHECK(slurm_tasks_on_node("1(x0),1", 0) == std::nullopt);
+  CHECK(slurm_tasks_on_node("1(x2147483647),1(x2147483647),3", 2147483647) == 1);  // no overflow
+  CHECK(slurm_tasks_on_node("2(x3)", -1) == std::nullopt);
 }
 
 TEST_CASE("precedence: torchrun over mpirun over srun over TF_CONFIG") {
@@ -309,6 +319,9 @@ TEST_CASE("missing or contradictory settings name the variable to set") {
   CHECK_THAT(config_error({{"RANK", "-1"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}), Contains("RANK=-1"));
   CHECK_THAT(config_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}),
              Contains("WORLD_SIZE=0 is not a valid world size: set WORLD_SIZE"));
+  // A world too large to be real is refused before a role is allocated per rank (found by fuzzing).
+  CHECK_THAT(config_error({{"RANK", "0"}, {"WORLD_SIZE", "2000000000"}, {"MASTER_PORT", "29500"}}),
+             Contains("WORLD_SIZE=2000000000 is more processes than gradwire supports"));
   CHECK_THAT(config_error({{"RANK", "one"}, {"WORLD_SIZE", "2"}}), Contains("RANK=one is not a number: set RANK"));
   CHECK_THAT(config_error({{"RANK", "1"}, {"WORLD_SIZE", "2x"}}), Contains("WORLD_SIZE=2x is not a number"));
   CHECK_THAT(config_error({{"RANK", "1"}, {"WORLD_SIZE", "99999999999"}}), Contains("is not a number"));

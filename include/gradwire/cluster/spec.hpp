@@ -49,6 +49,11 @@ inline std::optional<std::string> process_env(const char* name) {
   return std::string(value);
 }
 
+// The most processes a job may have: far above any job gradwire runs (UCX's tags carry
+// at most 2^15 ranks), and low enough that a mistyped size is refused before detect
+// allocates anything per rank (a role each).
+inline constexpr int max_world_size = 1 << 20;
+
 // Ports derived from a launcher's job id land here, away from the usual ephemeral range.
 inline constexpr int derived_port_first = 20000;
 inline constexpr int derived_port_count = 10000;
@@ -68,41 +73,48 @@ inline int port_from_job_id(std::string_view job_id) {
   return derived_port_first + static_cast<int>(fnv1a(job_id) % derived_port_count);
 }
 
-// First host of a Slurm host list: "node[01-04,07],gpu3" -> "node01", "r[1-2]-n[5-6]" -> "r1-n5".
+// First host of a Slurm host list: "node[01-04,07],gpu3" -> "node01", "r[1-2]-n[5-6]" -> "r1-n5";
+// "" for a malformed list (a bracket unclosed, nested or without a number first, an
+// empty first host), so that a broken list is never half read into a host name.
 inline std::string first_slurm_host(std::string_view list) {
   std::string host;
   for (std::size_t i = 0; i < list.size();) {
-    char c = list[i];
+    const char c = list[i];
     if (c == ',') break;
+    if (c == ']') return {};
     if (c != '[') {
       host += c;
       ++i;
       continue;
     }
-    std::size_t close = list.find(']', i);
+    const std::size_t close = list.find(']', i);
     if (close == std::string_view::npos) return {};
     std::string_view inside = list.substr(i + 1, close - i - 1);
+    if (inside.find_first_not_of("0123456789,-") != std::string_view::npos) return {};
     inside = inside.substr(0, inside.find_first_of(",-"));
+    if (inside.empty()) return {};
     host += inside;
     i = close + 1;
   }
   return host;
 }
 
-// Slurm's "2(x3),1" tasks-per-node list; the entry of node `node`.
+// Slurm's "2(x3),1" tasks-per-node list; the entry of node `node`. nullopt for a node
+// beyond the list or a malformed list (counts and repeats are at least 1).
 inline std::optional<int> slurm_tasks_on_node(std::string_view list, int node) {
-  int seen = 0;
+  if (node < 0) return std::nullopt;
+  long long seen = 0;  // a sum of repeats: wider than one, so that it cannot overflow
   while (!list.empty()) {
     std::string_view item = list.substr(0, list.find(','));
     list.remove_prefix(std::min(list.size(), item.size() + 1));
     int tasks = 0, repeat = 1;
     auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), tasks);
-    if (ec != std::errc{}) return std::nullopt;
+    if (ec != std::errc{} || tasks < 1) return std::nullopt;
     std::string_view rest(end, static_cast<std::size_t>(item.data() + item.size() - end));
     if (!rest.empty()) {
       if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')') return std::nullopt;
       auto [e2, ec2] = std::from_chars(rest.data() + 2, rest.data() + rest.size() - 1, repeat);
-      if (ec2 != std::errc{} || e2 != rest.data() + rest.size() - 1) return std::nullopt;
+      if (ec2 != std::errc{} || e2 != rest.data() + rest.size() - 1 || repeat < 1) return std::nullopt;
     }
     if (node < seen + repeat) return tasks;
     seen += repeat;
@@ -283,6 +295,9 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
   if (rank) {
     if (world->value < 1)
       config_error(world->shown() + " is not a valid world size: set " + world->name + " to the number of processes (at least 1)");
+    if (world->value > max_world_size)
+      config_error(world->shown() + " is more processes than gradwire supports (" + std::to_string(max_world_size) +
+                   "): set " + world->name + " to the number of processes");
     if (rank->value < 0 || rank->value >= world->value)
       config_error(rank->shown() + " is out of range for " + world->shown() + ": set " + rank->name + " to 0.." +
                    std::to_string(world->value - 1) + " (or " + world->name + " to the number of processes)");
@@ -353,7 +368,10 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
   } else if (launcher == &detail::slurm_vars) {
     for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
       if (auto list = env.text(name)) {
-        if (auto host = detail::first_slurm_host(*list); !host.empty()) spec.master_addr = host;
+        spec.master_addr = detail::first_slurm_host(*list);
+        if (spec.master_addr.empty())
+          config_error(std::string(name) + "=" + *list + " is not a Slurm host list (such as node[01-04,07],gpu-3): " +
+                       "fix it, or set MASTER_ADDR to the host of rank 0");
         break;
       }
     }

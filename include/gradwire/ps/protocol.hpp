@@ -8,7 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <string>
+
+#include "../error.hpp"
 
 namespace gradwire::ps::detail {
 
@@ -43,6 +47,65 @@ struct reply_header {
   std::int32_t last_lost = -1;  // the latest of them
 };
 static_assert(sizeof(request_header) == 32 && sizeof(reply_header) == 40);
+
+// A request as server rank `server` received it from worker rank `worker`, checked
+// before the server acts on it: its size, a known kind, no unknown flags, and fields that
+// a worker of this server can send. A worker's version and update count come from this
+// server's replies, which only grow: a push cannot be from a later version than
+// `server_version` or have seen more than `server_updates`, and a pull waits for at most
+// the next version. errc::protocol naming the worker otherwise.
+inline request_header decode_request(std::span<const std::byte> bytes, int server, int worker,
+                                     std::uint64_t server_version, std::uint64_t server_updates) {
+  auto bad = [&](const std::string& what) {
+    return error(errc::protocol, "parameter server rank " + std::to_string(server) + ": worker rank " +
+                                     std::to_string(worker) + " sent " + what +
+                                     "; do all ranks run the same gradwire build?");
+  };
+  if (bytes.size() != sizeof(request_header))
+    throw bad("a " + std::to_string(bytes.size()) + "-byte request (expected " + std::to_string(sizeof(request_header)) + ")");
+  request_header h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  const auto kind = static_cast<std::uint32_t>(h.kind);
+  if (h.kind != request_kind::push && h.kind != request_kind::pull && h.kind != request_kind::done)
+    throw bad("an unknown request kind " + std::to_string(kind));
+  if ((h.flags & ~in_window) != 0 || (h.kind == request_kind::done && h.flags != 0))
+    throw bad("request kind " + std::to_string(kind) + " with unknown flags " + std::to_string(h.flags));
+  if (h.kind == request_kind::push && (h.clock == 0 || h.version > server_version || h.updates > server_updates))
+    throw bad("a push of clock " + std::to_string(h.clock) + " from version " + std::to_string(h.version) +
+              " after " + std::to_string(h.updates) + " updates; this server is at version " +
+              std::to_string(server_version) + " after " + std::to_string(server_updates) + " updates");
+  if (h.kind == request_kind::pull && ((h.version > 0 && h.version - 1 > server_version) || h.updates != 0))
+    throw bad("a pull for version " + std::to_string(h.version) + " (updates " + std::to_string(h.updates) +
+              "); this server is at version " + std::to_string(server_version));
+  if (h.kind == request_kind::done && (h.version != 0 || h.updates != 0))
+    throw bad("a done request with version " + std::to_string(h.version) + " and updates " + std::to_string(h.updates));
+  return h;
+}
+
+// A reply's header as worker rank `worker` received it from server rank `server`, checked
+// before the worker trusts it: its size, at least the version the pull asked for
+// (`least_version`), a staleness that is not beyond the version, and a latest lost worker
+// among the `workers` there are (the loss count is not bounded by them: a worker that
+// rejoined may be lost again). errc::protocol naming the server otherwise.
+inline reply_header decode_reply(std::span<const std::byte> bytes, int server, std::uint64_t least_version,
+                                 int workers) {
+  auto bad = [&](const std::string& what) {
+    return error(errc::protocol, "parameter_server: server rank " + std::to_string(server) + " sent " + what +
+                                     "; do all ranks run the same gradwire build?");
+  };
+  if (bytes.size() < sizeof(reply_header))
+    throw bad("a " + std::to_string(bytes.size()) + "-byte reply, shorter than its " +
+              std::to_string(sizeof(reply_header)) + "-byte header");
+  reply_header h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (h.version < least_version || h.staleness > h.version)
+    throw bad("a reply of version " + std::to_string(h.version) + " with staleness " + std::to_string(h.staleness) +
+              " to a pull for version " + std::to_string(least_version));
+  if ((h.lost == 0) != (h.last_lost == -1) || h.last_lost < -1 || h.last_lost >= workers)
+    throw bad("a reply that counts " + std::to_string(h.lost) + " lost worker(s), the latest rank " +
+              std::to_string(h.last_lost) + ", in a job of " + std::to_string(workers) + " worker(s)");
+  return h;
+}
 
 // A reply is one message, [reply_header][parameters]: a buffer of V that holds it keeps
 // the header in its first reply_header_elements<V> elements, so the parameters stay

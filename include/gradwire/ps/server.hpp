@@ -169,6 +169,7 @@ class server {
   void on_request(int w) {
     auto& slot = slot_of(w);
     t_.wait(slot.control, wait_deadline());
+    slot.header = detail::decode_request(detail::bytes_of(slot.header), comm_.rank(), w, stats_.version, stats_.updates);
     switch (slot.header.kind) {
       case detail::request_kind::push:
         on_push(w);

@@ -348,8 +348,8 @@ class worker {
     for (int s = 0; s < shards_.servers(); ++s) {
       if (shards_.elements(s) == 0) continue;
       auto& l = link_to(s);
-      detail::reply_header h;
-      std::memcpy(&h, std::as_bytes(l.reply.span()).data(), sizeof h);
+      const detail::reply_header h =
+          detail::decode_reply(std::as_bytes(l.reply.span()), first_server_ + s, l.pull.version, first_server_);
       if (!l.remote) {  // one-sided: get_parameters() put them in place
         const V* in = l.reply.data() + detail::reply_header_elements<V>;
         for (const auto& p : shards_.shard(s)) {

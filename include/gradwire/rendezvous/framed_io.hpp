@@ -41,6 +41,18 @@ inline void write_frame(asio::io_context& io, tcp::socket& socket, const wire::f
   if (*result) throw error(errc::peer_lost, "lost the connection to " + who + " while sending: " + result->message());
 }
 
+// The checks of a received control frame's header, before its payload is read: a frame
+// of this job (wire::decode) with at most `max_payload` payload bytes; errc::protocol
+// (auth for another job's) naming `who`.
+inline wire::frame_header decode_control_header(std::span<const std::byte> header, std::uint64_t token_hash,
+                                                const std::string& who, std::size_t max_payload) {
+  wire::frame_header h = wire::decode(header, token_hash, who);
+  if (h.length > max_payload)
+    throw error(errc::protocol, who + " sent a " + std::to_string(h.length) + "-byte control frame; the limit is " +
+                                    std::to_string(max_payload));
+  return h;
+}
+
 // Reads one frame before the deadline; payloads longer than max_payload are a protocol error.
 inline std::pair<wire::frame_header, std::vector<std::byte>> read_frame(asio::io_context& io, tcp::socket& socket,
                                                                         std::uint64_t token_hash, deadline until,
@@ -61,10 +73,7 @@ inline std::pair<wire::frame_header, std::vector<std::byte>> read_frame(asio::io
   };
   wire::header_bytes header;
   read_exactly(header, "frame header");
-  wire::frame_header h = wire::decode(header, token_hash, who);
-  if (h.length > max_payload)
-    throw error(errc::protocol, who + " sent a " + std::to_string(h.length) + "-byte control frame; the limit is " +
-                                    std::to_string(max_payload));
+  const wire::frame_header h = decode_control_header(header, token_hash, who, max_payload);
   std::vector<std::byte> payload(static_cast<std::size_t>(h.length));
   if (!payload.empty()) read_exactly(payload, "frame payload");
   wire::check_payload(h, payload, who);

@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -49,6 +50,72 @@ inline std::int64_t as_int(std::span<const std::byte> v) {
   std::int64_t x = 0;
   if (v.size() == 8) std::memcpy(&x, v.data(), 8);
   return x;
+}
+
+// A request as the server reads it; `value` views the payload it was parsed from.
+struct store_request {
+  store_op op{};
+  std::string key;
+  std::span<const std::byte> value;
+};
+
+// The server's checks of a request's header, before it reads the payload: a frame of
+// this job (decode), a store request, and a payload within the store's limit.
+inline wire::frame_header decode_store_request_header(std::span<const std::byte> header, std::uint64_t token_hash,
+                                                      std::string_view who) {
+  const wire::frame_header h = wire::decode(header, token_hash, who);
+  if (h.kind != wire::frame_kind::store_request)
+    throw error(errc::protocol, "not a store request from " + std::string(who) + " (frame kind " +
+                                    std::to_string(static_cast<int>(h.kind)) + ")");
+  if (h.length > max_store_value + 4096)
+    throw error(errc::protocol, "store request from " + std::string(who) + " announces " + std::to_string(h.length) +
+                                    " bytes, more than the limit of " + std::to_string(max_store_value + 4096));
+  return h;
+}
+
+// Parses a request's payload (see pack): u32 key length, key, value; the request kind is
+// the header's tag. errc::protocol naming `who` for anything else.
+inline store_request parse_store_request(const wire::frame_header& h, std::span<const std::byte> payload,
+                                         std::string_view who) {
+  wire::check_payload(h, payload, who);
+  std::uint32_t key_length = 0;
+  if (payload.size() < 4 || (std::memcpy(&key_length, payload.data(), 4), key_length > payload.size() - 4))
+    throw error(errc::protocol, "malformed store request from " + std::string(who) + ": its key length does not fit "
+                                    "its " + std::to_string(payload.size()) + "-byte payload");
+  store_request r;
+  r.key.assign(reinterpret_cast<const char*>(payload.data()) + 4, key_length);
+  r.value = payload.subspan(4 + key_length);
+  switch (static_cast<store_op>(h.tag)) {
+    case store_op::set:
+    case store_op::get: r.op = static_cast<store_op>(h.tag); return r;
+    case store_op::add:
+      if (r.value.size() != 8)
+        throw error(errc::protocol, "store add from " + std::string(who) + " for '" + r.key + "' carries " +
+                                        std::to_string(r.value.size()) + " bytes instead of an 8-byte integer");
+      r.op = store_op::add;
+      return r;
+  }
+  throw error(errc::protocol, "unknown store request " + std::to_string(h.tag) + " from " + std::string(who));
+}
+
+// The value of the server's answer to a request of kind `op` (frame header `h`, payload
+// `body`); a refusal becomes the server's reason as an error (auth when it names the job
+// token), anything else errc::protocol naming `where`.
+inline std::vector<std::byte> parse_store_reply(const wire::frame_header& h, std::vector<std::byte> body,
+                                                store_op op, const std::string& where) {
+  if (h.kind == wire::frame_kind::refuse) {
+    const std::string why(reinterpret_cast<const char*>(body.data()), body.size());
+    const bool auth = why.find("job token") != std::string::npos;
+    throw error(auth ? errc::auth : errc::protocol, where + " refused the request: " + why);
+  }
+  if (h.kind != wire::frame_kind::store_reply)
+    throw error(errc::protocol, where + " answered with an unexpected frame (kind " +
+                                    std::to_string(static_cast<int>(h.kind)) + ")");
+  if ((op == store_op::add && body.size() != 8) || (op == store_op::set && !body.empty()))
+    throw error(errc::protocol, where + " answered a store " + (op == store_op::add ? "add" : "set") + " with " +
+                                    std::to_string(body.size()) + " bytes (expected " +
+                                    (op == store_op::add ? "8" : "0") + ")");
+  return body;
 }
 }  // namespace detail
 
@@ -84,15 +151,14 @@ class store_server {
     std::vector<std::byte> payload;
     detail::wire::header_bytes reply_header{};
     std::vector<std::byte> reply;
+    static constexpr std::string_view who = "a rendezvous client";
 
     void read_request() {
       auto self = shared_from_this();
       detail::asio::async_read(socket, detail::asio::buffer(header), [self](const boost::system::error_code& ec, std::size_t) {
         if (ec) return;  // the client went away: nothing to answer
         try {
-          self->request = detail::wire::decode(self->header, self->server.token_hash_, "a rendezvous client");
-          if (self->request.kind != detail::wire::frame_kind::store_request || self->request.length > detail::max_store_value + 4096)
-            throw error(errc::protocol, "not a store request");
+          self->request = detail::decode_store_request_header(self->header, self->server.token_hash_, who);
         } catch (const error& e) {
           self->refuse(e.what());
           return;
@@ -106,13 +172,16 @@ class store_server {
     }
 
     void handle() {
-      std::uint32_t key_length = 0;
-      if (payload.size() < 4 || (std::memcpy(&key_length, payload.data(), 4), key_length > payload.size() - 4))
-        return refuse("malformed store request");
-      const std::string key(reinterpret_cast<const char*>(payload.data()) + 4, key_length);
-      const std::span<const std::byte> value(payload.data() + 4 + key_length, payload.size() - 4 - key_length);
+      detail::store_request r;
+      try {
+        r = detail::parse_store_request(request, payload, who);
+      } catch (const error& e) {
+        return refuse(e.what());
+      }
+      const std::string& key = r.key;
+      const std::span<const std::byte> value = r.value;
       auto& values = server.values_;
-      switch (static_cast<detail::store_op>(request.tag)) {
+      switch (r.op) {
         case detail::store_op::set: {
           values[key].assign(value.begin(), value.end());
           answer({});
@@ -148,7 +217,6 @@ class store_server {
           return;
         }
       }
-      refuse("unknown store request " + std::to_string(request.tag));
     }
 
     void answer(std::span<const std::byte> value) {
@@ -261,14 +329,7 @@ class store_client {
       detail::write_frame(io_, socket_, h, payload, until, where_);
       auto [reply, body] = detail::read_frame(io_, socket_, token_hash_, until, where_,
                                                          detail::max_store_value);
-      if (reply.kind == detail::wire::frame_kind::refuse) {
-        const std::string why(reinterpret_cast<const char*>(body.data()), body.size());
-        const bool auth = why.find("job token") != std::string::npos;
-        throw error(auth ? errc::auth : errc::protocol, where_ + " refused the request: " + why);
-      }
-      if (reply.kind != detail::wire::frame_kind::store_reply)
-        throw error(errc::protocol, where_ + " answered with an unexpected frame");
-      return std::move(body);
+      return detail::parse_store_reply(reply, std::move(body), op, where_);
     } catch (const error& e) {
       socket_.close();  // a half-finished exchange leaves the stream unusable
       if (e.kind() == errc::timeout && op == detail::store_op::get)
