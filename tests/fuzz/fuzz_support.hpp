@@ -1,0 +1,89 @@
+// What every fuzz harness shares: reading fields off the fuzzer's input, and failing loudly on a finding.
+//
+// A harness (LLVMFuzzerTestOneInput) feeds its input to one of gradwire's parsers. A
+// gradwire::error of the kinds the parser documents is the expected answer to bad input;
+// anything else is a finding: another exception type escapes (std::terminate), a
+// sanitizer fires, or a property the harness checks (a round trip, an error of the wrong
+// kind or that does not name its source) calls finding(), which aborts. libFuzzer and the
+// replay driver (replay_main.cpp) both report an abort as a failure.
+#pragma once
+
+#include <gradwire/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace gradwire::fuzz {
+
+[[noreturn]] inline void finding(const std::string& what) {
+  std::fprintf(stderr, "gradwire fuzz finding: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// A rejection must be one of the documented kinds, and its message must contain `names`
+// (the variable, file or peer it is about) when that is not empty.
+inline void expect_error(const error& e, std::initializer_list<errc> kinds, std::string_view names = {}) {
+  if (std::find(kinds.begin(), kinds.end(), e.kind()) == kinds.end())
+    finding(std::string("rejected with an unexpected error kind: ") + e.what());
+  if (!names.empty() && std::string_view(e.what()).find(names) == std::string_view::npos)
+    finding("the error does not name '" + std::string(names) + "': " + e.what());
+}
+
+// The fuzzer's input, consumed from the front.
+class input {
+ public:
+  input(const std::uint8_t* data, std::size_t size) : bytes_(reinterpret_cast<const std::byte*>(data), size) {}
+
+  bool empty() const noexcept { return bytes_.empty(); }
+  std::size_t size() const noexcept { return bytes_.size(); }
+
+  // One byte (0 once the input is used up).
+  std::uint8_t byte() {
+    if (bytes_.empty()) return 0;
+    const auto b = static_cast<std::uint8_t>(bytes_.front());
+    bytes_ = bytes_.subspan(1);
+    return b;
+  }
+  // An integer from up to sizeof(T) bytes, little-endian (missing bytes are 0).
+  template <class T>
+  T integer() {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) v |= std::uint64_t{byte()} << (8 * i);
+    return static_cast<T>(v);
+  }
+  // Up to n bytes.
+  std::span<const std::byte> take(std::size_t n) {
+    n = std::min(n, bytes_.size());
+    const auto out = bytes_.first(n);
+    bytes_ = bytes_.subspan(n);
+    return out;
+  }
+  // The bytes up to the next `separator` (which is consumed) or to the end.
+  std::string until(char separator) {
+    const auto* begin = reinterpret_cast<const char*>(bytes_.data());
+    const auto* end = static_cast<const char*>(std::memchr(begin, separator, bytes_.size()));
+    const std::size_t n = end ? static_cast<std::size_t>(end - begin) : bytes_.size();
+    std::string out(begin, n);
+    bytes_ = bytes_.subspan(std::min(bytes_.size(), n + 1));
+    return out;
+  }
+  std::span<const std::byte> rest() { return take(bytes_.size()); }
+  std::string rest_text() {
+    const auto r = rest();
+    return std::string(reinterpret_cast<const char*>(r.data()), r.size());
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+};
+
+}  // namespace gradwire::fuzz
