@@ -593,7 +593,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
     for (auto p : st.pushes) pushes += p;
     std::printf("ps rank %d: mode %s version %llu updates %llu gradients %llu applied %llu dropped %llu "
                 "staleness mean %.2f p50 %llu p99 %llu max %llu update_lag mean %.2f p50 %llu p99 %llu max %llu "
-                "max_lead %llu lost_workers %zu\n",
+                "max_lead %llu lost_workers %zu rejoined_workers %zu\n",
                 strategy.rank(), mode::name, (unsigned long long)st.version, (unsigned long long)st.updates,
                 (unsigned long long)pushes, (unsigned long long)st.applied, (unsigned long long)st.dropped,
                 gradwire::ps::histogram_mean(st.staleness),
@@ -604,7 +604,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const fashion_mnist
                 (unsigned long long)gradwire::ps::histogram_quantile(st.update_lag, 0.5),
                 (unsigned long long)gradwire::ps::histogram_quantile(st.update_lag, 0.99),
                 (unsigned long long)(st.update_lag.empty() ? 0 : st.update_lag.size() - 1),
-                (unsigned long long)st.max_lead, st.lost_workers.size());
+                (unsigned long long)st.max_lead, st.lost_workers.size(), st.rejoined_workers.size());
     std::fflush(stdout);
     return;
   }

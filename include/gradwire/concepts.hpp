@@ -122,6 +122,25 @@ concept loss_tolerant_transport = transport<T> && requires(T& t, const T& ct, in
   { ct.lost_peers() } -> std::convertible_to<std::vector<int>>;
 };
 
+// Optional capability of a loss-tolerant transport: take back a process that replaces a
+// lost peer (a restarted worker), and tell a process that it is such a replacement.
+//   void allow_rejoin(int peer)       bool rejoined() const
+template <class T>
+concept rejoinable_transport = loss_tolerant_transport<T> && requires(T& t, const T& ct, int peer) {
+  t.allow_rejoin(peer);
+  { ct.rejoined() } -> std::convertible_to<bool>;
+};
+
+// Whether `t` joined as the replacement of a lost rank (rejoinable_transport): such a
+// process skips the collectives the others ran when the job started.
+template <class T>
+bool rejoined(const T& t) {
+  if constexpr (rejoinable_transport<T>)
+    return t.rejoined();
+  else
+    return false;
+}
+
 // Whether `t` can lose a peer and go on: its type says so (loss_tolerant_transport), and a
 // transport whose answer depends on what it wraps (any_transport) may narrow it at run
 // time with `bool tolerates_loss() const`.

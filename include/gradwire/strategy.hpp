@@ -153,7 +153,8 @@ class strategy {
     const auto setup_began = clock::now();
     // Before anything else that communicates: ranks with different models fail here, all
     // of them, naming both models, not later in some collective (or never: a hang).
-    {
+    // (A replacement of a lost worker joins a running job: the others checked long ago.)
+    if (!concepts::rejoined(comm_.transport())) {
       std::vector<shape> shapes;
       shapes.reserve(parameters_.size());
       for (const auto& p : parameters_) shapes.push_back(p.shape());

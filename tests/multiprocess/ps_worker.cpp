@@ -6,6 +6,8 @@
 //   ps_worker bounded S            a slow worker; servers check staleness <= S
 //   ps_worker backup               backup_workers<1>, a slow worker; drops counted exactly
 //   ps_worker kill K               async; worker K is killed mid-run; the rest finish
+//   ps_worker rejoin K             async; worker K is killed mid-run and test_ps_elastic.py starts its
+//                                  replacement (GRADWIRE_REJOIN=1), which the servers take back
 //   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed
 //   ps_worker resume DIR           sync from the checkpoints in DIR
 //
@@ -138,12 +140,14 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
     const auto st = s.serve();
     std::uint64_t max_staleness = st.staleness.empty() ? 0 : st.staleness.size() - 1;
     const std::string lost = join(std::vector<std::uint64_t>(st.lost_workers.begin(), st.lost_workers.end()));
+    const std::string rejoined =
+        join(std::vector<std::uint64_t>(st.rejoined_workers.begin(), st.rejoined_workers.end()));
     std::printf("rank %d: STATS resumed=%llu version=%llu applied=%llu dropped=%llu pushes=%s dropped_by=%s "
-                "max_staleness=%llu max_lead=%llu lost=%s one_sided=%llu\n",
+                "max_staleness=%llu max_lead=%llu lost=%s rejoined=%s one_sided=%llu\n",
                 spec.rank, (unsigned long long)st.resumed_from, (unsigned long long)st.version,
                 (unsigned long long)st.applied, (unsigned long long)st.dropped, join(st.pushes).c_str(),
                 join(st.dropped_by).c_str(), (unsigned long long)max_staleness, (unsigned long long)st.max_lead,
-                lost.c_str(), (unsigned long long)st.one_sided);
+                lost.c_str(), rejoined.c_str(), (unsigned long long)st.one_sided);
     std::uint64_t pushes = 0;
     for (auto x : st.pushes) pushes += x;
     if (st.applied + st.dropped != pushes) fail("applied + dropped != gradients received");
@@ -244,6 +248,17 @@ int main(int argc, char** argv) {
                          [](const gw::ps::server_stats& st, int) {
                            if (st.lost_workers.size() != 1) fail("expected exactly one lost worker");
                          });
+    } else if (mode == "rejoin") {
+      // Until the servers have applied a run's worth: the replacement takes part in the
+      // rest of it. Only the first incarnation of worker K dies.
+      const bool replacement = std::getenv("GRADWIRE_REJOIN") && std::string(std::getenv("GRADWIRE_REJOIN")) == "1";
+      run<gw::ps::async>(spec, options,
+                         {.steps = 80, .pace_ms = 25, .kill_rank = replacement ? -1 : std::stoi(arg), .kill_step = 10,
+                          .until_applied = true},
+                         [](const gw::ps::server_stats& st, int) {
+                           if (st.lost_workers.size() != 1 || st.rejoined_workers != st.lost_workers)
+                             fail("expected the killed worker lost once and taken back once");
+                         });
     } else if (mode == "server-loss") {
       options.checkpoint_dir = arg;
       options.checkpoint_every = 5;
@@ -258,7 +273,7 @@ int main(int argc, char** argv) {
       options.checkpoint_every = 5;
       run<gw::ps::sync>(spec, options, {.steps = 10});
     } else {
-      std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|server-loss DIR|resume DIR\n");
+      std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|rejoin K|server-loss DIR|resume DIR\n");
       return 2;
     }
   } catch (const std::exception& e) {

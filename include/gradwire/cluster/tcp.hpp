@@ -38,7 +38,8 @@ inline long long integer_from(const env_lookup& env, const char* name, long long
 // (CRC-32C over payloads too), GRADWIRE_SOCKET_BUFFER (bytes), GRADWIRE_POLL_US,
 // GRADWIRE_HOST_ID (which ranks share a host; see rendezvous/host_identity.hpp), and the
 // failure detection's GRADWIRE_HEARTBEAT (whole seconds, 0: off), GRADWIRE_STALL_WARN and
-// GRADWIRE_STALL_TIMEOUT (seconds; defaults in timeouts.hpp, all listed in docs/errors.md#timeouts).
+// GRADWIRE_STALL_TIMEOUT (seconds; defaults in timeouts.hpp, all listed in docs/errors.md#timeouts),
+// and GRADWIRE_REJOIN=1 (this process replaces a lost rank: asio_tcp_options::rejoin).
 inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const env_lookup& env = process_env) {
   transport::asio_tcp_options o;
   o.rank = spec.rank;
@@ -58,6 +59,7 @@ inline transport::asio_tcp_options tcp_options(const cluster_spec& spec, const e
   o.heartbeat_interval = std::chrono::seconds(integer_from(env, "GRADWIRE_HEARTBEAT", o.heartbeat_interval.count(), 3600));
   if (auto t = seconds_from(env, "GRADWIRE_STALL_WARN")) o.stall_warn = *t;
   if (auto t = seconds_from(env, "GRADWIRE_STALL_TIMEOUT")) o.stall_timeout = *t;
+  o.rejoin = integer_from(env, "GRADWIRE_REJOIN", 0, 1) == 1;
   return o;
 }
 

@@ -69,7 +69,8 @@ class agent {
 
   // Collective: every rank starts from the chief's parameters (rank 0, a worker); servers
   // expose their windows; then each worker pulls from the servers, which may have resumed
-  // from a checkpoint.
+  // from a checkpoint. A worker's replacement process (a rejoinable transport that
+  // rejoined) only pulls: the servers take it back (async modes).
   void setup(communicator_type& comm, std::span<const std::span<V>> params) {
     static_assert(concepts::multiplexing_transport<Tr>,
                   "aggregation::parameter_server needs a transport with wait_any (asio_tcp, ucx, inproc)");
@@ -100,11 +101,24 @@ class agent {
     std::vector<std::size_t> sizes;
     for (auto p : params) sizes.push_back(p.size());
     shards_ = sharding(sizes, options_.servers, std::max<std::size_t>(1, options_.split_bytes / sizeof(V)));
+    if (rejoining(comm, me, n)) {  // a worker's replacement: the job is running; pull and go on
+      worker_.emplace(options_, shards_, first_server(n));
+      worker_->pull(comm, params).wait();
+      return;
+    }
     broadcast_chiefs(comm, params);
     if constexpr (concepts::loss_tolerant_transport<Tr>)
       if (Mode::on_arrival && concepts::tolerates_loss(comm.transport()))  // async: workers may die; servers never
-        for (int r = 0; r < first_server(n); ++r)
-          if (r != me) comm.transport().tolerate_loss(r);
+        for (int r = 0; r < first_server(n); ++r) {
+          if (r == me) continue;
+          // Servers also take a lost worker's replacement back (elastic workers).
+          if constexpr (concepts::rejoinable_transport<Tr>)
+            if (is_server(me, n)) {
+              comm.transport().allow_rejoin(r);
+              continue;
+            }
+          comm.transport().tolerate_loss(r);
+        }
     if (is_server(me, n)) {
       if constexpr (concepts::one_sided_transport<Tr>)
         if (shards_.elements(me - first_server(n)) > 0)
@@ -161,6 +175,21 @@ class agent {
                                               " before setup (strategy<> sets its aggregation up when it is built)");
     throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(rank_) + " is a server: call serve() "
                                         "on it instead of step() (" + what + " is for the workers)");
+  }
+
+  // Whether this process replaces a lost worker of a running asynchronous job (its
+  // transport joined with rejoin); only such a worker may.
+  bool rejoining(communicator_type& comm, int me, int n) const {
+    if constexpr (concepts::rejoinable_transport<Tr>) {
+      if (!comm.transport().rejoined()) return false;
+      if (!Mode::on_arrival || is_server(me, n))
+        throw error(errc::config, "parameter_server: rank " + std::to_string(me) + " joined as a replacement "
+                                  "(GRADWIRE_REJOIN=1), but only a worker of an asynchronous parameter server (async, "
+                                  "bounded staleness) can rejoin a running job; restart the whole job instead");
+      return true;
+    } else {
+      return false;
+    }
   }
 
   // Setup only: the chief's values to everyone in one broadcast.

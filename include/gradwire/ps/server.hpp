@@ -108,7 +108,7 @@ class server {
                       stats_.resumed_from ? ", resumed from version " : "",
                       stats_.resumed_from ? std::to_string(stats_.resumed_from) : std::string());
     for (int w = 0; w < workers_; ++w) post_control(w);
-    while (active_ > 0) {
+    while (active_ > 0 || awaiting_replacements()) {
       const int w = next_request();
       try {
         on_request(w);
@@ -122,7 +122,8 @@ class server {
     save();
     observe::log_info(comm_.rank(), comm_.size(), "parameter server done: version ", stats_.version, ", ",
                       stats_.updates, " updates, ", stats_.applied, " gradients applied, ", stats_.dropped,
-                      " dropped, ", stats_.lost_workers.size(), " worker(s) lost");
+                      " dropped, ", stats_.lost_workers.size(), " worker loss(es), ", stats_.rejoined_workers.size(),
+                      " rejoin(s)");
     return stats_;
   }
 
@@ -137,6 +138,7 @@ class server {
     std::span<const V> window_gradient;  // where its one-sided pushes land
     bool windowed = false;             // this server has a window (and the two spans above are in it)
     bool live = true;                  // neither finished nor lost
+    bool lost = false;                 // lost; its control receive waits for a replacement (elastic_)
     bool pull_waiting = false;
     bool pull_in_window = false;       // answer with the header only: it gets the parameters itself
     std::uint64_t pull_least = 0;      // sync modes: the least version the pull wants
@@ -145,6 +147,16 @@ class server {
   };
 
   worker_slot& slot_of(int w) noexcept { return slots_[static_cast<std::size_t>(w)]; }
+
+  // Async modes over a transport that takes replacements back (concepts::rejoinable_transport,
+  // set up by agent::setup): a lost worker's process may be restarted and rejoin.
+  static constexpr bool elastic_ = Mode::on_arrival && concepts::rejoinable_transport<Tr>;
+  // Every worker was lost and none has finished: wait for replacements (up to the timeout)
+  // rather than end a job that has done nothing.
+  bool awaiting_replacements() const {
+    return elastic_ && finished_ == 0 &&
+           std::any_of(slots_.begin(), slots_.end(), [](const worker_slot& s) { return s.lost; });
+  }
   deadline wait_deadline() const { return deadline_after(options_.timeout); }
   std::string worker_name(int w) const { return who_ + ": worker rank " + std::to_string(w); }
 
@@ -155,7 +167,8 @@ class server {
 
   // The worker whose request arrived first.
   int next_request() {
-    for (int w = 0; w < workers_; ++w) pending_[static_cast<std::size_t>(w)] = slot_of(w).live ? &slot_of(w).control : nullptr;
+    for (int w = 0; w < workers_; ++w)
+      pending_[static_cast<std::size_t>(w)] = slot_of(w).live || slot_of(w).lost ? &slot_of(w).control : nullptr;
     try {
       return static_cast<int>(t_.wait_any(pending_, wait_deadline()));
     } catch (const error& e) {
@@ -170,6 +183,7 @@ class server {
     auto& slot = slot_of(w);
     t_.wait(slot.control, wait_deadline());
     slot.header = detail::decode_request(detail::bytes_of(slot.header), comm_.rank(), w, stats_.version, stats_.updates);
+    if (slot.lost) take_back(w);
     switch (slot.header.kind) {
       case detail::request_kind::push:
         on_push(w);
@@ -267,6 +281,7 @@ class server {
   void on_done(int w) {
     slot_of(w).live = false;
     --active_;
+    ++finished_;
     if constexpr (Mode::on_arrival) advance_clock();
     close_step_if_full();  // the step may now have every gradient it still needs
   }
@@ -312,14 +327,39 @@ class server {
 
   // A worker's request failed. Async modes over a transport that tolerates the loss drop
   // the worker and go on; anything else is fatal.
+  // Elastic: its next request may come from a replacement process (take_back).
   void lose(int w, const error& e) {
     if (!(Mode::on_arrival && concepts::tolerates_loss(t_)) || e.kind() != errc::peer_lost) throw e;
-    slot_of(w).live = false;
-    --active_;
-    stats_.lost_workers.push_back(w);
-    observe::log(options_.report ? observe::log_level::warning : observe::log_level::info, comm_.rank(),
-                 comm_.size(), "parameter server: dropped worker rank ", w, ": ", e.what());
-    if constexpr (Mode::on_arrival) advance_clock();
+    auto& slot = slot_of(w);
+    if (slot.live) {  // a replacement that is lost before its first request was never counted
+      slot.live = false;
+      --active_;
+      stats_.lost_workers.push_back(w);
+      observe::log(options_.report ? observe::log_level::warning : observe::log_level::info, comm_.rank(),
+                   comm_.size(), "parameter server: dropped worker rank ", w, ": ", e.what());
+      if constexpr (Mode::on_arrival) advance_clock();
+    }
+    if constexpr (elastic_) {
+      slot.lost = true;
+      slot.pull_waiting = false;
+      post_control(w);
+    }
+  }
+
+  // A lost worker's replacement sent its first request: it is live again, from the
+  // current version (so it does not hold the version back), with nothing pending.
+  void take_back(int w) {
+    auto& slot = slot_of(w);
+    slot.lost = false;
+    slot.live = true;
+    ++active_;
+    slot.clock = stats_.version;
+    slot.staleness = 0;
+    slot.pull_waiting = false;
+    slot.reply_send = {};
+    stats_.rejoined_workers.push_back(w);
+    observe::log(options_.report ? observe::log_level::warning : observe::log_level::info, comm_.rank(), comm_.size(),
+                 "parameter server: worker rank ", w, " rejoined (a replacement process) at version ", stats_.version);
   }
 
   // Whether worker w's waiting pull may be answered now: sync modes once the step it
@@ -405,7 +445,8 @@ class server {
   std::size_t in_step_ = 0;  // gradients summed into the open step
   std::vector<worker_slot> slots_;
   std::vector<typename Tr::request*> pending_;
-  int active_;  // live workers
+  int active_;        // live workers
+  int finished_ = 0;  // workers that said done
 };
 
 }  // namespace gradwire::ps

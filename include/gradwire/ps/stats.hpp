@@ -20,7 +20,8 @@ struct server_stats {
   std::vector<std::uint64_t> dropped_by;        // per worker: of those, dropped
   std::vector<std::uint64_t> staleness;         // histogram: staleness[k] = applied gradients of staleness k
   std::vector<std::uint64_t> update_lag;        // histogram of updates applied between pull and push
-  std::vector<int> lost_workers;                // ranks dropped after their loss (async modes)
+  std::vector<int> lost_workers;                // ranks dropped after their loss (async modes), each time
+  std::vector<int> rejoined_workers;            // ranks whose replacement process was taken back, each time
   std::uint64_t max_lead = 0;                   // largest clock lead of a worker whose pull was answered
 };
 

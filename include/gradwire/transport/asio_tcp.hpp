@@ -63,6 +63,7 @@ class asio_tcp : public detail::network_facade<detail::tcp_engine> {
 
 static_assert(concepts::transport<asio_tcp> && concepts::failable_transport<asio_tcp>);
 static_assert(concepts::multiplexing_transport<asio_tcp> && concepts::loss_tolerant_transport<asio_tcp>);
+static_assert(concepts::rejoinable_transport<asio_tcp>);
 static_assert(concepts::accumulating_transport<asio_tcp, float> && concepts::accumulating_transport<asio_tcp, double>);
 static_assert(concepts::metered_transport<asio_tcp>);
 static_assert(concepts::topology_aware_transport<asio_tcp>);

@@ -66,6 +66,28 @@ class network_facade {
   }
   std::vector<int> lost_peers() const { return engine_->lost; }
 
+  // After losing `peer` (tolerated), take back a process that replaces it: receives
+  // posted from it meanwhile wait for the replacement (concepts::rejoinable_transport).
+  void allow_rejoin(int peer)
+    requires requires(Engine& e) { e.allow_rejoin(0); }
+  {
+    tolerate_loss(peer);
+    engine_->allow_rejoin(peer);
+  }
+  // Whether this process replaces a lost rank (it joined with options.rejoin): it must not
+  // take part in collectives that the others ran at the start.
+  bool rejoined() const
+    requires requires(const Engine& e) { e.options.rejoin; }
+  {
+    return engine_->options.rejoin;
+  }
+  // Peers whose replacements were taken back so far.
+  int rejoined_peers() const
+    requires requires(const Engine& e) { e.rejoined_peers; }
+  {
+    return engine_->rejoined_peers;
+  }
+
   // Payload this rank has sent and received (concepts::metered_transport).
   traffic_counters traffic() const noexcept { return traffic_; }
 

@@ -82,14 +82,26 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void settled(tcp_op&) noexcept {}
   const std::string& failure_text(const tcp_op& op) const { return op.message; }
   void tolerate(int peer);
+  void allow_rejoin(int peer);
 
   // --- join.hpp: joining ------------------------------------------------------
   void join();
   void dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until);
   void hello(tcp::socket& socket);
+  void check_welcome(int peer, tcp::socket& socket, const wire::header_bytes& reply, const boost::system::error_code& ec);
   void accept_peers(tcp::acceptor& acceptor);
   void greet(tcp::socket socket, const wire::header_bytes& bytes);
   void add_link(int peer, tcp::socket socket);
+  bool answer_hello(tcp::socket& socket, const std::string& refusal);
+
+  // --- rejoin.hpp: a lost peer's replacement links again ----------------------
+  void keep_listening(tcp::acceptor acceptor);
+  void accept_rejoins();
+  void take_back(tcp::socket socket, const wire::header_bytes& bytes);
+  void relink(int peer, tcp::socket socket);
+  void join_back();
+  void dial_back(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until);
+  void mark_absent(int peer, const std::string& why);
 
   // --- send.hpp: the send path ------------------------------------------------
   void post_send(tcp_op& op);
@@ -190,6 +202,12 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   bool joining = false;
   int join_pending = 0;
   std::optional<error> join_failure;
+  // After the join: the listening socket, kept so that a lost peer's replacement can
+  // link again (rejoin.hpp); links it replaced, kept until the engine goes (Asio may
+  // still hold handlers that name them); how many peers came back.
+  std::optional<tcp::acceptor> listener;
+  std::vector<std::unique_ptr<tcp_link>> replaced_links;
+  int rejoined_peers = 0;
 };
 
 }  // namespace gradwire::transport::detail

@@ -15,12 +15,14 @@
 #include "../../support/asio.hpp"
 #include "../detail/join.hpp"
 #include "engine.hpp"
+#include "rejoin.hpp"
 
 namespace gradwire::transport::detail {
 
 inline void tcp_engine::join() {
   const int me = options.rank, n = options.size;
   if (n == 1) return;
+  if (options.rejoin) return join_back();
   const join_deadline time(options.connect_timeout);
   const deadline until = time.until;
   const std::string me_text = "rank " + std::to_string(me);
@@ -52,7 +54,6 @@ inline void tcp_engine::join() {
   accept_peers(acceptor);
   const bool finished = support::run_until(io, [&] { return join_pending == 0 || join_failure.has_value(); }, until);
   joining = false;
-  acceptor.close();
   if (join_failure) throw *join_failure;
   if (!finished) {
     std::string missing;
@@ -62,6 +63,7 @@ inline void tcp_engine::join() {
                                    std::to_string(options.connect_timeout.count()) +
                                    " ms: did they start, with the same WORLD_SIZE and job token?");
   }
+  keep_listening(std::move(acceptor));
   for (auto& l : links)
     if (l) read_frames(*l);
   start_watch();
@@ -75,20 +77,8 @@ inline void tcp_engine::dial(int peer, const std::pair<std::string, std::uint16_
   boost::asio::async_read(*socket, boost::asio::buffer(*reply), [this, peer, socket, reply](
                                                                      const boost::system::error_code& ec, std::size_t) {
     if (!joining) return;
-    const std::string who = "rank " + std::to_string(peer);
     try {
-      if (ec) throw error(errc::peer_lost, who + " closed the connection during the handshake: " + ec.message());
-      const auto h = wire::decode(*reply, token, who);
-      if (h.kind == wire::frame_kind::refuse) {
-        std::vector<std::byte> why(std::min<std::size_t>(h.length, 4096));
-        boost::system::error_code ignored;
-        boost::asio::read(*socket, boost::asio::buffer(why), ignored);
-        const std::string text(reinterpret_cast<const char*>(why.data()), why.size());
-        throw error(text.find("token") != std::string::npos ? errc::auth : errc::config,
-                    who + " refused this rank's connection: " + text);
-      }
-      if (h.kind != wire::frame_kind::welcome || h.source != static_cast<std::uint32_t>(peer))
-        throw error(errc::protocol, who + " answered the handshake with an unexpected frame");
+      check_welcome(peer, *socket, *reply, ec);
       add_link(peer, std::move(*socket));
       --join_pending;
     } catch (const error& e) {
@@ -97,6 +87,25 @@ inline void tcp_engine::dial(int peer, const std::pair<std::string, std::uint16_
       if (!join_failure) join_failure = error(errc::config, "connecting to rank " + std::to_string(peer) + ": " + e.what());
     }
   });
+}
+
+// Returns when `peer` answered this rank's hello with a welcome; throws its refusal
+// (auth for a wrong token, else config) or whatever else went wrong.
+inline void tcp_engine::check_welcome(int peer, tcp::socket& socket, const wire::header_bytes& reply,
+                                      const boost::system::error_code& ec) {
+  const std::string who = "rank " + std::to_string(peer);
+  if (ec) throw error(errc::peer_lost, who + " closed the connection during the handshake: " + ec.message());
+  const auto h = wire::decode(reply, token, who);
+  if (h.kind == wire::frame_kind::refuse) {
+    std::vector<std::byte> why(std::min<std::size_t>(h.length, 4096));
+    boost::system::error_code ignored;
+    boost::asio::read(socket, boost::asio::buffer(why), ignored);
+    const std::string text(reinterpret_cast<const char*>(why.data()), why.size());
+    throw error(text.find("token") != std::string::npos ? errc::auth : errc::config,
+                who + " refused this rank's connection: " + text);
+  }
+  if (h.kind != wire::frame_kind::welcome || h.source != static_cast<std::uint32_t>(peer))
+    throw error(errc::protocol, who + " answered the handshake with an unexpected frame");
 }
 
 inline void tcp_engine::hello(tcp::socket& socket) {
@@ -144,6 +153,14 @@ inline void tcp_engine::greet(tcp::socket socket, const wire::header_bytes& byte
   } catch (const error& e) {
     refusal = e.kind() == errc::auth ? "wrong job token: give every rank the same GRADWIRE_JOB_TOKEN" : e.what();
   }
+  if (!answer_hello(socket, refusal)) return;  // the socket closes; keep waiting for the real peer
+  add_link(peer, std::move(socket));
+  --join_pending;
+}
+
+// Welcomes a dialling peer (refusal empty) or refuses it with the reason; true when it
+// was welcomed and the welcome was written.
+inline bool tcp_engine::answer_hello(tcp::socket& socket, const std::string& refusal) {
   wire::frame_header reply;
   reply.kind = refusal.empty() ? wire::frame_kind::welcome : wire::frame_kind::refuse;
   reply.token_hash = token;
@@ -154,9 +171,7 @@ inline void tcp_engine::greet(tcp::socket socket, const wire::header_bytes& byte
   const std::array<boost::asio::const_buffer, 2> buffers{boost::asio::buffer(header),
                                                          boost::asio::buffer(refusal.data(), refusal.size())};
   boost::asio::write(socket, buffers, ec);  // small: fits the socket buffer
-  if (!refusal.empty() || ec) return;       // the socket closes; keep waiting for the real peer
-  add_link(peer, std::move(socket));
-  --join_pending;
+  return refusal.empty() && !ec;
 }
 
 inline void tcp_engine::add_link(int peer, tcp::socket socket) {

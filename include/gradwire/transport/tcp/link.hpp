@@ -54,6 +54,7 @@ struct tcp_link {
   bool alive = true;
   bool finished = false;  // the peer said goodbye: nothing more will arrive
   bool tolerated = false;  // losing this peer fails only its own operations (tolerate_loss)
+  bool rejoinable = false;  // once lost, a process that replaces the peer may link again (allow_rejoin)
   std::string lost_reason;  // why a tolerated peer was lost
   // Reading side: frames are read through rx; bytes [rx_begin, rx_end) are not yet handled.
   std::vector<std::byte> rx;

@@ -61,6 +61,12 @@ struct asio_tcp_options {
   // waits ends; with stall_timeout > 0 the wait fails with timeout after that long.
   std::chrono::milliseconds stall_warn = default_stall_warn;
   std::chrono::milliseconds stall_timeout = default_stall_timeout;
+  // This process replaces a rank that was lost (a worker restarted after a crash; see
+  // docs/reliability.md, "Workers that come back"): it does not serve the store, and it
+  // dials every peer; peers that take it back (allow_rejoin) link it, the others refuse
+  // and stay unlinked (operations with them fail with peer_lost). Rank 0 cannot rejoin:
+  // it serves the rendezvous store.
+  bool rejoin = false;
 };
 
 }  // namespace gradwire::transport
