@@ -278,6 +278,8 @@ TEST_CASE("TF_CONFIG: roles, addresses, rank order chief, workers, ps") {
 TEST_CASE("TF_CONFIG errors name TF_CONFIG and the problem") {
   auto bad = [](const std::string& json) { return config_error({{"TF_CONFIG", json}}); };
   CHECK_THAT(bad("{not json"), Contains("TF_CONFIG") && Contains("not valid JSON"));
+  // nlohmann's out_of_range for a number too large is a config error too (found by fuzzing).
+  CHECK_THAT(bad(R"({"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":1E400}})"), Contains("not valid JSON"));
   CHECK_THAT(bad("[1]"), Contains("TF_CONFIG") && Contains("not a JSON object"));
   CHECK_THAT(bad(R"({"task": {"type": "worker"}})"), Contains("TF_CONFIG") && Contains("\"cluster\""));
   CHECK_THAT(bad(R"({"cluster": {"worker": ["a:1"]}})"), Contains("TF_CONFIG") && Contains("\"task\""));

@@ -72,7 +72,7 @@ inline tf_config parse_tf_config(std::string_view text) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number too large
     detail::tf_config_error(std::string("is not valid JSON: ") + e.what());
   }
   if (!doc.is_object()) detail::tf_config_error("is not a JSON object");
