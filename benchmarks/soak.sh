@@ -15,12 +15,13 @@
 #   short jobs, 2 ranks, started and stopped back to back the whole time (200 steps each),
 #   cycling through all-reduce, local SGD and both parameter servers over asio_tcp, UCX on
 #   TCP and UCX shared memory: leaks across connects (ports, TIME_WAIT, UCX endpoints).
-# Every minute: VmRSS and open descriptors of every process of every long job (ranks and
-# their gradwire-run), with its steps, wrong results and errors, into
-# results/soak/samples.csv and a table on stdout. At the end (results/soak/report.md): per
-# process, growth from the end of minute 1 to the end (targets: RSS within 512 KiB, no new
-# descriptor; soak_report.py says why), steps, 0 errors, 0 wrong results; exits 1 if any
-# target is missed.
+# Every minute: resident memory (VmRSS, and split into private and shared) and open
+# descriptors of every process of every long job (ranks and their gradwire-run), with its
+# steps, wrong results and errors, into results/soak/samples.csv and a table on stdout. At
+# the end (results/soak/report.md, report-processes.csv): per process, growth from the end
+# of minute 1 to the end (targets: private RSS within 512 KiB, shared-memory mappings and
+# descriptors not at all; soak_report.py says why), steps, 0 errors, 0 wrong results, no
+# failed short job; exits 1 if any target is missed.
 #
 # Environment: GRADWIRE_SOAK_PACE_MS (default 2): each long job's ranks sleep this long
 # before a step, a compute stand-in that leaves the 2 cores some air (0: flat out);
