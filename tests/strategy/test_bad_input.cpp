@@ -388,3 +388,35 @@ TEST_CASE("bad options of collectives and parameter servers are clear errors on 
     for (int r = 0; r < 2; ++r) REQUIRE((out[r].failed && out[r].kind == gw::errc::peer_lost));
   }
 }
+
+#if defined(GRADWIRE_HAS_ASIO)
+#include <gradwire/asio.hpp>
+
+TEST_CASE("the TCP transport's environment variables: a value that does not parse is a config error naming it",
+          "[cluster][bad_input]") {
+  const gw::cluster::cluster_spec spec;  // one process; tcp_options only reads the variables
+  auto error_with = [&](const char* name, const char* value) {
+    const gw::cluster::env_lookup env = [&](const char* asked) -> std::optional<std::string> {
+      if (std::string(asked) == name) return std::string(value);
+      return std::nullopt;
+    };
+    return gw::testing::error_of([&] { (void)gw::cluster::tcp_options(spec, env); });
+  };
+  const std::vector<std::pair<const char*, const char*>> bad{
+      {"GRADWIRE_WIRE_CHECKSUM", "yes"},  // was read as 0, silently
+      {"GRADWIRE_WIRE_CHECKSUM", "2"},     {"GRADWIRE_TIMEOUT", "abc"},     {"GRADWIRE_TIMEOUT", "-1"},
+      {"GRADWIRE_SOCKET_BUFFER", "-1"},    {"GRADWIRE_SOCKET_BUFFER", "1k"}, {"GRADWIRE_POLL_US", "fast"},
+      {"GRADWIRE_HEARTBEAT", "1.5"},       {"GRADWIRE_STALL_WARN", "soon"}, {"GRADWIRE_STALL_TIMEOUT", "x"}};
+  for (const auto& [name, value] : bad) {
+    CAPTURE(name, value);
+    const auto e = error_with(name, value);
+    REQUIRE(e.first == gw::errc::config);
+    REQUIRE_THAT(e.second, Contains(std::string(name) + "='" + value + "'"));
+  }
+  // 0 and 1 still read as before.
+  const gw::cluster::env_lookup on = [](const char* asked) -> std::optional<std::string> {
+    return std::string(asked) == "GRADWIRE_WIRE_CHECKSUM" ? std::optional<std::string>("1") : std::nullopt;
+  };
+  REQUIRE(gw::cluster::tcp_options(spec, on).checksum_payload);
+}
+#endif

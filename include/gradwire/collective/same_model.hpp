@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../concepts.hpp"
 #include "../error.hpp"
 #include "../tensor/dtype.hpp"
 #include "../tensor/shape.hpp"
@@ -129,13 +130,18 @@ void check_same_model(communicator<Tr>& comm, dtype type, std::span<const shape>
   std::string which;
   for (std::size_t i = 0; i < differ.size() && i < 8; ++i) which += (i ? ", " : "") + std::to_string(differ[i]);
   if (differ.size() > 8) which += ", ...";
-  throw error(errc::mismatch,
-              "strategy on rank " + std::to_string(me) + ": the ranks built different models: rank 0 has " +
-                  detail::describe_layout(zero) + "; rank " + std::to_string(differ[0]) + " has " +
-                  detail::describe_layout(other) + " (first difference: " +
-                  detail::first_difference(zero, 0, other, differ[0]) + "; rank" + (differ.size() > 1 ? "s " : " ") +
-                  which + (differ.size() > 1 ? " differ" : " differs") +
-                  " from rank 0). Build the same model (same tensors, shapes, order and dtype) on every rank");
+  const std::string what =
+      "strategy on rank " + std::to_string(me) + ": the ranks built different models: rank 0 has " +
+      detail::describe_layout(zero) + "; rank " + std::to_string(differ[0]) + " has " +
+      detail::describe_layout(other) + " (first difference: " +
+      detail::first_difference(zero, 0, other, differ[0]) + "; rank" + (differ.size() > 1 ? "s " : " ") +
+      which + (differ.size() > 1 ? " differ" : " differs") +
+      " from rank 0). Build the same model (same tensors, shapes, order and dtype) on every rank";
+  // A rank that finishes the gather first and fails would otherwise abort a peer still
+  // receiving its part as a bare lost peer (seen over TCP): the abort carries the
+  // mismatch and this report instead.
+  if constexpr (concepts::failable_transport<Tr>) comm.transport().fail(errc::mismatch, what);
+  throw error(errc::mismatch, what);
 }
 
 }  // namespace gradwire::collective
