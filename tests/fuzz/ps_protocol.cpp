@@ -69,9 +69,8 @@ void fuzz_reply(gradwire::fuzz::input& in, bool legal) {
     h.staleness = at_most(in.integer<std::uint64_t>(), h.version);
     h.lost = workers == 0 ? 0 : in.integer<std::uint32_t>();
     h.last_lost = h.lost == 0 ? -1 : in.integer<std::uint16_t>() % workers;
-    const auto raw = ps::bytes_of(h);
-    bytes.assign(raw.begin(), raw.end());
-    bytes.resize(bytes.size() + in.byte() % 64 * 8);
+    bytes.resize(sizeof h + in.byte() % 64 * 8);  // the parameters that follow the header
+    std::memcpy(bytes.data(), &h, sizeof h);
   } else {
     const auto raw = in.rest();
     bytes.assign(raw.begin(), raw.end());
