@@ -90,27 +90,31 @@ class Chaos(unittest.TestCase):
     def test_fashion_mnist_reaches_88_percent_through_kills_restarts_and_a_freeze(self):
         seed = int(os.environ.get("GRADWIRE_CHAOS_SEED", "7"))
         rng = random.Random(seed)
-        epochs = int(os.environ.get("GRADWIRE_CHAOS_EPOCHS", "6"))
+        epochs = int(os.environ.get("GRADWIRE_CHAOS_EPOCHS", "8"))
         job = ElasticJob([FASHION_MNIST, "--strategy", "parameter_server", "--ps-mode", "async", "--transport", "tcp",
                           "--epochs", str(epochs), "--data", DATA],
                          workers=4, servers=2, env={"GRADWIRE_TIMEOUT": "120"})
+        # What happens after the chief reports epoch k, at a seeded moment within the next
+        # epoch: kill -9 and replace, a freeze, and a worker killed a second time.
+        victims = rng.sample([1, 2, 3], 3)
+        plan = {1: ("kill", victims[0]), 2: ("freeze", victims[1]), 3: ("kill", victims[2]), 4: ("kill", victims[0])}
         kills = 0
+
+        def epochs_done():
+            return len([l for l in job.current(0).lines if re.match(r"epoch\s+\d+/", l)])
+
         job.start()
         try:
-            # Wait until the chief has printed its first line (the job is running).
-            self.assertTrue(wait_until(lambda: any("strategy parameter_server" in l for l in job.current(0).lines), 120),
-                            job.output())
-            for event in range(4):
-                time.sleep(rng.uniform(1.0, 3.0))
-                if not job.alive(0):
-                    break
-                victim = rng.choice([1, 2, 3])
-                if event == 2:
-                    job.freeze(victim, rng.uniform(2.0, 4.0))
+            for epoch, (what, victim) in sorted(plan.items()):
+                self.assertTrue(wait_until(lambda: epochs_done() >= epoch or not job.alive(0), 300), job.output())
+                self.assertTrue(job.alive(0), "the run ended before the chaos did:\n" + job.output())
+                time.sleep(rng.uniform(0.0, 0.5))
+                if what == "freeze":
+                    job.freeze(victim, rng.uniform(1.5, 3.0))
                     continue
                 job.kill(victim)
                 kills += 1
-                time.sleep(rng.uniform(0.2, 1.5))
+                time.sleep(rng.uniform(0.1, 0.5))
                 job.replace(victim)
             self.assertTrue(job.wait(600), "the job did not finish:\n" + job.output())
         finally:
@@ -121,7 +125,7 @@ class Chaos(unittest.TestCase):
             self.assertEqual(job.current(r).proc.returncode, 0, out)
         chief = job.current(0).text()
         accuracies = [float(a) for a in re.findall(r"test_acc\s+([\d.]+)%", chief)]
-        self.assertTrue(accuracies, out)
+        self.assertEqual(len(accuracies), epochs, out)
         self.assertGreaterEqual(accuracies[-1], 88.0, out)  # the final model
         for s in (4, 5):
             line = next(l for l in job.current(s).lines if l.startswith("ps rank"))
