@@ -103,7 +103,12 @@ class agent {
     shards_ = sharding(sizes, options_.servers, std::max<std::size_t>(1, options_.split_bytes / sizeof(V)));
     if (rejoining(comm, me, n)) {  // a worker's replacement: the job is running; pull and go on
       worker_.emplace(options_, shards_, first_server(n));
-      worker_->pull(comm, params).wait();
+      try {
+        worker_->pull(comm, params).wait();
+      } catch (const error& e) {
+        throw error(e.kind(), "parameter_server: this replacement of worker rank " + std::to_string(me) +
+                                  " could not rejoin the running job (the job goes on without it): " + e.details());
+      }
       return;
     }
     broadcast_chiefs(comm, params);

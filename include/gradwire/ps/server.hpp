@@ -108,7 +108,7 @@ class server {
                       stats_.resumed_from ? ", resumed from version " : "",
                       stats_.resumed_from ? std::to_string(stats_.resumed_from) : std::string());
     for (int w = 0; w < workers_; ++w) post_control(w);
-    while (active_ > 0 || awaiting_replacements()) {
+    while (active_ > 0) {
       const int w = next_request();
       try {
         on_request(w);
@@ -151,17 +151,25 @@ class server {
   // Async modes over a transport that takes replacements back (concepts::rejoinable_transport,
   // set up by agent::setup): a lost worker's process may be restarted and rejoin.
   static constexpr bool elastic_ = Mode::on_arrival && concepts::rejoinable_transport<Tr>;
-  // Every worker was lost and none has finished: wait for replacements (up to the timeout)
-  // rather than end a job that has done nothing.
-  bool awaiting_replacements() const {
-    return elastic_ && finished_ == 0 &&
-           std::any_of(slots_.begin(), slots_.end(), [](const worker_slot& s) { return s.lost; });
+  // Whether the transport has lost w's process and not linked a replacement yet. A
+  // receive posted from such a worker waits for the replacement (elastic_), so only the
+  // control receive lose() posts may be posted then; what the lost process left behind
+  // is not served.
+  bool link_lost(int w) const {
+    if constexpr (elastic_) {
+      const auto lost = t_.lost_peers();
+      return std::find(lost.begin(), lost.end(), w) != lost.end();
+    } else {
+      return false;
+    }
   }
   deadline wait_deadline() const { return deadline_after(options_.timeout); }
   std::string worker_name(int w) const { return who_ + ": worker rank " + std::to_string(w); }
 
   void post_control(int w) {
     auto& slot = slot_of(w);
+    if (!slot.lost && link_lost(w))  // gone before this was posted: drop it now (lose() posts again)
+      return lose(w, error(errc::peer_lost, worker_name(w) + ": its connection was lost"));
     slot.control = t_.async_recv(w, detail::request_tag, detail::writable_bytes_of(slot.header));
   }
 
@@ -183,6 +191,11 @@ class server {
     auto& slot = slot_of(w);
     t_.wait(slot.control, wait_deadline());
     slot.header = detail::decode_request(detail::bytes_of(slot.header), comm_.rank(), w, stats_.version, stats_.updates);
+    if (link_lost(w)) {  // a request the lost process left behind
+      if (slot.lost) return post_control(w);  // keep waiting for its replacement
+      if (slot.header.kind != detail::request_kind::done)
+        throw error(errc::peer_lost, worker_name(w) + ": its connection was lost before its request was served");
+    }
     if (slot.lost) take_back(w);
     switch (slot.header.kind) {
       case detail::request_kind::push:
@@ -210,15 +223,17 @@ class server {
     const bool in_window = (h.flags & detail::in_window) != 0;
     if (in_window && !slot.windowed)
       throw error(errc::protocol, worker_name(w) + " pushed into a window this server does not have");
-    ++stats_.pushes[static_cast<std::size_t>(w)];
     ++slot.clock;
-    stats_.one_sided += in_window ? 1 : 0;
     if constexpr (Mode::on_arrival)
       apply_on_arrival(w, h, in_window);
     else if (h.version < stats_.version)  // late: its step has closed without it
       drop_late(w, in_window);
     else
       add_to_step(w, in_window);
+    // Counted once its gradient has arrived: a worker killed mid-push sent none, and
+    // applied + dropped == pushes holds through losses.
+    ++stats_.pushes[static_cast<std::size_t>(w)];
+    stats_.one_sided += in_window ? 1 : 0;
   }
 
   // A tagged push's gradient, received now (a one-sided one is already in the window).
@@ -281,7 +296,6 @@ class server {
   void on_done(int w) {
     slot_of(w).live = false;
     --active_;
-    ++finished_;
     if constexpr (Mode::on_arrival) advance_clock();
     close_step_if_full();  // the step may now have every gradient it still needs
   }
@@ -445,8 +459,7 @@ class server {
   std::size_t in_step_ = 0;  // gradients summed into the open step
   std::vector<worker_slot> slots_;
   std::vector<typename Tr::request*> pending_;
-  int active_;        // live workers
-  int finished_ = 0;  // workers that said done
+  int active_;  // live workers
 };
 
 }  // namespace gradwire::ps

@@ -206,6 +206,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   // link again (rejoin.hpp); links it replaced, kept until the engine goes (Asio may
   // still hold handlers that name them); how many peers came back.
   std::optional<tcp::acceptor> listener;
+  static constexpr std::chrono::seconds hello_timeout{10};
   std::vector<std::unique_ptr<tcp_link>> replaced_links;
   int rejoined_peers = 0;
 };

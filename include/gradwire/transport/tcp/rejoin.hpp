@@ -13,7 +13,7 @@
 #include <cerrno>
 #include <memory>
 #include <string>
-#include <sys/socket.h>
+#include <poll.h>
 #include <utility>
 #include <vector>
 
@@ -37,17 +37,31 @@ inline void tcp_engine::keep_listening(tcp::acceptor acceptor) {
   accept_rejoins();
 }
 
+// A connection must say hello within hello_timeout (a probe or a stranger that says
+// nothing is closed); an accept that fails (out of descriptors) is retried after a pause
+// rather than at once.
 inline void tcp_engine::accept_rejoins() {
   listener->async_accept([this](const boost::system::error_code& ec, tcp::socket s) {
     if (ec == boost::asio::error::operation_aborted) return;
-    if (!ec) {
-      auto socket = std::make_shared<tcp::socket>(std::move(s));
-      auto header = std::make_shared<wire::header_bytes>();
-      boost::asio::async_read(*socket, boost::asio::buffer(*header),
-                              [this, socket, header](const boost::system::error_code& ec2, std::size_t) {
-                                if (!ec2) take_back(std::move(*socket), *header);
-                              });
+    if (ec) {
+      auto pause = std::make_shared<boost::asio::steady_timer>(io, std::chrono::milliseconds(100));
+      pause->async_wait([this, pause](const boost::system::error_code& e) {
+        if (e != boost::asio::error::operation_aborted && listener) accept_rejoins();
+      });
+      return;
     }
+    auto socket = std::make_shared<tcp::socket>(std::move(s));
+    auto header = std::make_shared<wire::header_bytes>();
+    auto timer = std::make_shared<boost::asio::steady_timer>(io, hello_timeout);
+    timer->async_wait([socket](const boost::system::error_code& e) {
+      boost::system::error_code ignored;
+      if (e != boost::asio::error::operation_aborted) socket->close(ignored);
+    });
+    boost::asio::async_read(*socket, boost::asio::buffer(*header),
+                            [this, socket, header, timer](const boost::system::error_code& ec2, std::size_t) {
+                              timer->cancel();
+                              if (!ec2) take_back(std::move(*socket), *header);
+                            });
     accept_rejoins();
   });
 }
@@ -55,11 +69,11 @@ inline void tcp_engine::accept_rejoins() {
 namespace tcp_rejoin {
 // Whether the peer's end of `socket` is closed (it exited or was killed) although this
 // rank has not read to the end yet: a replacement's hello can arrive before the old
-// connection's end is handled.
+// connection's end is handled. POLLRDHUP reports the peer's FIN even behind unread data
+// (a killed worker's half-sent push).
 inline bool closed_by_peer(tcp::socket& socket) {
-  char byte;
-  const auto got = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  pollfd p{socket.native_handle(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 }  // namespace tcp_rejoin
 
@@ -83,7 +97,9 @@ inline void tcp_engine::take_back(tcp::socket socket, const wire::header_bytes& 
     if (!link || !link->rejoinable)
       throw error(errc::config, me + " does not take " + who + " back after the job started (only an asynchronous "
                                      "parameter server's servers take lost workers back)");
-    if (link->alive && !link->finished && tcp_rejoin::closed_by_peer(link->socket))
+    if (link->finished)
+      throw error(errc::config, who + " has finished (it said goodbye): it cannot rejoin");
+    if (link->alive && tcp_rejoin::closed_by_peer(link->socket))
       broken(*link, boost::asio::error::eof);  // isolates it: it is tolerated
     if (link->alive)
       throw error(errc::config, who + " is still connected to " + me + ": are two processes running as " + who + "?");
