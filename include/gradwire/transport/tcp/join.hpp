@@ -28,24 +28,9 @@ inline void tcp_engine::join() {
   const std::string me_text = "rank " + std::to_string(me);
   start_rendezvous(name, options, true, store_server);
   rendezvous::store_client store(options.store_host, options.store_port, options.job_token, time.left());
-  // An empty listen_host: listen where this rank reaches the store from, the
-  // interface its peers most likely reach it through (no wildcard bind).
-  const std::string host = options.listen_host.empty() ? store.local_address() : options.listen_host;
-  tcp::acceptor acceptor = support::listen(io, host, options.listen_port, me_text + "'s listening port");
-  const std::uint16_t port = acceptor.local_endpoint().port();
-  const bool wildcard = host == "0.0.0.0" || host == "::";
-  store.set_timeout(time.left());
-  store.set("gradwire/tcp/" + std::to_string(me), support::address_text(wildcard ? store.local_address() : host, port));
-  // Learn every lower rank's address first: they are the ones this rank dials.
-  std::vector<std::pair<std::string, std::uint16_t>> addresses(static_cast<std::size_t>(me));
-  for (int r = 0; r < me; ++r) {
-    store.set_timeout(time.left());
-    addresses[r] = support::split_address(store.get_string("gradwire/tcp/" + std::to_string(r)),
-                                         "the address rank " + std::to_string(r) + " published");
-  }
-  // Which ranks share this rank's host: one more store key per rank.
-  topology = rendezvous::exchange_topology(store, "gradwire/tcp/host/", me, n, rendezvous::local_host_identity(options.host_id),
-                                        wildcard ? store.local_address() : host, time.left());
+  // Learn every lower rank's address: they are the ones this rank dials.
+  std::vector<std::pair<std::string, std::uint16_t>> addresses;
+  tcp::acceptor acceptor = meet(store, time, me, addresses);
 
   // Dial down, accept up, all at once, so no rank waits for another to finish.
   joining = true;
@@ -67,6 +52,31 @@ inline void tcp_engine::join() {
   for (auto& l : links)
     if (l) read_frames(*l);
   start_watch();
+}
+
+// What every join does at the store: listen (an empty listen_host: where this rank
+// reaches the store from, the interface its peers most likely reach it through; no
+// wildcard bind), publish this rank's address, learn the addresses of ranks [0, learn)
+// but this one, and which ranks share this rank's host (one more store key per rank).
+inline tcp::acceptor tcp_engine::meet(rendezvous::store_client& store, const join_deadline& time, int learn,
+                                      std::vector<std::pair<std::string, std::uint16_t>>& addresses) {
+  const int me = options.rank, n = options.size;
+  const std::string host = options.listen_host.empty() ? store.local_address() : options.listen_host;
+  tcp::acceptor acceptor = support::listen(io, host, options.listen_port, "rank " + std::to_string(me) + "'s listening port");
+  const bool wildcard = host == "0.0.0.0" || host == "::";
+  const std::string reachable = wildcard ? store.local_address() : host;
+  store.set_timeout(time.left());
+  store.set("gradwire/tcp/" + std::to_string(me), support::address_text(reachable, acceptor.local_endpoint().port()));
+  addresses.assign(static_cast<std::size_t>(learn), {});
+  for (int r = 0; r < learn; ++r) {
+    if (r == me) continue;
+    store.set_timeout(time.left());
+    addresses[r] = support::split_address(store.get_string("gradwire/tcp/" + std::to_string(r)),
+                                         "the address rank " + std::to_string(r) + " published");
+  }
+  topology = rendezvous::exchange_topology(store, "gradwire/tcp/host/", me, n,
+                                           rendezvous::local_host_identity(options.host_id), reachable, time.left());
+  return acceptor;
 }
 
 inline void tcp_engine::dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until) {

@@ -130,27 +130,13 @@ inline void tcp_engine::relink(int peer, tcp::socket socket) {
 // address published again, then a hello to every peer, at once.
 inline void tcp_engine::join_back() {
   const int me = options.rank, n = options.size;
-  const std::string me_text = "rank " + std::to_string(me);
   if (me == 0)
     throw error(errc::config, "asio_tcp: rank 0 cannot rejoin a job (GRADWIRE_REJOIN=1): it serves the rendezvous "
                               "store; restart the whole job (from its checkpoints)");
   const join_deadline time(options.connect_timeout);
   rendezvous::store_client store(options.store_host, options.store_port, options.job_token, time.left());
-  const std::string host = options.listen_host.empty() ? store.local_address() : options.listen_host;
-  tcp::acceptor acceptor = support::listen(io, host, options.listen_port, me_text + "'s listening port");
-  const bool wildcard = host == "0.0.0.0" || host == "::";
-  const std::string published = support::address_text(wildcard ? store.local_address() : host, acceptor.local_endpoint().port());
-  store.set_timeout(time.left());
-  store.set("gradwire/tcp/" + std::to_string(me), published);
-  std::vector<std::pair<std::string, std::uint16_t>> addresses(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    if (r == me) continue;
-    store.set_timeout(time.left());
-    addresses[r] = support::split_address(store.get_string("gradwire/tcp/" + std::to_string(r)),
-                                         "the address rank " + std::to_string(r) + " published");
-  }
-  topology = rendezvous::exchange_topology(store, "gradwire/tcp/host/", me, n, rendezvous::local_host_identity(options.host_id),
-                                        wildcard ? store.local_address() : host, time.left());
+  std::vector<std::pair<std::string, std::uint16_t>> addresses;
+  tcp::acceptor acceptor = meet(store, time, n, addresses);  // every peer's address
   joining = true;
   join_pending = n - 1;
   for (int r = 0; r < n; ++r)
