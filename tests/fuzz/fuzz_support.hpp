@@ -9,8 +9,10 @@
 #pragma once
 
 #include <gradwire/error.hpp>
+#include <gradwire/support/wire.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -85,5 +87,32 @@ class input {
  private:
   std::span<const std::byte> bytes_;
 };
+
+// A frame header off the input, then its payload: the header's bytes as given (fewer than
+// 48 when the input runs out) in a zero-padded array, and the rest. Mode bit 0 writes the
+// right header CRC and bit 1 the right payload CRC (computed by `crc`), so that the
+// fuzzer also gets past them to the checks behind.
+struct frame_input {
+  std::array<std::byte, support::wire::header_size> header{};
+  std::size_t given = 0;
+  std::span<const std::byte> payload;
+  std::span<const std::byte> given_header() const { return std::span(header.data(), given); }
+};
+template <class Crc>
+frame_input take_frame(input& in, std::uint8_t mode, Crc crc) {
+  namespace wire = support::wire;
+  frame_input f;
+  const auto given = in.take(wire::header_size);
+  std::memcpy(f.header.data(), given.data(), given.size());
+  f.given = given.size();
+  f.payload = in.rest();
+  if (f.given == wire::header_size) {
+    const auto length = wire::detail::get<std::uint64_t>(f.header.data() + 32);
+    if (mode & 2)
+      wire::detail::put<std::uint32_t>(f.header.data() + 12, crc(f.payload.first(std::min<std::uint64_t>(length, f.payload.size()))));
+    if (mode & 1) wire::detail::put<std::uint32_t>(f.header.data() + 44, crc(std::span<const std::byte>(f.header).first(44)));
+  }
+  return f;
+}
 
 }  // namespace gradwire::fuzz

@@ -31,21 +31,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t mode = in.byte();
   const int op_bits = (mode >> 2) & 3;
   const auto op = op_bits == 0 ? rz::store_op::get : static_cast<rz::store_op>(op_bits);
-  const auto given = in.take(wire::header_size);
-  std::array<std::byte, wire::header_size> header{};
-  std::memcpy(header.data(), given.data(), given.size());
-  const auto payload = in.rest();
-  if (given.size() == wire::header_size) {
-    const auto length = wire::detail::get<std::uint64_t>(header.data() + 32);
-    if (mode & 2)
-      wire::detail::put<std::uint32_t>(header.data() + 12,
-                                       wire::crc32c(payload.first(std::min<std::uint64_t>(length, payload.size()))));
-    if (mode & 1) wire::detail::put<std::uint32_t>(header.data() + 44, wire::crc32c(std::span(header).first(44)));
-  }
+  auto frame = gradwire::fuzz::take_frame(in, mode, [](auto bytes) { return wire::crc32c(bytes); });
+  const auto payload = frame.payload;
   const std::string where = "the rendezvous store at 10.0.0.1:29500";
   std::vector<std::byte> value;
   try {
-    const wire::frame_header h = rz::decode_control_header(std::span(header.data(), given.size()),
+    const wire::frame_header h = rz::decode_control_header(frame.given_header(),
                                                            job, where, rz::max_store_value);
     if (payload.size() < h.length) return 0;
     const auto body = payload.first(static_cast<std::size_t>(h.length));

@@ -22,21 +22,12 @@ using gradwire::errc;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   gradwire::fuzz::input in(data, size);
   const std::uint8_t mode = in.byte();
-  const auto given = in.take(wire::header_size);
-  std::array<std::byte, wire::header_size> header{};
-  std::memcpy(header.data(), given.data(), given.size());
-  const auto payload = in.rest();
-  if (given.size() == wire::header_size) {
-    const auto length = wire::detail::get<std::uint64_t>(header.data() + 32);
-    if (mode & 2)
-      wire::detail::put<std::uint32_t>(header.data() + 12,
-                                       wire::crc32c(payload.first(std::min<std::uint64_t>(length, payload.size()))));
-    if (mode & 1) wire::detail::put<std::uint32_t>(header.data() + 44, wire::crc32c(std::span(header).first(44)));
-  }
+  auto frame = gradwire::fuzz::take_frame(in, mode, [](auto bytes) { return wire::crc32c(bytes); });
+  const auto payload = frame.payload;
   const std::string_view who = "client 10.0.0.7";
   try {
     const wire::frame_header h =
-        rz::decode_store_request_header(std::span(header.data(), given.size()), wire::token_hash("fuzz-job"), who);
+        rz::decode_store_request_header(frame.given_header(), wire::token_hash("fuzz-job"), who);
     if (payload.size() < h.length) return 0;
     const auto body = payload.first(static_cast<std::size_t>(h.length));
     const rz::store_request r = rz::parse_store_request(h, body, who);

@@ -28,19 +28,10 @@ std::uint32_t reference_crc(std::span<const std::byte> bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   gradwire::fuzz::input in(data, size);
   const std::uint8_t mode = in.byte();
-  const auto given = in.take(wire::header_size);
-  std::array<std::byte, wire::header_size> header{};
-  std::memcpy(header.data(), given.data(), given.size());
-  const auto header_bytes = std::span<const std::byte>(header.data(), given.size());
-  const auto payload = in.rest();
-  if (given.size() == wire::header_size) {
-    if (mode & 2) {
-      const auto length = wire::detail::get<std::uint64_t>(header.data() + 32);
-      const std::uint32_t crc = reference_crc(payload.first(std::min<std::uint64_t>(length, payload.size())));
-      wire::detail::put<std::uint32_t>(header.data() + 12, crc);
-    }
-    if (mode & 1) wire::detail::put<std::uint32_t>(header.data() + 44, reference_crc(std::span(header).first(44)));
-  }
+  auto frame = gradwire::fuzz::take_frame(in, mode, reference_crc);
+  const auto& header = frame.header;
+  const auto payload = frame.payload;
+  const auto header_bytes = frame.given_header();
   wire::frame_header h;
   try {
     h = wire::decode(header_bytes, job, "rank 7");
