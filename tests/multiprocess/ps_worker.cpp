@@ -250,10 +250,11 @@ int main(int argc, char** argv) {
                          });
     } else if (mode == "rejoin") {
       // Until the servers have applied a run's worth: the replacement takes part in the
-      // rest of it. Only the first incarnation of worker K dies.
+      // rest of it. Only the first incarnation of worker K dies. Long enough (6 s) that a
+      // replacement started on a loaded machine still finds the job running.
       const bool replacement = std::getenv("GRADWIRE_REJOIN") && std::string(std::getenv("GRADWIRE_REJOIN")) == "1";
       run<gw::ps::async>(spec, options,
-                         {.steps = 80, .pace_ms = 25, .kill_rank = replacement ? -1 : std::stoi(arg), .kill_step = 10,
+                         {.steps = 240, .pace_ms = 25, .kill_rank = replacement ? -1 : std::stoi(arg), .kill_step = 10,
                           .until_applied = true},
                          [](const gw::ps::server_stats& st, int) {
                            if (st.lost_workers.size() != 1 || st.rejoined_workers != st.lost_workers)

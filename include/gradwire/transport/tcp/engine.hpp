@@ -87,8 +87,8 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
 
   // --- join.hpp: joining ------------------------------------------------------
   void join();
-  tcp::acceptor meet(rendezvous::store_client& store, const join_deadline& time, int learn,
-                     std::vector<std::pair<std::string, std::uint16_t>>& addresses);
+  std::optional<tcp::acceptor> meet(rendezvous::store_client& store, const join_deadline& time, int learn,
+                                    std::vector<std::pair<std::string, std::uint16_t>>& addresses, bool listen);
   void dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until);
   void hello(tcp::socket& socket);
   void check_welcome(int peer, tcp::socket& socket, const wire::header_bytes& reply, const boost::system::error_code& ec);

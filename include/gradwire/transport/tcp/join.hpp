@@ -30,7 +30,7 @@ inline void tcp_engine::join() {
   rendezvous::store_client store(options.store_host, options.store_port, options.job_token, time.left());
   // Learn every lower rank's address: they are the ones this rank dials.
   std::vector<std::pair<std::string, std::uint16_t>> addresses;
-  tcp::acceptor acceptor = meet(store, time, me, addresses);
+  tcp::acceptor acceptor = std::move(*meet(store, time, me, addresses, true));
 
   // Dial down, accept up, all at once, so no rank waits for another to finish.
   joining = true;
@@ -54,19 +54,24 @@ inline void tcp_engine::join() {
   start_watch();
 }
 
-// What every join does at the store: listen (an empty listen_host: where this rank
-// reaches the store from, the interface its peers most likely reach it through; no
-// wildcard bind), publish this rank's address, learn the addresses of ranks [0, learn)
-// but this one, and which ranks share this rank's host (one more store key per rank).
-inline tcp::acceptor tcp_engine::meet(rendezvous::store_client& store, const join_deadline& time, int learn,
-                                      std::vector<std::pair<std::string, std::uint16_t>>& addresses) {
+// What every join does at the store: listen and publish this rank's address (`listen`;
+// an empty listen_host: where this rank reaches the store from, the interface its peers
+// most likely reach it through; no wildcard bind), learn the addresses of ranks
+// [0, learn) but this one, and which ranks share this rank's host (one more store key
+// per rank).
+inline std::optional<tcp::acceptor> tcp_engine::meet(rendezvous::store_client& store, const join_deadline& time, int learn,
+                                                     std::vector<std::pair<std::string, std::uint16_t>>& addresses,
+                                                     bool listen) {
   const int me = options.rank, n = options.size;
   const std::string host = options.listen_host.empty() ? store.local_address() : options.listen_host;
-  tcp::acceptor acceptor = support::listen(io, host, options.listen_port, "rank " + std::to_string(me) + "'s listening port");
   const bool wildcard = host == "0.0.0.0" || host == "::";
   const std::string reachable = wildcard ? store.local_address() : host;
-  store.set_timeout(time.left());
-  store.set("gradwire/tcp/" + std::to_string(me), support::address_text(reachable, acceptor.local_endpoint().port()));
+  std::optional<tcp::acceptor> acceptor;
+  if (listen) {
+    acceptor.emplace(support::listen(io, host, options.listen_port, "rank " + std::to_string(me) + "'s listening port"));
+    store.set_timeout(time.left());
+    store.set("gradwire/tcp/" + std::to_string(me), support::address_text(reachable, acceptor->local_endpoint().port()));
+  }
   addresses.assign(static_cast<std::size_t>(learn), {});
   for (int r = 0; r < learn; ++r) {
     if (r == me) continue;

@@ -1,9 +1,9 @@
 // asio_tcp after the join: a lost peer's replacement process links again (rejoin), on both sides.
 //
-// Every rank keeps its listening socket after the join. A hello that arrives then is a
-// replacement for a lost peer: a rank takes it back when it allowed that peer to rejoin
-// (allow_rejoin: an asynchronous parameter server's servers, for their workers) and has
-// lost it, and refuses it with the reason otherwise. The replacement (options.rejoin)
+// Every rank that joined the job keeps its listening socket (a replacement has none). A
+// hello that arrives after the join is a replacement for a lost peer: a rank takes it back
+// when it allowed that peer to rejoin (allow_rejoin: an asynchronous parameter server's
+// servers, for their workers) and has lost it, and refuses it with the reason otherwise. The replacement (options.rejoin)
 // dials every peer: those that take it back are linked, the rest stay unlinked, and
 // operations with them fail with peer_lost naming the reason. Receives a rank posts
 // from a lost peer that may rejoin wait for its replacement (or their deadline).
@@ -126,8 +126,10 @@ inline void tcp_engine::relink(int peer, tcp::socket socket) {
   read_frames(link);
 }
 
-// The replacement's join: no store of its own (rank 0 serves it and cannot rejoin), its
-// address published again, then a hello to every peer, at once.
+// The replacement's join: no store of its own (rank 0 serves it and cannot rejoin), then
+// a hello to every peer, at once. It does not listen: nobody needs to dial it, and two
+// replacements that dialled each other's listeners before accepting would each wait out
+// the other's hello.
 inline void tcp_engine::join_back() {
   const int me = options.rank, n = options.size;
   if (me == 0)
@@ -136,7 +138,7 @@ inline void tcp_engine::join_back() {
   const join_deadline time(options.connect_timeout);
   rendezvous::store_client store(options.store_host, options.store_port, options.job_token, time.left());
   std::vector<std::pair<std::string, std::uint16_t>> addresses;
-  tcp::acceptor acceptor = meet(store, time, n, addresses);  // every peer's address
+  meet(store, time, n, addresses, false);  // every peer's address; it neither listens nor publishes
   joining = true;
   join_pending = n - 1;
   for (int r = 0; r < n; ++r)
@@ -146,7 +148,6 @@ inline void tcp_engine::join_back() {
   joining = false;
   for (int r = 0; r < n; ++r)
     if (r != me && !links[r]) mark_absent(r, "it did not answer the hello in time");
-  keep_listening(std::move(acceptor));
   for (auto& l : links)
     if (l && l->alive) read_frames(*l);
   start_watch();
