@@ -92,6 +92,8 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until);
   void hello(tcp::socket& socket);
   void check_welcome(int peer, tcp::socket& socket, const wire::header_bytes& reply, const boost::system::error_code& ec);
+  template <class Refused>
+  void await_welcome(int peer, std::shared_ptr<tcp::socket> socket, Refused refused);
   void accept_peers(tcp::acceptor& acceptor);
   void greet(tcp::socket socket, const wire::header_bytes& bytes);
   void add_link(int peer, tcp::socket socket);

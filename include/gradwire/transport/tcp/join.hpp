@@ -88,18 +88,30 @@ inline void tcp_engine::dial(int peer, const std::pair<std::string, std::uint16_
   auto socket = std::make_shared<tcp::socket>(support::connect_with_retry(
       io, address.first, address.second, "rank " + std::to_string(peer), until));
   hello(*socket);
+  await_welcome(peer, std::move(socket), [this, peer](const std::exception& e) {  // a refusal fails the join
+    if (join_failure) return;
+    if (const auto* known = dynamic_cast<const error*>(&e))
+      join_failure = *known;
+    else
+      join_failure = error(errc::config, "connecting to rank " + std::to_string(peer) + ": " + e.what());
+  });
+}
+
+// Reads `peer`'s answer to this rank's hello (while joining): a welcome links it and
+// counts it joined; anything else (a refusal, a closed connection, a bad frame) goes to
+// `refused`.
+template <class Refused>
+void tcp_engine::await_welcome(int peer, std::shared_ptr<tcp::socket> socket, Refused refused) {
   auto reply = std::make_shared<wire::header_bytes>();
-  boost::asio::async_read(*socket, boost::asio::buffer(*reply), [this, peer, socket, reply](
+  boost::asio::async_read(*socket, boost::asio::buffer(*reply), [this, peer, socket, reply, refused](
                                                                      const boost::system::error_code& ec, std::size_t) {
     if (!joining) return;
     try {
       check_welcome(peer, *socket, *reply, ec);
       add_link(peer, std::move(*socket));
       --join_pending;
-    } catch (const error& e) {
-      if (!join_failure) join_failure = e;
     } catch (const std::exception& e) {
-      if (!join_failure) join_failure = error(errc::config, "connecting to rank " + std::to_string(peer) + ": " + e.what());
+      refused(e);
     }
   });
 }

@@ -168,16 +168,8 @@ inline void tcp_engine::dial_back(int peer, const std::pair<std::string, std::ui
     --join_pending;
     return;
   }
-  auto reply = std::make_shared<wire::header_bytes>();
-  boost::asio::async_read(*socket, boost::asio::buffer(*reply), [this, peer, socket, reply](
-                                                                     const boost::system::error_code& ec, std::size_t) {
-    if (!joining) return;
-    try {
-      check_welcome(peer, *socket, *reply, ec);
-      add_link(peer, std::move(*socket));
-    } catch (const std::exception& e) {
-      mark_absent(peer, e.what());
-    }
+  await_welcome(peer, std::move(socket), [this, peer](const std::exception& e) {  // a refusal leaves it unlinked
+    mark_absent(peer, e.what());
     --join_pending;
   });
 }
