@@ -44,7 +44,7 @@ struct cleanup {
 
 void write(const fs::path& p, const std::vector<std::byte>& bytes) {
   std::FILE* f = std::fopen(p.c_str(), "wb");
-  if (!f) gradwire::fuzz::finding("cannot write " + p.string());
+  GRADWIRE_FUZZ_CHECK(f != nullptr, "cannot write " + p.string());
   if (!bytes.empty()) std::fwrite(bytes.data(), 1, bytes.size(), f);
   std::fclose(f);
 }
@@ -84,12 +84,12 @@ void load(const std::vector<std::byte>& file) {
     step = gradwire::load_checkpoint(in, model);
   } catch (const gradwire::error& e) {
     gradwire::fuzz::expect_error(e, {errc::config}, in.string());
-    if (!same(model, before)) gradwire::fuzz::finding("a refused checkpoint changed the model");
+    GRADWIRE_FUZZ_CHECK(same(model, before), "a refused checkpoint changed the model");
     return;
   }
   const fs::path out = scratch() / "out.ckpt";
   gradwire::save_checkpoint(out, model, step);
-  if (read(out) != file) gradwire::fuzz::finding("a checkpoint that loads is not what saving the loaded model writes");
+  GRADWIRE_FUZZ_CHECK(read(out) == file, "a checkpoint that loads is not what saving the loaded model writes");
 }
 
 }  // namespace

@@ -12,19 +12,15 @@ namespace sim = gradwire::simulation;
 using gradwire::errc;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string text(reinterpret_cast<const char*>(data), size);
-  sim::cluster_model m;
-  try {
-    m = sim::parse_cluster_model(text);
-  } catch (const gradwire::error& e) {
-    gradwire::fuzz::expect_error(e, {errc::config}, "simulated cluster");
-    return 0;
-  }
-  const std::string described = sim::describe(m);
+  const auto m = gradwire::fuzz::parse_text(
+      data, size, [](const std::string& text) { return sim::parse_cluster_model(text); }, {errc::config},
+      "simulated cluster");
+  if (!m) return 0;
+  const std::string described = sim::describe(*m);
   try {
     const sim::cluster_model again = sim::parse_cluster_model(described);
-    if (sim::describe(again) != described)
-      gradwire::fuzz::finding("describe() does not read back to the same model: " + described);
+    GRADWIRE_FUZZ_CHECK(sim::describe(again) == described,
+                        "describe() does not read back to the same model: " + described);
   } catch (const gradwire::error& e) {
     gradwire::fuzz::finding("describe() of an accepted model does not parse: " + described + ": " + e.what());
   }

@@ -3,9 +3,10 @@
 // A harness (LLVMFuzzerTestOneInput) feeds its input to one of gradwire's parsers. A
 // gradwire::error of the kinds the parser documents is the expected answer to bad input;
 // anything else is a finding: another exception type escapes (std::terminate), a
-// sanitizer fires, or a property the harness checks (a round trip, an error of the wrong
-// kind or that does not name its source) calls finding(), which aborts. libFuzzer and the
-// replay driver (replay_main.cpp) both report an abort as a failure.
+// sanitizer fires, or a property the harness checks with GRADWIRE_FUZZ_CHECK (a round
+// trip, an error of the wrong kind or that does not name its source) is false, which calls
+// finding(): it aborts. libFuzzer and the replay driver (replay_main.cpp) both report an
+// abort as a failure.
 #pragma once
 
 #include <gradwire/error.hpp>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,13 +33,42 @@ namespace gradwire::fuzz {
   std::abort();
 }
 
+namespace detail {
+[[noreturn]] inline void failed_check(const char* property, const char* file, int line, const std::string& what) {
+  finding(what + " (GRADWIRE_FUZZ_CHECK(" + property + ") at " + file + ":" + std::to_string(line) + ")");
+}
+}  // namespace detail
+
+// GRADWIRE_FUZZ_CHECK(property, what): a harness's assertion; a finding (abort) naming
+// `what` when `property` is false. A macro for what only the preprocessor does: `what`
+// (often a std::string built from the input) is evaluated only when the property fails,
+// so the millions of executions that pass build no message, and the finding quotes the
+// property's source text and line.
+#define GRADWIRE_FUZZ_CHECK(property, what) \
+  ((property) ? void() : ::gradwire::fuzz::detail::failed_check(#property, __FILE__, __LINE__, (what)))
+
 // A rejection must be one of the documented kinds, and its message must contain `names`
 // (the variable, file or peer it is about) when that is not empty.
 inline void expect_error(const error& e, std::initializer_list<errc> kinds, std::string_view names = {}) {
-  if (std::find(kinds.begin(), kinds.end(), e.kind()) == kinds.end())
-    finding(std::string("rejected with an unexpected error kind: ") + e.what());
-  if (!names.empty() && std::string_view(e.what()).find(names) == std::string_view::npos)
-    finding("the error does not name '" + std::string(names) + "': " + e.what());
+  GRADWIRE_FUZZ_CHECK(std::find(kinds.begin(), kinds.end(), e.kind()) != kinds.end(),
+                      std::string("rejected with an unexpected error kind: ") + e.what());
+  GRADWIRE_FUZZ_CHECK(names.empty() || std::string_view(e.what()).find(names) != std::string_view::npos,
+                      "the error does not name '" + std::string(names) + "': " + e.what());
+}
+
+// The input as text, parsed by `parse`: the value, or none when `parse` rejects it with
+// an error of one of `kinds` that names `names` (see expect_error). For the harnesses of
+// parsers that read a whole text (a variable's value, a description).
+template <class Parse>
+auto parse_text(const std::uint8_t* data, std::size_t size, Parse parse, std::initializer_list<errc> kinds,
+                std::string_view names) -> std::optional<decltype(parse(std::string()))> {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  try {
+    return parse(text);
+  } catch (const error& e) {
+    expect_error(e, kinds, names);
+    return std::nullopt;
+  }
 }
 
 // The fuzzer's input, consumed from the front.

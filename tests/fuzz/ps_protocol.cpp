@@ -49,11 +49,11 @@ void fuzz_request(gradwire::fuzz::input& in, bool legal) {
   }
   try {
     const ps::request_header h = ps::decode_request(bytes, 5, 2, version, updates);
-    if (bytes.size() != sizeof h || std::memcmp(&h, bytes.data(), sizeof h) != 0)
-      gradwire::fuzz::finding("decode_request accepted a request that differs from its bytes");
+    GRADWIRE_FUZZ_CHECK(bytes.size() == sizeof h && std::memcmp(&h, bytes.data(), sizeof h) == 0,
+                        "decode_request accepted a request that differs from its bytes");
   } catch (const gradwire::error& e) {
     gradwire::fuzz::expect_error(e, {errc::protocol}, "worker rank 2");
-    if (legal) gradwire::fuzz::finding(std::string("decode_request refused what a worker sends: ") + e.what());
+    GRADWIRE_FUZZ_CHECK(!legal, std::string("decode_request refused what a worker sends: ") + e.what());
   }
 }
 
@@ -77,13 +77,13 @@ void fuzz_reply(gradwire::fuzz::input& in, bool legal) {
   }
   try {
     const ps::reply_header h = ps::decode_reply(bytes, 6, least, workers);
-    if (bytes.size() < sizeof h || std::memcmp(&h, bytes.data(), sizeof h) != 0)
-      gradwire::fuzz::finding("decode_reply accepted a reply that differs from its bytes");
-    if (h.last_lost >= workers || h.version < least || h.staleness > h.version)
-      gradwire::fuzz::finding("decode_reply accepted a reply outside its context");
+    GRADWIRE_FUZZ_CHECK(bytes.size() >= sizeof h && std::memcmp(&h, bytes.data(), sizeof h) == 0,
+                        "decode_reply accepted a reply that differs from its bytes");
+    GRADWIRE_FUZZ_CHECK(h.last_lost < workers && h.version >= least && h.staleness <= h.version,
+                        "decode_reply accepted a reply outside its context");
   } catch (const gradwire::error& e) {
     gradwire::fuzz::expect_error(e, {errc::protocol}, "server rank 6");
-    if (legal) gradwire::fuzz::finding(std::string("decode_reply refused what a server sends: ") + e.what());
+    GRADWIRE_FUZZ_CHECK(!legal, std::string("decode_reply refused what a server sends: ") + e.what());
   }
 }
 

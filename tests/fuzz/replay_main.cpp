@@ -3,8 +3,10 @@
 //
 //   fuzz_replay_<harness> DIR... [--min-files N]
 //
-// A finding aborts (as under libFuzzer) after naming the file; fewer than N files in all
-// (default 1) is a failure too, so a corpus that went missing cannot pass.
+// A finding aborts (as under libFuzzer) after naming the file. The driver checks its own
+// part too (GRADWIRE_REPLAY_CHECK, exit status 1): every file is read whole before it is
+// fed, and at least N inputs (default 1) were replayed, so a corpus that went missing or
+// a file that cannot be read cannot pass.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +18,19 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
+
+// GRADWIRE_REPLAY_CHECK(property, format, ...): when `property` is false, prints it and
+// the printf-style message (its arguments evaluated only then) and exits 1. (This driver
+// builds without gradwire's headers, hence not fuzz_support.hpp's GRADWIRE_FUZZ_CHECK.)
+#define GRADWIRE_REPLAY_CHECK(property, ...)                           \
+  do {                                                                 \
+    if (!(property)) {                                                 \
+      std::fprintf(stderr, "replay: check failed: %s: ", #property);  \
+      std::fprintf(stderr, __VA_ARGS__);                               \
+      std::fputc('\n', stderr);                                        \
+      std::exit(1);                                                    \
+    }                                                                  \
+  } while (0)
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -34,20 +49,24 @@ int main(int argc, char** argv) {
         if (entry.is_regular_file() && entry.path().filename().string().front() != '.') files.push_back(entry.path());
   }
   std::sort(files.begin(), files.end());
+  std::size_t replayed = 0;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
+    GRADWIRE_REPLAY_CHECK(in.is_open(), "cannot open %s", f.c_str());
     const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto on_disk = fs::file_size(f);
+    GRADWIRE_REPLAY_CHECK(!in.bad() && bytes.size() == on_disk, "read %zu of the %ju bytes of %s", bytes.size(),
+                          static_cast<std::uintmax_t>(on_disk), f.c_str());
     std::fprintf(stderr, "replay %s (%zu bytes)\n", f.c_str(), bytes.size());
     // A copy of exactly the file's size, so that ASan (where it is on) sees reads past the end.
     auto* copy = static_cast<std::uint8_t*>(std::malloc(bytes.size() + 1));
     std::copy(bytes.begin(), bytes.end(), copy);
     LLVMFuzzerTestOneInput(copy, bytes.size());
     std::free(copy);
+    ++replayed;
   }
-  std::printf("replayed %zu input(s)\n", files.size());
-  if (files.size() < min_files) {
-    std::fprintf(stderr, "expected at least %zu input(s): is the corpus missing?\n", min_files);
-    return 1;
-  }
+  std::printf("replayed %zu input(s)\n", replayed);
+  GRADWIRE_REPLAY_CHECK(replayed >= min_files, "expected at least %zu input(s), replayed %zu: is the corpus missing?",
+                        min_files, replayed);
   return 0;
 }

@@ -18,16 +18,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   gradwire::fuzz::input in(data, size);
   const int node = in.integer<std::int32_t>();
   const std::string list = in.rest_text();
-  using gradwire::fuzz::finding;
 
   const std::string host = gc::detail::first_slurm_host(list);
-  if (list.find_first_of("[]") == std::string::npos && host != list.substr(0, list.find(',')))
-    finding("first_slurm_host of a list without brackets is not its first item");
-  if (host.find_first_of("[],") != std::string::npos) finding("first_slurm_host returned a bracket or a comma");
+  GRADWIRE_FUZZ_CHECK(list.find_first_of("[]") != std::string::npos || host == list.substr(0, list.find(',')),
+                      "first_slurm_host of a list without brackets is not its first item");
+  GRADWIRE_FUZZ_CHECK(host.find_first_of("[],") == std::string::npos, "first_slurm_host returned a bracket or a comma");
 
   const auto tasks = gc::detail::slurm_tasks_on_node(list, node);
-  if (tasks && list.find(std::to_string(*tasks)) == std::string::npos)
-    finding("slurm_tasks_on_node returned a count the list does not name");
-  if (tasks && !gc::detail::slurm_tasks_on_node(list, 0)) finding("a tasks list that has node N but not node 0");
+  GRADWIRE_FUZZ_CHECK(!tasks || list.find(std::to_string(*tasks)) != std::string::npos,
+                      "slurm_tasks_on_node returned a count the list does not name");
+  GRADWIRE_FUZZ_CHECK(!tasks || gc::detail::slurm_tasks_on_node(list, 0),
+                      "a tasks list that has node N but not node 0");
   return 0;
 }

@@ -46,13 +46,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     gradwire::fuzz::expect_error(e, {errc::protocol, errc::auth}, where);
     return 0;
   }
-  if (op == rz::store_op::add && value.size() != 8) gradwire::fuzz::finding("an add answered without 8 bytes");
-  if (op == rz::store_op::set && !value.empty()) gradwire::fuzz::finding("a set answered with a value");
+  GRADWIRE_FUZZ_CHECK(op != rz::store_op::add || value.size() == 8, "an add answered without 8 bytes");
+  GRADWIRE_FUZZ_CHECK(op != rz::store_op::set || value.empty(), "a set answered with a value");
   if (op == rz::store_op::get) {
     const std::string text(reinterpret_cast<const char*>(value.data()), value.size());
     try {
       const auto [host, port] = gradwire::support::split_address(text, "rank 3's address");
-      if (port == 0) gradwire::fuzz::finding("split_address returned port 0");
+      GRADWIRE_FUZZ_CHECK(port != 0, "split_address returned port 0");
     } catch (const gradwire::error& e) {
       gradwire::fuzz::expect_error(e, {errc::config}, "rank 3's address");
     }

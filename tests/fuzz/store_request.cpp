@@ -32,9 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto body = payload.first(static_cast<std::size_t>(h.length));
     const rz::store_request r = rz::parse_store_request(h, body, who);
     const auto packed = rz::pack(r.key, r.value);
-    if (!std::equal(packed.begin(), packed.end(), body.begin(), body.end()))
-      gradwire::fuzz::finding("a parsed store request does not pack back to its payload");
-    if (r.op == rz::store_op::add && r.value.size() != 8) gradwire::fuzz::finding("an add without an 8-byte value");
+    GRADWIRE_FUZZ_CHECK(std::equal(packed.begin(), packed.end(), body.begin(), body.end()),
+                        "a parsed store request does not pack back to its payload");
+    GRADWIRE_FUZZ_CHECK(r.op != rz::store_op::add || r.value.size() == 8, "an add without an 8-byte value");
   } catch (const gradwire::error& e) {
     gradwire::fuzz::expect_error(e, {errc::protocol, errc::auth}, who);
   }

@@ -13,25 +13,22 @@ namespace gc = gradwire::cluster;
 using gradwire::errc;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string text(reinterpret_cast<const char*>(data), size);
-  gc::tf_config c;
-  try {
-    c = gc::parse_tf_config(text);
-  } catch (const gradwire::error& e) {
-    gradwire::fuzz::expect_error(e, {errc::config}, "TF_CONFIG");
-    return 0;
-  }
-  using gradwire::fuzz::finding;
-  const int n = static_cast<int>(c.roles.size());
-  if (n < 1 || c.task_addresses.size() != c.roles.size()) finding("a TF_CONFIG without one address per task");
-  if (c.rank < 0 || c.rank >= n) finding("a TF_CONFIG task outside the cluster");
-  if (c.local_world_size < 1 || c.local_rank < 0 || c.local_rank >= c.local_world_size || c.local_world_size > n)
-    finding("a TF_CONFIG local rank or size out of range");
-  if (c.master_port < 1 || c.master_port > 65535) finding("a TF_CONFIG master port outside 1..65535");
-  if (std::count(c.roles.begin(), c.roles.end(), gc::task_type::chief) > 1) finding("a TF_CONFIG with two chiefs");
-  if (!std::is_sorted(c.roles.begin(), c.roles.end(), [](gc::task_type a, gc::task_type b) {
-        return static_cast<int>(a) < static_cast<int>(b);
-      }))
-    finding("TF_CONFIG roles not in rank order (chief, workers, ps)");
+  const auto c = gradwire::fuzz::parse_text(data, size, gc::parse_tf_config, {errc::config}, "TF_CONFIG");
+  if (!c) return 0;
+  const int n = static_cast<int>(c->roles.size());
+  GRADWIRE_FUZZ_CHECK(n >= 1 && c->task_addresses.size() == c->roles.size(),
+                      "a TF_CONFIG without one address per task");
+  GRADWIRE_FUZZ_CHECK(c->rank >= 0 && c->rank < n, "a TF_CONFIG task outside the cluster");
+  GRADWIRE_FUZZ_CHECK(c->local_world_size >= 1 && c->local_rank >= 0 && c->local_rank < c->local_world_size &&
+                          c->local_world_size <= n,
+                      "a TF_CONFIG local rank or size out of range");
+  GRADWIRE_FUZZ_CHECK(c->master_port >= 1 && c->master_port <= 65535, "a TF_CONFIG master port outside 1..65535");
+  GRADWIRE_FUZZ_CHECK(std::count(c->roles.begin(), c->roles.end(), gc::task_type::chief) <= 1,
+                      "a TF_CONFIG with two chiefs");
+  GRADWIRE_FUZZ_CHECK(std::is_sorted(c->roles.begin(), c->roles.end(),
+                                     [](gc::task_type a, gc::task_type b) {
+                                       return static_cast<int>(a) < static_cast<int>(b);
+                                     }),
+                      "TF_CONFIG roles not in rank order (chief, workers, ps)");
   return 0;
 }

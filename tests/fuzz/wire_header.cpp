@@ -39,16 +39,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     gradwire::fuzz::expect_error(e, {errc::protocol, errc::auth}, "rank 7");
     return 0;
   }
-  if (wire::encode(h) != header) gradwire::fuzz::finding("a decoded header does not re-encode to the same bytes");
+  GRADWIRE_FUZZ_CHECK(wire::encode(h) == header, "a decoded header does not re-encode to the same bytes");
   if (payload.size() < h.length) return 0;  // the rest of the frame never came
   const auto body = payload.first(static_cast<std::size_t>(h.length));
   const bool intact = !(h.flags & wire::payload_checksummed) || reference_crc(body) == h.payload_crc;
   try {
     wire::check_payload(h, body, "rank 7");
-    if (!intact) gradwire::fuzz::finding("check_payload accepted a payload whose CRC-32C differs from its header's");
+    GRADWIRE_FUZZ_CHECK(intact, "check_payload accepted a payload whose CRC-32C differs from its header's");
   } catch (const gradwire::error& e) {
     gradwire::fuzz::expect_error(e, {errc::protocol}, "rank 7");
-    if (intact) gradwire::fuzz::finding(std::string("check_payload refused an intact payload: ") + e.what());
+    GRADWIRE_FUZZ_CHECK(!intact, std::string("check_payload refused an intact payload: ") + e.what());
   }
   return 0;
 }
