@@ -240,6 +240,27 @@ void fill_gradients(std::vector<std::vector<float>>& grads, const model& m, int 
   }
 }
 
+// Every worker's loop: until --steps or the stop step, a step with this rank's gradients
+// (block_of as for fill_gradients), then check(k, flat) of step k's parameters, flattened.
+template <class Aggregation, class Check>
+void train(const flags& f, strategy_type<Aggregation>& s, const model& m, status_file& st, int block_of, Check check) {
+  const int me = s.rank();
+  std::vector<std::vector<float>> grads(m.sizes.size());
+  std::vector<float> flat;
+  stop_watch stop(f.stop_file);
+  for (std::uint64_t k = 0; k < f.steps; ++k) {
+    if (const auto at = stop.stop_at(); at != 0 && k >= at) break;
+    if (f.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.pace_ms));
+    fill_gradients(grads, m, me, k, block_of);
+    maybe_corrupt(f, k, me, s.parameters(), grads);
+    s.step(grads);
+    st.steps = k + 1;
+    flatten(s.parameters(), flat);
+    check(k, std::span<const float>(flat));
+    st.write("running");
+  }
+}
+
 // allreduce, local-sgd and ps-sync workers: every rank knows the exact parameters after every step.
 template <class Aggregation>
 void lock_step(const flags& f, strategy_type<Aggregation>& s, const model& m, int workers, status_file& st,
@@ -247,16 +268,7 @@ void lock_step(const flags& f, strategy_type<Aggregation>& s, const model& m, in
   const int me = s.rank();
   std::vector<double> mean(m.total), own(m.total);  // the reference: replicas agree on `mean`
   for (std::size_t i = 0; i < m.total; ++i) mean[i] = own[i] = start_value(i);
-  std::vector<std::vector<float>> grads(m.sizes.size());
-  std::vector<float> flat;
-  stop_watch stop(f.stop_file);
-  for (std::uint64_t k = 0; k < f.steps; ++k) {
-    if (const auto at = stop.stop_at(); at != 0 && k >= at) break;
-    if (f.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.pace_ms));
-    fill_gradients(grads, m, me, k);
-    maybe_corrupt(f, k, me, s.parameters(), grads);
-    s.step(grads);
-    st.steps = k + 1;
+  train(f, s, m, st, 0, [&](std::uint64_t k, std::span<const float> flat) {
     for (std::size_t i = 0; i < m.total; ++i) {
       double sum = 0;
       for (int w = 0; w < workers; ++w) sum += gradient(w, k, i);
@@ -264,12 +276,10 @@ void lock_step(const flags& f, strategy_type<Aggregation>& s, const model& m, in
       if (local_sgd) own[i] -= lr * gradient(me, k, i);
     }
     const bool averaged = !local_sgd || (k + 1) % averaging_period == 0;
-    flatten(s.parameters(), flat);
     expect_exact(st, local_sgd ? (averaged ? "averaged parameters" : "local parameters") : "parameters", k + 1, flat,
                  averaged ? mean : own);
     if (averaged && local_sgd) own = mean;
-    st.write("running");
-  }
+  });
 }
 
 // ps-async workers: exact on their own elements, a growing prefix of each other worker's gradients elsewhere.
@@ -298,18 +308,8 @@ void async_worker(const flags& f, strategy_type<Aggregation>& s, const model& m,
   std::vector<std::size_t> own;
   for (auto& t : track[static_cast<std::size_t>(me)]) own.insert(own.end(), t.elements.begin(), t.elements.end());
   std::sort(own.begin(), own.end());
-  std::vector<std::vector<float>> grads(m.sizes.size());
-  std::vector<float> flat;
-  stop_watch stop(f.stop_file);
-  for (std::uint64_t k = 0; k < f.steps; ++k) {
-    if (const auto at = stop.stop_at(); at != 0 && k >= at) break;
-    if (f.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.pace_ms));
-    fill_gradients(grads, m, me, k, workers);
-    maybe_corrupt(f, k, me, s.parameters(), grads);
-    s.step(grads);
-    st.steps = k + 1;
+  train(f, s, m, st, workers, [&](std::uint64_t k, std::span<const float> flat) {
     for (std::size_t i : own) ref[i] -= lr * gradient(me, k, i);
-    flatten(s.parameters(), flat);
     expect_exact(st, "own elements", k + 1, flat, ref, own);
     for (int w = 0; w < workers; ++w) {
       if (w == me) continue;
@@ -335,8 +335,7 @@ void async_worker(const flags& f, strategy_type<Aggregation>& s, const model& m,
         }
       }
     }
-    st.write("running");
-  }
+  });
 }
 
 // A server's final check: its shard (up to 64 elements spread over it) against the closed form.
