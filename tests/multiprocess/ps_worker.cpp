@@ -10,12 +10,19 @@
 //                                  replacement (GRADWIRE_REJOIN=1), which the servers take back
 //   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed
 //   ps_worker resume DIR           sync from the checkpoints in DIR
+//   ps_worker failover sync|async VICTIM WHEN
+//                                  servers with standbys (the launcher's ps ranks: the servers, then
+//                                  as many standbys); rank VICTIM (-1: none) is killed with SIGKILL,
+//                                  WHEN = update:K just before its K-th update (a deterministic point)
+//                                  or ms:D D ms into serving. Workers print a hash of their final
+//                                  parameters (params=), to compare with an uninterrupted run's.
 //
 // Ranks print "rank R: PASS ..." (or "EXPECTED <errc>: ...") and exit 0, or "FAIL ..." and
 // exit 1; servers also print "rank R: STATS k=v ..." for test_ps.py to cross-check.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <gradwire/asio.hpp>
 #if GRADWIRE_TEST_UCX
@@ -106,6 +113,18 @@ double loss(std::span<const gw::host_tensor<float>> p) {
   return sum / (8.0 * model.batch);
 }
 
+// FNV-1a over the parameters' bytes: equal hashes, bit-identical parameters.
+std::uint64_t hash_of(std::span<const gw::host_tensor<float>> p) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& t : p)
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &t[i], sizeof bits);
+      for (int b = 0; b < 4; ++b) h = (h ^ ((bits >> (8 * b)) & 0xff)) * 1099511628211ull;
+    }
+  return h;
+}
+
 std::string join(const std::vector<std::uint64_t>& v) {
   std::string s;
   for (auto x : v) {
@@ -126,31 +145,42 @@ struct plan {
 };
 
 constexpr float lr = 0.05f;
+std::uint64_t calls = 0;  // updates a server is about to make (failover: the victim's count)
+int kill_after_ms = -1;   // failover ms:D: a server or standby raises SIGKILL D ms into serving
 
 template <class Mode>
 void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const plan& p,
          void (*check_server)(const gw::ps::server_stats&, int workers) = nullptr) {
   using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, transport_type>;
-  options.servers = spec.count(gw::cluster::task_type::ps);
+  options.servers = spec.count(gw::cluster::task_type::ps) / (options.standby ? 2 : 1);
   options.split_bytes = 64;  // split the weight matrix over the servers
   options.timeout = std::chrono::seconds(60);
-  const int workers = spec.world_size - options.servers;
+  const int workers = spec.world_size - options.serving_ranks();
   S s(join_job(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
   if (s.is_server()) {
+    if (kill_after_ms >= 0)  // timed from the start of serving, not of the process: setup may be slow
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(kill_after_ms));
+        std::raise(SIGKILL);
+      }).detach();
     const auto st = s.serve();
     std::uint64_t max_staleness = st.staleness.empty() ? 0 : st.staleness.size() - 1;
     const std::string lost = join(std::vector<std::uint64_t>(st.lost_workers.begin(), st.lost_workers.end()));
     const std::string rejoined =
         join(std::vector<std::uint64_t>(st.rejoined_workers.begin(), st.rejoined_workers.end()));
+    const bool standby = spec.rank >= workers + options.servers;
     std::printf("rank %d: STATS resumed=%llu version=%llu applied=%llu dropped=%llu pushes=%s dropped_by=%s "
-                "max_staleness=%llu max_lead=%llu lost=%s rejoined=%s one_sided=%llu\n",
+                "max_staleness=%llu max_lead=%llu lost=%s rejoined=%s one_sided=%llu role=%s promoted=%d "
+                "promoted_at=%llu standby_lost=%d\n",
                 spec.rank, (unsigned long long)st.resumed_from, (unsigned long long)st.version,
                 (unsigned long long)st.applied, (unsigned long long)st.dropped, join(st.pushes).c_str(),
                 join(st.dropped_by).c_str(), (unsigned long long)max_staleness, (unsigned long long)st.max_lead,
-                lost.c_str(), rejoined.c_str(), (unsigned long long)st.one_sided);
+                lost.c_str(), rejoined.c_str(), (unsigned long long)st.one_sided, standby ? "standby" : "server",
+                st.promoted ? 1 : 0, (unsigned long long)st.promoted_at, st.standby_lost ? 1 : 0);
     std::uint64_t pushes = 0;
     for (auto x : st.pushes) pushes += x;
-    if (st.applied + st.dropped != pushes) fail("applied + dropped != gradients received");
+    // (A standby's applied count includes the updates it was sent before it took over.)
+    if (!standby && st.applied + st.dropped != pushes) fail("applied + dropped != gradients received");
     if (check_server) check_server(st, workers);
     std::printf("rank %d: PASS server\n", spec.rank);
     return;
@@ -190,8 +220,9 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
     }
   }
   if (!options.checkpoint_dir.empty() || p.until_applied || after < 0.2 * before)
-    std::printf("rank %d: PASS pushes=%llu loss %.4f -> %.4f lost_workers=%u\n", spec.rank, (unsigned long long)pushes,
-                before, after, s.aggregation().lost_workers());
+    std::printf("rank %d: PASS pushes=%llu loss %.4f -> %.4f lost_workers=%u failovers=%d params=%016llx\n", spec.rank,
+                (unsigned long long)pushes, before, after, s.aggregation().lost_workers(), s.aggregation().failovers(),
+                (unsigned long long)hash_of(s.parameters()));
   else
     fail("loss did not fall enough: " + std::to_string(before) + " -> " + std::to_string(after));
 }
@@ -273,8 +304,28 @@ int main(int argc, char** argv) {
       options.checkpoint_dir = arg;
       options.checkpoint_every = 5;
       run<gw::ps::sync>(spec, options, {.steps = 10});
+    } else if (mode == "failover" && argc > 4) {
+      options.standby = true;
+      options.standby_lag = 4;
+      const int victim = std::stoi(argv[3]);
+      const std::string when = argv[4];
+      if (spec.rank == victim && when.rfind("update:", 0) == 0) {
+        // The servers' learning-rate schedule runs just before each update: the victim dies there.
+        static std::uint64_t at = std::stoull(when.substr(7));
+        options.learning_rate = [](std::uint64_t, std::uint64_t) {
+          if (++calls == at) std::raise(SIGKILL);
+          return double(lr);
+        };
+      } else if (spec.rank == victim && when.rfind("ms:", 0) == 0) {
+        kill_after_ms = std::stoi(when.substr(3));
+      }
+      const plan p{.steps = 60, .pace_ms = 10};
+      if (arg == "sync") run<gw::ps::sync>(spec, options, p);
+      else if (arg == "async") run<gw::ps::async>(spec, options, p);
+      else fail("failover: sync or async");
     } else {
-      std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|rejoin K|server-loss DIR|resume DIR\n");
+      std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|rejoin K|server-loss DIR|resume DIR|"
+                           "failover sync|async VICTIM update:K|ms:D\n");
       return 2;
     }
   } catch (const std::exception& e) {

@@ -122,5 +122,72 @@ class ParameterServer(unittest.TestCase):
                 self.assertEqual(int(st["version"]), int(st["resumed"]) + 10, out)
 
 
+
+class Failover(unittest.TestCase):
+    """Servers with standbys (2 workers, 2 servers, 2 standbys: ranks 0-1, 2-3, 4-5). A server killed
+    with SIGKILL fails over to its standby; sync modes lose no update: the final parameters equal an
+    uninterrupted run's bit for bit (2 workers: a step's sum of two gradients is the same in either
+    order). The victim dies at a deterministic point (update:K, just before its K-th update) or at a
+    time (ms:D)."""
+
+    WORKERS, STEPS, LAG = 2, 60, 4  # ps_worker failover: 60 steps, ps::options::standby_lag = 4
+
+    def job(self, consistency, victim, when):
+        status, lines, out = run(self.WORKERS, 4, "failover", consistency, str(victim), when, keep_going=True)
+        if victim < 0:
+            self.assertEqual(status, 0, out)
+        for r in range(6):
+            if r != victim:
+                self.assertTrue(any("PASS" in l for l in lines.get(r, [])), f"rank {r} did not pass:\n{out}")
+        return lines, out
+
+    def worker_field(self, lines, rank, key):
+        return re.search(rf"{key}=(\S+)", " ".join(lines[rank])).group(1)
+
+    def uninterrupted(self):
+        lines, out = self.job("sync", -1, "none")
+        params = {self.worker_field(lines, w, "params") for w in range(self.WORKERS)}
+        self.assertEqual(len(params), 1, out)
+        for s in (4, 5):
+            self.assertEqual(stats(lines, s)["promoted"], "0", out)
+        return params.pop()
+
+    def test_sync_failover_loses_no_update_and_ends_bit_identical(self):
+        reference = self.uninterrupted()
+        for victim, when in ((2, "update:20"), (3, "update:45"), (2, "ms:400")):
+            with self.subTest(victim=victim, when=when):
+                lines, out = self.job("sync", victim, when)
+                for w in range(self.WORKERS):
+                    self.assertEqual(self.worker_field(lines, w, "params"), reference, out)
+                standby = stats(lines, victim + 2)
+                if when.startswith("update:"):
+                    self.assertEqual(standby["promoted"], "1", out)
+                    self.assertEqual(int(standby["promoted_at"]), int(when.split(":")[1]) - 1, out)
+                    for w in range(self.WORKERS):
+                        self.assertEqual(self.worker_field(lines, w, "failovers"), "1", out)
+                if standby["promoted"] == "1":
+                    # Every gradient applied exactly once: the standby's own and the replicated ones.
+                    self.assertEqual(int(standby["applied"]), self.STEPS * self.WORKERS, out)
+                    self.assertEqual(int(standby["version"]), self.STEPS, out)
+
+    def test_a_lost_standby_leaves_its_server_running_alone(self):
+        reference = self.uninterrupted()
+        lines, out = self.job("sync", 5, "update:10")
+        self.assertEqual(stats(lines, 3)["standby_lost"], "1", out)
+        for w in range(self.WORKERS):
+            self.assertEqual(self.worker_field(lines, w, "params"), reference, out)
+            self.assertEqual(self.worker_field(lines, w, "failovers"), "0", out)
+
+    def test_async_failover_loses_at_most_the_standby_lag(self):
+        lines, out = self.job("async", 2, "update:30")
+        standby = stats(lines, 4)
+        self.assertEqual(standby["promoted"], "1", out)
+        pushed = sum(int(self.worker_field(lines, w, "pushes")) for w in range(self.WORKERS))
+        lost = pushed - int(standby["applied"])
+        # The documented bound: the updates the standby trailed by, and each worker's push in flight.
+        self.assertGreaterEqual(lost, 0, out)
+        self.assertLessEqual(lost, self.LAG + self.WORKERS, out)
+
+
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)

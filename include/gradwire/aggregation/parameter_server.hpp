@@ -25,8 +25,10 @@
 //
 // Fault tolerance (async modes, over a transport that can tolerate a loss): a worker
 // that dies is dropped by the servers, the others go on, and the chief reports it. A lost
-// server is an error on every rank; servers checkpoint their shards every K steps and at
-// exit, and a job restarted with the same checkpoint directory resumes from them.
+// server is an error on every rank, unless it has a standby (ps::options::standby): then
+// the standby, which applied every update the server did, takes its shard over and the
+// workers switch to it (ps/replica.hpp); servers checkpoint their shards every K steps and
+// at exit, and a job restarted with the same checkpoint directory resumes from them.
 //
 // This header is the policy the user names; the per-job state is ps::agent.
 #pragma once
@@ -60,8 +62,9 @@ class parameter_server {
 
   const ps::options& options() const noexcept { return options_; }
   int servers() const noexcept { return options_.servers; }
-  bool is_server(int rank, int size) const noexcept { return rank >= size - options_.servers; }
-  int first_server(int size) const noexcept { return size - options_.servers; }
+  // Servers and their standbys (ps::options::standby) are the last ranks.
+  bool is_server(int rank, int size) const noexcept { return rank >= first_server(size); }
+  int first_server(int size) const noexcept { return size - options_.serving_ranks(); }
 
  private:
   ps::options options_;

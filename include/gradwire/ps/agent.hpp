@@ -55,8 +55,9 @@ class agent {
 
   const ps::options& options() const noexcept { return options_; }
   int servers() const noexcept { return options_.servers; }
-  bool is_server(int rank, int size) const noexcept { return rank >= size - options_.servers; }
-  int first_server(int size) const noexcept { return size - options_.servers; }
+  // Servers and their standbys (options::standby) are the last ranks.
+  bool is_server(int rank, int size) const noexcept { return rank >= first_server(size); }
+  int first_server(int size) const noexcept { return size - options_.serving_ranks(); }
 
   // A worker's view, from its latest answers (0 on a server): the servers' least version,
   // their most gradients applied, the workers lost so far, and the staleness of its latest
@@ -66,6 +67,8 @@ class agent {
   std::uint64_t applied() const noexcept { return worker_ ? worker_->applied() : 0; }
   std::uint32_t lost_workers() const noexcept { return worker_ ? worker_->lost_workers() : 0; }
   std::uint64_t last_staleness() const noexcept { return worker_ ? worker_->last_staleness() : 0; }
+  // A worker's servers that failed over to their standby so far (ps::options::standby).
+  int failovers() const noexcept { return worker_ ? worker_->failovers() : 0; }
 
   // Collective: every rank starts from the chief's parameters (rank 0, a worker); servers
   // expose their windows; then each worker pulls from the servers, which may have resumed
@@ -76,15 +79,18 @@ class agent {
                   "aggregation::parameter_server needs a transport with wait_any (asio_tcp, ucx, inproc)");
     const int n = comm.size(), me = comm.rank();
     rank_ = me;
-    if (options_.servers < 1 || options_.servers >= n)
-      throw error(errc::config, "parameter_server: " + std::to_string(options_.servers) + " server(s) in a job of " +
+    if (options_.servers < 1 || options_.serving_ranks() >= n)
+      throw error(errc::config, "parameter_server: " + std::to_string(options_.servers) + " server(s)" +
+                                    (options_.standby ? " and as many standbys" : "") + " in a job of " +
                                     std::to_string(n) + " ranks: a job needs at least one server and one worker "
-                                    "(launch with --ps N, or a TF_CONFIG with a \"ps\" list)");
+                                    "(launch with --ps N, or a TF_CONFIG with a \"ps\" list; with standbys, N is "
+                                    "twice the servers)");
+    check_standby(comm);
     // b backups of W workers: a step closes after W - b gradients, so b >= W would make
     // steps of one gradient (the server's floor) where the user asked for a synchronous mode.
-    if (Mode::backups > 0 && Mode::backups >= n - options_.servers)
+    if (Mode::backups > 0 && Mode::backups >= first_server(n))
       throw error(errc::config, "parameter_server: ps::backup_workers<" + std::to_string(Mode::backups) + "> in a job of " +
-                                    std::to_string(n - options_.servers) + " worker(s): a step closes after the first " +
+                                    std::to_string(first_server(n)) + " worker(s): a step closes after the first " +
                                     "workers - b gradients, so b must be below the number of workers");
     if (options_.timeout.count() <= 0)
       throw error(errc::config, "parameter_server: ps::options::timeout = " + std::to_string(options_.timeout.count()) +
@@ -113,6 +119,10 @@ class agent {
     }
     broadcast_chiefs(comm, params);
     if constexpr (concepts::loss_tolerant_transport<Tr>)
+      if (options_.standby)  // a server or a standby may be lost: the others go on
+        for (int r = first_server(n); r < n; ++r)
+          if (r != me) comm.transport().tolerate_loss(r);
+    if constexpr (concepts::loss_tolerant_transport<Tr>)
       if (Mode::on_arrival && concepts::tolerates_loss(comm.transport()))  // async: workers may die; servers never
         for (int r = 0; r < first_server(n); ++r) {
           if (r == me) continue;
@@ -125,8 +135,8 @@ class agent {
           comm.transport().tolerate_loss(r);
         }
     if (is_server(me, n)) {
-      if constexpr (concepts::one_sided_transport<Tr>)
-        if (shards_.elements(me - first_server(n)) > 0)
+      if constexpr (concepts::one_sided_transport<Tr>)  // servers only: workers reach standbys by message
+        if (me - first_server(n) < options_.servers && shards_.elements(me - first_server(n)) > 0)
           window_ = server_window<V, Tr>::expose(comm, shards_.elements(me - first_server(n)), first_server(n),
                                                  deadline_after(options_.timeout));
       return;
@@ -180,6 +190,17 @@ class agent {
                                               " before setup (strategy<> sets its aggregation up when it is built)");
     throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(rank_) + " is a server: call serve() "
                                         "on it instead of step() (" + what + " is for the workers)");
+  }
+
+  // Standbys need a transport that survives a lost peer (the server they replace).
+  void check_standby(communicator_type& comm) const {
+    if (!options_.standby) return;
+    if (!concepts::tolerates_loss(comm.transport()))
+      throw error(errc::config, "parameter_server: ps::options::standby needs a transport that survives a lost peer "
+                                "(asio_tcp, ucx); this one ends the job when a rank is lost");
+    if (options_.standby_lag < 1)
+      throw error(errc::config, "parameter_server: ps::options::standby_lag = 0: a standby must be allowed to trail "
+                                "its server by at least 1 update (the one in flight)");
   }
 
   // Whether this process replaces a lost worker of a running asynchronous job (its

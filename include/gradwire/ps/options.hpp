@@ -12,7 +12,17 @@
 namespace gradwire::ps {
 
 struct options {
-  int servers = 1;  // the last `servers` ranks serve
+  int servers = 1;  // the last `servers` ranks serve (the last 2 * servers with standbys)
+  // Failover: each server has a standby rank that applies every update its server applies
+  // and takes the shard over when the server is lost, without a restart (ps/replica.hpp).
+  // Ranks: workers, then the servers, then their standbys in the same order. Needs a
+  // transport that survives a lost peer (asio_tcp, ucx).
+  bool standby = false;
+  // Async modes: how many updates a standby may trail its server by; a server that gets
+  // that far ahead waits for its standby. Those updates (at most this many) and each
+  // worker's push in flight are what a failover loses. Sync modes lose none: a step's
+  // pulls are answered only once the standby has its update.
+  std::uint32_t standby_lag = 8;
   // Tensors larger than this are split over the servers (TensorFlow's partitioners
   // default to a 256 KiB minimum slice).
   std::size_t split_bytes = std::size_t{256} << 10;
@@ -33,6 +43,9 @@ struct options {
   // GRADWIRE_LOG says) by the chief and by each server that drops it; false: only at
   // GRADWIRE_LOG=info.
   bool report = true;
+
+  // The ranks that serve: the servers and their standbys (the last of the job's ranks).
+  int serving_ranks() const noexcept { return standby ? 2 * servers : servers; }
 };
 
 }  // namespace gradwire::ps

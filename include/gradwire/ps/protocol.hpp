@@ -21,6 +21,10 @@ namespace gradwire::ps::detail {
 inline constexpr std::uint64_t tag_base = std::uint64_t{0xF5} << 40;
 inline constexpr std::uint64_t request_tag = tag_base | 1, gradient_tag = tag_base | 2, reply_tag = tag_base | 3;
 inline constexpr std::uint64_t window_size_tag = tag_base | 4, window_key_tag = tag_base | 5;
+// Server -> its standby (replica.hpp): each update's header, then its gradient; standby ->
+// server: the acknowledgement of each update it applied.
+inline constexpr std::uint64_t replica_tag = tag_base | 6, replica_gradient_tag = tag_base | 7,
+                               replica_ack_tag = tag_base | 8;
 
 // request_header::flags. push: the gradient is already in the worker's landing zone of
 // the server's window; pull: answer with the reply header only, the worker gets the
@@ -105,6 +109,74 @@ inline reply_header decode_reply(std::span<const std::byte> bytes, int server, s
     throw bad("a reply that counts " + std::to_string(h.lost) + " lost worker(s), the latest rank " +
               std::to_string(h.last_lost) + ", in a job of " + std::to_string(workers) + " worker(s)");
   return h;
+}
+
+enum class replica_kind : std::uint32_t { update = 1, done = 2 };
+
+// Server -> standby, before an update's gradient: the server's counters before the update
+// (the learning-rate schedule's inputs) and after it, and the gradient's factor. `done`:
+// the server finished (its workers are done); no gradient follows.
+struct replica_header {
+  replica_kind kind{};
+  std::uint32_t reserved = 0;
+  double scale = 0;
+  std::uint64_t version = 0, updates = 0, applied = 0;  // before
+  std::uint64_t next_version = 0, next_applied = 0;     // after (updates + 1 after)
+};
+// Standby -> server: it applied the update that took the server to `updates` updates and `version`.
+struct replica_ack {
+  std::uint64_t version = 0, updates = 0;
+};
+static_assert(sizeof(replica_header) == 56 && sizeof(replica_ack) == 16);
+
+// An update's header as standby rank `standby` received it from server rank `server`,
+// checked before the standby applies it: the stream is in order (the next update after
+// the standby's `updates`), counters that never go back, and a positive finite factor.
+// errc::protocol naming both otherwise.
+inline replica_header decode_replica_header(std::span<const std::byte> bytes, int standby, int server,
+                                            std::uint64_t version, std::uint64_t updates, std::uint64_t applied) {
+  auto bad = [&](const std::string& what) {
+    return error(errc::protocol, "parameter server standby rank " + std::to_string(standby) + ": server rank " +
+                                     std::to_string(server) + " sent " + what +
+                                     "; do all ranks run the same gradwire build?");
+  };
+  if (bytes.size() != sizeof(replica_header))
+    throw bad("a " + std::to_string(bytes.size()) + "-byte update header (expected " +
+              std::to_string(sizeof(replica_header)) + ")");
+  replica_header h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (h.kind == replica_kind::done) {
+    if (h.reserved != 0 || h.scale != 0 || h.updates != 0 || h.next_version != 0)
+      throw bad("an end of updates with fields set");
+    return h;
+  }
+  if (h.kind != replica_kind::update || h.reserved != 0)
+    throw bad("an unknown update kind " + std::to_string(static_cast<std::uint32_t>(h.kind)));
+  if (!(h.scale > 0 && h.scale <= 1e300))
+    throw bad("an update with the factor " + std::to_string(h.scale));
+  if (h.updates != updates || h.version < version || h.applied < applied || h.next_version < h.version ||
+      h.next_applied < h.applied)
+    throw bad("update " + std::to_string(h.updates + 1) + " (version " + std::to_string(h.version) + " -> " +
+              std::to_string(h.next_version) + ", applied " + std::to_string(h.applied) + " -> " +
+              std::to_string(h.next_applied) + ") after update " + std::to_string(updates) + " at version " +
+              std::to_string(version));
+  return h;
+}
+
+// A standby's acknowledgement as server rank `server` received it from standby rank
+// `standby`: the next update the server is waiting for (updates `acked` + 1, at most
+// `replicated`). errc::protocol otherwise.
+inline replica_ack decode_replica_ack(std::span<const std::byte> bytes, int server, int standby, std::uint64_t acked,
+                                      std::uint64_t replicated) {
+  replica_ack a;
+  if (bytes.size() == sizeof a) std::memcpy(&a, bytes.data(), sizeof a);
+  if (bytes.size() != sizeof a || a.updates <= acked || a.updates > replicated)
+    throw error(errc::protocol, "parameter server rank " + std::to_string(server) + ": standby rank " +
+                                    std::to_string(standby) + " acknowledged update " + std::to_string(a.updates) +
+                                    " in a " + std::to_string(bytes.size()) + "-byte message after update " +
+                                    std::to_string(acked) + " of " + std::to_string(replicated) +
+                                    " sent; do all ranks run the same gradwire build?");
+  return a;
 }
 
 // A reply is one message, [reply_header][parameters]: a buffer of V that holds it keeps

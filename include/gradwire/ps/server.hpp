@@ -6,6 +6,11 @@
 // due, until every worker has finished or was lost. Sync modes sum a step's gradients and
 // apply their mean when the step is full (close_step_if_full); async modes apply each on
 // arrival and record its staleness and update lag.
+//
+// With standbys (options::standby), a server sends every update it applies to its standby
+// (replica.hpp), and a standby rank runs the same class: it follows its server's updates
+// (follow) until the server finishes, or takes the shard over when it is lost (promote)
+// and then serves the workers as its server did.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +32,7 @@
 #include "../timeouts.hpp"
 #include "options.hpp"
 #include "protocol.hpp"
+#include "replica.hpp"
 #include "sharding.hpp"
 #include "stats.hpp"
 #include "windows.hpp"
@@ -63,16 +69,19 @@ class server {
       : comm_(comm),
         t_(comm.transport()),
         options_(o),
-        index_(comm.rank() - (comm.size() - o.servers)),
-        workers_(comm.size() - o.servers),
+        index_((comm.rank() - (comm.size() - o.serving_ranks())) % o.servers),
+        workers_(comm.size() - o.serving_ranks()),
+        server_rank_(workers_ + index_),
+        is_standby_(o.standby && comm.rank() != server_rank_),
         pieces_(shards.shard(index_)),
         elements_(shards.elements(index_)),
-        who_("parameter server rank " + std::to_string(comm.rank())),
+        who_(std::string(is_standby_ ? "parameter server standby rank " : "parameter server rank ") +
+             std::to_string(comm.rank())),
         scheduled_(optimizer),
         incoming_(elements_),
         sum_(Mode::on_arrival ? 0 : elements_),
         slots_(static_cast<std::size_t>(workers_)),
-        pending_(static_cast<std::size_t>(workers_)),
+        pending_(static_cast<std::size_t>(workers_) + 1),
         active_(workers_) {
     for (const auto& p : pieces_) {
       shard_.tensors.emplace_back(params[p.tensor].data() + p.begin, p.size());
@@ -84,6 +93,9 @@ class server {
     if (!checkpoint_.empty() && std::filesystem::exists(checkpoint_))
       stats_.resumed_from = stats_.version = load_checkpoint(checkpoint_, shard_);
     saved_at_ = stats_.version;
+    if (o.standby && !is_standby_)
+      replica_ = detail::replica_link<V, Tr>(t_, server_rank_, server_rank_ + o.servers, elements_, o.standby_lag,
+                                             stats_.version, o.timeout);
     stats_.pushes.assign(static_cast<std::size_t>(workers_), 0);
     stats_.dropped_by.assign(static_cast<std::size_t>(workers_), 0);
     for (int w = 0; w < workers_; ++w) {
@@ -103,6 +115,7 @@ class server {
   // Serves until every worker has finished or was lost; then writes the final checkpoint
   // and returns what it saw.
   server_stats run() {
+    if (is_standby_ && !follow()) return stats_;  // its server finished: so has the standby
     observe::log_info(comm_.rank(), comm_.size(), "parameter server (", Mode::name, ") for ", workers_,
                       " worker(s): shard of ", elements_, " elements in ", pieces_.size(), " piece(s)",
                       stats_.resumed_from ? ", resumed from version " : "",
@@ -110,6 +123,11 @@ class server {
     for (int w = 0; w < workers_; ++w) post_control(w);
     while (active_ > 0) {
       const int w = next_request();
+      if (w == workers_) {
+        replica_.on_ack();
+        answer_pulls();
+        continue;
+      }
       try {
         on_request(w);
       } catch (const error& e) {
@@ -119,6 +137,8 @@ class server {
       if (options_.checkpoint_every > 0 && stats_.version >= saved_at_ + options_.checkpoint_every) save();
     }
     drain_replies();
+    replica_.finish();
+    stats_.standby_lost = replica_.standby_lost();
     save();
     observe::log_info(comm_.rank(), comm_.size(), "parameter server done: version ", stats_.version, ", ",
                       stats_.updates, " updates, ", stats_.applied, " gradients applied, ", stats_.dropped,
@@ -173,10 +193,11 @@ class server {
     slot.control = t_.async_recv(w, detail::request_tag, detail::writable_bytes_of(slot.header));
   }
 
-  // The worker whose request arrived first.
+  // The worker whose request arrived first; workers_ for the standby's acknowledgement.
   int next_request() {
     for (int w = 0; w < workers_; ++w)
       pending_[static_cast<std::size_t>(w)] = slot_of(w).live || slot_of(w).lost ? &slot_of(w).control : nullptr;
+    pending_[static_cast<std::size_t>(workers_)] = replica_.ack_request();
     try {
       return static_cast<int>(t_.wait_any(pending_, wait_deadline()));
     } catch (const error& e) {
@@ -237,8 +258,9 @@ class server {
   }
 
   // A tagged push's gradient, received now (a one-sided one is already in the window).
-  void receive_gradient(int w, std::span<V> into) {
-    auto r = t_.async_recv(w, detail::gradient_tag, std::as_writable_bytes(into));
+  void receive_gradient(int w, std::span<V> into) { receive_from(w, detail::gradient_tag, into); }
+  void receive_from(int rank, std::uint64_t tag, std::span<V> into) {
+    auto r = t_.async_recv(rank, tag, std::as_writable_bytes(into));
     t_.wait(r, wait_deadline());
   }
 
@@ -250,10 +272,16 @@ class server {
     slot.staleness = stats_.version - std::min(stats_.version, h.version);
     detail::record(stats_.staleness, slot.staleness);
     detail::record(stats_.update_lag, lag);
-    apply(in_window ? slot.window_gradient : std::span<const V>(incoming_),
-          options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1));
+    const std::span<const V> gradient = in_window ? slot.window_gradient : std::span<const V>(incoming_);
+    const V scale = options_.staleness_aware_lr ? V(1) / static_cast<V>(std::max<std::uint64_t>(1, lag)) : V(1);
+    const auto before = counters();
+    apply(gradient, scale);
     ++stats_.applied;
     advance_clock();
+    if (replica_.active()) {
+      std::ranges::copy(gradient, replica_.next_buffer().begin());
+      replicate(before, scale);
+    }
   }
 
   // Sync modes: a gradient for a step that has closed is taken off the wire and counted.
@@ -332,11 +360,77 @@ class server {
     if constexpr (!Mode::on_arrival) {
       const auto needed = static_cast<std::size_t>(std::max(1, active_ - Mode::backups));
       if (in_step_ == 0 || in_step_ < needed) return;
-      apply(sum_, V(1) / static_cast<V>(in_step_));
-      std::fill(sum_.begin(), sum_.end(), V(0));
+      const V scale = V(1) / static_cast<V>(in_step_);
+      const auto before = counters();
+      apply(sum_, scale);
       in_step_ = 0;
       ++stats_.version;
+      if (replica_.active()) {  // the step's sum goes to the standby; the buffer it leaves is the next sum
+        std::swap(sum_, replica_.next_buffer());
+        replicate(before, scale);
+      }
+      std::fill(sum_.begin(), sum_.end(), V(0));
     }
+  }
+
+  // The counters an update changes: what replicate() tells the standby they were before it.
+  detail::replica_header counters() const {
+    detail::replica_header h{detail::replica_kind::update};
+    h.version = stats_.version;
+    h.updates = stats_.updates;
+    h.applied = stats_.applied;
+    return h;
+  }
+
+  // Sends the update just applied (its gradient is in the replica's next buffer) to the standby.
+  void replicate(detail::replica_header h, V scale) {
+    h.scale = static_cast<double>(scale);
+    h.next_version = stats_.version;
+    h.next_applied = stats_.applied;
+    replica_.send(h);
+  }
+
+  // A standby: applies its server's updates as they come, each acknowledged, until the
+  // server finishes (false) or is lost (true: this rank now serves the shard).
+  bool follow() {
+    detail::replica_header h;
+    detail::replica_ack ack;
+    typename Tr::request ack_send;
+    try {
+      for (;;) {
+        auto header = t_.async_recv(server_rank_, detail::replica_tag, detail::writable_bytes_of(h));
+        t_.wait(header, wait_deadline());
+        h = detail::decode_replica_header(detail::bytes_of(h), comm_.rank(), server_rank_, stats_.version,
+                                          stats_.updates, stats_.applied);
+        if (h.kind == detail::replica_kind::done) break;
+        receive_from(server_rank_, detail::replica_gradient_tag, incoming_);
+        stats_.version = h.version;
+        stats_.applied = h.applied;
+        apply(incoming_, static_cast<V>(h.scale));  // the same lr schedule inputs and factor as the server's
+        stats_.version = h.next_version;
+        stats_.applied = h.next_applied;
+        if (ack_send) t_.wait(ack_send, wait_deadline());
+        ack = {stats_.version, stats_.updates};
+        ack_send = t_.async_send(server_rank_, detail::replica_ack_tag, detail::bytes_of(ack));
+      }
+      if (ack_send) t_.wait(ack_send, wait_deadline());
+      return false;
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost) throw;
+      promote(e);
+      return true;
+    }
+  }
+
+  // The server was lost: this standby serves its shard from the last update it applied.
+  // Each worker's clock starts there; sync workers resend the step's gradient (a step the
+  // standby already closed drops it), async workers pull first.
+  void promote(const error& e) {
+    stats_.promoted = true;
+    stats_.promoted_at = stats_.version;
+    for (auto& slot : slots_) slot.clock = stats_.version;
+    observe::log_warning(comm_.rank(), comm_.size(), who_, ": server rank ", server_rank_, " was lost (", e.details(),
+                         "); serving its shard from version ", stats_.version, " after ", stats_.updates, " updates");
   }
 
   // A worker's request failed. Async modes over a transport that tolerates the loss drop
@@ -382,8 +476,8 @@ class server {
     if constexpr (Mode::on_arrival) {
       const std::uint64_t lead = slot.clock - std::min(slot.clock, stats_.version);
       return Mode::max_lead < 0 || lead <= static_cast<std::uint64_t>(Mode::max_lead);
-    } else {
-      return stats_.version >= slot.pull_least;
+    } else {  // with a standby, once it has the current version: no worker holds parameters it lacks
+      return stats_.version >= slot.pull_least && (!replica_.active() || replica_.acked_version() >= stats_.version);
     }
   }
 
@@ -445,6 +539,8 @@ class server {
   Tr& t_;
   const options& options_;
   const int index_, workers_;  // this server's index among the servers; the workers: ranks [0, workers_)
+  const int server_rank_;      // the rank of server index_ (this rank, or the one a standby follows)
+  const bool is_standby_;
   std::span<const piece> pieces_;
   const std::size_t elements_;
   const std::string who_;
@@ -458,7 +554,8 @@ class server {
   std::vector<V> incoming_, sum_;
   std::size_t in_step_ = 0;  // gradients summed into the open step
   std::vector<worker_slot> slots_;
-  std::vector<typename Tr::request*> pending_;
+  std::vector<typename Tr::request*> pending_;  // [worker], then the standby's acknowledgement
+  detail::replica_link<V, Tr> replica_;          // a server's standby (inactive without one)
   int active_;  // live workers
 };
 

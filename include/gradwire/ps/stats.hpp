@@ -23,6 +23,12 @@ struct server_stats {
   std::vector<int> lost_workers;                // ranks dropped after their loss (async modes), each time
   std::vector<int> rejoined_workers;            // ranks whose replacement process was taken back, each time
   std::uint64_t max_lead = 0;                   // largest clock lead of a worker whose pull was answered
+  // Failover (ps::options::standby). A standby that took its lost server's shard over:
+  // promoted, at that version (before it, the counters above are the server's, as
+  // replicated). A server whose standby was lost goes on unreplicated: standby_lost.
+  bool promoted = false;
+  std::uint64_t promoted_at = 0;
+  bool standby_lost = false;
 };
 
 // Quantile of a histogram (counts per value); 0 for an empty one.

@@ -8,6 +8,11 @@
 // server (windows.hpp) the pieces are put straight from the gradient tensors into the
 // server's window, and the push header follows once the puts are done: at the next
 // shard's push or at finish_step(), so ready() never waits for its own puts.
+//
+// With standbys (options::standby), a server that is lost fails over: the worker sends
+// that server's requests to its standby from then on (fail_over), resends the step's
+// gradient in sync modes (the standby drops it if the step closed with it) and pulls
+// again (recover).
 #pragma once
 
 #include <algorithm>
@@ -35,16 +40,20 @@
 namespace gradwire::ps {
 
 namespace detail {
-// A lost server is fatal to the job: say what to do about it.
+// A lost server without a standby is fatal to the job: say what to do about it.
+inline error server_loss(const error& e) {
+  return error(errc::peer_lost, "parameter_server: " + e.details() +
+                                    " (a parameter server or the job failed; restart the job with the same "
+                                    "checkpoint directory to resume from the servers' last checkpoints, or run "
+                                    "servers with standbys: ps::options::standby)");
+}
 template <class F>
 void rethrow_server_loss(F&& f) {
   try {
     f();
   } catch (const error& e) {
     if (e.kind() != errc::peer_lost) throw;
-    throw error(errc::peer_lost, "parameter_server: " + e.details() +
-                                     " (a parameter server or the job failed; restart the job with the same "
-                                     "checkpoint directory to resume from the servers' last checkpoints)");
+    throw server_loss(e);
   }
 }
 }  // namespace detail
@@ -55,12 +64,14 @@ class worker {
  public:
   using communicator_type = collective::communicator<Tr>;
 
-  // `first_server`: the rank of server 0 (the servers are the last ranks).
+  // `first_server`: the rank of server 0 (the servers, then their standbys, are the last ranks).
   worker(const options& o, sharding shards, int first_server)
       : timeout_(o.timeout), report_(o.report), first_server_(first_server), shards_(std::move(shards)) {
     links_.resize(static_cast<std::size_t>(shards_.servers()));
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
+      l.rank = first_server + s;
+      l.standby = o.standby ? first_server + o.servers + s : -1;
       l.gradient = aligned_buffer<V>(shards_.elements(s));
       l.reply = aligned_buffer<V>(detail::reply_header_elements<V> + shards_.elements(s));
     }
@@ -69,6 +80,8 @@ class worker {
     waiting_.assign(links_.size(), 0);
   }
 
+  // Servers that failed over to their standby so far.
+  int failovers() const noexcept { return failovers_; }
   // From the latest answers: the servers' least version and most gradients applied, the
   // workers lost so far, and the staleness of this worker's latest gradient (the largest
   // over the servers; 0 in sync modes).
@@ -164,33 +177,42 @@ class worker {
 
   // --- non-blocking push and pull, for overlapping them with compute by hand --------
 
+  // A request to server s, as sent to `rank` (the server, or its standby after a failover).
+  struct sent {
+    int server = 0, rank = 0;
+    typename Tr::request request;
+  };
+
   class push_handle {
    public:
-    push_handle(communicator_type& comm, std::vector<typename Tr::request> sends, deadline until)
-        : comm_(&comm), sends_(std::move(sends)), until_(until) {}
+    push_handle(worker& w, communicator_type& comm, std::vector<sent> sends, deadline until)
+        : worker_(&w), comm_(&comm), sends_(std::move(sends)), until_(until) {}
     void wait() {
-      for (auto& r : sends_)
-        if (r) detail::rethrow_server_loss([&] { comm_->transport().wait(r, until_); });
-      sends_.clear();
+      worker_->wait_all(*comm_, sends_, until_);
+      worker_->recover(*comm_, /*pulling=*/false);
     }
 
    private:
+    worker* worker_;
     communicator_type* comm_;
-    std::vector<typename Tr::request> sends_;
+    std::vector<sent> sends_;
     deadline until_;
   };
 
   class pull_handle {
    public:
-    pull_handle(worker& w, communicator_type& comm, std::span<const std::span<V>> params,
-                std::vector<typename Tr::request> requests, deadline until)
+    pull_handle(worker& w, communicator_type& comm, std::span<const std::span<V>> params, std::vector<sent> requests,
+                deadline until)
         : worker_(&w), comm_(&comm), params_(params), requests_(std::move(requests)), until_(until) {}
-    // Waits for every server's answer and writes the parameters into place.
+    // Waits for every server's answer (a standby's, for a server that failed over) and
+    // writes the parameters into place.
     void wait() {
-      for (auto& r : requests_)
-        if (r) detail::rethrow_server_loss([&] { comm_->transport().wait(r, until_); });
-      requests_.clear();
-      if constexpr (concepts::one_sided_transport<Tr>) worker_->get_parameters(*comm_, params_, until_);
+      worker_->wait_all(*comm_, requests_, until_);
+      worker_->recover(*comm_, /*pulling=*/true);
+      if constexpr (concepts::one_sided_transport<Tr>) {
+        worker_->get_parameters(*comm_, params_, until_);
+        worker_->recover(*comm_, /*pulling=*/true);  // a server lost before its parameters were got
+      }
       worker_->take_replies(*comm_, params_);
     }
 
@@ -198,7 +220,7 @@ class worker {
     worker* worker_;
     communicator_type* comm_;
     std::span<const std::span<V>> params_;
-    std::vector<typename Tr::request> requests_;
+    std::vector<sent> requests_;
     deadline until_;
   };
 
@@ -208,28 +230,18 @@ class worker {
   push_handle push(communicator_type& comm, std::span<const std::span<const V>> grads) {
     if (in_step_) throw error(errc::invalid_argument, "parameter_server: push() inside a step (finish it first)");
     ++clock_;
+    grads_.assign(grads.begin(), grads.end());  // a failover resends from them (valid until the handle waits)
     for (int s = 0; s < shards_.servers(); ++s)
       if (shards_.elements(s) > 0) start_push(comm, s, grads);
     send_push_headers(comm);
-    return push_handle(comm, std::exchange(sends_, {}), deadline_after(timeout_));
+    return push_handle(*this, comm, std::exchange(sends_, {}), deadline_after(timeout_));
   }
 
   pull_handle pull(communicator_type& comm, std::span<const std::span<V>> params) {
-    auto& t = comm.transport();
-    std::vector<typename Tr::request> requests;
+    std::vector<sent> requests;
     requests.reserve(2 * links_.size());
-    for (int s = 0; s < shards_.servers(); ++s) {
-      const std::size_t elements = shards_.elements(s);
-      if (elements == 0) continue;
-      auto& l = link_to(s);
-      const bool windowed = l.remote.has_value();
-      // Sync modes: the step after the one this worker's gradient went into.
-      const std::uint64_t wanted = (!Mode::on_arrival && clock_ > 0) ? l.version + 1 : 0;
-      l.pull = {detail::request_kind::pull, windowed ? detail::in_window : 0, wanted, clock_, 0};
-      const auto reply = l.reply.span().first(detail::reply_header_elements<V> + (windowed ? 0 : elements));
-      requests.push_back(t.async_recv(first_server_ + s, detail::reply_tag, std::as_writable_bytes(reply)));
-      requests.push_back(t.async_send(first_server_ + s, detail::request_tag, detail::bytes_of(l.pull)));
-    }
+    for (int s = 0; s < shards_.servers(); ++s)
+      if (shards_.elements(s) > 0) start_pull(comm, s, requests);
     return pull_handle(*this, comm, params, std::move(requests), deadline_after(timeout_));
   }
 
@@ -240,16 +252,32 @@ class worker {
     finished_ = true;
     if (in_step_) complete_pushes(comm);
     auto& t = comm.transport();
-    std::vector<typename Tr::request> sends;
+    std::vector<sent> sends, to_standbys;
     const detail::request_header done{detail::request_kind::done, 0, 0, clock_, 0};
-    for (int s = 0; s < shards_.servers(); ++s)
-      sends.push_back(t.async_send(first_server_ + s, detail::request_tag, detail::bytes_of(done)));
-    for (auto& r : sends) t.wait(r, deadline_after(std::chrono::seconds(10)));
+    for (int s = 0; s < shards_.servers(); ++s) {
+      const auto& l = link_to(s);
+      sends.push_back({s, l.rank, t.async_send(l.rank, detail::request_tag, detail::bytes_of(done))});
+      // A standby that takes over after this worker finished must not wait for it.
+      if (l.standby >= 0)
+        to_standbys.push_back({s, l.standby, t.async_send(l.standby, detail::request_tag, detail::bytes_of(done))});
+    }
+    wait_all(comm, sends, deadline_after(std::chrono::seconds(10)));
+    for (auto& q : to_standbys) {  // best effort: a standby ends with its server, maybe before this arrives
+      try {
+        t.wait(q.request, deadline_after(std::chrono::seconds(10)));
+      } catch (const error& e) {
+        if (e.kind() != errc::peer_lost) throw;
+      }
+    }
   }
 
  private:
   // What this worker keeps per server, allocated once.
   struct link {
+    int rank = 0;                // the server's rank; its standby's after a failover
+    int standby = -1;            // its standby's rank, until it fails over to it (-1: none)
+    bool recovering = false;     // failed over while a pull to the lost server was due: pull again
+    bool pulling = false;        // a pull is in flight or its reply not yet taken
     aligned_buffer<V> gradient;  // a tagged push's pieces, gathered
     aligned_buffer<V> reply;     // [reply header][shard parameters], as the server sends it
     detail::request_header push, pull;
@@ -272,7 +300,7 @@ class worker {
   void start_push(communicator_type& comm, int s, std::span<const std::span<const V>> grads) {
     auto& t = comm.transport();
     auto& l = link_to(s);
-    const int server = first_server_ + s;
+    const int server = l.rank;
     if constexpr (concepts::one_sided_transport<Tr>) {
       if (l.remote && l.taken_clock >= l.put_clock) {
         std::size_t at = zones(s).gradient(comm.rank());
@@ -288,11 +316,96 @@ class worker {
       }
     }
     l.push = {detail::request_kind::push, 0, l.version, clock_, l.updates};
-    sends_.push_back(t.async_send(server, detail::request_tag, detail::bytes_of(l.push)));
+    sends_.push_back({s, server, t.async_send(server, detail::request_tag, detail::bytes_of(l.push))});
     V* out = l.gradient.data();
     for (const auto& p : shards_.shard(s)) out = std::copy_n(grads[p.tensor].data() + p.begin, p.size(), out);
-    sends_.push_back(t.async_send(server, detail::gradient_tag,
-                                  std::as_bytes(l.gradient.span().first(shards_.elements(s)))));
+    sends_.push_back({s, server, t.async_send(server, detail::gradient_tag,
+                                              std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
+  }
+
+  // Server s's pull: its reply header (and parameters, without a window) into l.reply.
+  void start_pull(communicator_type& comm, int s, std::vector<sent>& requests) {
+    auto& t = comm.transport();
+    auto& l = link_to(s);
+    const bool windowed = l.remote.has_value();
+    // Sync modes: the step after the one this worker's gradient went into.
+    const std::uint64_t wanted = (!Mode::on_arrival && clock_ > 0) ? l.version + 1 : 0;
+    l.pull = {detail::request_kind::pull, windowed ? detail::in_window : 0, wanted, clock_, 0};
+    l.pulling = true;
+    l.recovering = false;  // this pull goes to the shard's current rank
+    const auto reply = l.reply.span().first(detail::reply_header_elements<V> + (windowed ? 0 : shards_.elements(s)));
+    requests.push_back({s, l.rank, t.async_recv(l.rank, detail::reply_tag, std::as_writable_bytes(reply))});
+    requests.push_back({s, l.rank, t.async_send(l.rank, detail::request_tag, detail::bytes_of(l.pull))});
+  }
+
+  // Waits for each request; a server lost on the way fails over (when it has a standby),
+  // and a request to a server that already failed over is moot. Empties `requests`.
+  void wait_all(communicator_type& comm, std::vector<sent>& requests, deadline until) {
+    for (auto& q : requests)
+      if (q.request) wait_for(comm, q.server, q.rank, q.request, until);
+    requests.clear();
+  }
+  bool wait_for(communicator_type& comm, int s, int rank, typename Tr::request& r, deadline until) {
+    try {
+      comm.transport().wait(r, until);
+      return true;
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost) throw;
+      auto& l = link_to(s);
+      if (rank != l.rank) return false;  // its server was lost, and the shard has failed over already
+      if (l.standby < 0) throw detail::server_loss(e);
+      fail_over(comm, s, e);
+      return false;
+    }
+  }
+
+  // Server s was lost: its standby serves the shard from now on, by messages. A sync
+  // step's gradient that the server may not have closed a step with is resent at once
+  // (the standby drops it if it has that step's update; it cannot have it otherwise, as
+  // it only learns of gradients through updates), so that the pull that follows can be answered.
+  void fail_over(communicator_type& comm, int s, const error& e) {
+    auto& l = link_to(s);
+    observe::log_warning(comm.rank(), comm.size(), "parameter_server: server rank ", l.rank, " was lost (", e.details(),
+                         "); its shard fails over to standby rank ", l.standby);
+    l.rank = std::exchange(l.standby, -1);
+    l.remote.reset();
+    l.recovering = true;
+    ++failovers_;
+    if (Mode::on_arrival || l.taken_clock >= l.push.clock || l.push.clock == 0) return;
+    V* out = l.gradient.data();  // a one-sided push left it in the tensors: gather it
+    if ((l.push.flags & detail::in_window) != 0)
+      for (const auto& p : shards_.shard(s)) out = std::copy_n(grads_[p.tensor].data() + p.begin, p.size(), out);
+    l.push.flags = 0;
+    auto& t = comm.transport();
+    std::vector<sent> resend;
+    resend.push_back({s, l.rank, t.async_send(l.rank, detail::request_tag, detail::bytes_of(l.push))});
+    resend.push_back({s, l.rank, t.async_send(l.rank, detail::gradient_tag,
+                                              std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
+    for (auto& q : resend) detail::rethrow_server_loss([&] { t.wait(q.request, deadline_after(timeout_)); });
+  }
+
+  // After a failover: the pull of a shard whose server was lost is asked of its standby
+  // (`pulling`: the caller takes the replies next), or, in async modes outside a pull,
+  // the standby's counters are fetched so that the next push carries its version.
+  void recover(communicator_type& comm, bool pulling) {
+    std::vector<sent> requests;
+    std::vector<int> counters_of;
+    for (int s = 0; s < shards_.servers(); ++s) {
+      auto& l = link_to(s);
+      if (!l.recovering || (!pulling && l.pulling)) continue;  // a pull in flight recovers it when waited for
+      l.recovering = false;
+      if (!pulling && !Mode::on_arrival) continue;  // sync: the next pull asks the standby
+      start_pull(comm, s, requests);  // sync: the same step the lost pull waited for
+      if (!pulling) counters_of.push_back(s);
+    }
+    for (auto& q : requests) detail::rethrow_server_loss([&] { comm.transport().wait(q.request, deadline_after(timeout_)); });
+    for (int s : counters_of) {
+      auto& l = link_to(s);
+      const auto h = detail::decode_reply(std::as_bytes(l.reply.span()), l.rank, l.pull.version, first_server_);
+      l.version = h.version;
+      l.updates = h.updates;
+      l.pulling = false;
+    }
   }
 
   // Sends the headers held back for one-sided pushes (but server `except`'s), each once
@@ -303,20 +416,19 @@ class worker {
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
       if (!l.header_held || s == except) continue;
-      for (auto& r : l.puts) detail::rethrow_server_loss([&] { t.wait(r, until); });
+      bool in_memory = true;
+      for (auto& r : l.puts) in_memory = in_memory && wait_for(comm, s, l.rank, r, until);
       l.puts.clear();
       l.header_held = false;
-      sends_.push_back(t.async_send(first_server_ + s, detail::request_tag, detail::bytes_of(l.push)));
+      if (in_memory) sends_.push_back({s, l.rank, t.async_send(l.rank, detail::request_tag, detail::bytes_of(l.push))});
     }
   }
 
   // Every push of this step is sent (its buffers free for the next).
   void complete_pushes(communicator_type& comm) {
     send_push_headers(comm);
-    const auto until = deadline_after(timeout_);
-    for (auto& r : sends_)
-      if (r) detail::rethrow_server_loss([&] { comm.transport().wait(r, until); });
-    sends_.clear();
+    wait_all(comm, sends_, deadline_after(timeout_));
+    recover(comm, /*pulling=*/false);
     in_step_ = false;
   }
 
@@ -324,18 +436,19 @@ class worker {
   // straight into the parameter tensors.
   void get_parameters(communicator_type& comm, std::span<const std::span<V>> params, deadline until) {
     auto& t = comm.transport();
-    std::vector<typename Tr::request> gets;
+    std::vector<sent> gets;
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
       if (!l.remote || shards_.elements(s) == 0) continue;
       std::size_t at = zones(s).reply(comm.rank()) + sizeof(detail::reply_header);
       for (const auto& p : shards_.shard(s)) {
         if (p.size() > 0)
-          gets.push_back(t.async_get(*l.remote, at, std::as_writable_bytes(params[p.tensor].subspan(p.begin, p.size()))));
+          gets.push_back({s, l.rank, t.async_get(*l.remote, at,
+                                                 std::as_writable_bytes(params[p.tensor].subspan(p.begin, p.size())))});
         at += p.size() * sizeof(V);
       }
     }
-    for (auto& r : gets) detail::rethrow_server_loss([&] { t.wait(r, until); });
+    wait_all(comm, gets, until);
   }
 
   // Reads every server's reply: parameters into place (tagged replies), versions, the
@@ -349,7 +462,8 @@ class worker {
       if (shards_.elements(s) == 0) continue;
       auto& l = link_to(s);
       const detail::reply_header h =
-          detail::decode_reply(std::as_bytes(l.reply.span()), first_server_ + s, l.pull.version, first_server_);
+          detail::decode_reply(std::as_bytes(l.reply.span()), l.rank, l.pull.version, first_server_);
+      l.pulling = false;
       if (!l.remote) {  // one-sided: get_parameters() put them in place
         const V* in = l.reply.data() + detail::reply_header_elements<V>;
         for (const auto& p : shards_.shard(s)) {
@@ -382,11 +496,12 @@ class worker {
   std::vector<std::span<const V>> grads_;       // this step's gradients, as ready() gave them
   std::vector<bool> ready_;                     // [tensor]: ready in this step
   std::vector<std::size_t> waiting_;            // [server]: its tensors not ready yet in this step
-  std::vector<typename Tr::request> sends_;     // this step's tagged sends, until complete_pushes()
+  std::vector<sent> sends_;                     // this step's tagged sends, until complete_pushes()
   bool in_step_ = false;
   std::uint64_t clock_ = 0;                     // this worker's pushes
   std::uint64_t min_version_ = 0, applied_ = 0, staleness_ = 0;
   std::uint32_t lost_ = 0;
+  int failovers_ = 0;
   bool finished_ = false;
 };
 

@@ -1,0 +1,144 @@
+// A server's link to its standby: every update the server applies, sent in order and acknowledged.
+//
+// Primary-backup replication of a shard (ps::options::standby). The server sends each
+// update it applies, [replica_header][gradient], and the standby applies the same
+// gradient with the same factor and learning rate to its copy of the shard, so the two
+// stay bit for bit equal, and acknowledges it. Sync modes answer a step's pulls only once
+// its update is acknowledged, so a worker never holds parameters its server's standby
+// lacks: a failover loses no update. Async modes let the standby trail by at most
+// options::standby_lag updates (the server waits for acknowledgements beyond that).
+//
+// The gradients travel from a ring of standby_lag buffers (allocated once), each reused
+// when its update is acknowledged. A standby that is lost ends replication: the server goes
+// on alone, and says so.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../observe/log.hpp"
+#include "../timeouts.hpp"
+#include "protocol.hpp"
+
+namespace gradwire::ps::detail {
+
+template <class V, class Tr>
+class replica_link {
+ public:
+  replica_link() = default;
+  // `standby`: its rank; `lag`: updates it may trail by (>= 1); `version`: the server's at start.
+  replica_link(Tr& t, int server, int standby, std::size_t elements, std::uint32_t lag, std::uint64_t version,
+               std::chrono::milliseconds timeout)
+      : t_(&t),
+        server_(server),
+        standby_(standby),
+        timeout_(timeout),
+        ring_(std::max<std::uint32_t>(lag, 1)),
+        acked_version_(version) {
+    for (auto& slot : ring_) slot.gradient.assign(elements, V(0));
+  }
+
+  // Whether updates are still replicated (there is a standby and it was not lost).
+  bool active() const noexcept { return t_ != nullptr && !lost_; }
+  // The latest version whose update the standby acknowledged: sync modes answer pulls up to it.
+  std::uint64_t acked_version() const noexcept { return acked_version_; }
+  std::uint64_t replicated() const noexcept { return sent_; }
+  bool standby_lost() const noexcept { return lost_; }
+  // The acknowledgement receive, for the server's wait_any (nullptr when not replicating).
+  typename Tr::request* ack_request() noexcept { return active() ? &ack_ : nullptr; }
+
+  // The buffer the next update's gradient goes into (the caller fills or swaps it), free
+  // once the standby trails by fewer than `lag` updates: waits for acknowledgements until then.
+  std::vector<V>& next_buffer() {
+    auto& slot = ring_[sent_ % ring_.size()];
+    while (active() && sent_ - acked_ >= ring_.size()) take_ack(deadline_after(timeout_));
+    guarded([&] {
+      for (auto* r : {&slot.header_send, &slot.gradient_send})
+        if (*r) t_->wait(*r, deadline_after(timeout_));
+    });
+    return slot.gradient;
+  }
+
+  // Sends the update whose gradient is in next_buffer(): `h` holds the server's counters
+  // before and after it. The server's version stays unacknowledged until the standby says so.
+  void send(const replica_header& h) {
+    if (!active()) return;
+    // One acknowledgement receive is posted while updates are unacknowledged (not at
+    // construction: it lands in ack_message_, which must not move after).
+    if (!ack_) post_ack();
+    auto& slot = ring_[sent_ % ring_.size()];
+    slot.header = h;
+    ++sent_;
+    guarded([&] {
+      slot.header_send = t_->async_send(standby_, replica_tag, bytes_of(slot.header));
+      slot.gradient_send = t_->async_send(standby_, replica_gradient_tag, std::as_bytes(std::span<const V>(slot.gradient)));
+    });
+  }
+
+  // The acknowledgement receive completed (the server's wait_any chose it).
+  void on_ack() { take_ack(deadline_after(timeout_)); }
+
+  // The server finished: the standby ends too. Best effort within the timeout.
+  void finish() {
+    if (!active()) return;
+    const replica_header done{replica_kind::done};
+    guarded([&] {
+      while (acked_ < sent_) take_ack(deadline_after(timeout_));
+      auto r = t_->async_send(standby_, replica_tag, bytes_of(done));
+      t_->wait(r, deadline_after(timeout_));
+    });
+  }
+
+ private:
+  struct slot {
+    std::vector<V> gradient;
+    replica_header header;
+    typename Tr::request header_send, gradient_send;  // until they complete
+  };
+
+  void post_ack() {
+    guarded([&] { ack_ = t_->async_recv(standby_, replica_ack_tag, writable_bytes_of(ack_message_)); });
+  }
+  void take_ack(deadline until) {
+    guarded([&] {
+      t_->wait(ack_, until);
+      const replica_ack a = decode_replica_ack(bytes_of(ack_message_), server_, standby_, acked_, sent_);
+      acked_ = a.updates;
+      acked_version_ = a.version;
+    });
+    if (active() && acked_ < sent_) post_ack();  // one posted while updates are unacknowledged
+  }
+
+  // A lost standby ends replication (the server goes on without one); anything else is fatal.
+  template <class F>
+  void guarded(F&& f) {
+    if (lost_) return;
+    try {
+      f();
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost) throw;
+      lost_ = true;
+      observe::log_warning(server_, t_->size(), "parameter server rank ", server_, ": lost its standby rank ", standby_,
+                           " (", e.details(), "); its shard is no longer replicated");
+    }
+  }
+
+  Tr* t_ = nullptr;
+  int server_ = -1, standby_ = -1;
+  std::chrono::milliseconds timeout_{};
+  std::vector<slot> ring_;
+  typename Tr::request ack_;
+  replica_ack ack_message_;
+  std::uint64_t sent_ = 0, acked_ = 0;  // updates sent and acknowledged
+  std::uint64_t acked_version_ = 0;
+  bool lost_ = false;
+};
+
+}  // namespace gradwire::ps::detail
