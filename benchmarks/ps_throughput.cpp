@@ -18,6 +18,10 @@
 //   per-worker   = 2 * size / time
 //   aggregate    = workers * 2 * size / time: the servers' total traffic, both directions
 //
+// --standby on: every server has a standby (ps::options::standby; the launcher's --ps counts
+// both: the servers are the first half), which applies every update too, and the pulls of a
+// step wait for its acknowledgement: what failover without a restart costs.
+//
 // MB is 10^6 bytes. After the timed steps each worker checks its parameters against the
 // closed form of SGD on constant gradients (worker w pushes w+1 everywhere, so every
 // step subtracts lr * (W+1)/2); #wrong counts rank 0's elements off by more than float
@@ -79,6 +83,7 @@ struct flags {
   std::string csv;
   std::string transport = "asio";  // or ucx (UCX_TLS picks shared memory, TCP, ...)
   int timeout_s = 120;
+  bool standby = false;  // each server replicated to a standby rank
 };
 
 [[noreturn]] void usage(const char* program, const std::string& error = {}) {
@@ -93,6 +98,7 @@ struct flags {
                "  --timeout S      seconds a server waits for a worker and a worker for a server (default 120)\n"
                "  --csv FILE       append one CSV row per size to FILE (rank 0)\n"
                "  --transport T    asio (default) or ucx (UCX_TLS picks shared memory, TCP, ...)\n"
+               "  --standby on|off each server has a standby (default off; --ps counts both: 2 x servers)\n"
                "  -h, --help\n",
                program, program);
   std::exit(error.empty() ? 0 : 2);
@@ -104,7 +110,10 @@ flags parse(int argc, char** argv) {
   auto fail = [&](const std::string& error) { usage(program, error); };
   bench::detail::for_each_flag(argc, argv, [&](std::string_view flag, std::string_view value) {
     bool ok = true;
-    if (flag == "--sizes") {
+    if (flag == "--standby") {
+      f.standby = value == "on";
+      ok = value == "on" || value == "off";
+    } else if (flag == "--sizes") {
       ok = bench::detail::parse_size_list(value, f.sizes);
     } else if (flag == "--iters" || flag == "-n") {
       ok = bench::detail::parse_int(value, f.iters) && f.iters >= 1;
@@ -138,10 +147,9 @@ constexpr const char* csv_header =
     "bytes_per_worker_step,per_worker_mbps,aggregate_mbps,wrong,iters,warmup";
 
 void print_header(int workers, int servers, const flags& f, const std::string& transport) {
-  std::printf("# gradwire parameter_server<ps::sync> over transport::%s: %d worker(s) + %d server(s), one process "
+  std::printf("# gradwire parameter_server<ps::sync> over transport::%s: %d worker(s) + %d server(s)%s, one process "
               "each, on loopback; optim::sgd, one float32 tensor per size\n",
-              transport.c_str(),
-              workers, servers);
+              transport.c_str(), workers, servers, f.standby ? " + as many standbys" : "");
   std::printf("# step = strategy.step(): push the gradient + pull the parameters; time = median of rank 0's timed "
               "steps; MB = 10^6 B\n");
   std::printf("# warmup iters: %d iters: %d (x5 below 1 MiB, /2 from 4 MiB, /4 from 64 MiB)\n#\n", f.warmup, f.iters);
@@ -160,9 +168,11 @@ void print_row(const result& r, int workers) {
   std::fflush(stdout);
 }
 
-void write_csv_row(std::FILE* csv, const result& r, int workers, int servers, const std::string& transport) {
+void write_csv_row(std::FILE* csv, const result& r, int workers, int servers, const std::string& transport,
+                   bool standby) {
   const double moved = 2.0 * double(r.bytes);
-  std::fprintf(csv, "ps_throughput,%s,sync,%d,%d,%zu,%zu,%.1f,%.1f,%.1f,%.0f,%.2f,%.2f,%lld,%d,%d\n", transport.c_str(), workers,
+  std::fprintf(csv, "ps_throughput,%s,%s,%d,%d,%zu,%zu,%.1f,%.1f,%.1f,%.0f,%.2f,%.2f,%lld,%d,%d\n", transport.c_str(),
+               standby ? "sync+standby" : "sync", workers,
                servers, r.bytes, r.bytes / sizeof(float), r.median * 1e6, r.fastest * 1e6, r.slowest * 1e6, moved,
                moved / r.median / 1e6, workers * moved / r.median / 1e6, r.wrong, r.iters, r.warmup);
 }
@@ -180,10 +190,11 @@ int run(Transport transport, const flags& f, const std::string& transport_name) 
   {
     const auto spec = gw::cluster::detect();
     const int me = spec.rank;
-    const int servers = spec.count(gw::cluster::task_type::ps);
+    const int servers = spec.count(gw::cluster::task_type::ps) / (f.standby ? 2 : 1);
     if (servers < 1)
-      throw gw::error(gw::errc::config, "no parameter-server ranks: start with scripts/gradwire-run -n W --ps S");
-    const int workers = spec.world_size - servers;
+      throw gw::error(gw::errc::config, "no parameter-server ranks: start with scripts/gradwire-run -n W --ps S "
+                                        "(with --standby, --ps 2S)");
+    const int workers = spec.world_size - servers * (f.standby ? 2 : 1);
 
     std::FILE* csv = nullptr;
     if (me == 0) {
@@ -203,6 +214,7 @@ int run(Transport transport, const flags& f, const std::string& transport_name) 
       const int steps = warmup + iters;
       gw::ps::options options;
       options.servers = servers;
+      options.standby = f.standby;
       options.timeout = std::chrono::seconds(f.timeout_s);
       strategy_type<Transport> s(std::move(transport), zero_parameters(count), gw::optim::sgd({.lr = learning_rate}),
                       typename strategy_type<Transport>::aggregation_type(options), {.timeout = std::chrono::seconds(f.timeout_s)});
@@ -212,7 +224,11 @@ int run(Transport transport, const flags& f, const std::string& transport_name) 
       r.warmup = warmup;
       if (s.is_server()) {
         const gw::ps::server_stats st = s.serve();
-        const auto want = static_cast<std::uint64_t>(steps);
+        // A server whose shard is empty (a tensor below split_bytes goes whole to one server) closes no step.
+        const std::size_t sizes[] = {count};
+        const gw::ps::sharding shards(sizes, servers, std::max<std::size_t>(1, options.split_bytes / sizeof(float)));
+        const bool empty = shards.elements((me - workers) % servers) == 0;
+        const auto want = empty ? std::uint64_t{0} : static_cast<std::uint64_t>(steps);
         if (st.version != want || st.applied != want * static_cast<std::uint64_t>(workers) || st.dropped != 0) {
           std::fprintf(stderr,
                        "ps_throughput: server rank %d, %zu B: closed %llu steps with %llu gradients (%llu dropped); "
@@ -254,7 +270,7 @@ int run(Transport transport, const flags& f, const std::string& transport_name) 
       transport = std::exchange(s.communicator().transport(), placeholder<Transport>());
       if (me == 0) {
         print_row(r, workers);
-        if (csv) write_csv_row(csv, r, workers, servers, transport_name), std::fflush(csv);
+        if (csv) write_csv_row(csv, r, workers, servers, transport_name, f.standby), std::fflush(csv);
       }
     }
     if (csv) std::fclose(csv);

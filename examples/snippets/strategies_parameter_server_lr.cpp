@@ -62,6 +62,15 @@ int main() {
     }
   });
 
+  {
+    // [docs:standby]
+    gw::ps::options ps;
+    ps.servers = 2;        // launched with --ps 4: the first two serve, the last two are their standbys
+    ps.standby = true;     // every update replicated; a lost server's standby takes its shard over
+    ps.standby_lag = 8;    // async modes: how many updates a standby may trail by (sync: none)
+    // [/docs:standby]
+    snippets::expect("2 servers with standbys take 4 ranks", ps.serving_ranks() == 4);
+  }
   snippets::expect("the server applied the run's gradients", applied >= total_gradients);
   snippets::expect("the schedule starts at sync_lr / workers", lr_at_start == sync_lr / workers);
   snippets::expect("the schedule ends at 0", std::abs(lr_at_end) < 1e-12);

@@ -10,11 +10,12 @@
 //                                  replacement (GRADWIRE_REJOIN=1), which the servers take back
 //   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed
 //   ps_worker resume DIR           sync from the checkpoints in DIR
-//   ps_worker failover sync|async VICTIM WHEN
+//   ps_worker failover sync|async VICTIM WHEN [STEPS]
 //                                  servers with standbys (the launcher's ps ranks: the servers, then
 //                                  as many standbys); rank VICTIM (-1: none) is killed with SIGKILL,
 //                                  WHEN = update:K just before its K-th update (a deterministic point)
-//                                  or ms:D D ms into serving. Workers print a hash of their final
+//                                  or ms:D D ms into serving; STEPS (default 60) of 10 ms. Workers
+//                                  print "training" once set up, and a hash of their final
 //                                  parameters (params=), to compare with an uninterrupted run's.
 //
 // Ranks print "rank R: PASS ..." (or "EXPECTED <errc>: ...") and exit 0, or "FAIL ..." and
@@ -186,6 +187,8 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
     return;
   }
   const double before = loss(s.parameters());
+  std::printf("rank %d: training\n", spec.rank);
+  std::fflush(stdout);
   std::uint64_t pushes = 0;
   const std::uint64_t budget = static_cast<std::uint64_t>(p.steps) * (workers - Mode::backups);
   for (int k = 0; p.until_applied ? s.aggregation().applied() < budget : k < p.steps; ++k) {
@@ -319,7 +322,7 @@ int main(int argc, char** argv) {
       } else if (spec.rank == victim && when.rfind("ms:", 0) == 0) {
         kill_after_ms = std::stoi(when.substr(3));
       }
-      const plan p{.steps = 60, .pace_ms = 10};
+      const plan p{.steps = argc > 5 ? std::stoi(argv[5]) : 60, .pace_ms = 10};
       if (arg == "sync") run<gw::ps::sync>(spec, options, p);
       else if (arg == "async") run<gw::ps::async>(spec, options, p);
       else fail("failover: sync or async");

@@ -161,8 +161,15 @@ class Failover(unittest.TestCase):
                     self.assertEqual(self.worker_field(lines, w, "params"), reference, out)
                 standby = stats(lines, victim + 2)
                 if when.startswith("update:"):
+                    # The victim dies applying update K, which it sent its standby first: whether the
+                    # standby got it depends on how far the send went. Either way nothing is lost:
+                    # it has update K and drops the workers' resent gradients of that step as late,
+                    # or it has K - 1 and closes the step again with them.
+                    at = int(when.split(":")[1])
                     self.assertEqual(standby["promoted"], "1", out)
-                    self.assertEqual(int(standby["promoted_at"]), int(when.split(":")[1]) - 1, out)
+                    self.assertIn(int(standby["promoted_at"]), (at - 1, at), out)
+                    self.assertEqual(int(standby["dropped"]), self.WORKERS if int(standby["promoted_at"]) == at else 0,
+                                     out)
                     for w in range(self.WORKERS):
                         self.assertEqual(self.worker_field(lines, w, "failovers"), "1", out)
                 if standby["promoted"] == "1":

@@ -371,6 +371,26 @@ TEST_CASE("bad options of collectives and parameter servers are clear errors on 
     });
     every_rank(out, gw::errc::config, "ps::options::timeout = 0 ms");
   }
+  SECTION("ps::options::standby: too few ranks, a standby_lag of 0, a transport that cannot lose a rank") {
+    struct bad {
+      int ranks;
+      std::uint32_t lag;
+      const char* says;
+    };
+    for (const auto& c : {bad{2, 8, "1 server(s) and as many standbys in a job of 2 ranks"},
+                          bad{3, 0, "ps::options::standby_lag = 0"},
+                          bad{3, 8, "ps::options::standby needs a transport that survives a lost peer"}}) {
+      CAPTURE(c.says);
+      const auto out = run_ranks(c.ranks, [&](gw::transport::inproc t) {
+        auto po = quick_ps();
+        po.standby = true;
+        po.standby_lag = c.lag;
+        gw::parameter_server<tensor, gw::optim::sgd, gw::ps::sync> s(
+            std::move(t), params_of({{16}}), gw::optim::sgd(), gw::aggregation::parameter_server<gw::ps::sync>(po), quick());
+      });
+      every_rank(out, gw::errc::config, c.says);
+    }
+  }
   SECTION("ps::options::checkpoint_dir that cannot be created") {
     const std::filesystem::path file = std::filesystem::temp_directory_path() / "gradwire_bad_input_not_a_dir";
     { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f); std::fclose(f); }

@@ -195,12 +195,12 @@ class agent {
   // Standbys need a transport that survives a lost peer (the server they replace).
   void check_standby(communicator_type& comm) const {
     if (!options_.standby) return;
-    if (!concepts::tolerates_loss(comm.transport()))
-      throw error(errc::config, "parameter_server: ps::options::standby needs a transport that survives a lost peer "
-                                "(asio_tcp, ucx); this one ends the job when a rank is lost");
     if (options_.standby_lag < 1)
       throw error(errc::config, "parameter_server: ps::options::standby_lag = 0: a standby must be allowed to trail "
                                 "its server by at least 1 update (the one in flight)");
+    if (!concepts::tolerates_loss(comm.transport()))
+      throw error(errc::config, "parameter_server: ps::options::standby needs a transport that survives a lost peer "
+                                "(asio_tcp, ucx); this one ends the job when a rank is lost");
   }
 
   // Whether this process replaces a lost worker of a running asynchronous job (its

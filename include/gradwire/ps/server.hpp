@@ -361,14 +361,23 @@ class server {
       const auto needed = static_cast<std::size_t>(std::max(1, active_ - Mode::backups));
       if (in_step_ == 0 || in_step_ < needed) return;
       const V scale = V(1) / static_cast<V>(in_step_);
-      const auto before = counters();
-      apply(sum_, scale);
+      if (replica_.active()) {
+        // The step's sum goes to the standby first, so that it applies the update while this
+        // server does (the step's pulls wait for its acknowledgement); the buffer it leaves
+        // is the next step's sum.
+        auto h = counters();
+        auto& step_sum = replica_.next_buffer();
+        std::swap(sum_, step_sum);
+        h.scale = static_cast<double>(scale);
+        h.next_version = stats_.version + 1;
+        h.next_applied = stats_.applied;
+        replica_.send(h);
+        apply(step_sum, scale);
+      } else {
+        apply(sum_, scale);
+      }
       in_step_ = 0;
       ++stats_.version;
-      if (replica_.active()) {  // the step's sum goes to the standby; the buffer it leaves is the next sum
-        std::swap(sum_, replica_.next_buffer());
-        replicate(before, scale);
-      }
       std::fill(sum_.begin(), sum_.end(), V(0));
     }
   }
