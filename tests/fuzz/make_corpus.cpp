@@ -110,6 +110,23 @@ void ps_seeds() {
   // Mode bit 1: build a legal request or reply from the bytes that follow the context.
   add("ps_protocol/legal_request", builder{}.u8(2).le(std::uint64_t{5}).le(std::uint64_t{9}).text("push pull done ..").out);
   add("ps_protocol/legal_reply", builder{}.u8(3).le(std::uint64_t{5}).le(std::uint16_t{3}).text("a reply, a reply.....").out);
+
+  // Mode 4: a server's update header to its standby, after the standby's version, update and applied counts.
+  auto update = [](std::uint64_t version, std::uint64_t updates, std::uint64_t applied, const ps::replica_header& h) {
+    return builder{}.u8(4).le(version).le(updates).le(applied).span(ps::bytes_of(h)).out;
+  };
+  using rk = ps::replica_kind;
+  // A sync step of 4 gradients (the version moves), an async update scaled by 1 / lag in float (applied moves).
+  add("ps_protocol/replica_sync", update(20, 57, 80, {rk::update, 0, 0.25, 20, 57, 83, 21, 83}));
+  add("ps_protocol/replica_async", update(9, 40, 40, {rk::update, 0, double{1.0f / 3.0f}, 10, 40, 40, 10, 41}));
+  add("ps_protocol/replica_done", update(21, 58, 83, {rk::done}));
+  // Mode 5: the standby's acknowledgement, after the updates acknowledged and sent.
+  const ps::replica_ack ack{21, 57};
+  add("ps_protocol/replica_ack", builder{}.u8(5).le(std::uint64_t{56}).le(std::uint64_t{58}).span(ps::bytes_of(ack)).out);
+  add("ps_protocol/legal_replica_header",
+      builder{}.u8(6).le(std::uint64_t{7}).le(std::uint64_t{12}).le(std::uint64_t{30}).text("an update, its counters").out);
+  add("ps_protocol/legal_replica_ack",
+      builder{}.u8(7).le(std::uint64_t{12}).le(std::uint64_t{14}).text("ack the update..").out);
 }
 
 template <class V, class Optimizer>
