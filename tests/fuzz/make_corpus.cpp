@@ -120,13 +120,15 @@ void ps_seeds() {
   add("ps_protocol/replica_sync", update(20, 57, 80, {rk::update, 0, 0.25, 20, 57, 83, 21, 83}));
   add("ps_protocol/replica_async", update(9, 40, 40, {rk::update, 0, double{1.0f / 3.0f}, 10, 40, 40, 10, 41}));
   add("ps_protocol/replica_done", update(21, 58, 83, {rk::done}));
-  // Mode 5: the standby's acknowledgement, after the updates acknowledged and sent.
+  // Mode 5: the standby's acknowledgement, after the updates acknowledged and sent and the
+  // version the next update took the server to.
   const ps::replica_ack ack{21, 57};
-  add("ps_protocol/replica_ack", builder{}.u8(5).le(std::uint64_t{56}).le(std::uint64_t{58}).span(ps::bytes_of(ack)).out);
+  add("ps_protocol/replica_ack",
+      builder{}.u8(5).le(std::uint64_t{56}).le(std::uint64_t{58}).le(std::uint64_t{21}).span(ps::bytes_of(ack)).out);
   add("ps_protocol/legal_replica_header",
       builder{}.u8(6).le(std::uint64_t{7}).le(std::uint64_t{12}).le(std::uint64_t{30}).text("an update, its counters").out);
   add("ps_protocol/legal_replica_ack",
-      builder{}.u8(7).le(std::uint64_t{12}).le(std::uint64_t{14}).text("ack the update..").out);
+      builder{}.u8(7).le(std::uint64_t{12}).le(std::uint64_t{14}).le(std::uint64_t{9}).out);
 }
 
 template <class V, class Optimizer>

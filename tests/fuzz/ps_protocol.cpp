@@ -167,7 +167,7 @@ void fuzz_replica_header(gradwire::fuzz::input& in, bool legal, bool one_field) 
                         "decode_replica_header accepted an unknown kind " +
                             std::to_string(static_cast<std::uint32_t>(h.kind)));
     if (h.kind == ps::replica_kind::update) {
-      GRADWIRE_FUZZ_CHECK(h.reserved == 0 && h.scale > 0 && std::isfinite(h.scale),
+      GRADWIRE_FUZZ_CHECK(h.reserved == 0 && h.scale >= std::numeric_limits<float>::min() && h.scale <= 1,
                           "decode_replica_header accepted an update with the factor " + std::to_string(h.scale));
       GRADWIRE_FUZZ_CHECK(h.updates == updates, "decode_replica_header accepted update " +
                                                     std::to_string(h.updates + 1) + " after the standby's update " +
@@ -176,7 +176,8 @@ void fuzz_replica_header(gradwire::fuzz::input& in, bool legal, bool one_field) 
                               h.next_applied >= h.applied,
                           "decode_replica_header accepted an update whose counters go back");
     } else {
-      GRADWIRE_FUZZ_CHECK(h.reserved == 0 && h.scale == 0 && h.updates == 0 && h.next_version == 0,
+      GRADWIRE_FUZZ_CHECK(h.reserved == 0 && h.scale == 0 && h.version == 0 && h.updates == 0 && h.applied == 0 &&
+                              h.next_version == 0 && h.next_applied == 0,
                           "decode_replica_header accepted an end of updates with fields set");
     }
   } catch (const gradwire::error& e) {
@@ -188,14 +189,14 @@ void fuzz_replica_header(gradwire::fuzz::input& in, bool legal, bool one_field) 
 
 void fuzz_replica_ack(gradwire::fuzz::input& in, bool legal) {
   auto acked = in.integer<std::uint64_t>(), replicated = in.integer<std::uint64_t>();
+  const auto version = in.integer<std::uint64_t>();  // what the next unacknowledged update took the server to
   std::vector<std::byte> bytes;
-  if (legal) {  // as a standby sends them: its update count and version after an update the server sent
+  if (legal) {  // as a standby sends them: its update count and version after the next update
     // The server waits for an acknowledgement only while some update is unacknowledged; a
-    // standby acknowledges each in turn (acked + 1), and the decoder takes any of them.
+    // standby acknowledges each in turn (acked + 1).
     acked = std::min(acked, ~std::uint64_t{0} - 1);
     replicated = std::max(replicated, acked + 1);
-    const auto version = in.integer<std::uint64_t>();
-    const ps::replica_ack a{version, acked + 1 + at_most(in.integer<std::uint64_t>(), replicated - acked - 1)};
+    const ps::replica_ack a{version, acked + 1};
     const auto raw = ps::bytes_of(a);
     bytes.assign(raw.begin(), raw.end());
   } else {
@@ -203,12 +204,13 @@ void fuzz_replica_ack(gradwire::fuzz::input& in, bool legal) {
     bytes.assign(raw.begin(), raw.end());
   }
   try {
-    const ps::replica_ack a = ps::decode_replica_ack(bytes, 3, 7, acked, replicated);
+    const ps::replica_ack a = ps::decode_replica_ack(bytes, 3, 7, acked, replicated, version);
     GRADWIRE_FUZZ_CHECK(bytes.size() == sizeof a && std::memcmp(&a, bytes.data(), sizeof a) == 0,
                         "decode_replica_ack accepted an acknowledgement that differs from its bytes");
-    GRADWIRE_FUZZ_CHECK(a.updates > acked && a.updates <= replicated,
-                        "decode_replica_ack accepted update " + std::to_string(a.updates) + " after update " +
-                            std::to_string(acked) + " of " + std::to_string(replicated) + " sent");
+    GRADWIRE_FUZZ_CHECK(a.updates == acked + 1 && a.updates <= replicated && a.version == version,
+                        "decode_replica_ack accepted update " + std::to_string(a.updates) + " at version " +
+                            std::to_string(a.version) + " after update " + std::to_string(acked) + " of " +
+                            std::to_string(replicated) + " sent, the next at version " + std::to_string(version));
   } catch (const gradwire::error& e) {
     gradwire::fuzz::expect_error(e, {errc::protocol}, "server rank 3");
     gradwire::fuzz::expect_error(e, {errc::protocol}, "standby rank 7");

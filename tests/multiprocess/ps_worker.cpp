@@ -10,13 +10,15 @@
 //                                  replacement (GRADWIRE_REJOIN=1), which the servers take back
 //   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed
 //   ps_worker resume DIR           sync from the checkpoints in DIR
-//   ps_worker failover sync|async VICTIM WHEN [STEPS]
+//   ps_worker failover sync|async VICTIM WHEN [STEPS [DIR]]
 //                                  servers with standbys (the launcher's ps ranks: the servers, then
 //                                  as many standbys); rank VICTIM (-1: none) is killed with SIGKILL,
 //                                  WHEN = update:K just before its K-th update (a deterministic point)
 //                                  or ms:D D ms into serving; STEPS (default 60) of 10 ms. Workers
 //                                  print "training" once set up, and a hash of their final
 //                                  parameters (params=), to compare with an uninterrupted run's.
+//                                  DIR: checkpoints there, the standbys' in DIR/standby (a
+//                                  standby that resumes from another checkpoint than its server).
 //
 // Ranks print "rank R: PASS ..." (or "EXPECTED <errc>: ...") and exit 0, or "FAIL ..." and
 // exit 1; servers also print "rank R: STATS k=v ..." for test_ps.py to cross-check.
@@ -172,16 +174,19 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
     const bool standby = spec.rank >= workers + options.servers;
     std::printf("rank %d: STATS resumed=%llu version=%llu applied=%llu dropped=%llu pushes=%s dropped_by=%s "
                 "max_staleness=%llu max_lead=%llu lost=%s rejoined=%s one_sided=%llu role=%s promoted=%d "
-                "promoted_at=%llu standby_lost=%d\n",
+                "promoted_at=%llu standby_lost=%d replicated=%llu resent=%llu\n",
                 spec.rank, (unsigned long long)st.resumed_from, (unsigned long long)st.version,
                 (unsigned long long)st.applied, (unsigned long long)st.dropped, join(st.pushes).c_str(),
                 join(st.dropped_by).c_str(), (unsigned long long)max_staleness, (unsigned long long)st.max_lead,
                 lost.c_str(), rejoined.c_str(), (unsigned long long)st.one_sided, standby ? "standby" : "server",
-                st.promoted ? 1 : 0, (unsigned long long)st.promoted_at, st.standby_lost ? 1 : 0);
+                st.promoted ? 1 : 0, (unsigned long long)st.promoted_at, st.standby_lost ? 1 : 0,
+                (unsigned long long)st.replicated, (unsigned long long)st.resent);
     std::uint64_t pushes = 0;
     for (auto x : st.pushes) pushes += x;
-    // (A standby's applied count includes the updates it was sent before it took over.)
-    if (!standby && st.applied + st.dropped != pushes) fail("applied + dropped != gradients received");
+    // (A standby's applied count includes the gradients of its server's updates, and a standby
+    // that took over counts the gradients resent for a step it had apart.)
+    if (st.applied - st.replicated + st.dropped + st.resent != pushes)
+      fail("applied - replicated + dropped + resent != gradients received");
     if (check_server) check_server(st, workers);
     std::printf("rank %d: PASS server\n", spec.rank);
     return;
@@ -321,6 +326,10 @@ int main(int argc, char** argv) {
         };
       } else if (spec.rank == victim && when.rfind("ms:", 0) == 0) {
         kill_after_ms = std::stoi(when.substr(3));
+      }
+      if (argc > 6) {
+        const int servers = spec.count(gw::cluster::task_type::ps) / 2;
+        options.checkpoint_dir = std::string(argv[6]) + (spec.rank >= spec.world_size - servers ? "/standby" : "");
       }
       const plan p{.steps = argc > 5 ? std::stoi(argv[5]) : 60, .pace_ms = 10};
       if (arg == "sync") run<gw::ps::sync>(spec, options, p);

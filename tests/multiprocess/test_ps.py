@@ -132,8 +132,8 @@ class Failover(unittest.TestCase):
 
     WORKERS, STEPS, LAG = 2, 60, 4  # ps_worker failover: 60 steps, ps::options::standby_lag = 4
 
-    def job(self, consistency, victim, when):
-        status, lines, out = run(self.WORKERS, 4, "failover", consistency, str(victim), when, keep_going=True)
+    def job(self, consistency, victim, when, *more):
+        status, lines, out = run(self.WORKERS, 4, "failover", consistency, str(victim), when, *more, keep_going=True)
         if victim < 0:
             self.assertEqual(status, 0, out)
         for r in range(6):
@@ -168,8 +168,9 @@ class Failover(unittest.TestCase):
                     at = int(when.split(":")[1])
                     self.assertEqual(standby["promoted"], "1", out)
                     self.assertIn(int(standby["promoted_at"]), (at - 1, at), out)
-                    self.assertEqual(int(standby["dropped"]), self.WORKERS if int(standby["promoted_at"]) == at else 0,
+                    self.assertEqual(int(standby["resent"]), self.WORKERS if int(standby["promoted_at"]) == at else 0,
                                      out)
+                    self.assertEqual(standby["dropped"], "0", out)
                     for w in range(self.WORKERS):
                         self.assertEqual(self.worker_field(lines, w, "failovers"), "1", out)
                 if standby["promoted"] == "1":
@@ -184,6 +185,24 @@ class Failover(unittest.TestCase):
         for w in range(self.WORKERS):
             self.assertEqual(self.worker_field(lines, w, "params"), reference, out)
             self.assertEqual(self.worker_field(lines, w, "failovers"), "0", out)
+
+    def test_a_standby_lost_while_its_server_waits_for_the_last_acknowledgements(self):
+        # Async: the server may be up to standby_lag updates ahead when the workers finish; the
+        # standby dies just before its 118th of 120 updates. The server ends, unreplicated.
+        lines, out = self.job("async", 4, "update:118")
+        self.assertEqual(stats(lines, 2)["standby_lost"], "1", out)
+        self.assertEqual(int(stats(lines, 2)["applied"]), self.STEPS * self.WORKERS, out)
+
+    def test_a_standby_that_resumed_from_another_checkpoint_is_refused_at_the_start(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            self.job("sync", -1, "none", "10", ckpt)  # the servers write checkpoints; the standbys (in ckpt/standby) none
+            status, lines, out = run(self.WORKERS, 4, "failover", "sync", "-1", "none", "10", ckpt, keep_going=True)
+            self.assertNotEqual(status, 0, out)
+            for s in (2, 3):  # each server: its standby starts from version 0, it from 10
+                got = " ".join(lines.get(s, []))
+                self.assertIn("FAIL", got, out)
+                self.assertIn("must resume from the same checkpoint", got, out)
+                self.assertIn("from version 0", got, out)
 
     def test_async_failover_loses_at_most_the_standby_lag(self):
         lines, out = self.job("async", 2, "update:30")

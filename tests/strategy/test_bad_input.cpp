@@ -378,7 +378,8 @@ TEST_CASE("bad options of collectives and parameter servers are clear errors on 
       const char* says;
     };
     for (const auto& c : {bad{2, 8, "1 server(s) and as many standbys in a job of 2 ranks"},
-                          bad{3, 0, "ps::options::standby_lag = 0"},
+                          bad{3, 0, "ps::options::standby_lag = 0: it must be from 1"},
+                          bad{3, 5000, "ps::options::standby_lag = 5000: it must be from 1"},
                           bad{3, 8, "ps::options::standby needs a transport that survives a lost peer"}}) {
       CAPTURE(c.says);
       const auto out = run_ranks(c.ranks, [&](gw::transport::inproc t) {

@@ -178,7 +178,7 @@ class agent {
     if (!is_server(comm.rank(), comm.size()))
       throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(comm.rank()) +
                                               " is a worker: serve() is for the server ranks (the last " +
-                                              std::to_string(options_.servers) + ")");
+                                              std::to_string(options_.serving_ranks()) + ")");
     return server<Mode, V, Tr, Optimizer>(comm, params, optimizer, options_, shards_, window_).run();
   }
 
@@ -192,12 +192,14 @@ class agent {
                                         "on it instead of step() (" + what + " is for the workers)");
   }
 
+  static constexpr std::uint32_t max_standby_lag = 1024;
   // Standbys need a transport that survives a lost peer (the server they replace).
   void check_standby(communicator_type& comm) const {
     if (!options_.standby) return;
-    if (options_.standby_lag < 1)
-      throw error(errc::config, "parameter_server: ps::options::standby_lag = 0: a standby must be allowed to trail "
-                                "its server by at least 1 update (the one in flight)");
+    if (options_.standby_lag < 1 || options_.standby_lag > max_standby_lag)
+      throw error(errc::config, "parameter_server: ps::options::standby_lag = " + std::to_string(options_.standby_lag) +
+                                    ": it must be from 1 (a standby trails its server by the update in flight) to " +
+                                    std::to_string(max_standby_lag) + " (each is a shard-sized buffer on the server)");
     if (!concepts::tolerates_loss(comm.transport()))
       throw error(errc::config, "parameter_server: ps::options::standby needs a transport that survives a lost peer "
                                 "(asio_tcp, ucx); this one ends the job when a rank is lost");

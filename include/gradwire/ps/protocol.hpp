@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -24,7 +25,7 @@ inline constexpr std::uint64_t window_size_tag = tag_base | 4, window_key_tag = 
 // Server -> its standby (replica.hpp): each update's header, then its gradient; standby ->
 // server: the acknowledgement of each update it applied.
 inline constexpr std::uint64_t replica_tag = tag_base | 6, replica_gradient_tag = tag_base | 7,
-                               replica_ack_tag = tag_base | 8;
+                               replica_ack_tag = tag_base | 8, replica_hello_tag = tag_base | 9;
 
 // request_header::flags. push: the gradient is already in the worker's landing zone of
 // the server's window; pull: answer with the reply header only, the worker gets the
@@ -127,12 +128,17 @@ struct replica_header {
 struct replica_ack {
   std::uint64_t version = 0, updates = 0;
 };
-static_assert(sizeof(replica_header) == 56 && sizeof(replica_ack) == 16);
+// Standby -> server, first: the version it starts from and a checksum of its shard.
+struct replica_hello {
+  std::uint64_t version = 0, checksum = 0;
+};
+static_assert(sizeof(replica_header) == 56 && sizeof(replica_ack) == 16 && sizeof(replica_hello) == 16);
 
 // An update's header as standby rank `standby` received it from server rank `server`,
 // checked before the standby applies it: the stream is in order (the next update after
-// the standby's `updates`), counters that never go back, and a positive finite factor.
-// errc::protocol naming both otherwise.
+// the standby's `updates`), counters that never go back, and a factor a server sends (1/n
+// or 1/lag: in (0, 1], and a normal float, so that it converts to any value type). An end
+// has every other field 0. errc::protocol naming both otherwise.
 inline replica_header decode_replica_header(std::span<const std::byte> bytes, int standby, int server,
                                             std::uint64_t version, std::uint64_t updates, std::uint64_t applied) {
   auto bad = [&](const std::string& what) {
@@ -146,13 +152,14 @@ inline replica_header decode_replica_header(std::span<const std::byte> bytes, in
   replica_header h;
   std::memcpy(&h, bytes.data(), sizeof h);
   if (h.kind == replica_kind::done) {
-    if (h.reserved != 0 || h.scale != 0 || h.updates != 0 || h.next_version != 0)
+    if (h.reserved != 0 || h.scale != 0 || h.version != 0 || h.updates != 0 || h.applied != 0 ||
+        h.next_version != 0 || h.next_applied != 0)
       throw bad("an end of updates with fields set");
     return h;
   }
   if (h.kind != replica_kind::update || h.reserved != 0)
     throw bad("an unknown update kind " + std::to_string(static_cast<std::uint32_t>(h.kind)));
-  if (!(h.scale > 0 && h.scale <= 1e300))
+  if (!(h.scale >= static_cast<double>(std::numeric_limits<float>::min()) && h.scale <= 1))
     throw bad("an update with the factor " + std::to_string(h.scale));
   if (h.updates != updates || h.version < version || h.applied < applied || h.next_version < h.version ||
       h.next_applied < h.applied)
@@ -164,18 +171,21 @@ inline replica_header decode_replica_header(std::span<const std::byte> bytes, in
 }
 
 // A standby's acknowledgement as server rank `server` received it from standby rank
-// `standby`: the next update the server is waiting for (updates `acked` + 1, at most
-// `replicated`). errc::protocol otherwise.
+// `standby`: of the next update, acked + 1 (of `replicated` sent), and of the version that
+// update took the server to (`version`): a standby acknowledges each update in turn, and a
+// sync server answers pulls up to the version acknowledged. errc::protocol otherwise.
 inline replica_ack decode_replica_ack(std::span<const std::byte> bytes, int server, int standby, std::uint64_t acked,
-                                      std::uint64_t replicated) {
+                                      std::uint64_t replicated, std::uint64_t version) {
   replica_ack a;
   if (bytes.size() == sizeof a) std::memcpy(&a, bytes.data(), sizeof a);
-  if (bytes.size() != sizeof a || a.updates <= acked || a.updates > replicated)
+  if (bytes.size() != sizeof a || acked >= replicated || a.updates != acked + 1 || a.version != version)
     throw error(errc::protocol, "parameter server rank " + std::to_string(server) + ": standby rank " +
                                     std::to_string(standby) + " acknowledged update " + std::to_string(a.updates) +
-                                    " in a " + std::to_string(bytes.size()) + "-byte message after update " +
-                                    std::to_string(acked) + " of " + std::to_string(replicated) +
-                                    " sent; do all ranks run the same gradwire build?");
+                                    " at version " + std::to_string(a.version) + " in a " +
+                                    std::to_string(bytes.size()) + "-byte message; expected update " +
+                                    std::to_string(acked + 1) + " of " + std::to_string(replicated) +
+                                    " sent, at version " + std::to_string(version) +
+                                    "; do all ranks run the same gradwire build?");
   return a;
 }
 

@@ -94,8 +94,8 @@ class server {
       stats_.resumed_from = stats_.version = load_checkpoint(checkpoint_, shard_);
     saved_at_ = stats_.version;
     if (o.standby && !is_standby_)
-      replica_ = detail::replica_link<V, Tr>(t_, server_rank_, server_rank_ + o.servers, elements_, o.standby_lag,
-                                             stats_.version, o.timeout);
+      replica_ = detail::replica_link<V, Tr>(t_, server_rank_, server_rank_ + o.servers, elements_,
+                                             Mode::on_arrival ? o.standby_lag : 1, stats_.version, o.timeout);
     stats_.pushes.assign(static_cast<std::size_t>(workers_), 0);
     stats_.dropped_by.assign(static_cast<std::size_t>(workers_), 0);
     for (int w = 0; w < workers_; ++w) {
@@ -116,6 +116,7 @@ class server {
   // and returns what it saw.
   server_stats run() {
     if (is_standby_ && !follow()) return stats_;  // its server finished: so has the standby
+    if (replica_.active()) replica_.expect_hello(stats_.version, shard_checksum());
     observe::log_info(comm_.rank(), comm_.size(), "parameter server (", Mode::name, ") for ", workers_,
                       " worker(s): shard of ", elements_, " elements in ", pieces_.size(), " piece(s)",
                       stats_.resumed_from ? ", resumed from version " : "",
@@ -137,9 +138,9 @@ class server {
       if (options_.checkpoint_every > 0 && stats_.version >= saved_at_ + options_.checkpoint_every) save();
     }
     drain_replies();
+    if (keeps_its_checkpoint()) save();
     replica_.finish();
     stats_.standby_lost = replica_.standby_lost();
-    save();
     observe::log_info(comm_.rank(), comm_.size(), "parameter server done: version ", stats_.version, ", ",
                       stats_.updates, " updates, ", stats_.applied, " gradients applied, ", stats_.dropped,
                       " dropped, ", stats_.lost_workers.size(), " worker loss(es), ", stats_.rejoined_workers.size(),
@@ -202,6 +203,10 @@ class server {
       return static_cast<int>(t_.wait_any(pending_, wait_deadline()));
     } catch (const error& e) {
       if (e.kind() != errc::timeout) throw;
+      if (replica_.awaiting_ack())
+        throw error(errc::timeout, who_ + ": its standby rank " + std::to_string(server_rank_ + options_.servers) +
+                                       " acknowledged no update for " + std::to_string(options_.timeout.count()) +
+                                       " ms (the step's pulls wait for it); is it stopped or stuck?");
       throw error(errc::timeout, who_ + ": no worker sent anything for " + std::to_string(options_.timeout.count()) +
                                      " ms (" + std::to_string(active_) +
                                      " still expected); are they stuck, or is the timeout too short?");
@@ -220,10 +225,12 @@ class server {
     if (slot.lost) take_back(w);
     switch (slot.header.kind) {
       case detail::request_kind::push:
+        served_since_promotion_ = true;
         on_push(w);
         post_control(w);
         break;
       case detail::request_kind::pull:
+        served_since_promotion_ = true;
         on_pull(w);
         post_control(w);
         break;
@@ -280,13 +287,18 @@ class server {
     advance_clock();
     if (replica_.active()) {
       std::ranges::copy(gradient, replica_.next_buffer().begin());
-      replicate(before, scale);
+      replica_.send(with_after(before, scale, stats_.version, stats_.applied));
     }
   }
 
   // Sync modes: a gradient for a step that has closed is taken off the wire and counted.
+  // A standby that took over counts apart the gradients resent for a step it had from its server.
   void drop_late(int w, bool in_window) {
     if (!in_window) receive_gradient(w, incoming_);
+    if (stats_.promoted && slot_of(w).header.version < stats_.promoted_at) {
+      ++stats_.resent;
+      return;
+    }
     ++stats_.dropped;
     ++stats_.dropped_by[static_cast<std::size_t>(w)];
   }
@@ -322,6 +334,7 @@ class server {
   }
 
   void on_done(int w) {
+    ++finished_;
     slot_of(w).live = false;
     --active_;
     if constexpr (Mode::on_arrival) advance_clock();
@@ -365,13 +378,9 @@ class server {
         // The step's sum goes to the standby first, so that it applies the update while this
         // server does (the step's pulls wait for its acknowledgement); the buffer it leaves
         // is the next step's sum.
-        auto h = counters();
         auto& step_sum = replica_.next_buffer();
         std::swap(sum_, step_sum);
-        h.scale = static_cast<double>(scale);
-        h.next_version = stats_.version + 1;
-        h.next_applied = stats_.applied;
-        replica_.send(h);
+        replica_.send(with_after(counters(), scale, stats_.version + 1, stats_.applied));
         apply(step_sum, scale);
       } else {
         apply(sum_, scale);
@@ -382,7 +391,7 @@ class server {
     }
   }
 
-  // The counters an update changes: what replicate() tells the standby they were before it.
+  // An update as its standby gets it: the counters it changes, now (before the update) ...
   detail::replica_header counters() const {
     detail::replica_header h{detail::replica_kind::update};
     h.version = stats_.version;
@@ -390,13 +399,54 @@ class server {
     h.applied = stats_.applied;
     return h;
   }
-
-  // Sends the update just applied (its gradient is in the replica's next buffer) to the standby.
-  void replicate(detail::replica_header h, V scale) {
+  // ... and after it, with the gradient's factor.
+  static detail::replica_header with_after(detail::replica_header h, V scale, std::uint64_t version,
+                                           std::uint64_t applied) {
     h.scale = static_cast<double>(scale);
-    h.next_version = stats_.version;
-    h.next_applied = stats_.applied;
-    replica_.send(h);
+    h.next_version = version;
+    h.next_applied = applied;
+    return h;
+  }
+
+  // What a server and its standby compare before replication starts: 64-bit words of the
+  // shard's parameters, mixed (FNV-1a's step on words).
+  std::uint64_t shard_checksum() const {
+    std::uint64_t h = 1469598103934665603ull;
+    for (const auto& tensor : shard_.tensors) {
+      const auto bytes = std::as_bytes(std::span<const V>(tensor));
+      std::size_t i = 0;
+      for (std::uint64_t word; i + sizeof word <= bytes.size(); i += sizeof word) {
+        std::memcpy(&word, bytes.data() + i, sizeof word);
+        h = (h ^ word) * 1099511628211ull;
+      }
+      for (; i < bytes.size(); ++i) h = (h ^ static_cast<std::uint64_t>(bytes[i])) * 1099511628211ull;
+    }
+    return h;
+  }
+
+  // Whether `rank` is a peer the transport has lost (not a failure of this rank's own).
+  bool peer_is_lost(int rank) const {
+    if constexpr (concepts::loss_tolerant_transport<Tr>) {
+      const auto lost = t_.lost_peers();
+      return std::find(lost.begin(), lost.end(), rank) != lost.end();
+    } else {
+      return false;
+    }
+  }
+
+  // Whether this rank writes its checkpoint at the end. Not a standby that took over but
+  // served nothing (its server may be alive, cut off from it alone), nor a server that lost
+  // its standby and had no worker finish (it may be the one cut off, while its standby
+  // serves): either would write a stale shard over the file the other writes.
+  bool keeps_its_checkpoint() const {
+    const bool may_be_stale = (stats_.promoted && !served_since_promotion_) ||
+                              (options_.standby && !is_standby_ && replica_.standby_lost() && finished_ == 0);
+    if (may_be_stale && !checkpoint_.empty())
+      observe::log_warning(comm_.rank(), comm_.size(), who_, ": not writing its checkpoint: ",
+                           stats_.promoted ? "it took its server's shard over but no worker used it"
+                                           : "it lost its standby and every worker",
+                           " (it may have been cut off while the other served)");
+    return !may_be_stale;
   }
 
   // A standby: applies its server's updates as they come, each acknowledged, until the
@@ -404,11 +454,18 @@ class server {
   bool follow() {
     detail::replica_header h;
     detail::replica_ack ack;
-    typename Tr::request ack_send;
+    const detail::replica_hello hello{stats_.version, shard_checksum()};
     try {
+      auto ack_send = t_.async_send(server_rank_, detail::replica_hello_tag, detail::bytes_of(hello));
       for (;;) {
         auto header = t_.async_recv(server_rank_, detail::replica_tag, detail::writable_bytes_of(h));
-        t_.wait(header, wait_deadline());
+        try {
+          t_.wait(header, wait_deadline());
+        } catch (const error& e) {
+          if (e.kind() != errc::timeout) throw;
+          throw error(errc::timeout, who_ + ": no update from server rank " + std::to_string(server_rank_) + " for " +
+                                         std::to_string(options_.timeout.count()) + " ms; is it stopped or stuck?");
+        }
         h = detail::decode_replica_header(detail::bytes_of(h), comm_.rank(), server_rank_, stats_.version,
                                           stats_.updates, stats_.applied);
         if (h.kind == detail::replica_kind::done) break;
@@ -417,7 +474,7 @@ class server {
         stats_.applied = h.applied;
         apply(incoming_, static_cast<V>(h.scale));  // the same lr schedule inputs and factor as the server's
         stats_.version = h.next_version;
-        stats_.applied = h.next_applied;
+        stats_.replicated = stats_.applied = h.next_applied;
         if (ack_send) t_.wait(ack_send, wait_deadline());
         ack = {stats_.version, stats_.updates};
         ack_send = t_.async_send(server_rank_, detail::replica_ack_tag, detail::bytes_of(ack));
@@ -425,7 +482,8 @@ class server {
       if (ack_send) t_.wait(ack_send, wait_deadline());
       return false;
     } catch (const error& e) {
-      if (e.kind() != errc::peer_lost) throw;
+      // Its server lost, not this rank failing (e.g. a sync worker's loss fails every rank).
+      if (e.kind() != errc::peer_lost || !peer_is_lost(server_rank_)) throw;
       promote(e);
       return true;
     }
@@ -440,6 +498,8 @@ class server {
     for (auto& slot : slots_) slot.clock = stats_.version;
     observe::log_warning(comm_.rank(), comm_.size(), who_, ": server rank ", server_rank_, " was lost (", e.details(),
                          "); serving its shard from version ", stats_.version, " after ", stats_.updates, " updates");
+    who_ = "parameter server rank " + std::to_string(comm_.rank()) + " (standby of lost server rank " +
+           std::to_string(server_rank_) + ")";
   }
 
   // A worker's request failed. Async modes over a transport that tolerates the loss drop
@@ -552,7 +612,7 @@ class server {
   const bool is_standby_;
   std::span<const piece> pieces_;
   const std::size_t elements_;
-  const std::string who_;
+  std::string who_;  // how messages name this rank (a standby that takes over is renamed)
   detail::shard_model<V, Optimizer> shard_;
   Optimizer scheduled_;  // the servers' copy: its lr follows options::learning_rate
   server_stats stats_;
@@ -566,6 +626,8 @@ class server {
   std::vector<typename Tr::request*> pending_;  // [worker], then the standby's acknowledgement
   detail::replica_link<V, Tr> replica_;          // a server's standby (inactive without one)
   int active_;  // live workers
+  int finished_ = 0;  // workers that said done
+  bool served_since_promotion_ = false;  // a push or pull came (after a standby took over)
 };
 
 }  // namespace gradwire::ps

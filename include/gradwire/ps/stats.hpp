@@ -29,6 +29,11 @@ struct server_stats {
   bool promoted = false;
   std::uint64_t promoted_at = 0;
   bool standby_lost = false;
+  // A standby: the gradients its server had applied at its last update (part of applied);
+  // after taking over, the gradients workers resent for a step it already had (not dropped).
+  // applied - replicated + dropped + resent == the sum of pushes, for every server.
+  std::uint64_t replicated = 0;
+  std::uint64_t resent = 0;
 };
 
 // Quantile of a histogram (counts per value); 0 for an empty one.

@@ -40,20 +40,23 @@
 namespace gradwire::ps {
 
 namespace detail {
-// A lost server without a standby is fatal to the job: say what to do about it.
-inline error server_loss(const error& e) {
+// A lost server without a standby (or with its standby lost too) is fatal to the job:
+// say what to do about it.
+inline error server_loss(const error& e, bool had_standby = false) {
   return error(errc::peer_lost, "parameter_server: " + e.details() +
-                                    " (a parameter server or the job failed; restart the job with the same "
-                                    "checkpoint directory to resume from the servers' last checkpoints, or run "
-                                    "servers with standbys: ps::options::standby)");
+                                    (had_standby ? " (a parameter server and its standby were both lost, or the job "
+                                                   "failed; restart the job with the same checkpoint directory)"
+                                                 : " (a parameter server or the job failed; restart the job with the "
+                                                   "same checkpoint directory to resume from the servers' last "
+                                                   "checkpoints, or run servers with standbys: ps::options::standby)"));
 }
 template <class F>
-void rethrow_server_loss(F&& f) {
+void rethrow_server_loss(F&& f, bool had_standby = false) {
   try {
     f();
   } catch (const error& e) {
     if (e.kind() != errc::peer_lost) throw;
-    throw server_loss(e);
+    throw server_loss(e, had_standby);
   }
 }
 }  // namespace detail
@@ -66,7 +69,11 @@ class worker {
 
   // `first_server`: the rank of server 0 (the servers, then their standbys, are the last ranks).
   worker(const options& o, sharding shards, int first_server)
-      : timeout_(o.timeout), report_(o.report), first_server_(first_server), shards_(std::move(shards)) {
+      : timeout_(o.timeout),
+        report_(o.report),
+        first_server_(first_server),
+        standby_lag_(o.standby_lag),
+        shards_(std::move(shards)) {
     links_.resize(static_cast<std::size_t>(shards_.servers()));
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
@@ -230,7 +237,6 @@ class worker {
   push_handle push(communicator_type& comm, std::span<const std::span<const V>> grads) {
     if (in_step_) throw error(errc::invalid_argument, "parameter_server: push() inside a step (finish it first)");
     ++clock_;
-    grads_.assign(grads.begin(), grads.end());  // a failover resends from them (valid until the handle waits)
     for (int s = 0; s < shards_.servers(); ++s)
       if (shards_.elements(s) > 0) start_push(comm, s, grads);
     send_push_headers(comm);
@@ -312,15 +318,25 @@ class worker {
         l.put_clock = clock_;
         l.push = {detail::request_kind::push, detail::in_window, l.version, clock_, l.updates};
         l.header_held = true;
+        // Sync modes with a standby: a copy to resend if the server is lost before the step
+        // closes (the caller may reuse its gradient once the puts are done).
+        if (!Mode::on_arrival && l.standby >= 0) gather(s, grads, l.gradient.data());
         return;
       }
     }
-    l.push = {detail::request_kind::push, 0, l.version, clock_, l.updates};
+    // Async modes, failed over but not yet told the standby's counters: none (the standby's
+    // may be behind the lost server's, and a push may not claim more than its server has).
+    const bool counters_unknown = Mode::on_arrival && l.recovering;
+    l.push = {detail::request_kind::push, 0, counters_unknown ? 0 : l.version, clock_, counters_unknown ? 0 : l.updates};
     sends_.push_back({s, server, t.async_send(server, detail::request_tag, detail::bytes_of(l.push))});
-    V* out = l.gradient.data();
-    for (const auto& p : shards_.shard(s)) out = std::copy_n(grads[p.tensor].data() + p.begin, p.size(), out);
+    gather(s, grads, l.gradient.data());
     sends_.push_back({s, server, t.async_send(server, detail::gradient_tag,
                                               std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
+  }
+
+  // Server s's pieces of `grads`, in shard order, to `out`.
+  void gather(int s, std::span<const std::span<const V>> grads, V* out) const {
+    for (const auto& p : shards_.shard(s)) out = std::copy_n(grads[p.tensor].data() + p.begin, p.size(), out);
   }
 
   // Server s's pull: its reply header (and parameters, without a window) into l.reply.
@@ -353,11 +369,22 @@ class worker {
       if (e.kind() != errc::peer_lost) throw;
       auto& l = link_to(s);
       if (rank != l.rank) return false;  // its server was lost, and the shard has failed over already
-      if (l.standby < 0) throw detail::server_loss(e);
+      if (l.standby < 0) throw detail::server_loss(e, failed_over(s));
+      // A loss of this rank's own (a sync job fails every rank when a worker dies) is no failover.
+      if (!peer_is_lost(comm, rank)) throw;
       fail_over(comm, s, e);
       return false;
     }
   }
+  static bool peer_is_lost(communicator_type& comm, int rank) {
+    if constexpr (concepts::loss_tolerant_transport<Tr>) {
+      const auto lost = comm.transport().lost_peers();
+      return std::find(lost.begin(), lost.end(), rank) != lost.end();
+    } else {
+      return false;
+    }
+  }
+  bool failed_over(int s) const { return links_[static_cast<std::size_t>(s)].rank != first_server_ + s; }
 
   // Server s was lost: its standby serves the shard from now on, by messages. A sync
   // step's gradient that the server may not have closed a step with is resent at once
@@ -372,10 +399,7 @@ class worker {
     l.recovering = true;
     ++failovers_;
     if (Mode::on_arrival || l.taken_clock >= l.push.clock || l.push.clock == 0) return;
-    V* out = l.gradient.data();  // a one-sided push left it in the tensors: gather it
-    if ((l.push.flags & detail::in_window) != 0)
-      for (const auto& p : shards_.shard(s)) out = std::copy_n(grads_[p.tensor].data() + p.begin, p.size(), out);
-    l.push.flags = 0;
+    l.push.flags = 0;  // by message, from the copy every push keeps (start_push)
     auto& t = comm.transport();
     std::vector<sent> resend;
     resend.push_back({s, l.rank, t.async_send(l.rank, detail::request_tag, detail::bytes_of(l.push))});
@@ -389,22 +413,32 @@ class worker {
   // the standby's counters are fetched so that the next push carries its version.
   void recover(communicator_type& comm, bool pulling) {
     std::vector<sent> requests;
-    std::vector<int> counters_of;
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
       if (!l.recovering || (!pulling && l.pulling)) continue;  // a pull in flight recovers it when waited for
       l.recovering = false;
       if (!pulling && !Mode::on_arrival) continue;  // sync: the next pull asks the standby
       start_pull(comm, s, requests);  // sync: the same step the lost pull waited for
-      if (!pulling) counters_of.push_back(s);
     }
-    for (auto& q : requests) detail::rethrow_server_loss([&] { comm.transport().wait(q.request, deadline_after(timeout_)); });
-    for (int s : counters_of) {
+    for (auto& q : requests)
+      detail::rethrow_server_loss([&] { comm.transport().wait(q.request, deadline_after(timeout_)); }, true);
+    for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
+      if (!std::ranges::any_of(requests, [&](const sent& q) { return q.server == s; })) continue;
       const auto h = detail::decode_reply(std::as_bytes(l.reply.span()), l.rank, l.pull.version, first_server_);
-      l.version = h.version;
-      l.updates = h.updates;
-      l.pulling = false;
+      // A standby trails its server by at most standby_lag updates (sync: none). More means it
+      // lost contact with its server earlier and went on alone: training on it would roll back.
+      if (h.updates + (Mode::on_arrival ? standby_lag_ : 0) < l.updates)
+        throw error(errc::peer_lost, "parameter_server: standby rank " + std::to_string(l.rank) + " has " +
+                                         std::to_string(h.updates) + " updates, its lost server had " +
+                                         std::to_string(l.updates) + " (more than ps::options::standby_lag = " +
+                                         std::to_string(standby_lag_) + " apart): it was cut off from its server "
+                                         "earlier; the shard cannot fail over (restart from the checkpoints)");
+      if (!pulling) {
+        l.version = h.version;
+        l.updates = h.updates;
+        l.pulling = false;
+      }
     }
   }
 
@@ -491,6 +525,7 @@ class worker {
   std::chrono::milliseconds timeout_;
   bool report_ = true;
   int first_server_ = 0;
+  std::uint32_t standby_lag_ = 0;  // async modes: updates a standby may trail its server by
   sharding shards_;
   std::vector<link> links_;                     // [server]
   std::vector<std::span<const V>> grads_;       // this step's gradients, as ready() gave them
