@@ -50,12 +50,16 @@ class replica_link {
     for (auto& slot : ring_) slot.gradient.assign(elements, V(0));
   }
 
-  // Before the first update: the standby's hello must match this server's start (its
-  // version and `checksum` of its shard); errc::mismatch otherwise.
-  void expect_hello(std::uint64_t version, std::uint64_t checksum) {
+  // Before the first update, server and standby exchange hellos, which must match: the
+  // version each starts from and a `checksum` of its shard; errc::mismatch otherwise (on
+  // both: a standby that starts elsewhere must not take over either).
+  void exchange_hello(std::uint64_t version, std::uint64_t checksum) {
     replica_hello hello;
+    const replica_hello mine{version, checksum};
     guarded([&] {
       auto r = t_->async_recv(standby_, replica_hello_tag, writable_bytes_of(hello));
+      auto sent = t_->async_send(standby_, replica_hello_tag, bytes_of(mine));
+      t_->wait(sent, deadline_after(timeout_));
       t_->wait(r, deadline_after(timeout_));
     });
     if (lost_ || (hello.version == version && hello.checksum == checksum)) return;

@@ -116,7 +116,7 @@ class server {
   // and returns what it saw.
   server_stats run() {
     if (is_standby_ && !follow()) return stats_;  // its server finished: so has the standby
-    if (replica_.active()) replica_.expect_hello(stats_.version, shard_checksum());
+    if (replica_.active()) replica_.exchange_hello(stats_.version, shard_checksum());
     observe::log_info(comm_.rank(), comm_.size(), "parameter server (", Mode::name, ") for ", workers_,
                       " worker(s): shard of ", elements_, " elements in ", pieces_.size(), " piece(s)",
                       stats_.resumed_from ? ", resumed from version " : "",
@@ -454,9 +454,9 @@ class server {
   bool follow() {
     detail::replica_header h;
     detail::replica_ack ack;
-    const detail::replica_hello hello{stats_.version, shard_checksum()};
+    hello_server();
     try {
-      auto ack_send = t_.async_send(server_rank_, detail::replica_hello_tag, detail::bytes_of(hello));
+      typename Tr::request ack_send;
       for (;;) {
         auto header = t_.async_recv(server_rank_, detail::replica_tag, detail::writable_bytes_of(h));
         try {
@@ -487,6 +487,32 @@ class server {
       promote(e);
       return true;
     }
+  }
+
+  // A standby's half of replica_link::exchange_hello: both must start from the same
+  // version and shard, or neither goes on (a standby that starts elsewhere must not take
+  // over). Before the hellos, the server's loss cannot be a failover.
+  void hello_server() {
+    const detail::replica_hello mine{stats_.version, shard_checksum()};
+    detail::replica_hello theirs;
+    try {
+      auto r = t_.async_recv(server_rank_, detail::replica_hello_tag, detail::writable_bytes_of(theirs));
+      auto sent = t_.async_send(server_rank_, detail::replica_hello_tag, detail::bytes_of(mine));
+      t_.wait(sent, wait_deadline());
+      t_.wait(r, wait_deadline());
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost) throw;
+      throw error(errc::peer_lost, who_ + ": server rank " + std::to_string(server_rank_) + " was lost before "
+                                          "replication started (" + e.details() + "): a standby takes over only a shard "
+                                          "it has confirmed; restart the job from its checkpoints");
+    }
+    if (theirs.version != mine.version || theirs.checksum != mine.checksum)
+      throw error(errc::mismatch, who_ + " starts from version " + std::to_string(mine.version) + " (checksum " +
+                                      std::to_string(mine.checksum) + "), its server rank " +
+                                      std::to_string(server_rank_) + " from version " + std::to_string(theirs.version) +
+                                      " (checksum " + std::to_string(theirs.checksum) + "): a server and its standby "
+                                      "must resume from the same checkpoint (ps::options::checkpoint_dir on storage "
+                                      "both can read)");
   }
 
   // The server was lost: this standby serves its shard from the last update it applied.
