@@ -33,6 +33,8 @@ using gradwire::errc;
 
 namespace {
 
+std::vector<std::byte> copy_of(std::span<const std::byte> bytes) { return {bytes.begin(), bytes.end()}; }
+
 // x brought into 0..bound.
 std::uint64_t at_most(std::uint64_t x, std::uint64_t bound) { return bound == ~0ull ? x : x % (bound + 1); }
 
@@ -51,11 +53,9 @@ void fuzz_request(gradwire::fuzz::input& in, bool legal) {
       h = {ps::request_kind::pull, flags, at_most(in.integer<std::uint64_t>(), version == ~0ull ? version : version + 1),
            clock, 0};
     if (kind == 2) h = {ps::request_kind::done, 0, 0, clock, 0};
-    const auto raw = ps::bytes_of(h);
-    bytes.assign(raw.begin(), raw.end());
+    bytes = copy_of(ps::bytes_of(h));
   } else {
-    const auto raw = in.rest();
-    bytes.assign(raw.begin(), raw.end());
+    bytes = copy_of(in.rest());
   }
   try {
     const ps::request_header h = ps::decode_request(bytes, 5, 2, version, updates);
@@ -82,8 +82,7 @@ void fuzz_reply(gradwire::fuzz::input& in, bool legal) {
     bytes.resize(sizeof h + in.byte() % 64 * 8);  // the parameters that follow the header
     std::memcpy(bytes.data(), &h, sizeof h);
   } else {
-    const auto raw = in.rest();
-    bytes.assign(raw.begin(), raw.end());
+    bytes = copy_of(in.rest());
   }
   try {
     const ps::reply_header h = ps::decode_reply(bytes, 6, least, workers);
@@ -153,11 +152,9 @@ void fuzz_replica_header(gradwire::fuzz::input& in, bool legal, bool one_field) 
       legal = false;
       set_one_field(in, h);
     }
-    const auto raw = ps::bytes_of(h);
-    bytes.assign(raw.begin(), raw.end());
+    bytes = copy_of(ps::bytes_of(h));
   } else {
-    const auto raw = in.rest();
-    bytes.assign(raw.begin(), raw.end());
+    bytes = copy_of(in.rest());
   }
   try {
     const ps::replica_header h = ps::decode_replica_header(bytes, 7, 3, version, updates, applied);
@@ -197,11 +194,9 @@ void fuzz_replica_ack(gradwire::fuzz::input& in, bool legal) {
     acked = std::min(acked, ~std::uint64_t{0} - 1);
     replicated = std::max(replicated, acked + 1);
     const ps::replica_ack a{version, acked + 1};
-    const auto raw = ps::bytes_of(a);
-    bytes.assign(raw.begin(), raw.end());
+    bytes = copy_of(ps::bytes_of(a));
   } else {
-    const auto raw = in.rest();
-    bytes.assign(raw.begin(), raw.end());
+    bytes = copy_of(in.rest());
   }
   try {
     const ps::replica_ack a = ps::decode_replica_ack(bytes, 3, 7, acked, replicated, version);
