@@ -152,6 +152,20 @@ static_assert(!gw::concepts::incremental_aggregation<naive_mean, float, gw::tran
 constexpr double lr = 0.05;
 constexpr int steps = 4;
 
+// inproc that also counts, in an atomic another thread may read, the bytes this rank has
+// started sending. traffic() may not be read while the communicator's background thread
+// runs a queued collective (async_engine.hpp: only that thread uses the communicator then);
+// this count may, so the test can watch a reduction start before finish().
+struct watched_inproc : gw::transport::inproc {
+  watched_inproc(gw::transport::inproc t, std::atomic<std::size_t>& sent) : inproc(std::move(t)), sent_(&sent) {}
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    sent_->fetch_add(bytes.size(), std::memory_order_relaxed);
+    return inproc::async_send(peer, tag, bytes);
+  }
+  std::atomic<std::size_t>* sent_;
+};
+static_assert(gw::concepts::transport<watched_inproc>);
+
 }  // namespace
 
 TEST_CASE("incremental steps in any order, from any thread, match synchronous SGD for every aggregation") {
@@ -302,19 +316,20 @@ TEST_CASE("a bucket's all-reduce starts as soon as its last tensor is ready, bef
     std::vector<gw::host_tensor<float>> params;
     params.emplace_back(gw::shape{4096});
     params.emplace_back(gw::shape{4096});
-    strategy_of<gw::aggregation::all_reduce> s(t, std::move(params), gw::optim::sgd({.lr = lr}),
-                                               gw::aggregation::all_reduce(4096 * sizeof(float)));
+    std::atomic<std::size_t> sent{0};
+    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::all_reduce, watched_inproc> s(
+        watched_inproc(t, sent), std::move(params), gw::optim::sgd({.lr = lr}),
+        gw::aggregation::all_reduce(4096 * sizeof(float)));
     REQUIRE(s.aggregation().buckets().size() == 2);
     std::vector<float> g(4096, 1.0f);
     auto step = s.begin_step();
-    const auto before = s.communicator().transport().traffic().bytes_sent;
+    const auto before = sent.load();
     step.ready(1, g);
     // The reduction of bucket 0 runs on the communicator's background thread meanwhile.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (s.communicator().transport().traffic().bytes_sent < before + 4096 * sizeof(float) / 2 &&
-           std::chrono::steady_clock::now() < give_up)
+    while (sent.load() < before + 4096 * sizeof(float) / 2 && std::chrono::steady_clock::now() < give_up)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    REQUIRE(s.communicator().transport().traffic().bytes_sent >= before + 4096 * sizeof(float) / 2);
+    REQUIRE(sent.load() >= before + 4096 * sizeof(float) / 2);
     step.ready(0, g);
     step.finish();
     REQUIRE(s.parameters()[0].data()[0] == Approx(-lr));

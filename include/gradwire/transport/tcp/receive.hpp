@@ -332,6 +332,8 @@ inline tcp_op* tcp_engine::take_receive(tcp_link& link, std::uint64_t tag) {
 
 inline void tcp_engine::deliver(tcp_op& op, std::span<const std::byte> payload) {
   if (payload.size() != op.bytes) return fail_size(op, payload.size());
+  // Nothing to move: an empty buffer's data may be null, which memcpy may not be given.
+  if (payload.empty()) return op.finish();
   if (op.deliver != deliver_copy && reinterpret_cast<std::uintptr_t>(payload.data()) % 16 != 0) {
     // The add reads whole elements: a payload in the frame buffer behind a frame of odd
     // length is not aligned for them, so it is added from aligned memory.
@@ -341,7 +343,7 @@ inline void tcp_engine::deliver(tcp_op& op, std::span<const std::byte> payload) 
     give_back(std::move(aligned));
     return op.finish();
   }
-  if (!payload.empty()) op.deliver(op.data, payload.data(), payload.size());
+  op.deliver(op.data, payload.data(), payload.size());
   op.finish();
 }
 
