@@ -67,7 +67,7 @@ int main() {
     gw::ps::options ps;
     ps.servers = 2;        // launched with --ps 4: the first two serve, the last two are their standbys
     ps.standby = true;     // every update replicated; a lost server's standby takes its shard over
-    ps.standby_lag = 8;    // async modes: how many updates a standby may trail by (sync: none)
+    ps.standby_lag = 8;    // async modes: how many updates a standby may trail by (sync: 1, the step's)
     // [/docs:standby]
     snippets::expect("2 servers with standbys take 4 ranks", ps.serving_ranks() == 4);
   }
