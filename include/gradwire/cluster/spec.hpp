@@ -176,6 +176,11 @@ inline constexpr launcher_vars slurm_vars{"slurm", "SLURM_PROCID", "SLURM_NTASKS
 inline const char* rank_what = "this process's index (0..world size - 1)";
 inline const char* world_what = "the number of processes (at least 1)";
 
+// "0..count-1" for an error message; any int count, even INT_MIN from a hostile environment.
+inline std::string index_range(int count) {
+  return "0.." + std::to_string(std::max(0LL, static_cast<long long>(count) - 1));
+}
+
 inline std::optional<setting> read(const env_reader& env, const char* name, const char* what) {
   if (auto v = env.integer(name, what)) return setting{*v, name};
   return std::nullopt;
@@ -289,7 +294,7 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
   if (world && !rank) {
     if (world->value != 1)
       config_error(world->shown() + " is set but " + rank_var + " is not: set " + rank_var +
-                   " (this process's index, 0.." + std::to_string(std::max(0, world->value - 1)) + ")");
+                   " (this process's index, " + detail::index_range(world->value) + ")");
     rank = setting{0, rank_var};
   }
   if (rank) {
@@ -323,7 +328,7 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
   if (local_world && !local_rank) {
     const char* name = launcher ? launcher->local_rank : "LOCAL_RANK";
     config_error(local_world->shown() + " is set but " + name + " is not: set " + name +
-                 " (this process's index on its machine, 0.." + std::to_string(std::max(0, local_world->value - 1)) + ")");
+                 " (this process's index on its machine, " + detail::index_range(local_world->value) + ")");
   }
   if (!local_rank) local_rank = setting{spec.rank, "local rank"};
   if (!local_world) local_world = setting{spec.world_size, "world size"};
