@@ -14,6 +14,8 @@
 #include <gradwire/cluster/tcp.hpp>
 #include <gradwire/timeouts.hpp>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -40,17 +42,16 @@ constexpr const char* variables[] = {
 constexpr std::size_t variable_count = sizeof variables / sizeof variables[0];
 
 void check_spec(const gc::cluster_spec& s) {
-  using gradwire::fuzz::finding;
-  if (s.world_size < 1 || s.rank < 0 || s.rank >= s.world_size) finding("detect accepted a rank outside the world");
-  if (s.local_world_size < 1 || s.local_world_size > s.world_size || s.local_rank < 0 ||
-      s.local_rank >= s.local_world_size)
-    finding("detect accepted a local rank or size out of range");
-  if (s.roles.size() != static_cast<std::size_t>(s.world_size)) finding("detect gave a role count != world size");
-  if (!s.task_addresses.empty() && s.task_addresses.size() != s.roles.size())
-    finding("detect gave task addresses for some ranks only");
-  if (s.master_port < 0 || s.master_port > 65535 || (s.world_size > 1 && s.master_port == 0))
-    finding("detect accepted a job without a usable rendezvous port");
-  if (s.master_addr.empty()) finding("detect accepted an empty master address");
+  GRADWIRE_FUZZ_CHECK(s.world_size >= 1 && s.rank >= 0 && s.rank < s.world_size, "detect accepted a rank outside the world");
+  GRADWIRE_FUZZ_CHECK(s.local_world_size >= 1 && s.local_world_size <= s.world_size && s.local_rank >= 0 &&
+                          s.local_rank < s.local_world_size,
+                      "detect accepted a local rank or size out of range");
+  GRADWIRE_FUZZ_CHECK(s.roles.size() == static_cast<std::size_t>(s.world_size), "detect gave a role count != world size");
+  GRADWIRE_FUZZ_CHECK(s.task_addresses.empty() || s.task_addresses.size() == s.roles.size(),
+                      "detect gave task addresses for some ranks only");
+  GRADWIRE_FUZZ_CHECK(s.master_port >= 0 && s.master_port <= 65535 && (s.world_size == 1 || s.master_port != 0),
+                      "detect accepted a job without a usable rendezvous port");
+  GRADWIRE_FUZZ_CHECK(!s.master_addr.empty(), "detect accepted an empty master address");
 }
 
 }  // namespace
@@ -78,23 +79,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     gradwire::fuzz::expect_error(e, {errc::config});
     const std::string_view what = e.what();
     if (what.find("overrides") != std::string_view::npos) return;
-    for (const char* name : variables)
-      if (what.find(name) != std::string_view::npos) return;
-    gradwire::fuzz::finding(std::string("a configuration error that names no variable: ") + e.what());
+    const bool names_a_variable = std::any_of(std::begin(variables), std::end(variables), [&](const char* name) {
+      return what.find(name) != std::string_view::npos;
+    });
+    GRADWIRE_FUZZ_CHECK(names_a_variable, std::string("a configuration error that names no variable: ") + e.what());
   };
   try {
     const gc::cluster_spec spec = gc::detect(given, lookup);
     check_spec(spec);
     const auto o = gc::tcp_options(spec, lookup);
-    if (o.socket_buffer_bytes < 0 || o.poll_before_sleep.count() < 0 || o.heartbeat_interval.count() < 0)
-      gradwire::fuzz::finding("tcp_options accepted a negative setting");
+    GRADWIRE_FUZZ_CHECK(o.socket_buffer_bytes >= 0 && o.poll_before_sleep.count() >= 0 && o.heartbeat_interval.count() >= 0,
+                        "tcp_options accepted a negative setting");
   } catch (const gradwire::error& e) {
     names_a_setting(e);
   }
   if (auto it = env.find("GRADWIRE_STEP_TIMEOUT"); it != env.end()) {
     try {
       const auto t = gradwire::parse_seconds("GRADWIRE_STEP_TIMEOUT", it->second);
-      if (t.count() < 1 || t.count() > 10'000'000'000LL) gradwire::fuzz::finding("parse_seconds out of its range");
+      GRADWIRE_FUZZ_CHECK(t.count() >= 1 && t.count() <= 10'000'000'000LL, "parse_seconds out of its range");
     } catch (const gradwire::error& e) {
       gradwire::fuzz::expect_error(e, {errc::config}, "GRADWIRE_STEP_TIMEOUT");
     }
