@@ -31,6 +31,11 @@ inline constexpr std::chrono::milliseconds default_stall_warn{std::chrono::secon
 // (GRADWIRE_STALL_TIMEOUT); 0: never before the operation deadline (default_timeout).
 inline constexpr std::chrono::milliseconds default_stall_timeout{0};
 
+// Waits for what a live peer sends at once (a parameter-server worker's end-of-job done
+// leaving for its servers and standbys, an elastic replacement's welcome from each rank):
+// a stopped or partitioned peer costs this much, not default_timeout.
+inline constexpr std::chrono::milliseconds prompt_reply_timeout{std::chrono::seconds(10)};
+
 // On a simulated rank (simulation/), the deadline is virtual: `timeout` after the rank's
 // virtual clock, so the real time other ranks take never eats into it.
 inline deadline deadline_after(std::chrono::milliseconds timeout) {

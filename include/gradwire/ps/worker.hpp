@@ -267,10 +267,10 @@ class worker {
       if (l.standby >= 0)
         to_standbys.push_back({s, l.standby, t.async_send(l.standby, detail::request_tag, detail::bytes_of(done))});
     }
-    wait_all(comm, sends, deadline_after(std::chrono::seconds(10)));
+    wait_all(comm, sends, deadline_after(prompt_reply_timeout));
     for (auto& q : to_standbys) {  // best effort: a standby ends with its server, maybe before this arrives
       try {
-        t.wait(q.request, deadline_after(std::chrono::seconds(10)));
+        t.wait(q.request, deadline_after(prompt_reply_timeout));
       } catch (const error& e) {
         if (e.kind() != errc::peer_lost) throw;
       }

@@ -144,7 +144,7 @@ inline void tcp_engine::join_back() {
   for (int r = 0; r < n; ++r)
     if (r != me) dial_back(r, addresses[r], time.until);
   // Live peers answer within moments (a stopped one never does): a short wait.
-  support::run_until(io, [&] { return join_pending == 0; }, std::min(time.until, deadline_after(std::chrono::seconds(10))));
+  support::run_until(io, [&] { return join_pending == 0; }, std::min(time.until, deadline_after(prompt_reply_timeout)));
   joining = false;
   for (int r = 0; r < n; ++r)
     if (r != me && !links[r]) mark_absent(r, "it did not answer the hello in time");
