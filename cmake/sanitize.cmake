@@ -7,26 +7,22 @@
 # its subdirectories); the installed package and its consumers never do.
 set(GRADWIRE_SANITIZE "" CACHE STRING "Sanitize every target of this build: address (ASan+UBSan), thread (TSan) or empty")
 set_property(CACHE GRADWIRE_SANITIZE PROPERTY STRINGS "" address thread)
-# How much slower tests run instrumented: a test whose time limit is tight for its normal
-# run multiplies it by this (ASan about 2x; TSan 10-50x on lock-heavy code: the top-k
-# tutorial takes 3 s, and 600 s under TSan on 2 loaded cores). ctest --timeout, which
-# scripts/sanitize raises, only sets the limit of tests that have none.
-set(GRADWIRE_TEST_TIMEOUT_SCALE 1)
-if(GRADWIRE_SANITIZE STREQUAL "address")
-  set(GRADWIRE_TEST_TIMEOUT_SCALE 3)
-elseif(GRADWIRE_SANITIZE STREQUAL "thread")
-  set(GRADWIRE_TEST_TIMEOUT_SCALE 10)
-endif()
 if(GRADWIRE_SANITIZE STREQUAL "")
   return()
 endif()
 if(NOT CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   message(FATAL_ERROR "gradwire: GRADWIRE_SANITIZE needs g++ or clang++ (found ${CMAKE_CXX_COMPILER_ID})")
 endif()
+# GRADWIRE_TEST_TIMEOUT_SCALE: how much slower tests run instrumented; a test whose time
+# limit is tight for its normal run multiplies it by this (ASan about 2x; TSan 10-50x on
+# lock-heavy code: the top-k tutorial takes 3 s, and 600 s under TSan on 2 loaded cores).
+# ctest --timeout, which scripts/sanitize raises, only sets the limit of tests that have none.
 if(GRADWIRE_SANITIZE STREQUAL "address")
   set(gradwire_sanitize_flags -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+  set(GRADWIRE_TEST_TIMEOUT_SCALE 3)
 elseif(GRADWIRE_SANITIZE STREQUAL "thread")
   set(gradwire_sanitize_flags -fsanitize=thread)
+  set(GRADWIRE_TEST_TIMEOUT_SCALE 10)
   # g++ warns once per inlined use that TSan does not model atomic_thread_fence, which
   # Boost.Asio's handler blocks use (thousands of lines per TU); gradwire's code has no fences.
   set(gradwire_sanitize_compile_only $<$<CXX_COMPILER_ID:GNU>:-Wno-tsan>)

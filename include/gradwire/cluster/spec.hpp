@@ -304,8 +304,8 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
       config_error(world->shown() + " is more processes than gradwire supports (" + std::to_string(max_world_size) +
                    "): set " + world->name + " to the number of processes");
     if (rank->value < 0 || rank->value >= world->value)
-      config_error(rank->shown() + " is out of range for " + world->shown() + ": set " + rank->name + " to 0.." +
-                   std::to_string(world->value - 1) + " (or " + world->name + " to the number of processes)");
+      config_error(rank->shown() + " is out of range for " + world->shown() + ": set " + rank->name + " to " +
+                   detail::index_range(world->value) + " (or " + world->name + " to the number of processes)");
     spec.rank = rank->value;
     spec.world_size = world->value;
   }
@@ -337,7 +337,7 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
                  local_world->name + " to the number of processes on this machine");
   if (local_rank->value < 0 || local_rank->value >= local_world->value)
     config_error(local_rank->shown() + " is out of range for " + local_world->shown() + ": set " + local_rank->name +
-                 " to 0.." + std::to_string(local_world->value - 1));
+                 " to " + detail::index_range(local_world->value));
   spec.local_rank = local_rank->value;
   spec.local_world_size = local_world->value;
 
@@ -352,7 +352,7 @@ inline cluster_spec detect(const overrides& given = {}, const env_lookup& env_fn
     const int servers = ps ? ps->value : 0;
     if (servers < 0 || (servers > 0 && servers >= spec.world_size))
       config_error(ps->shown() + " leaves no worker in a job of " + std::to_string(spec.world_size) +
-                   " ranks: use 0.." + std::to_string(spec.world_size - 1));
+                   " ranks: use " + detail::index_range(spec.world_size));
     spec.roles.assign(static_cast<std::size_t>(spec.world_size), task_type::worker);
     std::fill(spec.roles.end() - servers, spec.roles.end(), task_type::ps);
     spec.roles[0] = task_type::chief;
