@@ -183,14 +183,19 @@ inline frame_header decode(std::span<const std::byte> bytes, std::uint64_t expec
   return h;
 }
 
+// What a payload whose CRC (`got`) is not its header's says; one wording for check_payload
+// and for receives that compute the CRC as the bytes land.
+inline std::string corrupt_payload_message(const frame_header& h, std::uint32_t got, std::string_view who) {
+  return "corrupt payload from " + std::string(who) + " (tag " + std::to_string(h.tag) + ", " +
+         std::to_string(h.length) + " bytes): checksum " + detail::hex(got) + ", header says " +
+         detail::hex(h.payload_crc);
+}
+
 // Checks a received payload against its header's CRC, when the sender computed one.
 inline void check_payload(const frame_header& h, std::span<const std::byte> payload, std::string_view who = "peer") {
   if (!(h.flags & payload_checksummed)) return;
   const std::uint32_t got = crc32c(payload);
-  if (got != h.payload_crc)
-    throw error(errc::protocol, "corrupt payload from " + std::string(who) + " (tag " + std::to_string(h.tag) + ", " +
-                                    std::to_string(h.length) + " bytes): checksum " + detail::hex(got) +
-                                    ", header says " + detail::hex(h.payload_crc));
+  if (got != h.payload_crc) throw error(errc::protocol, corrupt_payload_message(h, got, who));
 }
 
 }  // namespace gradwire::support::wire

@@ -123,9 +123,11 @@ inline void tcp_engine::fail_operations(tcp_link& link, errc cause, const std::s
 // A broken connection fails the whole rank: collectives cannot complete without
 // every peer, and failing at once beats waiting for every deadline.
 inline void tcp_engine::lose(tcp_link& link, errc cause, const std::string& why) {
-  link.alive = false;
   const std::string what = "rank " + std::to_string(options.rank) + ": " + why;
-  if (!failed) send_abort(cause, what);  // so the peers report this, not a closed connection
+  // So the peers report this, not a closed connection: the one that sent a bad frame too
+  // (a corrupt payload, another job's token), whose link is still open until now.
+  if (!failed) send_abort(cause, what);
+  link.alive = false;
   fail_everything(cause, what);
 }
 

@@ -90,7 +90,7 @@ inline bool tcp_engine::accept_header(tcp_link& link, std::span<const std::byte>
   try {
     link.incoming = wire::decode(bytes, token, who);
   } catch (const error& e) {
-    lose(link, e.kind(), e.what());
+    lose(link, e.kind(), e.details());
     return false;
   }
   const auto& h = link.incoming;
@@ -120,7 +120,7 @@ inline bool tcp_engine::on_buffered_frame(tcp_link& link, std::span<const std::b
   try {
     wire::check_payload(link.incoming, payload, "rank " + std::to_string(link.peer));
   } catch (const error& e) {
-    lose(link, e.kind(), e.what());
+    lose(link, e.kind(), e.details());
     return false;
   }
   if (kind == wire::frame_kind::abort) {
@@ -214,11 +214,11 @@ inline void tcp_engine::read_in_place(tcp_link& link, std::size_t offset) {
                               try {
                                 wire::check_payload(link.incoming, {done->data, done->bytes},
                                                     "rank " + std::to_string(link.peer));
-                                done->finish();
                               } catch (const error& e) {
-                                done->finish(e.kind(), e.what());
-                                return lose(link, e.kind(), e.what());
+                                link.reading = done;  // fails with the rest, in the rank's words
+                                return lose(link, e.kind(), e.details());
                               }
+                              done->finish();
                             }
                             read_frames(link);
                           });
@@ -238,13 +238,10 @@ inline void tcp_engine::read_accumulating(tcp_link& link, std::size_t offset, st
     const std::uint32_t sum = (link.incoming.flags & wire::payload_checksummed) ? wire::crc32c(fresh, crc) : crc;
     if (chunk) op->deliver(op->data + offset, link.stage.data(), chunk);
     if (offset + chunk < op->bytes) return read_accumulating(link, offset + chunk, sum, 0);
+    if ((link.incoming.flags & wire::payload_checksummed) && sum != link.incoming.payload_crc)  // op fails with the rest
+      return lose(link, errc::protocol,
+                  wire::corrupt_payload_message(link.incoming, sum, "rank " + std::to_string(link.peer)));
     link.reading = nullptr;
-    if ((link.incoming.flags & wire::payload_checksummed) && sum != link.incoming.payload_crc) {
-      const std::string why = "corrupt payload from rank " + std::to_string(link.peer) + " (tag " +
-                              std::to_string(link.incoming.tag) + "): checksum mismatch";
-      op->finish(errc::protocol, why);
-      return lose(link, errc::protocol, why);
-    }
     op->finish();
     read_frames(link);
   };
@@ -281,7 +278,7 @@ inline void tcp_engine::read_eager(tcp_link& link) {
                             try {
                               wire::check_payload(link.incoming, m.payload, who);
                             } catch (const error& e) {
-                              return lose(link, e.kind(), e.what());
+                              return lose(link, e.kind(), e.details());
                             }
                             if (link.incoming.kind == wire::frame_kind::abort)
                               return on_abort(link, std::string(reinterpret_cast<const char*>(m.payload.data()),

@@ -1,0 +1,613 @@
+// asio_tcp's defences provoked on real sockets: corrupted payloads and headers, another job's token, a stranger, a peer that finishes.
+//
+// Two ranks run as threads of this process over loopback. Where the wire must be
+// touched, rank 1 dials rank 0 through a man-in-the-middle proxy owned by the test
+// (support/mitm_proxy.hpp): the test reads the address rank 0 published in the
+// rendezvous store, starts the proxy towards it and publishes the proxy's address in its
+// place, and only then starts rank 1, which so reads the proxy's. The proxy flips a
+// payload byte, rewrites a header or puts a forged frame ahead of a real one, and counts
+// what it did, so no test passes without the wire having been touched. Every wait is
+// bounded by `patience`: a defence that is missing fails its test within seconds.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/collective/communicator.hpp>
+#include <gradwire/rendezvous/store.hpp>
+#include <gradwire/support/asio.hpp>
+#include <gradwire/support/wire.hpp>
+#include <gradwire/transport/asio_tcp.hpp>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "support/mitm_proxy.hpp"
+#include "support/reference.hpp"
+
+namespace gw = gradwire;
+namespace wire = gradwire::support::wire;
+using gw::errc;
+using gw::test::is_error;
+using gw::testing::frame_edit;
+using gw::testing::mitm_proxy;
+using gw::transport::asio_tcp;
+using gw::transport::asio_tcp_options;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Every wait in this file: the join, each receive, each hand-over between the threads.
+constexpr std::chrono::milliseconds patience = 5s;
+const std::string job_token = "tcp-defences";
+const std::string foreign_token = "another-job";
+
+// A port that was free a moment ago, for a rendezvous store.
+std::uint16_t free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+// One thread raises it, another awaits it (within patience).
+class event {
+ public:
+  void raise() {
+    {
+      std::lock_guard lock(mutex_);
+      raised_ = true;
+    }
+    cv_.notify_all();
+  }
+  void await(const std::string& what) {
+    std::unique_lock lock(mutex_);
+    if (!cv_.wait_for(lock, patience, [&] { return raised_; }))
+      throw std::runtime_error("timed out waiting for " + what);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool raised_ = false;
+};
+
+// The gradwire::error `fn` throws, if it throws one.
+template <class Fn>
+std::optional<gw::error> failure_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const gw::error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+void finish(asio_tcp& t, asio_tcp::request& r) { t.wait(r, gw::deadline_after(patience)); }
+
+// As the message texts write CRCs, formatted here on its own.
+std::string hex(std::uint64_t v) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
+std::uint32_t crc_of(const std::vector<float>& v) { return wire::crc32c(std::as_bytes(std::span(v))); }
+
+// A 2-rank asio_tcp job on two threads of this process.
+class two_ranks {
+ public:
+  explicit two_ranks(bool checksum = true) : checksum_(checksum) {}
+
+  asio_tcp_options options(int rank) const {
+    asio_tcp_options o;
+    o.rank = rank;
+    o.size = 2;
+    o.job_token = job_token;
+    o.store_port = store_port_;
+    o.connect_timeout = patience;
+    o.checksum_payload = checksum_;
+    return o;
+  }
+
+  // Runs rank0(transport) and rank1(transport) on their own threads, rank 1 dialling rank 0
+  // through a proxy made with `tamper` (held until release() when `held`). `meanwhile`
+  // runs on this thread once rank 1 has started; the proxy is released after it. Rethrows
+  // what the setup, `meanwhile` or a rank threw.
+  template <class F0, class F1, class M>
+  void run_through_proxy(mitm_proxy::tamper_fn tamper, F0 rank0, F1 rank1, bool held, M meanwhile) {
+    std::exception_ptr errors[3];
+    std::thread t0 = start(0, rank0, errors[0]), t1;
+    try {
+      // Rank 1 starts only once the address it will read is the proxy's.
+      gw::rendezvous::store_client store("127.0.0.1", store_port_, job_token, patience);
+      rank0_address = gw::support::split_address(store.get_string("gradwire/tcp/0"), "rank 0's address");
+      proxy_ = std::make_unique<mitm_proxy>(rank0_address.first, rank0_address.second, std::move(tamper), held);
+      store.set("gradwire/tcp/0", gw::support::address_text("127.0.0.1", proxy_->port()));
+      t1 = start(1, rank1, errors[1]);
+      meanwhile();
+    } catch (...) {
+      errors[2] = std::current_exception();
+    }
+    if (proxy_) proxy_->release();
+    t0.join();
+    if (t1.joinable()) t1.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+  template <class F0, class F1>
+  void run_through_proxy(mitm_proxy::tamper_fn tamper, F0 rank0, F1 rank1) {
+    run_through_proxy(std::move(tamper), rank0, rank1, false, [] {});
+  }
+
+  // The same, rank 1 dialling rank 0 directly.
+  template <class F0, class F1>
+  void run(F0 rank0, F1 rank1) {
+    std::exception_ptr errors[2];
+    std::thread t0 = start(0, rank0, errors[0]);
+    std::thread t1 = start(1, rank1, errors[1]);
+    t0.join();
+    t1.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+  mitm_proxy& proxy() { return *proxy_; }
+  std::pair<std::string, std::uint16_t> rank0_address;  // where rank 0 really listens
+
+ private:
+  template <class F>
+  std::thread start(int rank, F& fn, std::exception_ptr& error) {
+    return std::thread([this, rank, &fn, &error] {
+      try {
+        asio_tcp t(options(rank));
+        fn(t);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+  }
+
+  bool checksum_;
+  std::uint16_t store_port_ = free_port();
+  std::unique_ptr<mitm_proxy> proxy_;  // outlives the ranks' threads
+};
+
+// Tamper functions: each acts on the first data frame with `tag` and leaves the rest alone.
+template <class Edit>
+mitm_proxy::tamper_fn on_first_data_frame(std::uint64_t tag, Edit edit) {
+  return [tag, edit, done = false](wire::header_bytes& bytes) mutable -> frame_edit {
+    const auto h = wire::decode(bytes, wire::token_hash(job_token), "the proxy's sender");
+    if (done || h.kind != wire::frame_kind::data || h.tag != tag) return {};
+    done = true;
+    return edit(bytes);
+  };
+}
+
+mitm_proxy::tamper_fn flip_payload_byte(std::uint64_t tag, std::uint64_t offset) {
+  return on_first_data_frame(tag, [offset](wire::header_bytes&) {
+    frame_edit e;
+    e.flip_payload_byte = offset;
+    return e;
+  });
+}
+
+// --- payload checksums ----------------------------------------------------------------
+
+// The receive paths of transport/tcp/receive.hpp that check a payload's CRC.
+enum class receive_path {
+  whole,         // a small message, taken whole from the frame buffer (on_buffered_frame)
+  eager,         // a medium one that arrives before its receive: read into memory (read_eager)
+  in_place,      // a large one whose receive waits: read straight into place (read_in_place)
+  accumulating,  // async_recv_accumulate of a large one: chunks added as they land (read_accumulating)
+};
+
+struct corruption_outcome {
+  std::optional<gw::error> received;  // rank 0's receive (eager: the receive it waited on meanwhile)
+  std::optional<gw::error> later;     // eager: rank 0's receive of the corrupted message itself, posted after
+  std::optional<gw::error> sender;    // rank 1: its send, then a wait for rank 0's answer
+  std::vector<float> sent, before, got;  // rank 0's buffer before and after (accumulating: added into)
+};
+
+// Rank 1 sends `count` random floats with tag 7 to rank 0 through a proxy that inverts
+// payload byte `flip`; rank 0 receives them by `path`.
+corruption_outcome send_corrupted(receive_path path, std::size_t count, std::uint64_t flip, bool checksum,
+                                  two_ranks& job, gw::test::random_engine& rng) {
+  corruption_outcome out;
+  out.sent = rng.vector<float>(count);
+  out.before = path == receive_path::accumulating ? rng.vector<float>(count) : std::vector<float>(count, 0.0f);
+  event posted;
+  auto rank0 = [&](asio_tcp& t) {
+    std::vector<float> buffer = out.before;
+    std::vector<float> follow(4);
+    if (path == receive_path::eager) {
+      // Waiting for a later message runs the link while tag 7 arrives with no receive posted.
+      auto r = t.async_recv(1, 8, std::as_writable_bytes(std::span(follow)));
+      posted.raise();
+      out.received = failure_of([&] { finish(t, r); });
+      out.later = failure_of([&] {
+        auto m = t.async_recv(1, 7, std::as_writable_bytes(std::span(buffer)));
+        finish(t, m);
+      });
+    } else {
+      auto r = path == receive_path::accumulating
+                   ? t.async_recv_accumulate(1, 7, std::span(buffer))
+                   : t.async_recv(1, 7, std::as_writable_bytes(std::span(buffer)));
+      posted.raise();
+      out.received = failure_of([&] { finish(t, r); });
+    }
+    out.got = buffer;
+    if (!out.received && !out.later) {
+      const std::byte answer{1};
+      auto a = t.async_send(1, 99, {&answer, 1});
+      finish(t, a);
+    }
+  };
+  auto rank1 = [&](asio_tcp& t) {
+    posted.await("rank 0's receive");
+    out.sender = failure_of([&] {
+      auto s = t.async_send(0, 7, std::as_bytes(std::span(out.sent)));
+      finish(t, s);
+      if (path == receive_path::eager && !checksum) {  // what rank 0 waits for meanwhile (with checksums, it fails first)
+        const std::vector<float> next(4, 1.0f);
+        auto n = t.async_send(0, 8, std::as_bytes(std::span(next)));
+        finish(t, n);
+      }
+      std::byte answer{};
+      auto a = t.async_recv(0, 99, {&answer, 1});
+      finish(t, a);
+    });
+  };
+  job.run_through_proxy(flip_payload_byte(7, flip), rank0, rank1);
+  return out;
+}
+
+// Runs one path with and without payload checksums (SECTIONs of the calling TEST_CASE).
+void check_corruption_is_caught(receive_path path, std::size_t count, std::uint64_t flip) {
+  REQUIRE(flip % 4 == 1);  // a mantissa byte: the corrupted float stays finite, so it compares
+  GRADWIRE_TEST_RNG(rng);
+  const std::size_t bytes = count * sizeof(float);
+  SECTION("with payload checksums the receive fails with protocol naming rank, tag and size") {
+    two_ranks job(true);
+    const auto out = send_corrupted(path, count, flip, true, job, rng);
+    REQUIRE(job.proxy().flipped_bytes() == 1);
+    std::vector<float> corrupted = out.sent;
+    reinterpret_cast<std::byte*>(corrupted.data())[flip] ^= std::byte{0xff};
+    const std::string expected = "rank 0: corrupt payload from rank 1 (tag 7, " + std::to_string(bytes) +
+                                 " bytes): checksum " + hex(crc_of(corrupted)) + ", header says " + hex(crc_of(out.sent));
+    REQUIRE(out.received.has_value());
+    CHECK_THAT(*out.received, is_error(errc::protocol, {"corrupt payload from rank 1 (tag 7, " + std::to_string(bytes) + " bytes)"}));
+    CHECK(out.received->details() == expected);
+    if (path == receive_path::eager) {  // nor can the corrupted message be received afterwards
+      REQUIRE(out.later.has_value());
+      CHECK(out.later->kind() == errc::protocol);
+      CHECK(out.later->details() == expected);
+    }
+    // The sender is not left waiting, and it learns why: rank 0's abort frame goes out on
+    // the link it lost too, ahead of the close.
+    REQUIRE(out.sender.has_value());
+    CHECK_THAT(*out.sender, is_error(errc::peer_lost, {"rank 1: rank 0 failed: " + expected}));
+  }
+  SECTION("without payload checksums the same corruption arrives silently, in exactly the flipped byte") {
+    // What the checksum is for: the proxy really changed that one payload byte.
+    two_ranks job(false);
+    const auto out = send_corrupted(path, count, flip, false, job, rng);
+    REQUIRE(job.proxy().flipped_bytes() == 1);
+    REQUIRE_FALSE(out.received.has_value());
+    REQUIRE_FALSE(out.later.has_value());
+    REQUIRE_FALSE(out.sender.has_value());
+    std::vector<float> corrupted = out.sent;
+    reinterpret_cast<std::byte*>(corrupted.data())[flip] ^= std::byte{0xff};
+    std::size_t wrong = 0, differs = 0, where = count;
+    for (std::size_t i = 0; i < count; ++i) {
+      // Reference in float64: the sum of two floats is exact there, rounded once to float.
+      const double clean = double(out.before[i]) + double(out.sent[i]);
+      const double tampered = double(out.before[i]) + double(corrupted[i]);
+      if (out.got[i] != float(tampered)) ++wrong;
+      if (out.got[i] != float(clean)) ++differs, where = i;
+    }
+    CHECK(wrong == 0);  // what arrived is what the proxy forwarded
+    CHECK(differs == 1);  // and that differs from what was sent in the one float holding the flipped byte
+    CHECK(where == flip / 4);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a payload byte corrupted on the wire: a small message, taken whole from the frame buffer",
+          "[tcp][defences][checksum]") {
+  check_corruption_is_caught(receive_path::whole, 1000, 1233);
+}
+
+TEST_CASE("a payload byte corrupted on the wire: a medium message that arrives before its receive, read eagerly",
+          "[tcp][defences][checksum]") {
+  // 100 KiB: more than the 64 KiB frame buffer takes in one read, less than eager_bytes.
+  check_corruption_is_caught(receive_path::eager, 25600, 25600 * 4 - 3);
+}
+
+TEST_CASE("a payload byte corrupted on the wire: a large message read straight into place, corrupted far into it",
+          "[tcp][defences][checksum]") {
+  // 3 MiB and a little: past the frame buffer and the early buffer (early_bytes, 1 MiB).
+  const std::size_t count = (std::size_t{3} << 20) / 4 + 5;
+  check_corruption_is_caught(receive_path::in_place, count, count * 4 - 7);
+}
+
+TEST_CASE("a payload byte corrupted on the wire: an accumulating receive (recv-and-add), corrupted in its last chunk",
+          "[tcp][defences][checksum]") {
+  const std::size_t count = (std::size_t{3} << 20) / 4 + 5;
+  check_corruption_is_caught(receive_path::accumulating, count, count * 4 - 7);
+}
+
+// --- the job token ----------------------------------------------------------------------
+
+namespace {
+
+// Reads up to bytes.size() bytes from `fd`, each within patience; returns how many came
+// before the connection ended.
+std::size_t read_within_patience(int fd, std::span<std::byte> bytes) {
+  std::size_t got = 0;
+  const auto until = std::chrono::steady_clock::now() + patience;
+  while (got < bytes.size()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+      throw std::runtime_error("the socket stayed silent for " + std::to_string(patience.count()) + " ms");
+    const ssize_t n = ::recv(fd, bytes.data() + got, bytes.size() - got, 0);
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  return got;
+}
+
+// A process of another job: it connects to `address` and says hello as rank 1 of a
+// 2-rank job, with its own token's hash.
+class stranger {
+ public:
+  explicit stranger(const std::pair<std::string, std::uint16_t>& address) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(address.second);
+    ::inet_pton(AF_INET, address.first.c_str(), &to.sin_addr);
+    if (fd_ < 0 || ::connect(fd_, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0)
+      throw std::runtime_error("the stranger could not connect to rank 0");
+    wire::frame_header hello;
+    hello.kind = wire::frame_kind::hello;
+    hello.token_hash = wire::token_hash(foreign_token);
+    hello.source = 1;
+    hello.tag = 2;  // the world size
+    const auto bytes = wire::encode(hello);
+    if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))
+      throw std::runtime_error("the stranger could not say hello");
+  }
+  ~stranger() { ::close(fd_); }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+TEST_CASE("a stranger with another job's token is refused during the join and its socket closed, and the job still "
+          "joins and all-reduces correctly",
+          "[tcp][defences][token]") {
+  GRADWIRE_TEST_RNG(rng);
+  const std::size_t count = 100003;
+  const std::vector<std::vector<float>> inputs{rng.vector<float>(count), rng.vector<float>(count)};
+  std::vector<std::vector<float>> results(2);
+  auto reduce = [&](int rank) {
+    return [&, rank](asio_tcp& t) {
+      gw::collective::communicator comm(std::move(t), {.timeout = patience});
+      results[rank] = inputs[rank];
+      gw::collective::all_reduce(comm, std::span(results[rank]));
+    };
+  };
+  two_ranks job;
+  std::optional<gw::error> as_stranger_sees_it;
+  wire::frame_header refusal;
+  std::string reason;
+  std::size_t after_refusal = 1;
+  // Rank 1's dial is held at the proxy, so rank 0 is still joining (waiting for it) when the
+  // stranger's hello comes; the proxy lets rank 1 through once the stranger was answered.
+  job.run_through_proxy(
+      {}, reduce(0), reduce(1), true, [&] {
+        stranger s(job.rank0_address);
+        wire::header_bytes reply;
+        REQUIRE(read_within_patience(s.fd(), reply) == reply.size());
+        // A rank of the other job reads rank 0's answer with its own token, as asio_tcp does.
+        as_stranger_sees_it = failure_of([&] { wire::decode(reply, wire::token_hash(foreign_token), "rank 0"); });
+        refusal = wire::decode(reply, wire::token_hash(job_token), "rank 0");
+        REQUIRE(refusal.length < 4096);
+        reason.resize(static_cast<std::size_t>(refusal.length));
+        REQUIRE(read_within_patience(s.fd(), std::as_writable_bytes(std::span(reason.data(), reason.size()))) ==
+                reason.size());
+        std::byte more[16];
+        after_refusal = read_within_patience(s.fd(), more);  // 0: rank 0 closed the stranger's socket
+      });
+  REQUIRE(as_stranger_sees_it.has_value());
+  CHECK_THAT(*as_stranger_sees_it,
+             is_error(errc::auth, {"frame from rank 0 belongs to another job (job token hash differs): give every rank "
+                                   "the same GRADWIRE_JOB_TOKEN"}));
+  CHECK(refusal.kind == wire::frame_kind::refuse);
+  CHECK(refusal.source == 0);
+  CHECK(reason == "wrong job token: give every rank the same GRADWIRE_JOB_TOKEN");
+  CHECK(after_refusal == 0);
+  // The real rank 1 joined after the refusal, and the collective over the link is right.
+  REQUIRE(results[0].size() == count);
+  REQUIRE(results[1].size() == count);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const float want = float(double(inputs[0][i]) + double(inputs[1][i]));  // exact in float64, rounded once
+    wrong += (results[0][i] != want) + (results[1][i] != want);
+  }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("a data frame with another job's token, injected into an established link, fails the receive with auth "
+          "naming the rank",
+          "[tcp][defences][token]") {
+  two_ranks job;
+  std::vector<float> buffer(16, 0.0f);
+  std::optional<gw::error> received, sender;
+  event posted;
+  auto rank0 = [&](asio_tcp& t) {
+    auto r = t.async_recv(1, 7, std::as_writable_bytes(std::span(buffer)));
+    posted.raise();
+    received = failure_of([&] { finish(t, r); });
+  };
+  auto rank1 = [&](asio_tcp& t) {
+    posted.await("rank 0's receive");
+    sender = failure_of([&] {
+      const std::vector<float> data(16, 2.5f);
+      auto s = t.async_send(0, 7, std::as_bytes(std::span(data)));
+      finish(t, s);
+      std::byte answer{};
+      auto a = t.async_recv(0, 99, {&answer, 1});
+      finish(t, a);
+    });
+  };
+  // Ahead of the real message: a well-formed frame for the same tag, from "rank 1", of another job.
+  auto forge = on_first_data_frame(7, [](wire::header_bytes&) {
+    wire::frame_header h;
+    h.kind = wire::frame_kind::data;
+    h.token_hash = wire::token_hash(foreign_token);
+    h.tag = 7;
+    h.length = 0;
+    h.source = 1;
+    const auto forged = wire::encode(h);
+    frame_edit e;
+    e.insert_before.assign(forged.begin(), forged.end());
+    return e;
+  });
+  job.run_through_proxy(forge, rank0, rank1);
+  REQUIRE(job.proxy().altered_frames() == 1);
+  REQUIRE(received.has_value());
+  CHECK_THAT(*received, is_error(errc::auth, {"frame from rank 1 belongs to another job"}));
+  CHECK(received->details() ==
+        "rank 0: frame from rank 1 belongs to another job (job token hash differs): give every rank the same "
+        "GRADWIRE_JOB_TOKEN");
+  CHECK(buffer == std::vector<float>(16, 0.0f));  // neither the forged nor the real message was delivered
+  REQUIRE(sender.has_value());  // and rank 1 learns why from rank 0's abort
+  CHECK_THAT(*sender, is_error(errc::peer_lost, {"rank 1: rank 0 failed: rank 0: frame from rank 1 belongs to another job"}));
+}
+
+// --- malformed frames -------------------------------------------------------------------
+
+TEST_CASE("malformed frames from the wire fail the receive with protocol: bad magic, another protocol version, a "
+          "corrupt header checksum",
+          "[tcp][defences][frames]") {
+  std::function<frame_edit(wire::header_bytes&)> edit;
+  std::string expected;
+  auto header_crc = std::make_shared<std::atomic<std::uint32_t>>(0);
+  SECTION("bad magic") {
+    edit = [](wire::header_bytes& b) {
+      std::memcpy(b.data(), "HTTP", 4);  // what another program might send
+      return frame_edit{};
+    };
+    expected = "rank 0: not a gradwire frame from rank 1 (magic 0x50545448, expected " + hex(wire::magic) +
+               "): is another program talking to this port?";
+  }
+  SECTION("another protocol version") {
+    const std::uint16_t version = wire::protocol_version + 1;
+    edit = [version](wire::header_bytes& b) {
+      wire::detail::put<std::uint16_t>(b.data() + 4, version);
+      wire::detail::put<std::uint32_t>(b.data() + 44, wire::crc32c(std::span<const std::byte>(b.data(), 44)));  // resealed
+      return frame_edit{};
+    };
+    expected = "rank 0: frame from rank 1 speaks gradwire protocol version " + std::to_string(version) +
+               ", this build speaks " + std::to_string(wire::protocol_version) +
+               ": run the same gradwire version on every rank";
+  }
+  SECTION("a corrupt header checksum") {
+    edit = [header_crc](wire::header_bytes& b) {
+      b[24] ^= std::byte{0x40};  // one bit of the tag; the header's CRC is left as it was
+      header_crc->store(wire::detail::get<std::uint32_t>(b.data() + 44));
+      return frame_edit{};
+    };
+    expected = "(filled in below)";
+  }
+  two_ranks job;
+  std::vector<float> buffer(16, 0.0f);
+  std::optional<gw::error> received;
+  event posted;
+  auto rank0 = [&](asio_tcp& t) {
+    auto r = t.async_recv(1, 7, std::as_writable_bytes(std::span(buffer)));
+    posted.raise();
+    received = failure_of([&] { finish(t, r); });
+  };
+  auto rank1 = [&](asio_tcp& t) {
+    posted.await("rank 0's receive");
+    (void)failure_of([&] {  // rank 1 fails too, one way or another (rank 0's abort or its closed connection)
+      const std::vector<float> data(16, 2.5f);
+      auto s = t.async_send(0, 7, std::as_bytes(std::span(data)));
+      finish(t, s);
+      std::byte answer{};
+      auto a = t.async_recv(0, 99, {&answer, 1});
+      finish(t, a);
+    });
+  };
+  job.run_through_proxy(on_first_data_frame(7, edit), rank0, rank1);
+  if (expected == "(filled in below)")
+    expected = "rank 0: corrupt frame header from rank 1 (header checksum " + hex(header_crc->load()) +
+               " does not match its contents)";
+  REQUIRE(job.proxy().altered_frames() == 1);
+  REQUIRE(received.has_value());
+  CHECK_THAT(*received, is_error(errc::protocol, {"from rank 1"}));
+  CHECK(received->details() == expected);
+  CHECK(buffer == std::vector<float>(16, 0.0f));
+}
+
+// --- a peer that finishes ---------------------------------------------------------------
+
+TEST_CASE("a peer that finishes in good order fails a receive waiting on it with peer_lost saying it finished",
+          "[tcp][defences][goodbye]") {
+  two_ranks job;
+  std::optional<gw::error> waited, later_receive, later_send;
+  event posted;
+  auto rank0 = [&](asio_tcp& t) {
+    std::vector<float> buffer(16);
+    auto r = t.async_recv(1, 5, std::as_writable_bytes(std::span(buffer)));
+    posted.raise();  // rank 1 says goodbye now; rank 0 handles it only inside the wait below
+    waited = failure_of([&] { finish(t, r); });
+    // Afterwards nothing from rank 1 is waited for, and nothing is sent to it.
+    later_receive = failure_of([&] {
+      auto again = t.async_recv(1, 6, std::as_writable_bytes(std::span(buffer)));
+      finish(t, again);
+    });
+    later_send = failure_of([&] {
+      auto s = t.async_send(1, 6, std::as_bytes(std::span(buffer)));
+      finish(t, s);
+    });
+  };
+  auto rank1 = [&](asio_tcp&) {
+    posted.await("rank 0's receive");
+  };  // the transport goes here, in good order: a goodbye frame
+  job.run(rank0, rank1);
+  const std::string finished =
+      "rank 0: rank 1 has finished (closed its connection in good order) and will send nothing more";
+  REQUIRE(waited.has_value());
+  CHECK_THAT(*waited, is_error(errc::peer_lost, {finished}));
+  CHECK(waited->details() == finished);
+  REQUIRE(later_receive.has_value());
+  CHECK(later_receive->kind() == errc::peer_lost);
+  CHECK(later_receive->details() == finished);
+  REQUIRE(later_send.has_value());
+  CHECK(later_send->kind() == errc::peer_lost);
+  CHECK(later_send->details() == finished);
+}
