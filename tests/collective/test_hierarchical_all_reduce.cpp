@@ -217,7 +217,7 @@ TEST_CASE("ranks that run hierarchical against ranks that run the ring get a mis
 }
 
 TEST_CASE("a communicator runs many hierarchical all-reduces of changing sizes in sequence", "[collective][hierarchical]") {
-  gw::transport::run_inproc(topology({0, 1, 1, 2, 2, 2}), [&](gw::transport::inproc t) {
+  REQUIRE_NOTHROW(gw::transport::run_inproc(topology({0, 1, 1, 2, 2, 2}), [&](gw::transport::inproc t) {
     gw::collective::communicator comm(t, {.timeout = 60s});
     for (std::size_t n : {5u, 100000u, 3u, 0u, 77777u, 1u, 6u}) {
       std::vector<double> v(n, double(t.rank() + 1));
@@ -225,12 +225,11 @@ TEST_CASE("a communicator runs many hierarchical all-reduces of changing sizes i
       for (double x : v)
         if (x != 21.0) throw std::runtime_error("size " + std::to_string(n) + ": got " + std::to_string(x));
     }
-  });
-  SUCCEED("no rank reported a wrong sum");
+  }));
 }
 
 TEST_CASE("the communicator reports the transport's topology, and one host without one", "[collective][hierarchical]") {
-  gw::transport::run_inproc(topology({0, 1, 0, 2, 1, 2}), [&](gw::transport::inproc t) {
+  REQUIRE_NOTHROW(gw::transport::run_inproc(topology({0, 1, 0, 2, 1, 2}), [&](gw::transport::inproc t) {
     gw::collective::communicator comm(t, {.timeout = 30s});
     const int me = comm.rank();
     gw::test::expect(comm.host_count() == 3 && comm.host_index() == (me == 0 || me == 2 ? 0 : me == 1 || me == 4 ? 1 : 2),
@@ -239,6 +238,5 @@ TEST_CASE("the communicator reports the transport's topology, and one host witho
     gw::collective::communicator staged(gw::test::staging_only{t}, {.timeout = 30s});
     gw::test::expect(staged.host_count() == 1 && staged.local_rank() == me && staged.local_size() == 6,
                      "a transport without a topology is one host");
-  });
-  SUCCEED();
+  }));
 }

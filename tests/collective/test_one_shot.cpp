@@ -46,6 +46,7 @@ TEMPLATE_TEST_CASE("one-shot all-reduce sums and averages across 1..8 ranks, in 
   check_one_shot<TestType>(ranks, n, reduce_op::sum);
   check_one_shot<TestType>(ranks, n, reduce_op::average);
   check_one_shot<TestType, true>(ranks, n, reduce_op::sum);
+  check_one_shot<TestType, true>(ranks, n, reduce_op::average);
 }
 
 TEST_CASE("one-shot with the call check off sums as well") {

@@ -83,6 +83,7 @@ TEMPLATE_TEST_CASE("reduce_scatter averages, and stages correctly without fused 
   const std::size_t n = GENERATE(as<std::size_t>{}, 1, 13, 4099);
   check_reduce_scatter<TestType>(ranks, n, reduce_op::average);
   check_reduce_scatter<TestType, true>(ranks, n, reduce_op::sum);
+  check_reduce_scatter<TestType, true>(ranks, n, reduce_op::average);
 }
 
 TEMPLATE_TEST_CASE("all_gather gives every rank every chunk for 1..8 ranks and sizes 0, 1, 7, 1000003",

@@ -5,9 +5,12 @@
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/transport/inproc.hpp>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "collective_support.hpp"
+#include "support/call_probe.hpp"
 
 namespace gw = gradwire;
 using gw::collective::reduce_op;
@@ -39,6 +42,18 @@ static_assert(gw::concepts::accumulating_transport<unsegmented, float>);
 static_assert(gw::collective::detail::ring_segment_bytes_of<unsegmented>() == 0);
 static_assert(gw::collective::detail::ring_segment_bytes_of<gw::transport::inproc>() > 0);
 
+// Whether the ring cuts its parts into pipeline segments on a transport that declares
+// ring_segment_bytes (inproc, staging_only: 64 KiB): a part (the first, longest chunk) of at
+// least two segments. Written out here, not taken from detail::ring_segments, so a change
+// there cannot move a size to the other path unnoticed.
+template <class V>
+bool pipelined_on_inproc(int ranks, std::size_t n) {
+  const std::size_t part = (n + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+  return ranks > 1 && part * sizeof(V) >= 2 * gw::transport::inproc::ring_segment_bytes;
+}
+
+// The ring, named (all_reduce<ring>), against a serial float64 reference; the probe shows the
+// ring ran, on this count, and pipelined or step by step as expected.
 template <class V, bool Staged = false, bool Unsegmented = false>
 void check_all_reduce(int ranks, std::size_t n, reduce_op op) {
   const std::uint64_t seed = std::random_device{}();
@@ -52,18 +67,20 @@ void check_all_reduce(int ranks, std::size_t n, reduce_op op) {
   if (op == reduce_op::average)
     for (auto& e : expected) e /= ranks;
 
+  std::vector<gw::test::call_log> logs(static_cast<std::size_t>(ranks));
   gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
     const int me = t.rank();
-    if constexpr (Staged) {
-      gw::collective::communicator comm(staging_only{t}, {.timeout = std::chrono::seconds(60)});
-      gw::collective::all_reduce(comm, std::span<V>(data[me]), op);
-    } else if constexpr (Unsegmented) {
-      gw::collective::communicator comm(unsegmented{t}, {.timeout = std::chrono::seconds(60)});
-      gw::collective::all_reduce(comm, std::span<V>(data[me]), op);
-    } else {
-      gw::collective::communicator comm(t, {.timeout = std::chrono::seconds(60)});
-      gw::collective::all_reduce(comm, std::span<V>(data[me]), op);
-    }
+    auto run = [&](auto transport) {
+      gw::collective::communicator comm(gw::test::call_probe<decltype(transport)>{transport, &logs[me]},
+                                        {.timeout = std::chrono::seconds(60)});
+      gw::collective::all_reduce<gw::collective::ring>(comm, std::span<V>(data[me]), op);
+    };
+    if constexpr (Staged)
+      run(staging_only{t});
+    else if constexpr (Unsegmented)
+      run(unsegmented{t});
+    else
+      run(t);
   });
 
   // Each element is a sum of `ranks` values in [-1, 1]: rounding is bounded by
@@ -71,21 +88,39 @@ void check_all_reduce(int ranks, std::size_t n, reduce_op op) {
   const double tolerance = 4.0 * ranks * ranks * std::numeric_limits<V>::epsilon();
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < n; ++i)
-    if (std::abs(static_cast<double>(data[0][i]) - expected[i]) > tolerance) ++wrong;
+    if (!(std::abs(static_cast<double>(data[0][i]) - expected[i]) <= tolerance)) ++wrong;
   REQUIRE(wrong == 0);
   for (int r = 1; r < ranks; ++r) REQUIRE(data[r] == data[0]);  // bit-identical everywhere
+  const bool pipelined = !Unsegmented && pipelined_on_inproc<V>(ranks, n);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    if (ranks == 1) {
+      REQUIRE(logs[r].calls.empty());  // one rank: nothing to check, nothing sent
+      REQUIRE(logs[r].data_messages == 0);
+      continue;
+    }
+    REQUIRE(logs[r].calls.size() == 1);
+    const auto& call = logs[r].calls[0];
+    REQUIRE(call.algorithm == gw::collective::algorithm_id::ring);
+    REQUIRE(call.count == n);
+    REQUIRE((call.segments > 1) == pipelined);
+  }
 }
 
 }  // namespace
 
 TEMPLATE_TEST_CASE("ring all-reduce sums across 1..8 ranks for sizes 0, 1, 7, 1000003", "[collective]", float,
                    double) {
+  // 1 and 7 elements leave some ranks' chunks empty (fewer elements than ranks); 1000003 is
+  // pipelined in segments on every rank count from 2.
   const int ranks = GENERATE(range(1, 9));
   const std::size_t n = GENERATE(as<std::size_t>{}, 0, 1, 7, 1000003);
   check_all_reduce<TestType>(ranks, n, reduce_op::sum);
 }
 
 TEMPLATE_TEST_CASE("ring all-reduce averages", "[collective]", float, double) {
+  // Step by step (1, 13, 4099: the average scaled after the reduce-scatter) and pipelined
+  // (600001: scaled segment by segment inside the pipeline).
   const int ranks = GENERATE(1, 2, 3, 5, 8);
   const std::size_t n = GENERATE(as<std::size_t>{}, 1, 13, 4099, 600001);
   check_all_reduce<TestType>(ranks, n, reduce_op::average);
@@ -96,43 +131,73 @@ TEMPLATE_TEST_CASE("ring all-reduce over a transport without fused accumulate st
   const int ranks = GENERATE(2, 3, 5);
   const std::size_t n = GENERATE(as<std::size_t>{}, 0, 1, 7, 100003, 600001);
   check_all_reduce<TestType, true>(ranks, n, reduce_op::sum);
+  check_all_reduce<TestType, true>(ranks, n, reduce_op::average);
 }
 
 TEMPLATE_TEST_CASE("the ring unpipelined, step by step, as over the network transports", "[collective]", float, double) {
   const int ranks = GENERATE(2, 3, 5);
-  const std::size_t n = GENERATE(as<std::size_t>{}, 7, 600001);
+  const std::size_t n = GENERATE(as<std::size_t>{}, 1, 7, 600001);
   check_all_reduce<TestType, false, true>(ranks, n, reduce_op::sum);
   check_all_reduce<TestType, false, true>(ranks, n, reduce_op::average);
 }
 
 TEST_CASE("a communicator runs many all-reduces of changing sizes in sequence") {
+  // auto_ with the default options on 4 ranks of one host: one-shot while the 3 copies a rank
+  // sends fit one_shot_max_sent_bytes (64 KiB), halving-doubling below
+  // small_all_reduce_bytes (128 KiB), the ring from there on. The probe shows each choice.
   constexpr int ranks = 4;
-  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
-    gw::collective::communicator comm(t, {.timeout = std::chrono::seconds(60)});
-    for (std::size_t n : {5u, 100000u, 3u, 0u, 77777u, 1u}) {
+  using gw::collective::algorithm_id;
+  const std::vector<std::pair<std::size_t, algorithm_id>> calls = {
+      {5, algorithm_id::one_shot},      {100000, algorithm_id::ring}, {3, algorithm_id::one_shot},
+      {0, algorithm_id::one_shot},      {77777, algorithm_id::ring},  {1, algorithm_id::one_shot},
+      {5000, algorithm_id::halving_doubling}};  // 40 000 B: 3 copies exceed 64 KiB, below 128 KiB
+  std::vector<gw::test::call_log> logs(ranks);
+  REQUIRE_NOTHROW(gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    gw::collective::communicator comm(gw::test::call_probe<gw::transport::inproc>{t, &logs[t.rank()]},
+                                      {.timeout = std::chrono::seconds(60)});
+    for (const auto& [n, algorithm] : calls) {
       std::vector<double> v(n, double(t.rank() + 1));
       gw::collective::all_reduce(comm, std::span<double>(v));
       for (double x : v)
         if (x != 10.0) throw std::runtime_error("size " + std::to_string(n) + ": got " + std::to_string(x));
     }
-  });
-  SUCCEED("no rank reported a wrong sum");
+  }));
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    REQUIRE(logs[r].calls.size() == calls.size());
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+      CAPTURE(k, calls[k].first);
+      REQUIRE(logs[r].calls[k].count == calls[k].first);
+      REQUIRE(logs[r].calls[k].algorithm == calls[k].second);
+    }
+  }
 }
 
 TEST_CASE("ranks whose transports cut the ring into different segments get a mismatch, not a hang") {
   // Rank 0 runs the ring step by step, the others pipelined: their messages differ, so the
   // call check names the segments.
   gw::transport::inproc_group group(3);
+  std::vector<gw::test::call_log> logs(3);
   auto raw = group.run([&](gw::transport::inproc t) {
     std::vector<float> v(600001, 1.0f);
     if (t.rank() == 0) {
-      gw::collective::communicator comm(unsegmented{t}, {.timeout = std::chrono::seconds(30)});
+      gw::collective::communicator comm(gw::test::call_probe<unsegmented>{{t}, &logs[0]},
+                                        {.timeout = std::chrono::seconds(30)});
       gw::collective::all_reduce<gw::collective::ring>(comm, std::span<float>(v));
     } else {
-      gw::collective::communicator comm(t, {.timeout = std::chrono::seconds(30)});
+      gw::collective::communicator comm(gw::test::call_probe<gw::transport::inproc>{t, &logs[t.rank()]},
+                                        {.timeout = std::chrono::seconds(30)});
       gw::collective::all_reduce<gw::collective::ring>(comm, std::span<float>(v));
     }
   });
+  // What the ranks announced: step by step (rank 0), in segments (the others). The mismatch
+  // is found in rank 0's frame, so rank 0 always sent it, and with it rank 1 or 2 (whichever
+  // frame it was compared with); the other may be failed before it posts its own.
+  REQUIRE(logs[0].calls.size() == 1);
+  REQUIRE(logs[0].calls[0].segments <= 1);
+  REQUIRE(logs[1].calls.size() + logs[2].calls.size() >= 1);
+  for (int r : {1, 2})
+    for (const auto& call : logs[r].calls) REQUIRE(call.segments > 1);
   for (int r = 0; r < 3; ++r) {
     CAPTURE(r);
     REQUIRE(raw[r]);

@@ -2,10 +2,13 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <gradwire/collective/all_gather.hpp>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/barrier.hpp>
+#include <gradwire/collective/chunking.hpp>
 #include <gradwire/collective/broadcast.hpp>
 #include <gradwire/collective/hierarchical_all_reduce.hpp>
 #include <gradwire/collective/one_shot_all_reduce.hpp>
@@ -13,10 +16,14 @@
 #include <gradwire/collective/reduce_scatter.hpp>
 #include <gradwire/support/topology.hpp>
 #include <gradwire/transport/inproc.hpp>
+#include <mutex>
+#include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
+
+#include "collective_support.hpp"
+#include "support/call_probe.hpp"
 
 namespace gw = gradwire;
 using namespace std::chrono_literals;
@@ -268,22 +275,75 @@ TEST_CASE("a verified barrier, and a broadcast that fits the check frame, send n
 }
 
 namespace {
-// inproc whose rank reports its failure to the others only after 300 ms: a rank that
-// found a mismatch then cannot tell the rest before they have exchanged data, so each
-// rank shows what its own checks found.
-struct slow_to_report {
-  using request = gw::transport::inproc::request;
+// Holds back every rank's report of its failure to the others (fail()) until each rank has
+// settled its own call check: waited for every check frame it posted a receive for, or
+// ended, or is itself holding a report. So a rank that found a mismatch cannot tell the
+// rest before their own checks ran, and each rank shows what its own exchanges found.
+struct report_gate {
+  enum class state { running, reporting, ended };
+  explicit report_gate(int ranks)
+      : posted(static_cast<std::size_t>(ranks), 0), received(static_cast<std::size_t>(ranks), 0),
+        states(static_cast<std::size_t>(ranks), state::running) {}
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<int> posted, received;  // check-frame receives, per rank
+  std::vector<state> states;
+  bool gave_up = false;  // a report waited 20 s in vain (the test fails; nobody hangs)
+
+  bool all_settled() const {
+    for (std::size_t r = 0; r < states.size(); ++r)
+      if (states[r] == state::running && !(posted[r] > 0 && received[r] == posted[r])) return false;
+    return true;
+  }
+  template <class Change>
+  void note(Change&& change) {
+    std::lock_guard lock(mutex);
+    change();
+    changed.notify_all();
+  }
+};
+
+// inproc whose failure reports wait at the gate. Its requests remember whether they
+// receive a check frame.
+struct held_reports {
+  struct request {
+    gw::transport::inproc::request inner;
+    bool check_frame = false;
+  };
   gw::transport::inproc inner;
+  report_gate* gate;
   int rank() const { return inner.rank(); }
   int size() const { return inner.size(); }
   const gw::cluster::topology& topology() const { return inner.topology(); }
   void fail(gw::errc cause, const std::string& reason) {
-    std::this_thread::sleep_for(300ms);
+    {
+      std::unique_lock lock(gate->mutex);
+      gate->states[static_cast<std::size_t>(rank())] = report_gate::state::reporting;
+      gate->changed.notify_all();
+      if (!gate->changed.wait_for(lock, 20s, [&] { return gate->all_settled(); })) gate->gave_up = true;
+    }
     inner.fail(cause, reason);
   }
-  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) { return inner.async_send(peer, tag, b); }
-  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) { return inner.async_recv(peer, tag, b); }
-  void wait(request& r, gw::deadline until) { inner.wait(r, until); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) { return {inner.async_send(peer, tag, b)}; }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> b) {
+    const bool check_frame = (tag & 0xffff) >= gw::collective::detail::verify_from_left;
+    if (check_frame) gate->note([&] { ++gate->posted[static_cast<std::size_t>(rank())]; });
+    return {inner.async_recv(peer, tag, b), check_frame};
+  }
+  void wait(request& r, gw::deadline until) {
+    inner.wait(r.inner, until);
+    if (r.check_frame) gate->note([&] { ++gate->received[static_cast<std::size_t>(rank())]; });
+  }
+};
+static_assert(gw::concepts::failable_transport<held_reports>);
+
+// Marks its rank ended (returned or thrown) at the gate.
+struct ended_at_gate {
+  report_gate& gate;
+  int rank;
+  ~ended_at_gate() {
+    gate.note([&] { gate.states[static_cast<std::size_t>(rank)] = report_gate::state::ended; });
+  }
 };
 }  // namespace
 
@@ -294,8 +354,9 @@ TEST_CASE("a far peer that disagrees is reported as the calls' mismatch, never a
   // first partner (distance 4), the trees rooted at rank 1 (rank 5 is its child),
   // one-shot's every peer, the hierarchical host rings on alternating hosts (2 and 4).
   // Without far frames those ranks saw a bare size mismatch unless a boundary rank's
-  // report overtook the data (slow_to_report makes sure it does not).
-  using comm_type = gw::collective::communicator<slow_to_report>;
+  // report overtook the data (held_reports makes sure it does not: the reports wait until
+  // every rank's own check has run).
+  using comm_type = gw::collective::communicator<held_reports>;
   const std::vector<std::pair<const char*, std::function<void(comm_type&, std::span<float>)>>> cases = {
       {"broadcast", [](auto& c, auto v) { col::broadcast(c, v, 1); }},
       {"reduce", [](auto& c, auto v) { col::reduce(c, v, 1); }},
@@ -305,12 +366,15 @@ TEST_CASE("a far peer that disagrees is reported as the calls' mismatch, never a
   const int ranks = 8;
   for (const auto& [name, run] : cases) {
     CAPTURE(name);
+    report_gate gate(ranks);
     gw::transport::inproc_group group{alternating_hosts(ranks)};
     auto raw = group.run([&](gw::transport::inproc t) {
-      comm_type comm(slow_to_report{t}, {.timeout = 30s});
+      const ended_at_gate ended{gate, t.rank()};
+      comm_type comm(held_reports{t, &gate}, {.timeout = 30s});
       std::vector<float> v(comm.rank() < ranks / 2 ? 300 : 301, 1.0f);
       run(comm, std::span<float>(v));
     });
+    REQUIRE_FALSE(gate.gave_up);
     // A rank whose own exchanges all agreed may finish before the report reaches it;
     // every rank that fails names both calls, and ranks of both halves fail.
     int failed_low = 0, failed_high = 0;
@@ -330,5 +394,147 @@ TEST_CASE("a far peer that disagrees is reported as the calls' mismatch, never a
     }
     REQUIRE(failed_low > 0);
     REQUIRE(failed_high > 0);
+  }
+}
+
+// --- communicator_options::verify = false: no call check (docs/errors.md, "The call check") ---
+
+namespace {
+
+// What a collective leaves where, for the reference to check.
+enum class leaves { sum_everywhere, own_chunk_summed, sum_at_root, roots_data_everywhere, everything_gathered, nothing };
+
+struct unchecked_case {
+  const char* name;
+  std::size_t count;
+  leaves result;
+  int (*root)(int ranks);  // for the rooted ones
+  std::function<void(gw::collective::communicator<gw::test::call_probe<gw::transport::inproc>>&, std::span<double>)> run;
+};
+
+std::vector<unchecked_case> unchecked_cases() {
+  namespace col = gw::collective;
+  auto none = [](int) { return 0; };
+  auto last = [](int ranks) { return ranks - 1; };
+  auto middle = [](int ranks) { return ranks / 2; };
+  auto second = [](int ranks) { return 1 % ranks; };
+  // Above small_all_reduce_bytes: reduce takes the ring reduce-scatter + gather.
+  const std::size_t large = col::communicator_options{}.small_all_reduce_bytes / sizeof(double) + 5;
+  return {
+      {"ring", 1003, leaves::sum_everywhere, none, [](auto& c, auto v) { col::all_reduce<col::ring>(c, v); }},
+      {"ring pipelined", 300001, leaves::sum_everywhere, none, [](auto& c, auto v) { col::all_reduce<col::ring>(c, v); }},
+      {"halving_doubling", 1003, leaves::sum_everywhere, none,
+       [](auto& c, auto v) { col::all_reduce<col::halving_doubling>(c, v); }},
+      {"halving_doubling, fewer elements than ranks", 5, leaves::sum_everywhere, none,
+       [](auto& c, auto v) { col::all_reduce<col::halving_doubling>(c, v); }},
+      {"one_shot, small enough for the frames", 4, leaves::sum_everywhere, none,
+       [](auto& c, auto v) { col::one_shot_all_reduce(c, v); }},
+      {"one_shot", 1003, leaves::sum_everywhere, none, [](auto& c, auto v) { col::one_shot_all_reduce(c, v); }},
+      {"hierarchical", 1003, leaves::sum_everywhere, none,
+       [](auto& c, auto v) { col::all_reduce<col::hierarchical>(c, v); }},
+      {"reduce by tree", 1003, leaves::sum_at_root, last, [](auto& c, auto v) { col::reduce(c, v, c.size() - 1); }},
+      {"reduce by scatter-gather", large, leaves::sum_at_root, middle,
+       [](auto& c, auto v) { col::reduce(c, v, c.size() / 2); }},
+      {"reduce_scatter", 1003, leaves::own_chunk_summed, none, [](auto& c, auto v) { col::reduce_scatter(c, v); }},
+      {"all_gather", 1003, leaves::everything_gathered, none, [](auto& c, auto v) { col::all_gather(c, v); }},
+      {"broadcast, small enough for the frame", 4, leaves::roots_data_everywhere, second,
+       [](auto& c, auto v) { col::broadcast(c, v, 1 % c.size()); }},
+      {"broadcast", 1003, leaves::roots_data_everywhere, none, [](auto& c, auto v) { col::broadcast(c, v, 0); }},
+      {"barrier", 0, leaves::nothing, none, [](auto& c, auto) { col::barrier(c); }},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("with the call check off (verify = false) every collective is still right and sends no check frame") {
+  const int ranks = GENERATE(2, 3, 5, 8);
+  const std::uint64_t seed = std::random_device{}();
+  for (const auto& c : unchecked_cases())
+    for (const bool verify : {false, true}) {
+      CAPTURE(ranks, c.name, verify, seed);
+      std::vector<std::vector<double>> inputs(static_cast<std::size_t>(ranks));
+      for (int r = 0; r < ranks; ++r) inputs[r] = gw::test::random_input<double>(seed, r, c.count);
+      const gw::collective::detail::chunking chunks{c.count, static_cast<std::size_t>(ranks)};
+      auto data = inputs;
+      if (c.result == leaves::everything_gathered)  // each rank holds only its chunk of input 0
+        for (int r = 0; r < ranks; ++r)
+          for (std::size_t i = 0; i < c.count; ++i)
+            data[r][i] = i < chunks.begin(r) || i >= chunks.begin(r) + chunks.length(r) ? std::nan("") : inputs[0][i];
+      std::vector<gw::test::call_log> logs(static_cast<std::size_t>(ranks));
+      gw::transport::run_inproc(alternating_hosts(ranks), [&](gw::transport::inproc t) {
+        const int me = t.rank();
+        gw::collective::communicator comm(gw::test::call_probe<gw::transport::inproc>{t, &logs[me]},
+                                          {.timeout = 30s, .verify = verify});
+        c.run(comm, std::span<double>(data[me]));
+      });
+      std::size_t frames = 0;
+      for (const auto& log : logs) frames += log.check_frames;
+      if (verify)
+        REQUIRE(frames > 0);  // the probe sees them when they are there
+      else
+        REQUIRE(frames == 0);
+      const auto sum = gw::test::serial_reduce(inputs, false);
+      const double tolerance = gw::test::sum_tolerance<double>(ranks);
+      const int root = c.root(ranks);
+      for (int r = 0; r < ranks; ++r) {
+        CAPTURE(r);
+        switch (c.result) {
+          case leaves::sum_everywhere: REQUIRE(gw::test::count_wrong(data[r], sum, tolerance) == 0); break;
+          case leaves::own_chunk_summed:
+            REQUIRE(gw::test::count_wrong(data[r], sum, tolerance, chunks.begin(r), chunks.begin(r) + chunks.length(r)) == 0);
+            break;
+          case leaves::sum_at_root:
+            if (r == root) REQUIRE(gw::test::count_wrong(data[r], sum, tolerance) == 0);
+            break;
+          case leaves::roots_data_everywhere: REQUIRE(data[r] == inputs[root]); break;
+          case leaves::everything_gathered: REQUIRE(data[r] == inputs[0]); break;
+          case leaves::nothing: break;
+        }
+      }
+    }
+}
+
+TEST_CASE("with the call check off a disagreement is no longer named: a size mismatch, or silently wrong numbers") {
+  SECTION("different counts: the ring's messages differ in size") {
+    // 2 ranks, ring chunks of 50 + 50 (100 floats) against 50 + 49 (99): rank 0 sends its
+    // chunk 1 (200 bytes) to rank 1, which expects 196.
+    for (const bool verify : {false, true}) {
+      CAPTURE(verify);
+      auto out = gw::test::run_collect(2, {.timeout = 5s, .verify = verify}, [](auto& comm) {
+        std::vector<float> v(comm.rank() == 1 ? 99 : 100, 1.0f);
+        gw::collective::all_reduce<gw::collective::ring>(comm, std::span<float>(v));
+      });
+      for (int r = 0; r < 2; ++r) {
+        CAPTURE(r, out[r].what);
+        REQUIRE(out[r].kind == gw::errc::mismatch);
+        if (verify)
+          REQUIRE_THAT(out[r].what, Catch::Contains("collective mismatch: rank ") &&
+                                        Catch::Contains("all_reduce(count=99, dtype=f32, op=sum) by ring"));
+        else
+          REQUIRE_THAT(out[r].what, Catch::Contains("message size mismatch: rank 0 sent 200 bytes") &&
+                                        Catch::Contains("but rank 1 expected 196") &&
+                                        !Catch::Contains("collective mismatch"));
+      }
+    }
+  }
+  SECTION("sum against average: no error, each rank's chunk reduced its way") {
+    // Rank 0 sums, rank 1 averages: the ring's rank 0 reduces chunk 0 (elements 0-4) and
+    // rank 1 chunk 1 (5-9), each by its own operation, and both ranks get both chunks.
+    const std::size_t n = 10;
+    std::vector<std::vector<double>> data(2, std::vector<double>(n));
+    for (std::size_t i = 0; i < n; ++i) data[0][i] = double(i + 1), data[1][i] = 10.0 * double(i + 1);
+    auto out = gw::test::run_collect(2, {.timeout = 5s, .verify = false}, [&](auto& comm) {
+      gw::collective::all_reduce<gw::collective::ring>(
+          comm, std::span<double>(data[comm.rank()]),
+          comm.rank() == 0 ? gw::collective::reduce_op::sum : gw::collective::reduce_op::average);
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r, out[r].what);
+      REQUIRE(out[r].kind == gw::errc{});
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        REQUIRE(data[r][i] == (i < n / 2 ? 11.0 : 5.5) * double(i + 1));
+      }
+    }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -88,25 +89,48 @@ TEST_CASE("step stats: bytes match the transport's counters, and what ranks send
 }
 
 TEST_CASE("step stats: compute is the time between steps, and totals add up") {
+  using clock = std::chrono::steady_clock;
   gw::one_device<gw::host_tensor<float>, gw::optim::sgd> s(make_params({64}), gw::optim::sgd({.lr = 0.1}));
   const auto grads = make_grads(make_params({64}), 0, 0);
+  const auto before_first = clock::now();
   s.step(grads);
-  std::this_thread::sleep_for(30ms);  // the caller's "forward and backward pass"
+  const auto after_first = clock::now();
+  const auto first = s.last_step_stats();
+  // The caller's "forward and backward pass". It only makes the gap long next to a step;
+  // what is asserted is measured around it: compute is the time from the end of one step to
+  // the start of the next, so it lies between the gap seen from outside the two calls and
+  // the time from the first call to the end of the second.
+  std::this_thread::sleep_for(20ms);
+  const auto before_second = clock::now();
   s.step(grads);
+  const auto after_second = clock::now();
   const auto& last = s.last_step_stats();
-  REQUIRE(last.compute >= 30ms);
+  CAPTURE(last.compute.count(), last.in_step.count());
+  REQUIRE(last.compute >= before_second - after_first);
+  REQUIRE(last.compute <= after_second - before_first);
+  REQUIRE(last.in_step <= after_second - before_second);
   REQUIRE(last.traffic.bytes_sent == 0);
   REQUIRE_FALSE(last.staleness.has_value());
   REQUIRE(s.cumulative_stats().steps == 2);
-  REQUIRE(s.cumulative_stats().compute >= last.compute);
+  REQUIRE(s.cumulative_stats().compute == first.compute + last.compute);
+  REQUIRE(s.cumulative_stats().in_step == first.in_step + last.in_step);
   const std::string line = gw::observe::to_string(s.cumulative_stats());
   REQUIRE_THAT(line, Catch::StartsWith("2 steps: sent 0 MB/step") && Catch::Contains("compute"));
 }
 
 TEST_CASE("step stats: a parameter-server worker's staleness is what the server recorded for its gradients") {
+  // The workers step in turns the test sets (0, 1, 2, 0, 1, 2, ...), so each gradient's
+  // staleness follows from the async server's rule alone: the version is the least number
+  // of gradients any worker has sent, and a gradient's staleness is the version when it
+  // arrives less the version its worker last pulled. Worker 0 pulls (its k-th step) at
+  // version k - 1 and pushes next at version k: 1 from its second step on; worker 1 alike;
+  // worker 2, which completes each version, pulls at k and pushes at k: always 0.
   constexpr int workers = 3, steps = 12;
   std::mutex mutex;
-  std::map<std::uint64_t, std::uint64_t> reported;  // staleness -> gradients, as the workers saw it
+  std::condition_variable turn_changed;
+  int turn = 0;  // step k of worker w goes when turn == k * workers + w
+  bool turn_missed = false;
+  std::vector<std::vector<std::uint64_t>> reported(workers);  // per worker, per step
   gw::ps::server_stats server;
   gw::transport::run_inproc(workers + 1, [&](gw::transport::inproc t) {
     const int r = t.rank();
@@ -116,19 +140,39 @@ TEST_CASE("step stats: a parameter-server worker's staleness is what the server 
       server = s.serve();
       return;
     }
+    if (r >= workers) throw std::logic_error("the workers are ranks 0.." + std::to_string(workers - 1));
     for (int k = 0; k < steps; ++k) {
-      if (r == 0) std::this_thread::sleep_for(2ms);  // a slow worker: the others run ahead
+      {
+        std::unique_lock lock(mutex);
+        if (!turn_changed.wait_for(lock, 30s, [&] { return turn == k * workers + r; })) {
+          turn_missed = true;
+          throw std::runtime_error("worker " + std::to_string(r) + " never got its turn");
+        }
+      }
       s.step(make_grads(make_params({300, 5}), r, k));
-      REQUIRE(s.last_step_stats().staleness.has_value());
-      std::lock_guard lock(mutex);
-      ++reported[*s.last_step_stats().staleness];
+      if (!s.last_step_stats().staleness) throw std::logic_error("a worker's step reported no staleness");
+      reported[r].push_back(*s.last_step_stats().staleness);
+      {
+        std::lock_guard lock(mutex);
+        ++turn;
+      }
+      turn_changed.notify_all();
     }
-    REQUIRE(s.cumulative_stats().staleness.has_value());
+    if (!s.cumulative_stats().staleness) throw std::logic_error("a worker's cumulative stats report no staleness");
   });
-  std::map<std::uint64_t, std::uint64_t> recorded;
+  REQUIRE_FALSE(turn_missed);
+  std::vector<std::vector<std::uint64_t>> want(workers, std::vector<std::uint64_t>(steps, 1));
+  want[0][0] = want[1][0] = 0;
+  std::fill(want[2].begin(), want[2].end(), 0);
+  REQUIRE(reported == want);
+  // And the server's own histogram holds the same gradients: 2 + 12 of staleness 0, 22 of 1.
+  std::map<std::uint64_t, std::uint64_t> recorded, from_workers;
   for (std::size_t k = 0; k < server.staleness.size(); ++k)
     if (server.staleness[k]) recorded[k] = server.staleness[k];
-  REQUIRE(reported == recorded);
+  for (const auto& w : reported)
+    for (auto x : w) ++from_workers[x];
+  REQUIRE(recorded == from_workers);
+  REQUIRE(recorded == std::map<std::uint64_t, std::uint64_t>{{0, steps + 2}, {1, 2 * (steps - 1)}});
 }
 
 TEST_CASE("step stats: sync parameter servers report staleness 0") {

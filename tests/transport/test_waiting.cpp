@@ -2,8 +2,15 @@
 // learns whether polling hot before sleeping pays.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include <gradwire/support/waiting.hpp>
 
@@ -48,10 +55,45 @@ TEST_CASE("a window that pays resets the spin gate: the next miss closes it for 
 
 TEST_CASE("a CPU per rank counts the machine's CPUs; usable CPUs the process's own") {
   const unsigned machine = std::max(1u, std::thread::hardware_concurrency());
-  REQUIRE(gw::support::cpu_per_rank(1));
-  REQUIRE(gw::support::cpu_per_rank(0));  // nonsense counts as one rank
   REQUIRE(gw::support::cpu_per_rank(static_cast<int>(machine)));
   REQUIRE_FALSE(gw::support::cpu_per_rank(static_cast<int>(machine) + 1));
-  REQUIRE(gw::support::usable_cpus() >= 1);
-  REQUIRE(gw::support::usable_cpus() <= machine);
+  REQUIRE(gw::support::cpu_per_rank(-3));  // nonsense counts as one rank (not as 2^32 - 3)
+#if defined(__linux__)
+  // The affinity mask, read another way (the kernel's list in /proc), and then narrowed to
+  // one CPU: usable_cpus follows the mask, not the machine.
+  auto allowed_in_proc = [] {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+        unsigned count = 0;
+        std::istringstream list(line.substr(line.find(':') + 1));
+        std::string range;
+        while (std::getline(list, range, ',')) {
+          const auto dash = range.find('-');
+          const unsigned first = static_cast<unsigned>(std::stoul(range));
+          const unsigned last = dash == std::string::npos ? first : static_cast<unsigned>(std::stoul(range.substr(dash + 1)));
+          count += last - first + 1;
+        }
+        return count;
+      }
+    return 0u;
+  };
+  const unsigned allowed = allowed_in_proc();
+  REQUIRE(allowed >= 1);
+  REQUIRE(gw::support::usable_cpus() == allowed);
+  cpu_set_t original;
+  REQUIRE(sched_getaffinity(0, sizeof original, &original) == 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &original)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  const unsigned narrowed = gw::support::usable_cpus(), narrowed_in_proc = allowed_in_proc();
+  REQUIRE(sched_setaffinity(0, sizeof original, &original) == 0);
+  REQUIRE(narrowed_in_proc == 1);
+  REQUIRE(narrowed == 1);
+  REQUIRE(gw::support::usable_cpus() == allowed);
+#endif
 }
