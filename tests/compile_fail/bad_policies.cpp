@@ -54,6 +54,13 @@ using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::
 using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_without_step, gw::transport::local>;
 #elif CASE == 5
 using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, ps_mode_without_lead>;
+// Policies whose template argument is out of range (docs/errors.md: "compile error").
+#elif CASE == 6
+using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::bounded_staleness<-1>>;
+#elif CASE == 7
+using S = gw::local_sgd<gw::host_tensor<float>, gw::optim::sgd, 0>;
+#elif CASE == 8
+using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::backup_workers<0>>;
 #endif
 
 int main() { return sizeof(S) > 0 ? 0 : 1; }

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Bad input over a network transport, in real processes (scripts/gradwire-run):
 
-    test_bad_input.py LAUNCHER WORKER
+    test_bad_input.py LAUNCHER WORKER BadInput|BadInputUcx
 
-a rank that builds another model gets, like every rank, a mismatch at construction naming both
-models; a NaN gradient on one rank (finite check on) fails every rank within seconds, naming it.
+BadInput (WORKER over TCP): a rank that builds another model gets, like every rank, a mismatch
+at construction naming both models; a NaN gradient on one rank (finite check on) fails every
+rank within seconds, naming it; a rank started with a smaller WORLD_SIZE is refused by rank 0;
+GRADWIRE_LOG=<unknown> says so once per process and logs at info.
+BadInputUcx (WORKER over UCX): a rank started with another WORLD_SIZE, larger or smaller, is a
+config error on every rank, naming both sizes.
 """
 import os
 import subprocess
@@ -17,11 +21,11 @@ from mp_support import rank_lines
 LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
 
 
-def run(ranks, mode):
-    cmd = [LAUNCHER, "-n", str(ranks), "--keep-going", "--", WORKER, mode]
+def run(ranks, *args, env=None):
+    cmd = [LAUNCHER, "-n", str(ranks), "--keep-going", "--", WORKER, *args]
     start = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
-                       env=dict(os.environ, GRADWIRE_TIMEOUT="30"))
+                       env=dict(os.environ, **{"GRADWIRE_TIMEOUT": "30", **(env or {})}))
     return p.returncode, rank_lines(p.stdout), time.monotonic() - start, p.stdout
 
 
@@ -45,6 +49,60 @@ class BadInput(unittest.TestCase):
                           got, out)
             self.assertIn("ERROR invalid argument" if r == 1 else "ERROR peer lost", got, out)
         self.assertLess(took, 20)
+
+    def test_a_rank_started_with_a_smaller_world_size_is_refused_by_rank_0(self):
+        # Rank 1 joins a job of 3 as if WORLD_SIZE were 2: rank 0 refuses its hello, naming both
+        # sizes, and waits for a rank 1 that never connects until GRADWIRE_TIMEOUT. (Rank 2
+        # dials a rank 1 that refuses it or has gone: some error, which the worker checks.)
+        status, lines, took, out = run(3, "world-size", "2", env={"GRADWIRE_TIMEOUT": "5"})
+        self.assertEqual(status, 0, out)
+        got = " ".join(lines.get(1, []))
+        self.assertIn("ERROR configuration error: rank 0 refused this rank's connection: rank 1 was started with "
+                      "world size 2, rank 0 with 3: give every rank the same WORLD_SIZE", got, out)
+        got = " ".join(lines.get(0, []))
+        self.assertIn("ERROR timeout: rank 0: ranks 1 did not connect within 5000 ms: did they start, with the "
+                      "same WORLD_SIZE and job token?", got, out)
+        self.assertIn("ERROR", " ".join(lines.get(2, [])), out)
+        self.assertLess(took, 5 + 20)
+
+    def test_an_unknown_gradwire_log_level_says_so_once_per_process_and_logs_at_info(self):
+        warning = "gradwire: GRADWIRE_LOG=verbose is not one of off, info, debug; logging at info"
+        status, lines, took, out = run(2, "log", env={"GRADWIRE_LOG": "verbose"})
+        self.assertEqual(status, 0, out)
+        for r in range(2):
+            got = lines.get(r, [])
+            self.assertEqual(got.count(warning), 1, out)
+            self.assertIn("OK", got, out)
+            # Logging at info: the info lines, prefixed by rank, and no debug lines.
+            logged = [l for l in got if l.startswith(f"[gradwire {r}/2 +")]
+            self.assertTrue(any("info: strategy ready in" in l for l in logged), out)
+            self.assertFalse(any(" debug: " in l for l in logged), out)
+        # A level it knows: no warning.
+        status, lines, took, out = run(2, "log", env={"GRADWIRE_LOG": "info"})
+        self.assertEqual(status, 0, out)
+        self.assertNotIn("is not one of off, info, debug", out)
+        self.assertTrue(any("info: strategy ready in" in l for l in lines.get(0, [])), out)
+
+
+class BadInputUcx(unittest.TestCase):
+    def check_world_size(self, rank1_size):
+        # Rank 1 joins a job of 3 as if WORLD_SIZE were rank1_size: every rank reads the size
+        # each peer published with its address and names both; nobody waits for a deadline.
+        status, lines, took, out = run(3, "world-size", str(rank1_size))
+        self.assertEqual(status, 0, out)
+        says = {0: f"rank 1 was started with world size {rank1_size}, rank 0 with 3",
+                1: f"rank 0 was started with world size 3, rank 1 with {rank1_size}",
+                2: f"rank 1 was started with world size {rank1_size}, rank 2 with 3"}
+        for r in range(3):
+            got = " ".join(lines.get(r, []))
+            self.assertIn(f"ERROR configuration error: {says[r]}: give every rank the same WORLD_SIZE", got, out)
+        self.assertLess(took, 20)  # GRADWIRE_TIMEOUT is 30
+
+    def test_a_rank_started_with_a_larger_world_size_fails_every_rank_naming_both_sizes(self):
+        self.check_world_size(4)
+
+    def test_a_rank_started_with_a_smaller_world_size_fails_every_rank_naming_both_sizes(self):
+        self.check_world_size(2)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,17 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <gradwire/gradwire.hpp>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/errors.hpp"
@@ -276,7 +279,7 @@ TEST_CASE("with the finite check on, a NaN or infinite gradient fails every rank
     }
 }
 
-TEST_CASE("the finite check: off by default a NaN passes; the incremental step, no_sync and GRADWIRE_CHECK_FINITE",
+TEST_CASE("the finite check: off by default a NaN passes, and the incremental step, no_sync and GRADWIRE_CHECK_FINITE",
           "[strategy][bad_input]") {
   using one = gw::one_device<tensor, gw::optim::sgd>;
   const std::vector<float> nan_at_3{0, 0, 0, std::nanf(""), 0};
@@ -427,7 +430,8 @@ TEST_CASE("the TCP transport's environment variables: a value that does not pars
       {"GRADWIRE_WIRE_CHECKSUM", "yes"},  // was read as 0, silently
       {"GRADWIRE_WIRE_CHECKSUM", "2"},     {"GRADWIRE_TIMEOUT", "abc"},     {"GRADWIRE_TIMEOUT", "-1"},
       {"GRADWIRE_SOCKET_BUFFER", "-1"},    {"GRADWIRE_SOCKET_BUFFER", "1k"}, {"GRADWIRE_POLL_US", "fast"},
-      {"GRADWIRE_HEARTBEAT", "1.5"},       {"GRADWIRE_STALL_WARN", "soon"}, {"GRADWIRE_STALL_TIMEOUT", "x"}};
+      {"GRADWIRE_HEARTBEAT", "1.5"},       {"GRADWIRE_STALL_WARN", "soon"}, {"GRADWIRE_STALL_TIMEOUT", "x"},
+      {"GRADWIRE_REJOIN", "yes"},          {"GRADWIRE_REJOIN", "2"}};
   for (const auto& [name, value] : bad) {
     CAPTURE(name, value);
     const auto e = error_with(name, value);
@@ -439,5 +443,138 @@ TEST_CASE("the TCP transport's environment variables: a value that does not pars
     return std::string(asked) == "GRADWIRE_WIRE_CHECKSUM" ? std::optional<std::string>("1") : std::nullopt;
   };
   REQUIRE(gw::cluster::tcp_options(spec, on).checksum_payload);
+  const gw::cluster::env_lookup rejoin = [](const char* asked) -> std::optional<std::string> {
+    return std::string(asked) == "GRADWIRE_REJOIN" ? std::optional<std::string>("1") : std::nullopt;
+  };
+  REQUIRE(gw::cluster::tcp_options(spec, rejoin).rejoin);
+  REQUIRE_FALSE(gw::cluster::tcp_options(spec, on).rejoin);
+}
+
+namespace {
+
+// A loopback port nobody listens on: bound once to learn a free one, then closed.
+std::uint16_t unused_loopback_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  return a.local_endpoint().port();  // closed when `a` goes
+}
+
+// The launcher's variables for `rank` of a job of `size` whose store is at 127.0.0.1:port,
+// plus `extra`.
+gw::cluster::env_lookup job_env(int rank, int size, std::uint16_t port,
+                                std::vector<std::pair<std::string, std::string>> extra) {
+  extra.insert(extra.end(), {{"RANK", std::to_string(rank)},
+                             {"WORLD_SIZE", std::to_string(size)},
+                             {"MASTER_ADDR", "127.0.0.1"},
+                             {"MASTER_PORT", std::to_string(port)}});
+  return [extra](const char* asked) -> std::optional<std::string> {
+    for (const auto& [name, value] : extra)
+      if (name == asked) return value;
+    return std::nullopt;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("MASTER_ADDR:MASTER_PORT where nobody listens: a timeout at GRADWIRE_TIMEOUT naming the address",
+          "[cluster][bad_input]") {
+  const std::uint16_t port = unused_loopback_port();
+  // Rank 1 of 2 does not serve the store: it dials rank 0's, which nobody started.
+  const auto env = job_env(1, 2, port, {{"GRADWIRE_TIMEOUT", "1"}});
+  const auto start = std::chrono::steady_clock::now();
+  const auto e = gw::testing::error_of([&] { (void)gw::cluster::join_tcp({}, env); });
+  const auto took = std::chrono::steady_clock::now() - start;
+  CAPTURE(e.second);
+  REQUIRE(e.first == gw::errc::timeout);
+  REQUIRE_THAT(e.second, Contains("nobody listened at 127.0.0.1:" + std::to_string(port) + " (the rendezvous store") &&
+                             Contains("before the deadline: is it running, and is the address right?"));
+  // It kept trying until the deadline (retries back off to 200 ms; the last one may not fit).
+  REQUIRE(took > std::chrono::milliseconds(700));
+  REQUIRE(took < std::chrono::seconds(10));
+}
+
+TEST_CASE("GRADWIRE_LISTEN_HOST an address not on this host: a config error at listen naming it",
+          "[cluster][bad_input]") {
+  const std::uint16_t port = unused_loopback_port();
+  // 192.0.2.1 (TEST-NET-1, RFC 5737) is assigned to no host. Rank 0 of 2 serves the store
+  // on loopback, then cannot listen for its peers there: no peer needed, no deadline waited.
+  const auto env = job_env(0, 2, port, {{"GRADWIRE_TIMEOUT", "30"}, {"GRADWIRE_LISTEN_HOST", "192.0.2.1"}});
+  const auto start = std::chrono::steady_clock::now();
+  const auto e = gw::testing::error_of([&] { (void)gw::cluster::join_tcp({}, env); });
+  CAPTURE(e.second);
+  REQUIRE(e.first == gw::errc::config);
+  REQUIRE_THAT(e.second, Contains("cannot listen on 192.0.2.1:0 (rank 0's listening port)"));
+  REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+#endif
+
+#if defined(GRADWIRE_HAS_UCX)
+#include <gradwire/ucx.hpp>
+
+TEST_CASE("the UCX transport's environment variables: a value that does not parse is a config error naming it",
+          "[cluster][bad_input][ucx]") {
+  const gw::cluster::cluster_spec spec;  // one process; ucx_options only reads the variables
+  auto with = [](const char* name, const char* value) -> gw::cluster::env_lookup {
+    return [name, value](const char* asked) -> std::optional<std::string> {
+      if (std::string(asked) == name) return std::string(value);
+      return std::nullopt;
+    };
+  };
+  struct bad {
+    const char *name, *value, *says;
+  };
+  for (const auto& c : {bad{"GRADWIRE_UCX_BULK_BYTES", "-1", "GRADWIRE_UCX_BULK_BYTES='-1' is not an integer from 0 to 1099511627776"},
+                        bad{"GRADWIRE_UCX_BULK_BYTES", "1k", "GRADWIRE_UCX_BULK_BYTES='1k' is not an integer"},
+                        bad{"GRADWIRE_UCX_BULK_BYTES", "fast", "GRADWIRE_UCX_BULK_BYTES='fast' is not an integer"},
+                        bad{"GRADWIRE_UCX_PEER_ERRORS", "off", "GRADWIRE_UCX_PEER_ERRORS='off' is not an integer from 0 to 1"},
+                        bad{"GRADWIRE_UCX_PEER_ERRORS", "yes", "GRADWIRE_UCX_PEER_ERRORS='yes' is not an integer from 0 to 1"},
+                        bad{"GRADWIRE_UCX_PEER_ERRORS", "2", "GRADWIRE_UCX_PEER_ERRORS='2' is not an integer from 0 to 1"},
+                        bad{"GRADWIRE_UCX_ONE_SIDED", "maybe", "GRADWIRE_UCX_ONE_SIDED=maybe: expected auto, on or off"}}) {
+    CAPTURE(c.name, c.value);
+    const auto e = gw::testing::error_of([&] { (void)gw::cluster::ucx_options(spec, with(c.name, c.value)); });
+    REQUIRE(e.first == gw::errc::config);
+    REQUIRE_THAT(e.second, Contains(c.says));
+  }
+  // The good values read as documented (and differ from the defaults).
+  using use = gw::transport::ucx_options::one_sided_use;
+  const auto defaults = gw::cluster::ucx_options(spec, with("NONE", ""));
+  REQUIRE(defaults.peer_error_handling);
+  REQUIRE(defaults.one_sided == use::automatic);
+  REQUIRE(defaults.bulk_bytes == (std::size_t{256} << 10));
+  REQUIRE_FALSE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_PEER_ERRORS", "0")).peer_error_handling);
+  REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_BULK_BYTES", "4096")).bulk_bytes == 4096);
+  REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_BULK_BYTES", "0")).bulk_bytes == 0);
+  REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_ONE_SIDED", "on")).one_sided == use::always);
+  REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_ONE_SIDED", "off")).one_sided == use::never);
+}
+
+TEST_CASE("ucx refuses a tag at or above 2^48 - 1 with invalid_argument naming it, and delivers the largest tag below",
+          "[transport][bad_input][ucx]") {
+  gw::transport::ucx_options o;  // one rank: a real UCP worker, no store, messages to itself
+  o.rank = 0;
+  o.size = 1;
+  gw::transport::ucx t(o);
+  const std::uint64_t limit = (std::uint64_t{1} << 48) - 1;
+  std::vector<std::byte> out(24), in(24);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::byte>(7 * i + 1);
+  for (const std::uint64_t tag : {limit, limit + 1, std::uint64_t{1} << 63, ~std::uint64_t{0}}) {
+    CAPTURE(tag);
+    const std::string says = "ucx: tag " + std::to_string(tag) + " is not below 2^48 - 1";
+    const auto send = gw::testing::error_of([&] { (void)t.async_send(0, tag, out); });
+    REQUIRE(send.first == gw::errc::invalid_argument);
+    REQUIRE_THAT(send.second, Contains(says));
+    const auto recv = gw::testing::error_of([&] { (void)t.async_recv(0, tag, in); });
+    REQUIRE(recv.first == gw::errc::invalid_argument);
+    REQUIRE_THAT(recv.second, Contains(says));
+  }
+  // The refusals left the transport usable: the largest allowed tag goes through, intact,
+  // and does not match a receive on another tag.
+  auto other = t.async_recv(0, limit - 2, std::span<std::byte>(in.data(), 4));
+  auto r = t.async_recv(0, limit - 1, in);
+  auto s = t.async_send(0, limit - 1, out);
+  const auto until = gw::deadline_after(std::chrono::seconds(10));
+  t.wait(s, until);
+  t.wait(r, until);
+  REQUIRE(in == out);
 }
 #endif
