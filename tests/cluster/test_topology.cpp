@@ -129,7 +129,7 @@ TEST_CASE("host identity: GRADWIRE_HOST_ID, else hostname, boot id and network n
   CHECK(gw::cluster::tcp_options(spec, env).host_id == "from-env");
 }
 
-TEST_CASE("asio_tcp exchanges host identities at join; the communicator and any_transport report them",
+TEST_CASE("asio_tcp exchanges host identities at join, and the communicator and any_transport report them",
           "[cluster][topology]") {
   const std::vector<std::string> hosts{"hostA", "hostB", "hostA", "hostB", "hostC"};
   const int n = static_cast<int>(hosts.size());

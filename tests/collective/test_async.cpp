@@ -132,7 +132,7 @@ TEST_CASE("an async collective's error surfaces in wait, and later operations fa
   }
 }
 
-TEST_CASE("wait gives up at its deadline while the operation runs on; a missing rank then times it out") {
+TEST_CASE("wait gives up at its deadline while the operation runs on, and a missing rank then times it out") {
   gw::transport::inproc_group group(3);
   std::vector<std::string> early(3), late(3);
   const auto start = std::chrono::steady_clock::now();

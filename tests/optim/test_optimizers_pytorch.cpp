@@ -213,7 +213,7 @@ TEMPLATE_TEST_CASE("optim::momentum matches torch.optim.SGD with momentum, neste
   check<T>(optim::momentum({.lr = 0.1, .momentum = 0.5, .weight_decay = 0.1}), momentum_schedule, decay);
 }
 
-TEMPLATE_TEST_CASE("optim::adam matches torch.optim.Adam (defaults; L2 weight_decay with an lr schedule)",
+TEMPLATE_TEST_CASE("optim::adam matches torch.optim.Adam (defaults, and L2 weight_decay with an lr schedule)",
                    "[optim][adam][pytorch]", float, double) {
   using T = TestType;
   check<T>(optim::adam{}, adam_defaults);  // gradwire's defaults are PyTorch's
@@ -221,7 +221,7 @@ TEMPLATE_TEST_CASE("optim::adam matches torch.optim.Adam (defaults; L2 weight_de
            adam_l2_schedule, decay);
 }
 
-TEMPLATE_TEST_CASE("optim::adamw matches torch.optim.AdamW (defaults; decoupled decay with an lr schedule)",
+TEMPLATE_TEST_CASE("optim::adamw matches torch.optim.AdamW (defaults, and decoupled decay with an lr schedule)",
                    "[optim][adamw][pytorch]", float, double) {
   using T = TestType;
   check<T>(optim::adamw{}, adamw_defaults);  // weight_decay 1e-2, as PyTorch's

@@ -180,7 +180,7 @@ TEST_CASE("hierarchical: host ring, R parallel rings across hosts sharing the li
   CHECK(cost.seconds == sim::predict_all_reduce(flat, all_reduce_algorithm::ring, elements).seconds);
 }
 
-TEST_CASE("one-shot: one round of N-1 copies per rank; refused beyond 8 ranks") {
+TEST_CASE("one-shot: one round of N-1 copies per rank, and refused beyond 8 ranks") {
   const auto c = sim::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=2us overhead=1us");
   const std::size_t elements = 1000;
   const double n = elements * 4.0;

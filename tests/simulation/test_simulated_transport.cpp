@@ -223,7 +223,7 @@ TEST_CASE("virtual times of simple patterns equal their closed forms") {
   }
 }
 
-TEST_CASE("a receive nobody sends times out in virtual time; a job where every rank waits forever is a deadlock") {
+TEST_CASE("a receive nobody sends times out in virtual time, and a job where every rank waits forever is a deadlock") {
   const auto m = sim::parse_cluster_model("hosts=2 compute=modelled");
   sim::time_point timed_out_at{};
   REQUIRE_THROWS_MATCHES(sim::run(m,
@@ -311,7 +311,7 @@ TEST_CASE("a receive nobody sends times out in virtual time; a job where every r
   REQUIRE_THROWS_AS(once.run([](gw::transport::simulated) {}), gw::error);
 }
 
-TEST_CASE("a dropped receive gives its message to the next one; a size mismatch fails the receiver as a mismatch") {
+TEST_CASE("a dropped receive gives its message to the next one, and a size mismatch fails the receiver as a mismatch") {
   const auto m = sim::parse_cluster_model("hosts=2 compute=modelled latency=10us");
   sim::run(m, [&](gw::transport::simulated t) {
     std::uint32_t word = 0;
@@ -513,7 +513,7 @@ TEST_CASE("every strategy computes on the simulated transport what it computes o
   }
 }
 
-TEST_CASE("two runs with the same seed give identical traces and parameters; another seed does not") {
+TEST_CASE("two runs with the same seed give identical traces and parameters, and another seed does not") {
   namespace agg = gw::aggregation;
   auto& timeline = gw::observe::timeline::global();
   const auto path = std::filesystem::temp_directory_path() / "gradwire_test_simulation_timeline.json";

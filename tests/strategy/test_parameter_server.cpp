@@ -1,24 +1,37 @@
 // Parameter servers on threads (inproc): sharding, sync == all-reduce, async convergence, the
 // staleness bound, backup workers' drop accounting, checkpoint resume, and role errors.
+// The consistency modes are checked from the test's own records (steps each worker started
+// and finished, and a transport wrapper's log of each server's traffic), not from the
+// servers' counters; slow workers are held on conditions the test owns, never by sleeping.
 // The same behaviours across processes, including a killed worker, are in tests/multiprocess.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <gradwire/gradwire.hpp>
+#include <gradwire/transport/any.hpp>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../support/least_squares.hpp"
 #include "../support/reference.hpp"
 
+using gradwire::test::is_error;
 using gradwire::test::require_trajectories_close;
 
 namespace gw = gradwire;
@@ -129,6 +142,378 @@ double loss(std::span<const float> p, const std::vector<batch_data>& eval) {
   return sum / double(eval.size() * model.batch);
 }
 
+// --- test-owned records and synchronisation -------------------------------------------
+
+// How long a test waits for a state it set up before it fails the run (throwing on the
+// waiting rank, so that every rank stops instead of hanging). When the library works,
+// each wait is over in milliseconds.
+constexpr auto hold_limit = std::chrono::seconds(20);
+
+// Steps started and finished per worker, counted by the test (not by the servers): a
+// worker calls start(w) before step() and finish(w) once it returned. wait() blocks,
+// without sleeping, until a condition on the counts holds.
+class step_counts {
+ public:
+  using counts = std::vector<std::uint64_t>;
+  struct snapshot {
+    counts started, finished;
+  };
+  explicit step_counts(int workers) : started_(std::size_t(workers), 0), finished_(std::size_t(workers), 0) {}
+
+  // Every worker is set up (its strategy built: the setup's pull answered) before any
+  // steps, so that no setup pull is answered after another worker's first gradient.
+  void set_up() {
+    update([&] { ++set_up_; });
+    std::unique_lock lock(m_);
+    if (!cv_.wait_for(lock, hold_limit, [&] { return set_up_ == started_.size(); }))
+      throw std::runtime_error("test schedule: waited " + std::to_string(hold_limit.count()) + " s for every worker's setup");
+  }
+  void start(int w) { update([&] { ++started_[std::size_t(w)]; }); }
+  void finish(int w) { update([&] { ++finished_[std::size_t(w)]; }); }
+  snapshot now() const {
+    std::lock_guard lock(m_);
+    return {started_, finished_};
+  }
+  // Pred: bool(const counts& started, const counts& finished).
+  template <class Pred>
+  snapshot wait(Pred pred, const std::string& what) {
+    std::unique_lock lock(m_);
+    if (!cv_.wait_for(lock, hold_limit, [&] { return pred(started_, finished_); }))
+      throw std::runtime_error("test schedule: waited " + std::to_string(hold_limit.count()) + " s for " + what);
+    return {started_, finished_};
+  }
+
+ private:
+  template <class F>
+  void update(F f) {
+    {
+      std::lock_guard lock(m_);
+      f();
+    }
+    cv_.notify_all();
+  }
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::size_t set_up_ = 0;
+  counts started_, finished_;
+};
+
+std::uint64_t min_of(const std::vector<std::uint64_t>& v) { return *std::min_element(v.begin(), v.end()); }
+std::uint64_t sum_of(const std::vector<std::uint64_t>& v) { return std::accumulate(v.begin(), v.end(), std::uint64_t{0}); }
+
+// What one server rank's transport carried, recorded by watched_inproc below: the test's
+// own account of the server's traffic, against which the consistency modes are checked
+// (not the server's counters, which its gates use). Per worker: control receives the
+// server posted (one at start, then one after each request it handled), gradients it took
+// (a gradient receive posted after a push's header), replies it sent. Each gradient is
+// logged with the gradient counts before it, each reply with the counts and the header
+// it carried. `idle`: the counts when the server last called wait_any for its next
+// request, i.e. after it had answered every pull that its mode allowed.
+struct server_log {
+  struct counts {
+    std::vector<std::uint64_t> requests, gradients, replies;  // [worker]
+  };
+  struct gradient_event {
+    int worker;
+    std::vector<std::uint64_t> before;  // gradients taken from each worker before this one
+  };
+  struct reply_event {
+    int worker;
+    std::vector<std::uint64_t> gradients;  // gradients taken from each worker when it was sent
+    gw::ps::detail::reply_header header;
+  };
+
+  explicit server_log(int workers) : now{std::vector<std::uint64_t>(std::size_t(workers), 0),
+                                         std::vector<std::uint64_t>(std::size_t(workers), 0),
+                                         std::vector<std::uint64_t>(std::size_t(workers), 0)}, idle(now) {}
+
+  void request_posted(int w) {
+    std::lock_guard lock(m);
+    ++now.requests[std::size_t(w)];
+  }
+  void gradient_posted(int w) {
+    std::lock_guard lock(m);
+    gradients.push_back({w, now.gradients});
+    ++now.gradients[std::size_t(w)];
+  }
+  void reply_sent(int w, std::span<const std::byte> bytes) {
+    reply_event e{w, {}, {}};
+    if (bytes.size() < sizeof e.header) throw std::runtime_error("test: a reply shorter than its header");
+    std::memcpy(&e.header, bytes.data(), sizeof e.header);
+    std::lock_guard lock(m);
+    e.gradients = now.gradients;
+    replies.push_back(std::move(e));
+    ++now.replies[std::size_t(w)];
+  }
+  void waiting() {
+    {
+      std::lock_guard lock(m);
+      idle = now;
+    }
+    cv.notify_all();
+  }
+  // Waits until the server has gone idle in a state that satisfies pred(counts).
+  template <class Pred>
+  counts wait_idle(Pred pred, const std::string& what) {
+    std::unique_lock lock(m);
+    if (!cv.wait_for(lock, hold_limit, [&] { return pred(idle); }))
+      throw std::runtime_error("test schedule: waited " + std::to_string(hold_limit.count()) + " s for " + what);
+    return idle;
+  }
+
+  std::mutex m;
+  std::condition_variable cv;
+  counts now, idle;
+  std::vector<gradient_event> gradients;
+  std::vector<reply_event> replies;
+};
+
+// inproc that tells a server_log what a server rank sends and receives (null on workers).
+class watched_inproc {
+ public:
+  using request = gw::transport::inproc::request;
+  watched_inproc(gw::transport::inproc t, server_log* log) : t_(std::move(t)), log_(log) {}
+  int rank() const { return t_.rank(); }
+  int size() const { return t_.size(); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    if (log_ && tag == gw::ps::detail::reply_tag) log_->reply_sent(peer, bytes);
+    return t_.async_send(peer, tag, bytes);
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    if (log_ && tag == gw::ps::detail::request_tag) log_->request_posted(peer);
+    if (log_ && tag == gw::ps::detail::gradient_tag) log_->gradient_posted(peer);
+    return t_.async_recv(peer, tag, bytes);
+  }
+  void wait(request& r, gw::deadline until) { t_.wait(r, until); }
+  std::size_t wait_any(std::span<request* const> requests, gw::deadline until) {
+    if (log_) log_->waiting();
+    return t_.wait_any(requests, until);
+  }
+
+ private:
+  gw::transport::inproc t_;
+  server_log* log_;
+};
+static_assert(gw::concepts::multiplexing_transport<watched_inproc>);
+
+// Histogram of values, as ps::server_stats keeps them (counts[k] = how many were k).
+void count_into(std::vector<std::uint64_t>& histogram, std::uint64_t value) {
+  if (histogram.size() <= value) histogram.resize(value + 1, 0);
+  ++histogram[value];
+}
+
+// got == want up to float64 rounding (1e-12 of the largest magnitude), element by element.
+void require_close(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double scale = 1;
+  for (double v : want) scale = std::max(scale, std::abs(v));
+  std::size_t worst = 0;
+  double diff = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = std::isnan(got[i] - want[i]) ? std::numeric_limits<double>::infinity() : std::abs(got[i] - want[i]);
+    if (d > diff) diff = d, worst = i;
+  }
+  CAPTURE(worst, got[worst], want[worst], scale);
+  REQUIRE(diff <= 1e-12 * scale);
+}
+
+// --- the async modes with one worker held by the test ------------------------------
+
+// What run_with_held_worker() saw.
+struct held_run {
+  struct step_end {  // a worker's step `step` (from 1) had returned, and then ...
+    std::uint64_t step;
+    std::uint64_t others_started;  // ... the fewest steps any other worker had started
+  };
+  struct hold {  // the held worker, before its step done + 1
+    std::uint64_t done, target;                // its steps done; the fast workers' steps it waited for
+    std::vector<std::uint64_t> fast_finished;  // the fast workers' finished steps when it went on
+    std::vector<server_log::counts> idle;      // bounded: each server, idle with the fast pulls in hand
+  };
+  std::vector<std::vector<step_end>> ends;        // [worker]
+  std::vector<hold> holds;                        // [held worker's step]
+  std::vector<gw::ps::server_stats> stats;        // [server index]
+  std::vector<std::unique_ptr<server_log>> logs;  // [server index]
+  double loss_before = 0, loss_after = 0;         // of the held worker's first and last parameters
+};
+
+// Once every worker is set up, workers 0 .. W-2 step freely; the last worker (held) is
+// held by the test before each of its steps. Async: until the fast workers have finished
+// every step. Bounded<s>: until they have finished `done + s` steps (as far as the bound
+// lets them go), and then until every server has gone idle with each fast worker's next
+// pull in hand: a server that answers such a pull answers it before it goes idle, so it is
+// in the record whatever the threads' timing. No sleeps: every wait is on a condition the
+// test owns.
+template <class Mode>
+held_run run_with_held_worker(int workers, int servers, int steps, std::uint64_t seed) {
+  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, watched_inproc>;
+  constexpr bool bounded = Mode::max_lead >= 0;
+  const int held = workers - 1;
+  const auto data = make_teacher_batches(steps, workers, seed);
+  const auto eval = make_teacher_batches(1, 16, seed)[0];
+  held_run run;
+  run.ends.resize(std::size_t(workers));
+  run.stats.resize(std::size_t(servers));
+  for (int s = 0; s < servers; ++s) run.logs.push_back(std::make_unique<server_log>(workers));
+  step_counts counts(workers);
+  std::vector<float> first, last;
+  gw::transport::run_inproc(workers + servers, [&](gw::transport::inproc t) {
+    const int me = t.rank();
+    server_log* log = me >= workers ? run.logs[std::size_t(me - workers)].get() : nullptr;
+    S s(watched_inproc(std::move(t), log), start_params<float>(me), gw::optim::sgd({.lr = 0.05}),
+        typename S::aggregation_type(small_shards(servers)));
+    if (s.is_server()) {
+      run.stats[std::size_t(me - workers)] = s.serve();
+      return;
+    }
+    if (me == held) first = flat<float>(s.parameters());
+    counts.set_up();
+    for (std::uint64_t k = 1; k <= std::uint64_t(steps); ++k) {
+      if (me == held) {
+        held_run::hold h{k - 1, 0, {}, {}};
+        h.target = bounded ? std::min<std::uint64_t>(h.done + std::uint64_t(Mode::max_lead), steps)
+                           : (h.done == 0 ? std::uint64_t(steps) : 0);
+        counts.wait(
+            [&](const auto&, const auto& finished) {
+              return std::all_of(finished.begin(), finished.begin() + held, [&](auto n) { return n >= h.target; });
+            },
+            "the fast workers to finish " + std::to_string(h.target) + " steps");
+        if (bounded && h.target < std::uint64_t(steps))
+          for (auto& l : run.logs)  // 2 requests per step (push, pull) after the setup's pull and the first post
+            h.idle.push_back(l->wait_idle(
+                [&](const server_log::counts& c) {
+                  return std::all_of(c.requests.begin(), c.requests.begin() + held,
+                                     [&](auto n) { return n >= 2 + 2 * (h.target + 1); });
+                },
+                "every server to have the fast workers' pulls of step " + std::to_string(h.target + 1)));
+        const auto finished = counts.now().finished;
+        h.fast_finished.assign(finished.begin(), finished.begin() + held);
+        run.holds.push_back(std::move(h));
+      }
+      counts.start(me);
+      const auto p = s.parameters();
+      s.step(model.gradients<float>(p[0].data(), p[1].data(), data[k - 1][std::size_t(me)]));
+      const auto started = counts.now().started;
+      counts.finish(me);
+      std::uint64_t others = ~std::uint64_t{0};
+      for (int v = 0; v < workers; ++v)
+        if (v != me) others = std::min(others, started[std::size_t(v)]);
+      run.ends[std::size_t(me)].push_back({k, others});
+    }
+    if (me == held) last = flat<float>(s.parameters());
+  });
+  run.loss_before = loss(first, eval);
+  run.loss_after = loss(last, eval);
+  return run;
+}
+
+// The largest lead a worker's step returned with, by the workers' records: its step
+// number minus the fewest steps another worker had started by then.
+std::uint64_t largest_lead(const held_run& run) {
+  std::uint64_t lead = 0;
+  for (const auto& ends : run.ends)
+    for (const auto& e : ends) lead = std::max(lead, e.step - std::min(e.step, e.others_started));
+  return lead;
+}
+
+// A server's traffic, read back (async modes; every worker takes `steps` steps). A reply's
+// version should be the slowest worker's clock: the fewest gradients the server had taken
+// from any worker (finished workers took every step, so they are never the fewest while
+// another is live). A gradient was computed on the parameters of its worker's previous
+// reply; its staleness is the version when it was taken minus that reply's version, its
+// update lag the gradients applied in between.
+struct traffic {
+  std::uint64_t max_lead = 0;                   // over replies: the worker's gradients minus the fewest
+  std::vector<std::uint64_t> staleness, lag;    // histograms over gradients
+};
+traffic read_traffic(const server_log& log, int workers, int steps) {
+  std::vector<std::vector<const server_log::reply_event*>> replies(static_cast<std::size_t>(workers));
+  std::vector<std::vector<const server_log::gradient_event*>> gradients(static_cast<std::size_t>(workers));
+  for (const auto& r : log.replies) replies[std::size_t(r.worker)].push_back(&r);
+  for (const auto& g : log.gradients) gradients[std::size_t(g.worker)].push_back(&g);
+  traffic out;
+  for (int w = 0; w < workers; ++w) {
+    CAPTURE(w);
+    const auto& mine = replies[std::size_t(w)];
+    REQUIRE(mine.size() == std::size_t(steps) + 1);  // setup's pull, then one per step
+    REQUIRE(gradients[std::size_t(w)].size() == std::size_t(steps));
+    for (const auto* r : mine) {
+      CAPTURE(r->gradients);
+      out.max_lead = std::max(out.max_lead, r->gradients[std::size_t(w)] - min_of(r->gradients));
+      REQUIRE(r->header.version == min_of(r->gradients));  // the slowest worker's clock
+      REQUIRE(r->header.updates == sum_of(r->gradients));  // each gradient applied on arrival
+    }
+    for (std::size_t k = 0; k < std::size_t(steps); ++k) {
+      const auto& g = *gradients[std::size_t(w)][k];
+      count_into(out.staleness, min_of(g.before) - min_of(mine[k]->gradients));
+      count_into(out.lag, sum_of(g.before) - sum_of(mine[k]->gradients));
+    }
+  }
+  return out;
+}
+
+// SGD without set_lr(double): an optimizer whose lr the servers cannot schedule.
+struct fixed_lr_sgd {
+  static constexpr const char* name = "fixed_lr_sgd";
+  double lr = 0.01;
+  template <class T>
+  struct state {
+    std::size_t size = 0;
+    template <class F>
+    void for_each_buffer(F&&) {}
+    template <class F>
+    void for_each_buffer(F&&) const {}
+    template <class F>
+    void for_each_counter(F&&) {}
+    template <class F>
+    void for_each_counter(F&&) const {}
+  };
+  template <class T>
+  state<T> init(std::size_t n) const {
+    return {n};
+  }
+  template <class T>
+  void step(state<T>&, std::span<T> params, std::span<const T> grads, T grad_scale = T(1)) const {
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= T(lr) * grad_scale * grads[i];
+  }
+};
+static_assert(gw::concepts::optimizer<fixed_lr_sgd, double>);
+template <class O>
+concept schedulable = requires(O& o) { o.set_lr(1.0); };
+static_assert(!schedulable<fixed_lr_sgd> && schedulable<gw::optim::sgd>);
+
+// Async parameter server over Transport (built from an inproc endpoint) whose workers
+// step one at a time in a fixed order (0, 1, ..., W-1, then 0 again), each waiting for
+// its turn on the test's counts: [worker][step] its parameters after the step.
+template <class Transport>
+std::vector<std::vector<std::vector<double>>> async_in_turns(int workers, int servers,
+                                                             const gw::optim::momentum& opt,
+                                                             const std::vector<std::vector<batch_data>>& data) {
+  using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::momentum, gw::ps::async, Transport>;
+  step_counts counts(workers);
+  std::vector<std::vector<std::vector<double>>> after(static_cast<std::size_t>(workers));
+  gw::transport::run_inproc(workers + servers, [&](gw::transport::inproc t) {
+    const int me = t.rank();
+    S s(Transport(std::move(t)), start_params<double>(me), opt, typename S::aggregation_type(small_shards(servers)));
+    if (s.is_server()) {
+      s.serve();
+      return;
+    }
+    counts.set_up();
+    for (std::size_t k = 0; k < data.size(); ++k) {
+      const std::uint64_t turn = k * std::size_t(workers) + std::size_t(me);
+      counts.wait([&](const auto&, const auto& finished) { return sum_of(finished) == turn; },
+                  "turn " + std::to_string(turn));
+      counts.start(me);
+      const auto p = s.parameters();
+      s.step(model.gradients<double>(p[0].data(), p[1].data(), data[k][std::size_t(me)]));
+      after[std::size_t(me)].push_back(flat<double>(s.parameters()));
+      counts.finish(me);
+    }
+  });
+  return after;
+}
+
 }  // namespace
 
 TEST_CASE("ps::partition covers every element once and balances the servers") {
@@ -177,91 +562,171 @@ TEST_CASE("parameter_server<sync> trains like all-reduce (SGD and momentum in fl
                 train_mirrored<double>(workers, gw::optim::adam({.lr = 0.01}), data));
 }
 
-TEST_CASE("parameter_server<async> converges and records staleness; bounded_staleness<s> keeps it within s") {
-  const int workers = 3, servers = 2, steps = 60;
-  const std::uint64_t seed = std::random_device{}();
+TEST_CASE("parameter_server<bounded_staleness<2>>: no step returns more than s steps ahead of the slowest worker, by the workers' and the wire's records") {
+  // A held worker lets the fast ones run ahead exactly as far as the mode allows: they
+  // must get s steps ahead of it (no further), their next pulls must wait at every server
+  // until it pushes, and no worker's step may ever return more than s ahead of the
+  // slowest; all checked from what the test recorded, not from the servers' counters.
+  constexpr int s = 2;
+  const int workers = 3, servers = 2, steps = 40;
+  const std::uint64_t seed = gw::test::fresh_seed();
   CAPTURE(seed);
-  const auto data = make_teacher_batches(steps, workers, seed);
-  const auto eval = make_teacher_batches(1, 16, seed)[0];
-  auto run = [&]<class Mode>(Mode, std::vector<gw::ps::server_stats>& stats) {
-    using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode>;
-    std::vector<float> first, last;
-    gw::transport::run_inproc(workers + servers, [&](gw::transport::inproc t) {
-      const int me = t.rank();
-      S s(t, start_params<float>(me), gw::optim::sgd({.lr = 0.05}), typename S::aggregation_type(small_shards(servers)));
-      if (s.is_server()) {
-        auto st = s.serve();
-        static std::mutex m;
-        std::lock_guard lock(m);
-        stats.push_back(st);
-        return;
+  const auto run = run_with_held_worker<gw::ps::bounded_staleness<s>>(workers, servers, steps, seed);
+  REQUIRE(run.holds.size() == std::size_t(steps));
+  for (const auto& h : run.holds) {
+    CAPTURE(h.done, h.target, h.fast_finished);
+    for (auto finished : h.fast_finished) REQUIRE(finished == h.target);  // s ahead of the held worker, and no further
+    if (h.target == std::uint64_t(steps)) continue;
+    REQUIRE(h.target == h.done + s);
+    REQUIRE(h.idle.size() == std::size_t(servers));
+    for (const auto& c : h.idle) {
+      CAPTURE(c.requests, c.gradients, c.replies);
+      for (int f = 0; f < workers - 1; ++f) {
+        REQUIRE(c.gradients[std::size_t(f)] == h.target + 1);  // the fast worker's next gradient is in ...
+        REQUIRE(c.replies[std::size_t(f)] == h.target + 1);    // ... but its pull unanswered (setup + target replies)
       }
-      if (me == 0) first = flat<float>(s.parameters());
-      for (int k = 0; k < steps; ++k) {
-        // Worker 2 is slow: the others run ahead of it.
-        if (me == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3));
-        const auto p = s.parameters();
-        s.step(model.gradients<float>(p[0].data(), p[1].data(), data[k][me]));
-      }
-      if (me == 0) last = flat<float>(s.parameters());
-    });
-    return std::pair{loss(first, eval), loss(last, eval)};
-  };
+      REQUIRE(c.gradients[std::size_t(workers - 1)] == h.done);
+    }
+  }
+  // The workers' records: every step returned at most s ahead of every other worker's
+  // steps started, and the fast ones reached exactly s.
+  REQUIRE(largest_lead(run) == std::uint64_t(s));
+  for (int i = 0; i < servers; ++i) {
+    CAPTURE(i);
+    const auto& st = run.stats[std::size_t(i)];
+    const auto seen = read_traffic(*run.logs[std::size_t(i)], workers, steps);
+    REQUIRE(seen.max_lead == std::uint64_t(s));  // no pull answered more than s ahead of the slowest
+    REQUIRE(seen.staleness.size() <= std::size_t(s) + 1);  // no gradient staler than s
+    REQUIRE(st.staleness == seen.staleness);  // the server's histograms agree with its traffic
+    REQUIRE(st.update_lag == seen.lag);
+    REQUIRE(st.max_lead == seen.max_lead);
+    REQUIRE(st.applied == std::uint64_t(workers * steps));
+    REQUIRE(st.dropped == 0);
+    REQUIRE(st.pushes == std::vector<std::uint64_t>(std::size_t(workers), std::uint64_t(steps)));
+    REQUIRE(st.version == std::uint64_t(steps));
+  }
+  CAPTURE(run.loss_before, run.loss_after);
+  REQUIRE(run.loss_after < 0.1 * run.loss_before);
+}
 
-  std::vector<gw::ps::server_stats> async_stats, bounded_stats;
-  const auto [before, after] = run(gw::ps::async{}, async_stats);
-  CAPTURE(before, after);
-  REQUIRE(after < 0.1 * before);
-  for (const auto& st : async_stats) {
+TEST_CASE("parameter_server<async>: fast workers finish every step while another is held, and training converges") {
+  // The same schedule as the bounded test without a bound: the fast workers run all their
+  // steps before the held worker takes its first, so the bound above is the gate's doing.
+  const int workers = 3, servers = 2, steps = 40;
+  const std::uint64_t seed = gw::test::fresh_seed();
+  CAPTURE(seed);
+  const auto run = run_with_held_worker<gw::ps::async>(workers, servers, steps, seed);
+  REQUIRE(run.holds.size() == std::size_t(steps));
+  REQUIRE(run.holds[0].fast_finished == std::vector<std::uint64_t>(std::size_t(workers - 1), std::uint64_t(steps)));
+  REQUIRE(largest_lead(run) == std::uint64_t(steps));  // a fast worker's last step returned before the held one started
+  for (int i = 0; i < servers; ++i) {
+    CAPTURE(i);
+    const auto& st = run.stats[std::size_t(i)];
+    const auto seen = read_traffic(*run.logs[std::size_t(i)], workers, steps);
+    REQUIRE(seen.max_lead == std::uint64_t(steps));
+    // The held worker's first gradient was computed before any other was applied ...
+    REQUIRE(seen.lag.size() == std::size_t((workers - 1) * steps) + 1);
+    // ... yet no gradient is stale: the held worker's clock holds the version back (the
+    // slowest live worker's), so it is the update lag that grows, not the staleness.
+    REQUIRE(seen.staleness == std::vector<std::uint64_t>{std::uint64_t(workers * steps)});
+    REQUIRE(st.staleness == seen.staleness);
+    REQUIRE(st.update_lag == seen.lag);
+    REQUIRE(st.max_lead == seen.max_lead);
     REQUIRE(st.applied == std::uint64_t(workers * steps));  // every gradient applied, none dropped
     REQUIRE(st.dropped == 0);
     REQUIRE(st.updates == st.applied);
-    REQUIRE(std::accumulate(st.staleness.begin(), st.staleness.end(), std::uint64_t{0}) == st.applied);
     REQUIRE(st.version == std::uint64_t(steps));
   }
-  // Without a bound the fast workers run far ahead of the slow one.
-  REQUIRE(async_stats[0].max_lead > 2);
-
-  run(gw::ps::bounded_staleness<2>{}, bounded_stats);
-  for (const auto& st : bounded_stats) {
-    REQUIRE(st.applied == std::uint64_t(workers * steps));
-    REQUIRE(st.max_lead <= 2);
-    REQUIRE(st.staleness.size() <= 3);  // recorded staleness never exceeds s = 2
-  }
+  CAPTURE(run.loss_before, run.loss_after);
+  REQUIRE(run.loss_after < 0.1 * run.loss_before);
 }
 
-TEST_CASE("parameter_server<backup_workers<1>> closes steps without the slow worker and counts every drop") {
-  const int workers = 3, servers = 1, steps = 30;
-  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::backup_workers<1>>;
-  const auto data = make_batches(steps, workers, 7);
-  std::vector<gw::ps::server_stats> stats;
-  std::vector<std::uint64_t> pushes(workers, 0);
+TEST_CASE("parameter_server<backup_workers<1>> closes each step with the first workers - 1 gradients and drops the late one, by the workers' records") {
+  // Each step one worker (in turn) is held by the test until the other two have finished
+  // the step: their two gradients must close it (the servers answer their pulls), and the
+  // held one's must be dropped. Every worker records the parameters it read and got back,
+  // which must follow a float64 reference that averages the two on-time gradients only.
+  const int workers = 3, servers = 2, steps = 12;
+  const double lr = 0.1;
+  using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::sgd, gw::ps::backup_workers<1>>;
+  const std::uint64_t seed = gw::test::fresh_seed();
+  CAPTURE(seed);
+  const auto data = make_batches(steps, workers, seed);
+  auto late_at = [&](int k) { return k % workers; };
+  struct step_record {
+    std::vector<double> before, after;
+    std::vector<std::uint64_t> started;  // every worker's steps started when this step returned
+  };
+  std::vector<std::vector<step_record>> records(static_cast<std::size_t>(workers));
+  std::vector<gw::ps::server_stats> stats(static_cast<std::size_t>(servers));
+  step_counts counts(workers);
   gw::transport::run_inproc(workers + servers, [&](gw::transport::inproc t) {
     const int me = t.rank();
-    S s(t, start_params<float>(me), gw::optim::sgd({.lr = 0.05}), S::aggregation_type(small_shards(servers)));
+    S s(t, start_params<double>(me), gw::optim::sgd({.lr = lr}), S::aggregation_type(small_shards(servers)));
     if (s.is_server()) {
-      stats.push_back(s.serve());
+      stats[std::size_t(me - workers)] = s.serve();
       return;
     }
-    // Train until the servers have applied steps * (workers - 1) gradients; worker 2 is slow.
-    for (int k = 0; s.aggregation().applied() < std::uint64_t(steps * (workers - 1)); ++k) {
-      if (me == 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    counts.set_up();
+    for (int k = 0; k < steps; ++k) {
+      const auto step = std::uint64_t(k);
+      if (me == late_at(k))  // until the step has closed without it
+        counts.wait(
+            [&](const auto&, const auto& finished) {
+              for (int v = 0; v < workers; ++v)
+                if (v != me && finished[std::size_t(v)] < step + 1) return false;
+              return true;
+            },
+            "the on-time workers to finish step " + std::to_string(k));
+      else  // until everyone has finished the step before
+        counts.wait([&](const auto&, const auto& finished) { return min_of(finished) >= step; },
+                    "every worker to finish step " + std::to_string(k - 1));
+      step_record r;
+      r.before = flat<double>(s.parameters());
+      counts.start(me);
       const auto p = s.parameters();
-      s.step(model.gradients<float>(p[0].data(), p[1].data(), data[k % steps][me]));
-      ++pushes[me];
+      s.step(model.gradients<double>(p[0].data(), p[1].data(), data[std::size_t(k)][std::size_t(me)]));
+      r.started = counts.now().started;  // before finish(me): nobody can start the next step yet
+      counts.finish(me);
+      r.after = flat<double>(s.parameters());
+      records[std::size_t(me)].push_back(std::move(r));
     }
   });
-  REQUIRE(stats.size() == 1);
-  const auto& st = stats[0];
-  CAPTURE(st.version, st.applied, st.dropped, pushes);
-  for (int w = 0; w < workers; ++w) REQUIRE(st.pushes[w] == pushes[w]);  // the server saw every push
-  const auto total = std::accumulate(pushes.begin(), pushes.end(), std::uint64_t{0});
-  REQUIRE(st.applied + st.dropped == total);  // each gradient applied or dropped, exactly once
-  REQUIRE(st.applied == st.version * (workers - 1));  // every step closed with the first N-1
-  REQUIRE(st.updates == st.version);
-  REQUIRE(st.dropped_by[2] > 0);                // the slow worker's late gradients were dropped
-  REQUIRE(st.dropped_by[2] * 2 > pushes[2]);    // most of them
-  REQUIRE(st.version >= std::uint64_t(steps));
+  // Float64 reference: each step moves by lr times the mean of the on-time gradients.
+  std::vector<double> w = flat<double>(start_params<double>(0));
+  const std::size_t weights = model.outputs * model.inputs;
+  for (int k = 0; k < steps; ++k) {
+    CAPTURE(k);
+    std::vector<double> sum(w.size(), 0.0);
+    for (int v = 0; v < workers; ++v) {
+      if (v == late_at(k)) continue;
+      const auto g = model.gradients<double>(w.data(), w.data() + weights, data[std::size_t(k)][std::size_t(v)]);
+      for (std::size_t i = 0; i < weights; ++i) sum[i] += g[0][i];
+      for (std::size_t i = 0; i < model.outputs; ++i) sum[weights + i] += g[1][i];
+    }
+    std::vector<double> next(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) next[i] = w[i] - lr * (sum[i] / double(workers - 1));
+    for (int v = 0; v < workers; ++v) {
+      CAPTURE(v);
+      const auto& r = records[std::size_t(v)][std::size_t(k)];
+      require_close(r.before, w);
+      require_close(r.after, next);  // the late worker's gradient changed nothing, for anyone
+      if (v != late_at(k))  // its pull was answered only once the other on-time gradient was in
+        for (int u = 0; u < workers; ++u)
+          if (u != v && u != late_at(k)) REQUIRE(r.started[std::size_t(u)] == std::uint64_t(k) + 1);
+    }
+    w = next;
+  }
+  for (int i = 0; i < servers; ++i) {
+    CAPTURE(i);
+    const auto& st = stats[std::size_t(i)];
+    REQUIRE(st.pushes == std::vector<std::uint64_t>(std::size_t(workers), std::uint64_t(steps)));
+    for (int v = 0; v < workers; ++v) REQUIRE(st.dropped_by[std::size_t(v)] == std::uint64_t(steps / workers));
+    REQUIRE(st.dropped == std::uint64_t(steps));
+    REQUIRE(st.applied == std::uint64_t(steps * (workers - 1)));
+    REQUIRE(st.updates == std::uint64_t(steps));
+    REQUIRE(st.version == std::uint64_t(steps));
+  }
 }
 
 TEST_CASE("parameter_server servers checkpoint their shards and a restarted job resumes from them") {
@@ -286,26 +751,27 @@ TEST_CASE("parameter_server servers checkpoint their shards and a restarted job 
   // A shard file saved for other tensor sizes is refused with the file named.
   std::filesystem::resize_file(dir / "ps-shard-1-of-2.ckpt", 40);
   auto resume_again = [&] { train_ps<double, gw::ps::sync>(2, 2, gw::optim::adam({.lr = 0.01}), second, options); };
-  REQUIRE_THROWS_WITH(resume_again(), Catch::Contains("ps-shard-1-of-2.ckpt"));
+  REQUIRE_THROWS_MATCHES(resume_again(), gw::error, is_error(gw::errc::config, {"ps-shard-1-of-2.ckpt"}));
   std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("parameter_server refuses a job without a worker or server, and step() on a server") {
   using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync>;
-  REQUIRE_THROWS_WITH(gw::transport::run_inproc(2,
+  REQUIRE_THROWS_MATCHES(gw::transport::run_inproc(2,
                                                 [](gw::transport::inproc t) {
                                                   S s(t, start_params<float>(t.rank()), gw::optim::sgd(), S::aggregation_type(small_shards(2)));
-                                                }),
-                      Catch::Contains("at least one server and one worker"));
-  REQUIRE_THROWS_WITH(gw::transport::run_inproc(2,
+                                                }), gw::error,
+                      is_error(gw::errc::config, {"parameter_server: 2 server(s) in a job of 2 ranks: a job needs at "
+                                                  "least one server and one worker"}));
+  REQUIRE_THROWS_MATCHES(gw::transport::run_inproc(2,
                                                 [](gw::transport::inproc t) {
                                                   S s(t, start_params<float>(t.rank()), gw::optim::sgd(), S::aggregation_type(small_shards(1)));
                                                   if (s.is_server())
                                                     s.step(std::vector<std::vector<float>>{
                                                         std::vector<float>(model.outputs * model.inputs),
                                                         std::vector<float>(model.outputs)});
-                                                }),
-                      Catch::Contains("is a server: call serve()"));
+                                                }), gw::error,
+                      is_error(gw::errc::invalid_argument, {"rank 1 is a server: call serve() on it instead of stepping"}));
 }
 
 TEST_CASE("parameter_server skips a server that holds none of the model, and a moved strategy finishes once") {
@@ -489,4 +955,151 @@ TEST_CASE("parameter_server agent refuses a step out of order and names what is 
     REQUIRE(p0[0] == Approx(0.9f));
     a.finish(comm);  // what strategy<>'s destructor does: the server stops waiting
   });
+}
+
+TEST_CASE("parameter_server<async> over transport::any_transport gives inproc's parameters, step by step, on a fixed schedule") {
+  // The workers step one at a time in a fixed order, so the servers apply the same
+  // gradients in the same order whatever the transport: the erased one must give inproc's
+  // parameters bit for bit, and both a float64 reference of the same schedule (each worker's
+  // gradient taken at the parameters its previous step pulled; momentum on the servers).
+  const int workers = 3, servers = 2, steps = 8;
+  const gw::optim::momentum opt({.lr = 0.05, .momentum = 0.9});
+  const std::uint64_t seed = gw::test::fresh_seed();
+  CAPTURE(seed);
+  const auto data = make_batches(steps, workers, seed);
+  const auto direct = async_in_turns<gw::transport::inproc>(workers, servers, opt, data);
+  const auto erased = async_in_turns<gw::transport::any_transport>(workers, servers, opt, data);
+
+  const std::size_t weights = model.outputs * model.inputs;
+  std::vector<double> w = flat<double>(start_params<double>(0)), velocity(w.size(), 0.0);
+  std::vector<std::vector<double>> pulled(static_cast<std::size_t>(workers), w);  // each worker's copy
+  for (std::size_t k = 0; k < std::size_t(steps); ++k)
+    for (int v = 0; v < workers; ++v) {
+      CAPTURE(k, v);
+      auto& mine = pulled[std::size_t(v)];
+      const auto g = model.gradients<double>(mine.data(), mine.data() + weights, data[k][std::size_t(v)]);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        velocity[i] = 0.9 * velocity[i] + (i < weights ? g[0][i] : g[1][i - weights]);
+        w[i] -= 0.05 * velocity[i];
+      }
+      mine = w;
+      REQUIRE(direct[std::size_t(v)].size() == std::size_t(steps));
+      REQUIRE(erased[std::size_t(v)].size() == std::size_t(steps));
+      REQUIRE(erased[std::size_t(v)][k] == direct[std::size_t(v)][k]);  // element by element, exactly
+      require_close(direct[std::size_t(v)][k], w);
+    }
+}
+
+TEST_CASE("parameter_server: a server that hears from no worker for ps::options::timeout fails with timeout, naming its rank, the time and the workers it expects") {
+  // The workers are held by the test (they never step) until the server has given up.
+  const int workers = 2;
+  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::async>;
+  auto options = small_shards(1);
+  options.timeout = std::chrono::milliseconds(500);
+  std::mutex m;
+  std::condition_variable cv;
+  bool server_failed = false;
+  std::chrono::steady_clock::duration served_for{};
+  auto run = [&] {
+    gw::transport::run_inproc(workers + 1, [&](gw::transport::inproc t) {
+      S s(t, start_params<float>(t.rank()), gw::optim::sgd({.lr = 0.1}), S::aggregation_type(options));
+      if (s.is_server()) {
+        const auto began = std::chrono::steady_clock::now();
+        try {
+          s.serve();
+        } catch (const gw::error&) {
+          served_for = std::chrono::steady_clock::now() - began;
+          {
+            std::lock_guard lock(m);
+            server_failed = true;
+          }
+          cv.notify_all();
+          throw;
+        }
+        return;  // served without a timeout: the workers' hold below fails the run
+      }
+      std::unique_lock lock(m);
+      if (!cv.wait_for(lock, hold_limit, [&] { return server_failed; }))
+        throw std::runtime_error("test: the server did not time out while its workers were held");
+    });
+  };
+  REQUIRE_THROWS_MATCHES(run(), gw::error,
+                         is_error(gw::errc::timeout, {"parameter server rank 2: no worker sent anything for 500 ms "
+                                                      "(2 still expected); are they stuck, or is the timeout too short?"}));
+  REQUIRE(served_for >= options.timeout);
+}
+
+TEST_CASE("parameter_server: ps::options::learning_rate with an optimizer without set_lr(double) fails with invalid_argument, and with set_lr it sets the lr of every update") {
+  const int steps = 3;
+  const std::vector<std::vector<double>> ones{std::vector<double>(model.outputs * model.inputs, 1.0),
+                                              std::vector<double>(model.outputs, 1.0)};
+  auto schedule = small_shards(1);
+  schedule.learning_rate = [](std::uint64_t, std::uint64_t) { return 0.25; };
+  // One worker stepping `steps` times with gradients of ones; the server's final parameters.
+  auto train = [&]<class Optimizer>(const Optimizer& opt, const gw::ps::options& o) {
+    using S = gw::parameter_server<gw::host_tensor<double>, Optimizer, gw::ps::sync>;
+    std::vector<double> served;
+    gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+      S s(t, start_params<double>(t.rank()), opt, typename S::aggregation_type(o));
+      if (s.is_server()) {
+        s.serve();
+        served = flat<double>(s.parameters());
+        return;
+      }
+      for (int k = 0; k < steps; ++k) s.step(ones);
+    });
+    return served;
+  };
+  REQUIRE_THROWS_MATCHES(train(fixed_lr_sgd{0.01}, schedule), gw::error,
+                         is_error(gw::errc::invalid_argument,
+                                  {"parameter_server: ps::options::learning_rate needs an optimizer with set_lr(double)"}));
+  const auto start = flat<double>(start_params<double>(0));
+  const auto own_lr = train(fixed_lr_sgd{0.01}, small_shards(1));  // without the schedule it trains at its own lr
+  const auto scheduled = train(gw::optim::sgd({.lr = 0.01}), schedule);  // with set_lr, at the schedule's
+  REQUIRE(own_lr.size() == start.size());
+  REQUIRE(scheduled.size() == start.size());
+  for (std::size_t i = 0; i < start.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(own_lr[i] == Approx(start[i] - steps * 0.01).epsilon(1e-12));
+    REQUIRE(scheduled[i] == Approx(start[i] - steps * 0.25).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("parameter_server: serve() on a worker rank fails with invalid_argument naming the rank, and the job goes on") {
+  const int workers = 2, steps = 3;
+  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync>;
+  const std::uint64_t seed = gw::test::fresh_seed();
+  CAPTURE(seed);
+  const auto data = make_batches(steps, workers, seed);
+  std::vector<std::pair<gw::errc, std::string>> refused(static_cast<std::size_t>(workers), {gw::errc{}, "serve() returned"});
+  std::vector<std::vector<float>> history(static_cast<std::size_t>(steps));
+  gw::ps::server_stats stats;
+  gw::transport::run_inproc(workers + 1, [&](gw::transport::inproc t) {
+    const int me = t.rank();
+    S s(t, start_params<float>(me), gw::optim::sgd({.lr = 0.1}), S::aggregation_type(small_shards(1)));
+    if (s.is_server()) {
+      stats = s.serve();
+      return;
+    }
+    try {
+      s.serve();
+    } catch (const gw::error& e) {
+      refused[std::size_t(me)] = {e.kind(), e.what()};
+    }
+    for (int k = 0; k < steps; ++k) {
+      const auto p = s.parameters();
+      s.step(model.gradients<float>(p[0].data(), p[1].data(), data[std::size_t(k)][std::size_t(me)]));
+      if (me == 0) history[std::size_t(k)] = flat<float>(s.parameters());
+    }
+  });
+  for (int w = 0; w < workers; ++w) {
+    CAPTURE(w, refused[std::size_t(w)].second);
+    REQUIRE(refused[std::size_t(w)].first == gw::errc::invalid_argument);
+    REQUIRE_THAT(refused[std::size_t(w)].second,
+                 Catch::Contains("parameter_server: rank " + std::to_string(w) +
+                                 " is a worker: serve() is for the server ranks (the last 1)"));
+  }
+  // The refused call changed nothing: the job trains as all-reduce does.
+  REQUIRE(stats.pushes == std::vector<std::uint64_t>(std::size_t(workers), std::uint64_t(steps)));
+  require_trajectories_close(history, train_mirrored<float>(workers, gw::optim::sgd({.lr = 0.1}), data));
 }

@@ -181,6 +181,26 @@ TEST_CASE("inproc rejects peers outside the group and empty groups") {
   REQUIRE_THROWS_AS(group.endpoint(2), gw::error);
 }
 
+TEST_CASE("inproc refuses a tag at or above 2^48 - 1 with invalid_argument naming it, as every transport does") {
+  gw::transport::inproc_group group(2);
+  auto a = group.endpoint(0), b = group.endpoint(1);
+  std::vector<int> in(1), out{42};
+  for (std::uint64_t tag : {(std::uint64_t{1} << 48) - 1, std::uint64_t{1} << 48, ~std::uint64_t{0}}) {
+    CAPTURE(tag);
+    auto [kind, what] = error_of([&] { a.async_recv(1, tag, bytes(in)); });
+    REQUIRE(kind == gw::errc::invalid_argument);
+    REQUIRE_THAT(what, Catch::Contains("inproc: tag " + std::to_string(tag) + " is not below 2^48 - 1"));
+    REQUIRE(error_of([&] { b.async_send(0, tag, bytes(std::as_const(out))); }).first == gw::errc::invalid_argument);
+  }
+  // The largest tag below the limit is delivered.
+  const std::uint64_t largest = (std::uint64_t{1} << 48) - 2;
+  auto r = a.async_recv(1, largest, bytes(in));
+  auto s = b.async_send(0, largest, bytes(std::as_const(out)));
+  a.wait(r, gw::deadline_after(5s));
+  b.wait(s, gw::deadline_after(5s));
+  REQUIRE(in == out);
+}
+
 TEST_CASE("inproc moves large messages intact between many ranks at once") {
   constexpr int ranks = 6;
   constexpr std::size_t n = 1 << 18;

@@ -611,3 +611,37 @@ TEST_CASE("a peer that finishes in good order fails a receive waiting on it with
   CHECK(later_send->kind() == errc::peer_lost);
   CHECK(later_send->details() == finished);
 }
+
+// --- tags --------------------------------------------------------------------------------
+
+TEST_CASE("asio_tcp refuses a tag at or above 2^48 - 1 with invalid_argument naming it, as UCX does, and delivers "
+          "the largest tag below",
+          "[tcp][defences][tag]") {
+  two_ranks job;
+  const std::uint64_t largest = (std::uint64_t{1} << 48) - 2;
+  std::vector<std::optional<gw::error>> refused;
+  std::vector<float> got(4, 0.0f);
+  const std::vector<float> sent{1.5f, -2.0f, 3.25f, 4.0f};
+  auto rank0 = [&](asio_tcp& t) {
+    for (std::uint64_t tag : {largest + 1, std::uint64_t{1} << 48, ~std::uint64_t{0}}) {
+      refused.push_back(failure_of([&] { t.async_recv(1, tag, std::as_writable_bytes(std::span(got))); }));
+      refused.push_back(failure_of([&] { t.async_send(1, tag, std::as_bytes(std::span(sent))); }));
+    }
+    auto r = t.async_recv(1, largest, std::as_writable_bytes(std::span(got)));
+    finish(t, r);
+  };
+  auto rank1 = [&](asio_tcp& t) {
+    auto s = t.async_send(0, largest, std::as_bytes(std::span(sent)));
+    finish(t, s);
+  };
+  job.run(rank0, rank1);
+  REQUIRE(refused.size() == 6);
+  const std::uint64_t tags[] = {largest + 1, std::uint64_t{1} << 48, ~std::uint64_t{0}};
+  for (std::size_t i = 0; i < refused.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(refused[i].has_value());
+    CHECK_THAT(*refused[i], is_error(errc::invalid_argument,
+                                     {"asio_tcp: tag " + std::to_string(tags[i / 2]) + " is not below 2^48 - 1"}));
+  }
+  CHECK(got == sent);
+}

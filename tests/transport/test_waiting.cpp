@@ -53,7 +53,7 @@ TEST_CASE("a window that pays resets the spin gate: the next miss closes it for 
   REQUIRE(closed_run(gate) == 1);
 }
 
-TEST_CASE("a CPU per rank counts the machine's CPUs; usable CPUs the process's own") {
+TEST_CASE("a CPU per rank counts the machine's CPUs, and usable CPUs the process's own") {
   const unsigned machine = std::max(1u, std::thread::hardware_concurrency());
   REQUIRE(gw::support::cpu_per_rank(static_cast<int>(machine)));
   REQUIRE_FALSE(gw::support::cpu_per_rank(static_cast<int>(machine) + 1));

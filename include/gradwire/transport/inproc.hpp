@@ -419,6 +419,7 @@ class inproc {
   request post(bool is_send, int peer, std::uint64_t tag, std::byte* data, std::size_t bytes,
                detail::deliver_fn deliver = &detail::deliver_copy) {
     detail::check_peer("inproc", rank_, peer, size());
+    detail::check_tag("inproc", tag);
     auto op = detail::make_operation<detail::inproc_op>(is_send, rank_, peer, tag, data, bytes, deliver);
     hub_->post(*op);
     is_send ? traffic_.sent(bytes) : traffic_.received(bytes);

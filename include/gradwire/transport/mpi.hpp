@@ -276,6 +276,7 @@ class mpi {
 
     std::unique_ptr<detail::mpi_op> make_op(bool is_send, int peer, std::uint64_t tag, std::size_t bytes) {
       detail::check_peer("mpi", rank, peer, size);
+      detail::check_tag("mpi", tag);
       auto op = std::make_unique<detail::mpi_op>();
       op->is_send = is_send;
       op->peer = peer;

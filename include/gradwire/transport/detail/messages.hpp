@@ -17,6 +17,18 @@ inline void check_peer(const char* transport, int rank, int peer, int size) {
                                             std::to_string(peer) + " in a job of " + std::to_string(size));
 }
 
+// Tags are below 2^48 - 1 on every transport (UCX keeps the sender's rank in the bits above;
+// 2^48 - 1 is its join's), so that code that runs over one transport runs over all.
+inline constexpr std::uint64_t tag_limit = (std::uint64_t{1} << 48) - 1;
+
+// Throws invalid_argument for a tag at or above tag_limit (every transport's check when an
+// operation is posted).
+inline void check_tag(const char* transport, std::uint64_t tag) {
+  if (tag >= tag_limit)
+    throw error(errc::invalid_argument,
+                std::string(transport) + ": tag " + std::to_string(tag) + " is not below 2^48 - 1");
+}
+
 // "send to rank 2 (tag 65536, 4096 bytes)"
 inline std::string describe_operation(bool is_send, int peer, std::uint64_t tag, std::size_t bytes) {
   return std::string(is_send ? "send to rank " : "receive from rank ") + std::to_string(peer) + " (tag " +

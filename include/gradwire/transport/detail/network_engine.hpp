@@ -89,8 +89,8 @@ class network_engine {
     if (failed) throw error(failed->first, failed->second);
   }
 
-  // Tags every backend accepts; a backend that reserves some hides this.
-  void check_tag(std::uint64_t) const {}
+  // Tags below tag_limit, as on every transport; a backend that reserves some hides this.
+  void check_tag(std::uint64_t tag) const { detail::check_tag(Backend::name, tag); }
 
   cluster::topology topology;                          // learnt at join; one host until then
   std::optional<std::pair<errc, std::string>> failed;  // set once: every later call throws it
