@@ -147,6 +147,28 @@ TEST_CASE("ranks that choose different all-reduce algorithms get a mismatch nami
   }
 }
 
+TEST_CASE("ranks that choose one-shot and halving-doubling get a mismatch naming both: only the algorithm tells them apart") {
+  // Neither is pipelined (both descriptors say 0 segments) and the count, dtype and operation
+  // agree: the algorithm in the descriptor is all that differs.
+  const int ranks = GENERATE(2, 3, 5);
+  CAPTURE(ranks);
+  gw::transport::inproc_group group(ranks);
+  auto raw = group.run([&](gw::transport::inproc t) {
+    gw::collective::communicator comm(
+        t, {.timeout = 5s, .one_shot_max_sent_bytes = t.rank() == 1 ? std::size_t{1} << 20 : 0u, .small_all_reduce_bytes = 4096u});
+    std::vector<float> v(100, 1.0f);
+    gw::collective::all_reduce(comm, std::span<float>(v));
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    REQUIRE(raw[r]);
+    REQUIRE_THROWS_MATCHES(std::rethrow_exception(raw[r]), gw::error,
+                           gw::test::is_error(gw::errc::mismatch,
+                                              {"rank 1 called all_reduce(count=100, dtype=f32, op=sum) by one_shot",
+                                               "called all_reduce(count=100, dtype=f32, op=sum) by halving_doubling"}));
+  }
+}
+
 TEST_CASE("a communicator runs many halving-doubling all-reduces of changing sizes in sequence") {
   constexpr int ranks = 5;
   REQUIRE_NOTHROW(gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
