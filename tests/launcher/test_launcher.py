@@ -133,15 +133,20 @@ class Output(unittest.TestCase):
 class Failures(unittest.TestCase):
     def test_failing_rank_stops_the_others_and_its_status_propagates(self):
         with tempfile.TemporaryDirectory() as pids:
-            # Ranks 0 and 2 sleep (in a child of sh, which must be stopped too); rank 1 fails.
-            script = ('if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; '
-                      'sleep 30 & echo "$$ $!" > %s/$RANK; wait' % pids)
+            # Ranks 0 and 2 sleep (in a child of sh, which must be stopped too) once they have
+            # written their pids; rank 1 fails once both pid files are there (a bounded poll).
+            script = ('if [ "$RANK" = 1 ]; then i=0; until [ -s %s/0 ] && [ -s %s/2 ]; do '
+                      'i=$((i+1)); [ $i -gt 400 ] && exit 9; sleep 0.02; done; exit 3; fi; '
+                      'sleep 30 & echo "$$ $!" > %s/$RANK; wait' % (pids, pids, pids))
             code, _, err, seconds = run("-n", "3", "sh", "-c", script)
             self.assertEqual(code, 3, err)
             self.assertIn("gradwire-run: rank 1 exited with status 3; stopping the other ranks", err)
             self.assertLess(seconds, 4.0, "the sleeping ranks were not stopped promptly")
+            self.assertEqual(sorted(os.listdir(pids)), ["0", "2"])
             for name in os.listdir(pids):
-                for pid in pathlib.Path(pids, name).read_text().split():
+                started = pathlib.Path(pids, name).read_text().split()
+                self.assertEqual(len(started), 2, f"rank {name}: {started}")  # sh and its sleep
+                for pid in started:
                     self.assertFalse(alive(int(pid)), f"process {pid} of rank {name} survived")
 
     def test_rank_killed_by_sigkill(self):
@@ -151,16 +156,29 @@ class Failures(unittest.TestCase):
         self.assertLess(seconds, 4.0)
 
     def test_rank_ignoring_sigterm_gets_sigkill_after_the_grace(self):
-        script = 'if [ "$RANK" = 0 ]; then sleep 0.2; exit 1; fi; trap "" TERM; while :; do sleep 0.1; done'
-        code, _, err, seconds = run("-n", "2", "sh", "-c", script)
-        self.assertEqual(code, 1, err)
-        self.assertGreater(seconds, 4.5)  # the 5 s grace
-        self.assertLess(seconds, 9.0)
+        with tempfile.TemporaryDirectory() as marks:
+            # Rank 1 ignores SIGTERM, then says so (a file); rank 0 fails once it has (a bounded poll).
+            script = ('if [ "$RANK" = 0 ]; then i=0; until [ -e %s/trapped ]; do i=$((i+1)); [ $i -gt 400 ] && exit 9; '
+                      'sleep 0.02; done; exit 1; fi; trap "" TERM; echo $$ > %s/trapped; while :; do sleep 0.1; done'
+                      % (marks, marks))
+            code, _, err, seconds = run("-n", "2", "sh", "-c", script)
+            self.assertEqual(code, 1, err)
+            self.assertIn("gradwire-run: rank 0 exited with status 1; stopping the other ranks", err)
+            self.assertGreater(seconds, 4.5)  # the 5 s grace
+            self.assertLess(seconds, 9.0)
+            self.assertFalse(alive(int(pathlib.Path(marks, "trapped").read_text())), "rank 1 survived SIGKILL")
 
     def test_keep_going_waits_for_all_and_reports_each_failure(self):
-        script = ('case $RANK in 0) exit 4;; 1) sleep 0.2; kill -9 $$;; '
-                  '2) sleep 0.5; echo finished;; esac')
-        code, out, err, _ = run("-n", "3", "--keep-going", "sh", "-c", script)
+        with tempfile.TemporaryDirectory() as pids:
+            # Rank 0 fails first; rank 1 is killed once rank 0 is gone; rank 2 finishes once both
+            # are. "Gone": reaped by the launcher (a zombie still answers kill -0), which has then
+            # seen the failure. gone R: a bounded poll for rank R's pid file and its end.
+            gone = ('i=0; until [ -s %(d)s/R ] && ! kill -0 "$(cat %(d)s/R)" 2>/dev/null; do '
+                    'i=$((i+1)); [ $i -gt 400 ] && exit 9; sleep 0.02; done; ')
+            script = ('case $RANK in 0) echo $$ > %(d)s/0; exit 4;; 1) echo $$ > %(d)s/1; ' + gone.replace("R", "0") +
+                      'kill -9 $$;; 2) ' + gone.replace("R", "0") + gone.replace("R", "1") + 'echo finished;; esac')
+            script = script % {"d": pids}
+            code, out, err, _ = run("-n", "3", "--keep-going", "sh", "-c", script)
         self.assertEqual(code, 4, err)
         self.assertIn("[2] finished", out)
         self.assertIn("gradwire-run: rank 0 exited with status 4", err)

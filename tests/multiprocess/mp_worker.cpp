@@ -2,6 +2,8 @@
 //
 //   mp_worker collectives | bucketing | async | train       correctness against float64 references
 //   mp_worker kill K | mismatch KIND | wrong-token K | join   failure behaviour
+//   mp_worker absent K                                        rank K never starts: the others time out naming it
+//   mp_worker abort-heard answers|silent                      an abort reaches a busy peer (UCX: waits for its answer, <= 1 s)
 //   mp_worker timeout                                         a receive nobody sends: errc::timeout at its deadline
 //   mp_worker stall K STEPS | partition R,...                 stopped ranks, cut-off hosts (see loop_steps)
 //   mp_worker_ucx one-sided                                  put / get against values computed from ranks
@@ -10,12 +12,16 @@
 // "rank R: FAIL ..." / the error and exits 1. Failure cases expect a specific error and
 // print "rank R: EXPECTED <errc>: <message>"; tests/multiprocess/test_multiprocess.py
 // starts the ranks, bounds their time and checks what each printed.
+#include <array>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <gradwire/asio.hpp>
 #if GRADWIRE_TEST_UCX
 #include <gradwire/ucx.hpp>
@@ -32,6 +38,9 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mlp.hpp"  // examples/fashion_mnist
@@ -319,6 +328,110 @@ void train(const std::string& optimizer) {
   std::printf("rank %d: PASS train %s (max relative error %.3g)\n", rank, optimizer.c_str(), error);
 }
 
+// --- ordering events between ranks without the transport ------------------------------
+
+// A channel between ranks 0 and 1 beside the transport: files in a directory that rank 0
+// makes and names to rank 1 (over the transport, before the events to order). A rank
+// signals an event by writing a file; the other waits for it, polling, with a limit. The
+// tests use it where the transport itself must stay idle (a rank that is "busy", messages
+// that must arrive before their receives are posted), instead of a sleep. Once built, rank
+// 0 is out of the transport: rank 1 waits until rank 0's send of the name has returned
+// (a UCX send may return well after its message arrived, the sender progressing meanwhile).
+class sideband {
+ public:
+  static constexpr std::uint64_t tag = 7777;
+  explicit sideband(transport_type& t) {
+    std::array<char, 256> name{};
+    const auto until = gw::deadline_after(std::chrono::seconds(30));
+    if (t.rank() == 0) {
+      char pattern[] = "/tmp/gw-sideband-XXXXXX";
+      if (!::mkdtemp(pattern)) fail("sideband: mkdtemp failed");
+      dir_ = pattern;
+      std::strncpy(name.data(), pattern, name.size() - 1);
+      auto s = t.async_send(1, tag, std::as_bytes(std::span(name)));
+      t.wait(s, until);
+      signal("rank 0 left the transport");
+    } else if (t.rank() == 1) {
+      auto r = t.async_recv(0, tag, std::as_writable_bytes(std::span(name)));
+      t.wait(r, until);
+      dir_ = name.data();
+      await("rank 0 left the transport");
+    }
+  }
+  // Writes `event` (with `text`) whole: written aside, then renamed into place.
+  void signal(const std::string& event, const std::string& text = "") const {
+    const std::string path = dir_ + "/" + event;
+    {
+      std::ofstream f(path + ".part");
+      f << text;
+      if (!f) fail("sideband: cannot write " + path);
+    }
+    std::filesystem::rename(path + ".part", path);
+  }
+  // Waits until the other rank signalled `event` (FAIL after `limit`); returns its text.
+  std::string await(const std::string& event, std::chrono::milliseconds limit = std::chrono::seconds(30)) const {
+    const std::string path = dir_ + "/" + event;
+    const auto give_up = std::chrono::steady_clock::now() + limit;
+    while (!std::filesystem::exists(path)) {
+      if (std::chrono::steady_clock::now() > give_up)
+        fail("sideband: '" + event + "' was not signalled within " + std::to_string(limit.count()) + " ms");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a bounded poll of the file
+    }
+    std::ifstream f(path);
+    std::stringstream text;
+    text << f.rdbuf();
+    return text.str();
+  }
+  // By the rank that uses the channel last.
+  void remove() const {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+ private:
+  std::string dir_;
+};
+
+// CLOCK_MONOTONIC in seconds: one clock for every process of this machine.
+double monotonic_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Bytes that this process's kernel holds unread on its connected TCP sockets: for
+// asio_tcp, what peers sent that the transport has not read yet (on loopback, what was
+// written reaches the receiving socket's queue at once).
+std::size_t kernel_unread_bytes() {
+  std::size_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int type = 0, listening = 0, unread = 0;
+    socklen_t length = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+    length = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) != 0 || listening) continue;
+    if (::ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) total += static_cast<std::size_t>(unread);
+  }
+  return total;
+}
+
+// Over asio_tcp: waits (polling, at most 30 s) until the kernel holds at least `bytes`
+// unread from the peers. Other transports keep arrivals where a test cannot look.
+void await_kernel_bytes([[maybe_unused]] std::size_t bytes, [[maybe_unused]] const std::string& what) {
+  if constexpr (std::is_same_v<direct_transport, gw::transport::asio_tcp>) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    std::size_t have = 0;
+    while ((have = kernel_unread_bytes()) < bytes) {
+      if (std::chrono::steady_clock::now() > give_up)
+        fail(what + ": the kernel holds " + std::to_string(have) + " unread bytes, not the " + std::to_string(bytes) +
+             " expected");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a bounded poll of the socket queues
+    }
+  }
+}
+
 // --- failure behaviour ---------------------------------------------------------------
 
 // Runs fn; it must throw gradwire::error of kind `want` whose message contains every
@@ -479,28 +592,53 @@ void mismatch(comm_type& comm, const std::string& kind) {
   }
 }
 
-// Rank 1 fails (an abort) while rank 0 computes for 300 ms without calling the
-// transport, then exits at once. Rank 0 must still learn why, not only that rank 1 left
-// (UCX: the aborting rank waits, up to a second, for its peers to answer the abort).
+// Rank 1 fails (an abort) while rank 0 is busy, out of the transport; rank 0 must still
+// learn why, not only that rank 1 left. UCX's aborting rank waits for every peer's answer
+// (abort seen), at most a second, before it goes on (docs/transports.md); over TCP the
+// abort frame waits in rank 0's kernel. Times are CLOCK_MONOTONIC, one clock for both.
+//   answers  rank 0 enters the transport once rank 1 has begun to abort (a sideband
+//            signal); rank 1 exits at once after its fail(). Rank 1 prints when its
+//            abort began and returned, rank 0 when it began listening: over UCX the
+//            abort returned after rank 0 began listening, well within the second.
+//   silent   rank 0 stays out of the transport until rank 1's fail() has returned (a
+//            sideband signal), so nobody answers: over UCX the abort gives up waiting
+//            after its second. Rank 1 then stays until rank 0 heard why.
 template <class Transport>
-void abort_heard(Transport& t) {
+void abort_heard(Transport& t, const std::string& how) {
   using namespace std::chrono;
+  if (how != "answers" && how != "silent") fail("abort-heard: answers or silent, not '" + how + "'");
   if constexpr (!requires { t.fail(gw::errc::mismatch, std::string()); }) {
     throw std::runtime_error("abort-heard: this transport cannot fail a rank on purpose");
-  } else if (t.rank() == 1) {
-    const auto began = steady_clock::now();
-    t.fail(gw::errc::mismatch, "a reason only rank 1 knows");
-    std::printf("rank 1: PASS abort sent in %.3f s\n", duration<double>(steady_clock::now() - began).count());
+  } else {
+    const sideband side(t);
+    if (t.rank() == 1) {
+      side.signal("aborting");
+      const double began = monotonic_now();
+      t.fail(gw::errc::mismatch, "a reason only rank 1 knows");
+      const double returned = monotonic_now();
+      std::printf("rank 1: PASS abort began at %.6f, returned at %.6f, took %.6f s\n", began, returned,
+                  returned - began);
+      std::fflush(stdout);
+      if (how == "silent") {
+        side.signal("returned");
+        side.await("heard", seconds(20));
+        side.remove();
+      }
+      std::_Exit(0);  // no goodbye, no destructors: as abrupt as an exit gets
+    }
+    if (t.rank() != 0) return;
+    side.await(how == "answers" ? "aborting" : "returned", seconds(20));  // busy, not in the transport
+    const double listening = monotonic_now();
+    std::printf("rank 0: listening at %.6f\n", listening);
     std::fflush(stdout);
-    std::_Exit(0);  // no goodbye, no destructors: as abrupt as an exit gets
+    std::vector<std::byte> nothing(4);
+    expect_error_no_exit(gw::errc::mismatch, {"rank 1 failed", "a reason only rank 1 knows"}, [&] {
+      auto r = t.async_recv(1, 1, nothing);
+      t.wait(r, gw::deadline_after(seconds(10)));
+    });
+    if (how == "silent") side.signal("heard");
+    else side.remove();
   }
-  if (t.rank() != 0) return;
-  std::this_thread::sleep_for(milliseconds(300));  // busy, not in the transport
-  std::vector<std::byte> nothing(4);
-  expect_error(gw::errc::mismatch, {"rank 1 failed", "a reason only rank 1 knows"}, [&] {
-    auto r = t.async_recv(1, 1, nothing);
-    t.wait(r, gw::deadline_after(seconds(10)));
-  });
 }
 
 // Point-to-point corner cases of the TCP transport between ranks 0 and 1:
@@ -511,8 +649,14 @@ void abort_heard(Transport& t) {
 // - large messages whose receives are posted long after they arrive (copied, and added);
 // - a message added into place whose first part, read with an earlier one, ends inside
 //   an element (asio_tcp reads up to 64 KiB at a time and splits the stream anywhere).
+// "Arrived": rank 1 signals (sideband) once it has posted the sends, which hands their
+// first bytes to the wire at once; over asio_tcp rank 0 then also waits until its kernel
+// holds them unread (the header and more than the 16 KiB a frame is buffered up to), so
+// that its first read after posting the receive finds them there.
 void point_to_point(transport_type& t) {
   const auto until = [] { return gw::deadline_after(std::chrono::seconds(30)); };
+  const sideband side(t);
+  constexpr std::size_t header = gw::transport::wire::header_size, buffered = std::size_t{16} << 10;
   std::vector<std::byte> large(1 << 20), small(4), big(8 << 20), after(16);
   if (t.rank() == 1) {
     for (std::size_t i = 0; i < large.size(); ++i) large[i] = std::byte(i * 7);
@@ -530,6 +674,7 @@ void point_to_point(transport_type& t) {
     for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i % 1000);
     auto s5 = t.async_send(0, 5, std::as_bytes(std::span<const float>(values)));
     auto s6 = t.async_send(0, 6, std::as_bytes(std::span<const float>(values)));
+    side.signal("sent 5 and 6");
     t.wait(s5, until());
     t.wait(s6, until());
     std::vector<std::byte> go(4), odd(13, std::byte{5});
@@ -539,6 +684,7 @@ void point_to_point(transport_type& t) {
     for (std::size_t i = 0; i < doubles.size(); ++i) doubles[i] = double(i % 777);
     auto s7 = t.async_send(0, 7, odd);
     auto s8 = t.async_send(0, 8, std::as_bytes(std::span<const double>(doubles)));
+    side.signal("sent 7 and 8");
     t.wait(s7, until());
     t.wait(s8, until());
   } else if (t.rank() == 0) {
@@ -555,14 +701,20 @@ void point_to_point(transport_type& t) {
       t.wait(r3, until());
       fail("a 8 MiB message into a 4 MiB receive was not refused");
     } catch (const gw::error& e) {
-      // TCP reports both sizes; UCX knows only that more came than fitted.
-      if (e.kind() != gw::errc::mismatch || std::string(e.what()).find("4194304") == std::string::npos)
+      // TCP reports both ranks and sizes and the tag; UCX knows only that more came than fitted.
+      const std::string want =
+          std::is_same_v<direct_transport, gw::transport::asio_tcp>
+              ? "message size mismatch: rank 1 sent 8388608 bytes (tag 3) but rank 0 expected 4194304"
+              : "4194304";
+      if (e.kind() != gw::errc::mismatch || std::string(e.what()).find(want) == std::string::npos)
         fail(std::string("size mismatch reported as: ") + e.what());
     }
     auto r4 = t.async_recv(1, 4, after);
     t.wait(r4, until());
     if (after != std::vector<std::byte>(16, std::byte{9})) fail("the message after the refused one");
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // tags 5 and 6 arrive first
+    // Tags 5 and 6 arrive before their receives are posted.
+    side.await("sent 5 and 6");
+    await_kernel_bytes(header + buffered + 1, "tag 5 before its receive");
     std::vector<float> copied(3 << 18, -1.0f), added(3 << 18, 0.5f);
     auto r5 = t.async_recv(1, 5, std::as_writable_bytes(std::span<float>(copied)));
     t.wait(r5, until());
@@ -588,7 +740,9 @@ void point_to_point(transport_type& t) {
     std::vector<std::byte> go(4), odd(13);
     auto s9 = t.async_send(1, 9, go);
     t.wait(s9, until());
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // 13 bytes, then 800 KB, arrive
+    // 13 bytes, then 800 KB, arrive: frame 7 whole and the head of 8 wait in the kernel together.
+    side.await("sent 7 and 8");
+    await_kernel_bytes(2 * header + odd.size() + buffered + 1, "tags 7 and 8 before their receives");
     std::vector<double> sums(100000, 0.25);
     auto r7 = t.async_recv(1, 7, odd);
     receive_added(t, 8, std::span<double>(sums));
@@ -596,6 +750,7 @@ void point_to_point(transport_type& t) {
     if (odd != std::vector<std::byte>(13, std::byte{5})) fail("13-byte message");
     for (std::size_t i = 0; i < sums.size(); ++i)
       if (sums[i] != double(i % 777) + 0.25) fail("doubles added after a 13-byte message, element " + std::to_string(i));
+    side.remove();  // rank 1 signals nothing more
   }
   std::printf("rank %d: PASS point-to-point\n", t.rank());
 }
@@ -612,8 +767,9 @@ void timeout(transport_type& t) {
     t.wait(r, gw::deadline_after(std::chrono::milliseconds(500)));
   });
   const double took = std::chrono::duration<double>(gw::clock::now() - started).count();
+  if (took < 0.5) fail("the timeout came after " + std::to_string(took) + " s, before its 0.5 s deadline");
   if (took > 10) fail("the timeout came after " + std::to_string(took) + " s, not at its 0.5 s deadline");
-  std::printf("rank %d: PASS timeout\n", t.rank());
+  std::printf("rank %d: PASS timeout after %.3f s\n", t.rank(), took);
 }
 
 #if GRADWIRE_TEST_UCX && !GRADWIRE_TEST_ANY  // any_transport does not forward one-sided access
@@ -747,6 +903,14 @@ int main(int argc, char** argv) {
           },
           gw::errc::peer_lost);
     }
+    if (mode == "absent") {
+      // Rank `arg` never starts: rank 0, which serves the rendezvous store, gives up at its
+      // deadline (GRADWIRE_TIMEOUT) with a timeout naming it; the others time out too, or
+      // see the store go with rank 0 (a lost peer). test_multiprocess.py checks the words.
+      if (spec.rank == 0)
+        expect_error(gw::errc::timeout, {arg + " did not connect"}, [&] { join(); });
+      expect_error(gw::errc::timeout, {}, [&] { join(); }, gw::errc::peer_lost);
+    }
     if (mode == "train") {
       train(arg);
       return 0;
@@ -764,8 +928,8 @@ int main(int argc, char** argv) {
     }
     if (mode == "abort-heard") {
       auto t = join();
-      abort_heard(t);
-      return 0;
+      abort_heard(t, arg.empty() ? "answers" : arg);
+      std::exit(0);  // the transport failed on purpose: no goodbye to say
     }
     if (mode == "point-to-point") {
       auto t = join();
@@ -793,7 +957,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") kill_rank(comm, std::stoi(arg));
     else if (mode == "mismatch") mismatch(comm, arg);
     else {
-      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|join|timeout|point-to-point|abort-heard|one-sided (UCX)\n");
+      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|absent K|join|timeout|point-to-point|abort-heard answers|silent|one-sided (UCX)\n");
       return 2;
     }
     col::barrier(comm);

@@ -3,12 +3,12 @@
 //
 //   ps_worker sync                 sync PS == all-reduce training (a serial reference on the chief)
 //   ps_worker async                async converges; servers check their accounting
-//   ps_worker bounded S            a slow worker; servers check staleness <= S
-//   ps_worker backup               backup_workers<1>, a slow worker; drops counted exactly
+//   ps_worker bounded S            a slow worker that lets the others lead by S; servers check staleness <= S
+//   ps_worker backup               backup_workers<1>, a slow worker that is always late; drops counted exactly
 //   ps_worker kill K               async; worker K is killed mid-run; the rest finish
 //   ps_worker rejoin K             async; worker K is killed mid-run and test_ps_elastic.py starts its
 //                                  replacement (GRADWIRE_REJOIN=1), which the servers take back
-//   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed
+//   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed at version 12
 //   ps_worker resume DIR           sync from the checkpoints in DIR
 //   ps_worker failover sync|async VICTIM WHEN [STEPS [DIR]]
 //                                  servers with standbys (the launcher's ps ranks: the servers, then
@@ -20,13 +20,19 @@
 //                                  DIR: checkpoints there, the standbys' in DIR/standby (a
 //                                  standby that resumes from another checkpoint than its server).
 //
+// The slow worker of `bounded` and `backup` lags on purpose, not by sleeping: it waits for
+// what the other workers write to $GW_TEST_SYNC_DIR after each step (see plan::lag).
+//
 // Ranks print "rank R: PASS ..." (or "EXPECTED <errc>: ...") and exit 0, or "FAIL ..." and
-// exit 1; servers also print "rank R: STATS k=v ..." for test_ps.py to cross-check.
+// exit 1; servers also print "rank R: STATS k=v ..." for test_ps.py to cross-check, and
+// the lagging worker "rank R: LAGGED k=v ...".
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <gradwire/asio.hpp>
 #if GRADWIRE_TEST_UCX
 #include <gradwire/ucx.hpp>
@@ -139,12 +145,67 @@ std::string join(const std::vector<std::uint64_t>& v) {
 
 struct plan {
   int steps = 30;
-  int slow_rank = -1;  // this worker sleeps slow_ms before each step
+  int slow_rank = -1;  // this worker sleeps slow_ms before each step (or lags: see `lag`)
   int slow_ms = 0;
+  // The slow worker lags explicitly, on what the others report after each step (files in
+  // $GW_TEST_SYNC_DIR): under bounded_staleness<s>, before its push number k+1 it waits
+  // until every other worker has finished its step k+s (a lead of s: their next pull is
+  // held), and checks that none went further; under backup_workers<b>, before pushing for
+  // the step it holds it waits until that step has closed without it (another worker
+  // holds a later version), so its gradient is late.
+  bool lag = false;
   int pace_ms = 0;     // every worker sleeps this long before each step (a compute stand-in)
   int kill_rank = -1;  // this worker raises SIGKILL at step kill_step
   int kill_step = 5;
   bool until_applied = false;  // train until the servers applied steps * (workers - backups) gradients
+};
+
+// What each worker reports after each step (plan::lag): one line "VALUE FINISHED" in
+// $GW_TEST_SYNC_DIR/worker<R>, written aside and renamed into place. VALUE: the steps it
+// finished (bounded_staleness) or the version it holds (backup_workers).
+class progress_board {
+ public:
+  progress_board(bool on, int rank, int workers) : on_(on), rank_(rank), workers_(workers) {
+    if (!on_) return;
+    const char* dir = std::getenv("GW_TEST_SYNC_DIR");
+    if (!dir || !*dir) fail("this mode needs GW_TEST_SYNC_DIR, a directory the workers share (test_ps.py sets it)");
+    dir_ = dir;
+  }
+  void publish(std::uint64_t value, bool finished) const {
+    if (!on_) return;
+    const std::string path = dir_ + "/worker" + std::to_string(rank_);
+    {
+      std::ofstream f(path + ".part");
+      f << value << ' ' << (finished ? 1 : 0) << '\n';
+      if (!f) fail("cannot write " + path);
+    }
+    std::filesystem::rename(path + ".part", path);
+  }
+  // f(worker, value, finished) for every other worker's latest report (0, unfinished, before its first).
+  template <class F>
+  void for_each(F&& f) const {
+    for (int w = 0; w < workers_; ++w) {
+      if (w == rank_) continue;
+      std::uint64_t value = 0;
+      int finished = 0;
+      std::ifstream(dir_ + "/worker" + std::to_string(w)) >> value >> finished;
+      f(w, value, finished != 0);
+    }
+  }
+  // Polls `ready` every millisecond until it holds; FAIL after a minute.
+  template <class F>
+  void await(const std::string& what, F&& ready) const {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!ready()) {
+      if (std::chrono::steady_clock::now() > give_up) fail("waited a minute for " + what);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a bounded poll of the others' reports
+    }
+  }
+
+ private:
+  bool on_;
+  int rank_, workers_;
+  std::string dir_;
 };
 
 constexpr float lr = 0.05f;
@@ -174,13 +235,13 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
     const bool standby = spec.rank >= workers + options.servers;
     std::printf("rank %d: STATS resumed=%llu version=%llu applied=%llu dropped=%llu pushes=%s dropped_by=%s "
                 "max_staleness=%llu max_lead=%llu lost=%s rejoined=%s one_sided=%llu role=%s promoted=%d "
-                "promoted_at=%llu standby_lost=%d replicated=%llu resent=%llu\n",
+                "promoted_at=%llu standby_lost=%d replicated=%llu resent=%llu staleness=%s\n",
                 spec.rank, (unsigned long long)st.resumed_from, (unsigned long long)st.version,
                 (unsigned long long)st.applied, (unsigned long long)st.dropped, join(st.pushes).c_str(),
                 join(st.dropped_by).c_str(), (unsigned long long)max_staleness, (unsigned long long)st.max_lead,
                 lost.c_str(), rejoined.c_str(), (unsigned long long)st.one_sided, standby ? "standby" : "server",
                 st.promoted ? 1 : 0, (unsigned long long)st.promoted_at, st.standby_lost ? 1 : 0,
-                (unsigned long long)st.replicated, (unsigned long long)st.resent);
+                (unsigned long long)st.replicated, (unsigned long long)st.resent, join(st.staleness).c_str());
     std::uint64_t pushes = 0;
     for (auto x : st.pushes) pushes += x;
     // (A standby's applied count includes the gradients of its server's updates, and a standby
@@ -196,12 +257,56 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
   std::fflush(stdout);
   std::uint64_t pushes = 0;
   const std::uint64_t budget = static_cast<std::uint64_t>(p.steps) * (workers - Mode::backups);
+  progress_board board(p.lag, spec.rank, workers);
+  std::uint64_t lagged = 0;  // steps at which the slow worker saw the lead of s, or its step closed without it
   for (int k = 0; p.until_applied ? s.aggregation().applied() < budget : k < p.steps; ++k) {
     if (spec.rank == p.kill_rank && k == p.kill_step) std::raise(SIGKILL);
-    std::this_thread::sleep_for(std::chrono::milliseconds(spec.rank == p.slow_rank ? p.slow_ms : p.pace_ms));
+    if (spec.rank == p.slow_rank && p.lag) {
+      if constexpr (Mode::max_lead >= 0) {
+        // This worker has pushed k gradients: the others can finish steps up to k + s, no further.
+        const auto lead = static_cast<std::uint64_t>(Mode::max_lead), pushed = static_cast<std::uint64_t>(k);
+        const std::uint64_t target = std::min(pushed + lead, static_cast<std::uint64_t>(p.steps));
+        board.await("every other worker to finish step " + std::to_string(target), [&] {
+          bool all = true;
+          board.for_each([&](int w, std::uint64_t done, bool) {
+            if (done > pushed + lead)
+              fail("worker " + std::to_string(w) + " finished step " + std::to_string(done) +
+                   " while this one had pushed " + std::to_string(pushed) + ": more than s = " + std::to_string(lead) +
+                   " ahead");
+            all = all && done >= target;
+          });
+          return all;
+        });
+        lagged += target == pushed + lead;
+      } else if constexpr (Mode::backups > 0) {
+        // The step this worker would push for closes with the others' gradients.
+        const std::uint64_t v = s.aggregation().version();
+        bool closed = false;
+        board.await("step " + std::to_string(v) + " to close without this worker", [&] {
+          bool all_finished = true;
+          board.for_each([&](int, std::uint64_t version, bool finished) {
+            closed = closed || version > v;
+            all_finished = all_finished && finished;
+          });
+          return closed || all_finished;
+        });
+        if (!closed)
+          fail("the other workers finished, but step " + std::to_string(v) + " never closed without this one");
+        ++lagged;
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(spec.rank == p.slow_rank ? p.slow_ms : p.pace_ms));
+    }
     const auto params = s.parameters();
     s.step(model.gradients<float>(params[0].data(), params[1].data(), batch(spec.rank, k)));
     ++pushes;
+    board.publish(Mode::backups > 0 ? s.aggregation().version() : static_cast<std::uint64_t>(k + 1), false);
+  }
+  board.publish(Mode::backups > 0 ? s.aggregation().version() : pushes, true);
+  if (spec.rank == p.slow_rank && p.lag) {
+    std::printf("rank %d: LAGGED %s=%llu\n", spec.rank, Mode::backups > 0 ? "late" : "lead_reached",
+                (unsigned long long)lagged);
+    std::fflush(stdout);
   }
   const double after = loss(s.parameters());
   if constexpr (std::is_same_v<Mode, gw::ps::sync>) {
@@ -265,16 +370,19 @@ int main(int argc, char** argv) {
                          });
     } else if (mode == "bounded") {
       static int bound = std::stoi(arg);
-      plan p{.steps = 40, .slow_rank = 1, .slow_ms = 10};
+      plan p{.steps = 40, .slow_rank = 1, .lag = true};
       auto check = [](const gw::ps::server_stats& st, int) {
         if (st.staleness.size() > static_cast<std::size_t>(bound) + 1 || st.max_lead > static_cast<std::uint64_t>(bound))
           fail("staleness above the bound " + std::to_string(bound));
+        if (st.max_lead != static_cast<std::uint64_t>(bound))
+          fail("no worker was answered with the lead of " + std::to_string(bound) + " it had");
       };
       if (bound == 1) run<gw::ps::bounded_staleness<1>>(spec, options, p, check);
       else if (bound == 3) run<gw::ps::bounded_staleness<3>>(spec, options, p, check);
       else fail("bounded: the test instantiates s = 1 and s = 3");
     } else if (mode == "backup") {
-      run<gw::ps::backup_workers<1>>(spec, options, {.steps = 30, .slow_rank = 1, .slow_ms = 15, .pace_ms = 5, .until_applied = true},
+      run<gw::ps::backup_workers<1>>(spec, options,
+                                     {.steps = 30, .slow_rank = 1, .lag = true, .pace_ms = 5, .until_applied = true},
                                      [](const gw::ps::server_stats& st, int workers) {
                                        if (st.applied != st.version * (workers - 1)) fail("a step closed with != N-1");
                                        if (st.dropped_by[1] == 0) fail("the slow worker's gradients were never late");
@@ -302,12 +410,12 @@ int main(int argc, char** argv) {
     } else if (mode == "server-loss") {
       options.checkpoint_dir = arg;
       options.checkpoint_every = 5;
-      if (spec.rank == spec.world_size - 1)  // the last server dies mid-run
-        std::thread([] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-          std::raise(SIGKILL);
-        }).detach();
-      expect_peer_lost([&] { run<gw::ps::sync>(spec, options, {.steps = 100000, .slow_rank = 0, .slow_ms = 20}); });
+      if (spec.rank == spec.world_size - 1)  // the last server dies mid-run, once its checkpoints 5 and 10 are written:
+        options.learning_rate = [](std::uint64_t version, std::uint64_t) {  // run just before each update
+          if (version == 12) std::raise(SIGKILL);
+          return double(lr);
+        };
+      expect_peer_lost([&] { run<gw::ps::sync>(spec, options, {.steps = 100000}); });
     } else if (mode == "resume") {
       options.checkpoint_dir = arg;
       options.checkpoint_every = 5;

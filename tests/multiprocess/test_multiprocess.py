@@ -25,8 +25,9 @@ JOIN_TIMEOUT_S = 5
 
 def run(ranks, *args, keep_going=False, extra=(), env=None, bound=120):
     """Runs WORKER on `ranks` ranks; returns (exit status, {rank: [lines]}, seconds)."""
-    cmd = [LAUNCHER, "-n", str(ranks), *extra] + (["--keep-going"] if keep_going else []) + ["--", WORKER, *args]
-    e = dict(os.environ, GRADWIRE_TIMEOUT=str(JOIN_TIMEOUT_S), **(env or {}))
+    cmd = [LAUNCHER] + ([] if "--nproc-per-node" in extra else ["-n", str(ranks)]) + [*extra]
+    cmd += (["--keep-going"] if keep_going else []) + ["--", WORKER, *args]
+    e = dict(os.environ, **dict({"GRADWIRE_TIMEOUT": str(JOIN_TIMEOUT_S)}, **(env or {})))
     start = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=bound, env=e)
     took = time.monotonic() - start
@@ -97,19 +98,84 @@ class Failures(unittest.TestCase):
                 self.assertLess(took, 30)
 
     def test_aborting_rank_waits_until_a_busy_peer_heard_why(self):
-        status, lines, took, out = run(2, "abort-heard", keep_going=True, bound=60)
+        # Rank 0 stays out of the transport until rank 1 has begun to abort ("answers") or
+        # until rank 1's abort has returned ("silent"); see mp_worker's abort_heard. Either
+        # way rank 0 learns rank 1's reason, not only that it left. UCX's aborting rank waits
+        # for its peers' answers, at most a second (docs/transports.md): with a peer that
+        # answers, it returns after that peer began listening and well within the second;
+        # with a silent one, it gives up after the second. (Times: one monotonic clock.)
+        ucx = "ucx" in os.path.basename(WORKER)
+        for how in ("answers", "silent"):
+            with self.subTest(peer=how):
+                status, lines, took, out = run(2, "abort-heard", how, keep_going=True, bound=60)
+                self.assertEqual(status, 0, out)
+                self.expect(lines, 0, "mismatch", "rank 0: rank 1 failed: a reason only rank 1 knows")
+                m = re.search(r"abort began at ([0-9.]+), returned at ([0-9.]+), took ([0-9.]+) s",
+                              " ".join(lines.get(1, [])))
+                self.assertIsNotNone(m, out)
+                returned, abort_took = float(m.group(2)), float(m.group(3))
+                listening = float(re.search(r"listening at ([0-9.]+)", " ".join(lines.get(0, []))).group(1))
+                if how == "silent":
+                    self.assertGreaterEqual(listening, returned, out)  # nobody listened while it aborted
+                if not ucx:
+                    continue
+                if how == "answers":
+                    self.assertGreaterEqual(returned, listening, f"the abort returned before rank 0 answered:\n{out}")
+                    self.assertLess(abort_took, 0.9, f"the abort did not return on rank 0's answer:\n{out}")
+                else:
+                    self.assertGreaterEqual(abort_took, 0.95, f"the abort gave up before its second:\n{out}")
+                    self.assertLess(abort_took, 1.5, f"the abort waited more than its second:\n{out}")
+
+    def test_receive_deadline_is_a_timeout_naming_peer_tag_and_size(self):
+        # Each rank waits, with a 0.5 s deadline, for a message the next rank never sends.
+        ranks = 3
+        status, lines, took, out = run(ranks, "timeout", bound=60)
         self.assertEqual(status, 0, out)
-        self.expect(lines, 0, "mismatch", "rank 1 failed", "a reason only rank 1 knows")
-        if "ucx" in os.path.basename(WORKER):  # it waited for rank 0's answer, at most a second
-            sent = float(re.search(r"abort sent in ([0-9.]+) s", " ".join(lines.get(1, []))).group(1))
-            self.assertGreater(sent, 0.2, out)
-            self.assertLess(sent, 1.5, out)
+        for r in range(ranks):
+            peer = (r + 1) % ranks
+            self.expect(lines, r, "timeout", f"rank {r}: receive from rank {peer} (tag 4242, 12345 bytes) did not "
+                                             "complete before its deadline (is a rank missing or behind?)")
+            # At its deadline, not before and not much after (mp_worker checks 0.5 <= s <= 10).
+            after = re.search(r"PASS timeout after ([0-9.]+) s", " ".join(lines.get(r, [])))
+            self.assertIsNotNone(after, out)
+            self.assertGreaterEqual(float(after.group(1)), 0.5, out)
+            self.assertLess(float(after.group(1)), 5, out)
+        self.assertLess(took, 30, out)
+
+    def test_rank_that_never_starts_is_named_at_the_join_deadline(self):
+        # Ranks 0-2 of 4 start (node 0 of 2 nodes); node 1, rank 3, never does. Rank 0 serves
+        # the rendezvous store and gives up at its deadline, naming rank 3 and what to check.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        timeout_s = 2
+        extra = ["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "3,1", "--master-port", str(port)]
+        env = {"GRADWIRE_TIMEOUT": str(timeout_s), "GRADWIRE_JOB_TOKEN": "absent-rank-test"}
+        status, lines, took, out = run(3, "absent", "3", keep_going=True, extra=extra, bound=60, env=env)
+        self.assertEqual(status, 0, out)
+        got = " ".join(lines.get(0, []))
+        self.assertIn("EXPECTED timeout", got, out)
+        # (TCP: "rank 3 did not connect within MS ms (it never published its host identity)";
+        # UCX: "rank 3 did not connect (publish its UCX address) within MS ms"; then the hint.)
+        m = re.search(r"rank 0: ranks? 3 did not connect (\([^)]*\) )?within (\d+) ms\b.*: did (it|they) start, "
+                      r"with the same WORLD_SIZE and job token\?", got)
+        self.assertIsNotNone(m, out)
+        self.assertGreater(int(m.group(2)), timeout_s * 1000 // 2, out)  # the join's deadline, in ms
+        self.assertLessEqual(int(m.group(2)), timeout_s * 1000, out)
+        for r in (1, 2):  # they time out naming rank 3 too, or see the store go with rank 0
+            got = " ".join(lines.get(r, []))
+            self.assertRegex(got, r"EXPECTED timeout: rank %d: ranks? 3 did not connect|EXPECTED peer lost" % r, out)
+        self.assertGreaterEqual(took, timeout_s * 0.9, "rank 0 gave up before its deadline")
+        self.assertLess(took, timeout_s + 20)
 
     def test_wrong_job_token_is_refused(self):
         status, lines, took, out = run(3, "wrong-token", "1", keep_going=True, bound=60)
         self.assertEqual(status, 0, out)
         self.expect(lines, 1, "authentication failed", "GRADWIRE_JOB_TOKEN")
-        self.expect(lines, 0, "timeout", "did not connect")
+        self.expect(lines, 0, "timeout")
+        self.assertRegex(" ".join(lines.get(0, [])), r"rank 0: ranks? 1 did not connect (\([^)]*\) )?within \d+ ms\b"
+                                                     r".*: did (it|they) start, with the same WORLD_SIZE and job "
+                                                     r"token\?", out)
         self.assertLess(took, JOIN_TIMEOUT_S + 20)
 
     def test_port_in_use_is_a_clear_error(self):

@@ -8,11 +8,13 @@ one trace file each; the file must be JSON in the Trace Event Format with one tr
 rank and the expected events (steps, all-reduces, broadcasts, optimizer steps, pushes and
 pulls) carrying bytes and durations.
 """
+import collections
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from decimal import Decimal
 
@@ -54,23 +56,30 @@ class Timeline(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="gradwire-timeline-")
         self.path = os.path.join(self.dir, "trace.json")
 
-    def check_common(self, events, names, ranks):
+    def check_common(self, events, names, ranks, began, ended):
         for r in range(ranks):
             self.assertEqual(names.get(r), f"rank {r} of {ranks}")
         # mp_worker trains a one_device reference beside the job: a one-rank job's own track.
         self.assertEqual({p: n for p, n in names.items() if p >= ranks}, {} if ranks == 3 else {100000: "rank 0 of 1"})
+        # Every event lies inside the job's run as this test timed it, in microseconds of Unix
+        # time (the ranks share the clock; 100 ms for the clocks' drift): a start or duration
+        # in another unit, or a negative one, falls outside.
+        slack = 100_000
         for e in events:
-            self.assertGreaterEqual(e["dur"], 0, e)
-            self.assertGreater(e["ts"], 1.6e15, e)  # microseconds of Unix time: the ranks share a clock
+            self.assertGreaterEqual(e["ts"], began - slack, e)
+            self.assertLessEqual(e["ts"] + e["dur"], ended + slack, e)
+            self.assertGreater(e["dur"], 0, e)  # written to the nanosecond: every event took some time
             self.assertIn("bytes", e["args"], e)
             self.assertIn(e["tid"], (0, 1), e)
 
     def test_multi_worker_mirrored_two_processes(self):
+        began = time.time() * 1e6
         status, out = run(["-n", "2", "--", MP_WORKER, "train", "sgd"],
                           {"GRADWIRE_TIMELINE": self.path, "GRADWIRE_LOG": "info"})
+        ended = time.time() * 1e6
         self.assertEqual(status, 0, out)
         events, names = load(self.path)
-        self.check_common(events, names, 2)
+        self.check_common(events, names, 2, began, ended)
         steps = [len(of(events, r, "step")) for r in range(2)]
         self.assertGreater(steps[0], 0)
         self.assertEqual(steps[0], steps[1], "both ranks took the same steps")
@@ -111,11 +120,13 @@ class Timeline(unittest.TestCase):
         self.assertNotIn("[gradwire ", out, "no log lines without GRADWIRE_LOG")
 
     def test_parameter_server_two_workers_one_server(self):
+        began = time.time() * 1e6
         status, out = run(["-n", "2", "--ps", "1", "--", PS_WORKER, "async"],
                           {"GRADWIRE_TIMELINE": self.path, "GRADWIRE_LOG": "debug"})
+        ended = time.time() * 1e6
         self.assertEqual(status, 0, out)
         events, names = load(self.path)
-        self.check_common(events, names, 3)
+        self.check_common(events, names, 3, began, ended)
         for w in range(2):
             pushes, pulls, steps = of(events, w, "push"), of(events, w, "pull"), of(events, w, "step")
             self.assertEqual(len(pushes), 60)
@@ -124,15 +135,28 @@ class Timeline(unittest.TestCase):
             for p in pushes:
                 self.assertEqual(p["cat"], "ps")
                 self.assertGreater(p["args"]["bytes"], 0)
-                self.assertGreaterEqual(p["args"]["staleness"], 0)
+                # The pull nests in its push, and a gradient cannot be staler than the
+                # version the server answered that pull with.
+                nested = [q for q in pulls if inside(q, p)]
+                self.assertEqual(len(nested), 1, p)
+                self.assertTrue(0 <= p["args"]["staleness"] <= nested[0]["args"]["version"], (p, nested[0]))
             self.assertEqual(of(events, w, "optimizer_step"), [], "workers do not run the optimizer")
+        # Each push's staleness is what the server recorded for that gradient (its answer to the
+        # step's pull says): counted over both workers, the server's own histogram (STATS).
+        lines = rank_lines(out)
+        server = next((l for l in lines.get(2, []) if "STATS" in l), None)
+        self.assertIsNotNone(server, out)
+        recorded = [int(x) for x in dict(kv.split("=", 1) for kv in server.split("STATS", 1)[1].split())["staleness"]
+                    .split(",") if x]
+        traced = collections.Counter(int(p["args"]["staleness"]) for w in range(2) for p in of(events, w, "push"))
+        self.assertEqual(sum(recorded), 120, server)
+        self.assertEqual([traced[k] for k in range(max(len(recorded), max(traced) + 1))], recorded, server)
         server_pushes = of(events, 2, "push")
         self.assertEqual(len(server_pushes), 120)
         self.assertEqual(sorted({e["args"]["worker"] for e in server_pushes}), [0, 1])
         self.assertEqual(len(of(events, 2, "optimizer_step")), 120)  # async: one update per gradient
         self.assertGreaterEqual(len(of(events, 2, "pull")), 120)
         # GRADWIRE_LOG=debug: every step's stats, with the worker's staleness.
-        lines = rank_lines(out)
         for w in range(2):
             stats = [l for l in lines.get(w, []) if "debug: step " in l]
             self.assertEqual(len(stats), 60, out)
