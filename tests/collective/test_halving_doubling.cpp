@@ -126,14 +126,13 @@ TEST_CASE("auto picks halving-doubling below the threshold and the ring from it 
   }
 }
 
-TEST_CASE("ranks that choose different all-reduce algorithms get a mismatch naming both") {
-  const int ranks = GENERATE(2, 3, 5);
-  CAPTURE(ranks);
-  // Rank 1 has a different auto_ threshold than everyone else, so it picks the ring.
+// Runs a 100-float all-reduce on `ranks` ranks, rank 1 with `odd` options and the others with
+// `usual`, and requires every rank's mismatch to name rank 1's algorithm and the others'.
+static void require_algorithm_mismatch(int ranks, gw::collective::communicator_options odd,
+                                gw::collective::communicator_options usual, const std::string& rank1_algorithm) {
   gw::transport::inproc_group group(ranks);
   auto raw = group.run([&](gw::transport::inproc t) {
-    gw::collective::communicator comm(
-        t, {.timeout = 30s, .one_shot_max_sent_bytes = 0, .small_all_reduce_bytes = t.rank() == 1 ? 16u : 4096u});
+    gw::collective::communicator comm(t, t.rank() == 1 ? odd : usual);
     std::vector<float> v(100, 1.0f);
     gw::collective::all_reduce(comm, std::span<float>(v));
   });
@@ -142,9 +141,17 @@ TEST_CASE("ranks that choose different all-reduce algorithms get a mismatch nami
     REQUIRE(raw[r]);
     REQUIRE_THROWS_MATCHES(std::rethrow_exception(raw[r]), gw::error,
                            gw::test::is_error(gw::errc::mismatch,
-                                              {"rank 1 called all_reduce(count=100, dtype=f32, op=sum) by ring",
+                                              {"rank 1 called all_reduce(count=100, dtype=f32, op=sum) by " + rank1_algorithm,
                                                "called all_reduce(count=100, dtype=f32, op=sum) by halving_doubling"}));
   }
+}
+
+TEST_CASE("ranks that choose different all-reduce algorithms get a mismatch naming both") {
+  const int ranks = GENERATE(2, 3, 5);
+  CAPTURE(ranks);
+  // Rank 1 has a different auto_ threshold than everyone else, so it picks the ring.
+  require_algorithm_mismatch(ranks, {.timeout = 30s, .one_shot_max_sent_bytes = 0, .small_all_reduce_bytes = 16u},
+                             {.timeout = 30s, .one_shot_max_sent_bytes = 0, .small_all_reduce_bytes = 4096u}, "ring");
 }
 
 TEST_CASE("ranks that choose one-shot and halving-doubling get a mismatch naming both: only the algorithm tells them apart") {
@@ -152,21 +159,8 @@ TEST_CASE("ranks that choose one-shot and halving-doubling get a mismatch naming
   // agree: the algorithm in the descriptor is all that differs.
   const int ranks = GENERATE(2, 3, 5);
   CAPTURE(ranks);
-  gw::transport::inproc_group group(ranks);
-  auto raw = group.run([&](gw::transport::inproc t) {
-    gw::collective::communicator comm(
-        t, {.timeout = 5s, .one_shot_max_sent_bytes = t.rank() == 1 ? std::size_t{1} << 20 : 0u, .small_all_reduce_bytes = 4096u});
-    std::vector<float> v(100, 1.0f);
-    gw::collective::all_reduce(comm, std::span<float>(v));
-  });
-  for (int r = 0; r < ranks; ++r) {
-    CAPTURE(r);
-    REQUIRE(raw[r]);
-    REQUIRE_THROWS_MATCHES(std::rethrow_exception(raw[r]), gw::error,
-                           gw::test::is_error(gw::errc::mismatch,
-                                              {"rank 1 called all_reduce(count=100, dtype=f32, op=sum) by one_shot",
-                                               "called all_reduce(count=100, dtype=f32, op=sum) by halving_doubling"}));
-  }
+  require_algorithm_mismatch(ranks, {.timeout = 5s, .one_shot_max_sent_bytes = std::size_t{1} << 20, .small_all_reduce_bytes = 4096u},
+                             {.timeout = 5s, .one_shot_max_sent_bytes = 0, .small_all_reduce_bytes = 4096u}, "one_shot");
 }
 
 TEST_CASE("a communicator runs many halving-doubling all-reduces of changing sizes in sequence") {

@@ -24,6 +24,7 @@
 #include <thread>
 #include <utility>
 #include <vector>
+#include "support/event.hpp"
 
 #if defined(GRADWIRE_HAS_ASIO)  // the store and TCP cases
 #include <gradwire/rendezvous/framed_io.hpp>
@@ -70,26 +71,7 @@ void await(Pred done, const std::string& what) {
   }
 }
 
-// One thread raises it, another awaits it (within patience).
-class event {
- public:
-  void raise() {
-    {
-      std::lock_guard lock(mutex_);
-      raised_ = true;
-    }
-    cv_.notify_all();
-  }
-  void await(const std::string& what) {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, patience, [&] { return raised_; })) throw std::runtime_error("timed out waiting for " + what);
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool raised_ = false;
-};
+using gradwire::testing::event;  // ordered without sleeping, within 5 s
 
 // --- a replica that throws ------------------------------------------------------------
 

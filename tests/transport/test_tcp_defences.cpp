@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/event.hpp"
 #include "support/mitm_proxy.hpp"
 #include "support/reference.hpp"
 
@@ -66,27 +67,7 @@ std::uint16_t free_port() {
   return a.local_endpoint().port();
 }
 
-// One thread raises it, another awaits it (within patience).
-class event {
- public:
-  void raise() {
-    {
-      std::lock_guard lock(mutex_);
-      raised_ = true;
-    }
-    cv_.notify_all();
-  }
-  void await(const std::string& what) {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, patience, [&] { return raised_; }))
-      throw std::runtime_error("timed out waiting for " + what);
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool raised_ = false;
-};
+using gradwire::testing::event;  // ordered without sleeping, within 5 s
 
 // The gradwire::error `fn` throws, if it throws one.
 template <class Fn>
