@@ -452,30 +452,24 @@ traffic read_traffic(const server_log& log, int workers, int steps) {
   return out;
 }
 
-// SGD without set_lr(double): an optimizer whose lr the servers cannot schedule.
-struct fixed_lr_sgd {
+// optim::sgd without set_lr(double): an optimizer whose lr the servers cannot schedule.
+class fixed_lr_sgd {
+ public:
   static constexpr const char* name = "fixed_lr_sgd";
-  double lr = 0.01;
   template <class T>
-  struct state {
-    std::size_t size = 0;
-    template <class F>
-    void for_each_buffer(F&&) {}
-    template <class F>
-    void for_each_buffer(F&&) const {}
-    template <class F>
-    void for_each_counter(F&&) {}
-    template <class F>
-    void for_each_counter(F&&) const {}
-  };
+  using state = gw::optim::sgd::state<T>;
+  explicit fixed_lr_sgd(double lr) : sgd_({.lr = lr}) {}
   template <class T>
   state<T> init(std::size_t n) const {
-    return {n};
+    return sgd_.init<T>(n);
   }
   template <class T>
-  void step(state<T>&, std::span<T> params, std::span<const T> grads, T grad_scale = T(1)) const {
-    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= T(lr) * grad_scale * grads[i];
+  void step(state<T>& s, std::span<T> params, std::span<const T> grads, T grad_scale = T(1)) const {
+    sgd_.step(s, params, grads, grad_scale);
   }
+
+ private:
+  gw::optim::sgd sgd_;
 };
 static_assert(gw::concepts::optimizer<fixed_lr_sgd, double>);
 template <class O>

@@ -82,6 +82,16 @@ std::optional<gw::error> failure_of(Fn&& fn) {
 
 void finish(asio_tcp& t, asio_tcp::request& r) { t.wait(r, gw::deadline_after(patience)); }
 
+// Rank 1's side of most cases: sends `data` to rank 0 (tag 7), then waits for rank 0's
+// one-byte answer (tag 99), which a rank 0 that failed never sends.
+void send_and_await_answer(asio_tcp& t, std::span<const float> data) {
+  auto s = t.async_send(0, 7, std::as_bytes(data));
+  finish(t, s);
+  std::byte answer{};
+  auto a = t.async_recv(0, 99, {&answer, 1});
+  finish(t, a);
+}
+
 // As the message texts write CRCs, formatted here on its own.
 std::string hex(std::uint64_t v) {
   char text[24];
@@ -454,14 +464,7 @@ TEST_CASE("a data frame with another job's token, injected into an established l
   };
   auto rank1 = [&](asio_tcp& t) {
     posted.await("rank 0's receive");
-    sender = failure_of([&] {
-      const std::vector<float> data(16, 2.5f);
-      auto s = t.async_send(0, 7, std::as_bytes(std::span(data)));
-      finish(t, s);
-      std::byte answer{};
-      auto a = t.async_recv(0, 99, {&answer, 1});
-      finish(t, a);
-    });
+    sender = failure_of([&] { send_and_await_answer(t, std::vector<float>(16, 2.5f)); });
   };
   // Ahead of the real message: a well-formed frame for the same tag, from "rank 1", of another job.
   auto forge = on_first_data_frame(7, [](wire::header_bytes&) {
@@ -534,14 +537,8 @@ TEST_CASE("malformed frames from the wire fail the receive with protocol: bad ma
   };
   auto rank1 = [&](asio_tcp& t) {
     posted.await("rank 0's receive");
-    (void)failure_of([&] {  // rank 1 fails too, one way or another (rank 0's abort or its closed connection)
-      const std::vector<float> data(16, 2.5f);
-      auto s = t.async_send(0, 7, std::as_bytes(std::span(data)));
-      finish(t, s);
-      std::byte answer{};
-      auto a = t.async_recv(0, 99, {&answer, 1});
-      finish(t, a);
-    });
+    // Rank 1 fails too, one way or another (rank 0's abort or its closed connection).
+    (void)failure_of([&] { send_and_await_answer(t, std::vector<float>(16, 2.5f)); });
   };
   job.run_through_proxy(on_first_data_frame(7, edit), rank0, rank1);
   if (expected == "(filled in below)")

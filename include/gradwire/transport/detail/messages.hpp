@@ -29,6 +29,12 @@ inline void check_tag(const char* transport, std::uint64_t tag) {
                 std::string(transport) + ": tag " + std::to_string(tag) + " is not below 2^48 - 1");
 }
 
+// What a rank says of a peer started with another world size (TCP's hello, UCX's address).
+inline std::string world_size_mismatch_message(std::uint64_t peer, std::uint64_t peer_size, int rank, int size) {
+  return "rank " + std::to_string(peer) + " was started with world size " + std::to_string(peer_size) + ", rank " +
+         std::to_string(rank) + " with " + std::to_string(size) + ": give every rank the same WORLD_SIZE";
+}
+
 // "send to rank 2 (tag 65536, 4096 bytes)"
 inline std::string describe_operation(bool is_send, int peer, std::uint64_t tag, std::size_t bytes) {
   return std::string(is_send ? "send to rank " : "receive from rank ") + std::to_string(peer) + " (tag " +

@@ -172,9 +172,7 @@ inline void tcp_engine::greet(tcp::socket socket, const wire::header_bytes& byte
     peer = static_cast<int>(h.source);
     if (h.kind != wire::frame_kind::hello) throw error(errc::protocol, "expected a hello frame");
     if (h.tag != static_cast<std::uint64_t>(options.size))
-      throw error(errc::config, "rank " + std::to_string(h.source) + " was started with world size " +
-                                    std::to_string(h.tag) + ", rank " + std::to_string(options.rank) + " with " +
-                                    std::to_string(options.size) + ": give every rank the same WORLD_SIZE");
+      throw error(errc::config, world_size_mismatch_message(h.source, h.tag, options.rank, options.size));
     if (peer <= options.rank || peer >= options.size || links[peer])
       throw error(errc::config, "rank " + std::to_string(peer) + " cannot dial rank " +
                                     std::to_string(options.rank) + " (out of range or already connected)");

@@ -86,9 +86,7 @@ inline void tcp_engine::take_back(tcp::socket socket, const wire::header_bytes& 
     const auto h = wire::decode(bytes, token, "a connecting process");
     if (h.kind != wire::frame_kind::hello) throw error(errc::protocol, "expected a hello frame");
     if (h.tag != static_cast<std::uint64_t>(options.size))
-      throw error(errc::config, "rank " + std::to_string(h.source) + " was started with world size " +
-                                    std::to_string(h.tag) + ", rank " + std::to_string(options.rank) + " with " +
-                                    std::to_string(options.size) + ": give every rank the same WORLD_SIZE");
+      throw error(errc::config, world_size_mismatch_message(h.source, h.tag, options.rank, options.size));
     if (h.source >= static_cast<std::uint32_t>(options.size) || static_cast<int>(h.source) == options.rank)
       throw error(errc::config, "rank " + std::to_string(h.source) + " is not a peer of " + me);
     peer = static_cast<int>(h.source);

@@ -42,9 +42,7 @@ inline void ucx_engine::join() {
         throw error(errc::protocol, "rank " + std::to_string(r) + " published a malformed UCX address");
       std::memcpy(&size, addresses[r].data(), sizeof size);
       if (size != static_cast<std::uint32_t>(n))
-        throw error(errc::config, "rank " + std::to_string(r) + " was started with world size " +
-                                      std::to_string(size) + ", rank " + std::to_string(me) + " with " +
-                                      std::to_string(n) + ": give every rank the same WORLD_SIZE");
+        throw error(errc::config, world_size_mismatch_message(static_cast<std::uint64_t>(r), size, me, n));
     }
     // Which ranks share this rank's host: one more store key per rank.
     const std::string identity = rendezvous::local_host_identity(options.host_id);

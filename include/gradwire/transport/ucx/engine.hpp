@@ -69,9 +69,10 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   }
   void settled(ucx_op& op) noexcept { forget(op); }
   std::string failure_text(const ucx_op& op) const { return op.message.empty() ? why_failed(op) : op.message; }
+  // Every transport's tag limit; only the join may use the tag at it (its greetings).
+  static_assert(ucx_tag::join_tag == tag_limit, "the join's tag is the one at every transport's limit");
   void check_tag(std::uint64_t tag) const {
-    if (tag > ucx_tag::user_mask || (tag == ucx_tag::join_tag && !joining))
-      throw error(errc::invalid_argument, "ucx: tag " + std::to_string(tag) + " is not below 2^48 - 1");
+    if (!(joining && tag == ucx_tag::join_tag)) detail::check_tag(name, tag);
   }
   void tolerate(int peer) { peers[peer].tolerated = true; }
 
