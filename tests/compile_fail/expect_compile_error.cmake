@@ -1,8 +1,14 @@
-# cmake -DCXX=... -DSOURCE=... -DINCLUDE=... -DCASE=N -DEXPECT=regex -P expect_compile_error.cmake
+# cmake -DCXX=... -DSOURCE=... -DINCLUDE=... -DCASE=N -DEXPECT=regex ["-DFLAGS=a b"] -P expect_compile_error.cmake
 # Passes when compiling SOURCE with -DCASE=N fails with output matching EXPECT, or,
-# for EXPECT "", when it compiles cleanly (the control case).
+# for EXPECT "", when it compiles cleanly (the control case). FLAGS: how CXX checks a
+# source without building it (default: -std=c++20 -fsyntax-only; nvcc: -std=c++20 -cuda,
+# its front end only, into the working directory).
+if(NOT DEFINED FLAGS)
+  set(FLAGS "-std=c++20 -fsyntax-only")
+endif()
+separate_arguments(FLAGS UNIX_COMMAND "${FLAGS}")
 execute_process(
-  COMMAND ${CXX} -std=c++20 -fsyntax-only -I${INCLUDE} -DCASE=${CASE} ${SOURCE}
+  COMMAND ${CXX} ${FLAGS} -I${INCLUDE} -DCASE=${CASE} ${SOURCE}
   RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(EXPECT STREQUAL "")
   if(NOT result EQUAL 0)

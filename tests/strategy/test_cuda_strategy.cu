@@ -1,12 +1,14 @@
 // Strategies with CUDA tensors train like the same strategies with host tensors: one_device,
 // mirrored, local_sgd, central_storage and parameter_server<sync>, with SGD, momentum and Adam,
-// each replica on its own stream; the host run is the reference, step by step.
+// each replica on its own stream; the host run is the reference, step by step. And what CUDA tensors refuse.
 #include <gradwire/cuda.cuh>
 
 #include <cmath>
 #include <mutex>
 #include <random>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "collective/collective_support.hpp"
@@ -208,4 +210,35 @@ TEST_CASE("a CUDA strategy refuses gradients of the wrong size with a clear erro
   grads.push_back(kind.make(std::vector<float>(model.outputs, 1.0f)));
   REQUIRE_THROWS_MATCHES(s.step(grads), gw::error,
                          gw::test::error_matcher(gw::errc::invalid_argument, {"gradient 0 has 22 elements"}));
+}
+
+TEST_CASE("local_sgd with CUDA tensors refuses average_optimizer_state() on every rank, naming why", "[cuda][strategy]") {
+  // The check runs in the constructor, before any collective: each rank refuses on its own,
+  // so no rank waits on a peer that threw.
+  using S = gw::local_sgd<gw::cuda_tensor<float>, gw::optim::momentum, 2>;
+  std::mutex m;
+  std::vector<std::pair<gw::errc, std::string>> refusals;
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    cuda_kind<float> kind(t.rank());
+    try {
+      S s(t, start_params(kind, t.rank()), gw::optim::momentum({.lr = 0.05, .momentum = 0.9}),
+          S::aggregation_type().average_optimizer_state());
+    } catch (const gw::error& e) {
+      std::lock_guard lock(m);
+      refusals.emplace_back(e.kind(), e.what());
+      return;
+    }
+  });
+  REQUIRE(refusals.size() == 2);
+  for (const auto& [kind, what] : refusals) {
+    CAPTURE(what);
+    REQUIRE(kind == gw::errc::invalid_argument);
+    REQUIRE(what.find("average_optimizer_state() is not available for CUDA tensors") != std::string::npos);
+  }
+  // Off (the default), the same strategy builds and steps.
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    cuda_kind<float> kind(t.rank());
+    S s(t, start_params(kind, t.rank()), gw::optim::momentum({.lr = 0.05, .momentum = 0.9}));
+    REQUIRE(s.parameters().size() == 2);
+  });
 }

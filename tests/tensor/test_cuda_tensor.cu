@@ -1,4 +1,6 @@
-// cuda_tensor and cuda_tensor_view: zeroed stream-ordered memory, round trips, deep copies, moves, refused host pointers.
+// cuda_tensor and cuda_tensor_view: zeroed stream-ordered memory, round trips, deep copies, moves, refused host
+// pointers, and a device that cannot hold a tensor.
+#include <gradwire/kernels/cuda.cuh>
 #include <gradwire/tensor/cuda_tensor.cuh>
 
 #include <vector>
@@ -58,4 +60,21 @@ TEST_CASE("cuda_tensor_view views device memory and refuses host memory", "[cuda
   REQUIRE_THROWS_MATCHES((gw::cuda_tensor_view<float>(nullptr, gw::shape{16})), gw::error,
                          gw::test::error_matcher(gw::errc::invalid_argument, {"null data"}));
   REQUIRE_NOTHROW(gw::cuda_tensor_view<float>(nullptr, gw::shape{0}));
+}
+
+TEST_CASE("a cuda_tensor larger than the device is errc::device naming the call and the reason, and the next kernel "
+          "launch is not blamed for it", "[cuda][tensor][oom]") {
+  gw::cuda::stream stream;
+  const std::size_t too_many = std::size_t{1} << 42;  // 16 TiB of floats: more than any GPU holds
+  REQUIRE_THROWS_MATCHES((gw::cuda_tensor<float>(gw::shape{too_many}, stream)), gw::error,
+                         gw::test::error_matcher(gw::errc::device, {"cuda_tensor: cudaMallocAsync",
+                                                                    "cudaErrorMemoryAllocation", "out of memory"}));
+  // The failed allocation must not linger as the runtime's last error: kernels check their
+  // launch with cudaGetLastError(), and would report this out-of-memory as their own failure.
+  const std::vector<float> values{1.0f, -2.0f, 3.5f, 0.25f, 8.0f};
+  gw::cuda_tensor<float> t(gw::shape{values.size()}, values, stream);
+  REQUIRE_NOTHROW(gw::kernels::cuda::scale(t.data(), 2.0f, t.size(), stream.get()));
+  std::vector<float> back(values.size());
+  t.copy_to_host(back);
+  for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(back[i] == 2.0f * values[i]);
 }

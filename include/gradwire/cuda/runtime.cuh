@@ -21,11 +21,15 @@
 
 namespace gradwire::cuda {
 
-// Throws gradwire::error(errc::device) naming the call and the runtime's reason.
+// Throws gradwire::error(errc::device) naming the call and the runtime's reason. The
+// runtime also keeps a failure as its "last error" (cleared here unless it is sticky):
+// left there, the next kernel launch, checked with cudaGetLastError(), would report it.
 inline void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
     throw error(errc::device, std::string(what) + ": " + cudaGetErrorName(status) + " (" +
                                   cudaGetErrorString(status) + ")");
+  }
 }
 
 // Devices this process can use; 0 when there is no GPU or no driver (never throws).
