@@ -2,11 +2,16 @@
 """scripts/gradwire-run: environment per rank, prefixes, failures, signals, timeouts, usage.
 
 Usage: test_launcher.py path/to/gradwire-run [unittest args]
+
+GRADWIRE_TEST_PRINT_SPEC (set by ctest): tests/cluster/print_spec, which prints what
+cluster::detect() derives; the port-formula tests (DerivedPort) need it.
 """
 import json
 import os
 import pathlib
+import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +56,28 @@ def wait_for_files(directory, count, limit=10.0):
             return
         time.sleep(0.05)
     raise AssertionError(f"{count} ranks did not start within {limit} s")
+
+
+def poll_until(condition, limit, what):
+    """A bounded poll of `condition`."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {limit} s")
+        time.sleep(0.02)
+
+
+def fnv1a_64(text):
+    """FNV-1a, 64 bits (offset basis 14695981039346656037, prime 1099511628211)."""
+    h = 0xcbf29ce484222325
+    for byte in text.encode():
+        h = ((h ^ byte) * 0x100000001b3) % (1 << 64)
+    return h
+
+
+def derived_port(job_key):
+    """launching.md: 20000 + FNV-1a-64(key) % 10000."""
+    return 20000 + fnv1a_64(job_key) % 10000
 
 
 class Environment(unittest.TestCase):
@@ -106,6 +133,41 @@ class Environment(unittest.TestCase):
         code, out, err, _ = run("-n", "1", "--no-prefix", sys.executable, "-c", program)
         self.assertEqual(code, 0, err)
         self.assertEqual(out.splitlines(), ["refused to another program", "store listens"])
+
+    def env_of_ranks(self, *launcher_args, names, env):
+        program = "import json, os; print(json.dumps({n: os.environ.get(n) for n in %r}))" % names
+        code, out, err, _ = run(*launcher_args, sys.executable, "-c", program, env=env)
+        self.assertEqual(code, 0, err)
+        return sorted((json.loads(line.split(" ", 1)[1]) for line in out.splitlines()), key=lambda v: int(v["RANK"]))
+
+    def test_ps_adds_servers_after_the_workers_and_tells_every_rank(self):
+        # launching.md: "--ps S starts S more ranks after the N workers ... (world size N+S) and
+        # sets GRADWIRE_NUM_PS=S on every rank". The caller's own GRADWIRE_NUM_PS=7 must not leak.
+        names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRADWIRE_NUM_PS"]
+        env = dict(os.environ, GRADWIRE_NUM_PS="7")
+        seen = self.env_of_ranks("-n", "2", "--ps", "3", names=names, env=env)
+        self.assertEqual([v["RANK"] for v in seen], ["0", "1", "2", "3", "4"])
+        for v in seen:
+            self.assertEqual((v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"], v["GRADWIRE_NUM_PS"]), ("5", "5", "3"), v)
+            self.assertEqual(v["LOCAL_RANK"], v["RANK"])
+        # Without --ps the launcher sets nothing: the caller's setting is what the ranks see.
+        without = {k: v for k, v in os.environ.items() if k != "GRADWIRE_NUM_PS"}
+        seen = self.env_of_ranks("-n", "2", names=names, env=without)
+        self.assertEqual([(v["RANK"], v["WORLD_SIZE"], v["GRADWIRE_NUM_PS"]) for v in seen],
+                         [("0", "2", None), ("1", "2", None)])
+
+    def test_one_machine_is_group_0_of_1(self):
+        # launching.md: "Every rank also gets torchrun's GROUP_RANK and NODE_RANK (0 here) and
+        # GROUP_WORLD_SIZE (1)", whatever the caller's environment held.
+        names = ["RANK", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE"]
+        env = dict(os.environ, GROUP_RANK="5", NODE_RANK="5", GROUP_WORLD_SIZE="7")
+        for args in (("-n", "3"), ("-n", "1", "--ps", "1")):
+            with self.subTest(args=args):
+                seen = self.env_of_ranks(*args, names=names, env=env)
+                self.assertEqual(len(seen), 3 if args[1] == "3" else 2)
+                for v in seen:
+                    self.assertEqual((v["GROUP_RANK"], v["NODE_RANK"], v["GROUP_WORLD_SIZE"]), ("0", "0", "1"), v)
+
 
 class Output(unittest.TestCase):
     def test_prefixes_keep_stdout_and_stderr_apart(self):
@@ -222,6 +284,77 @@ class Signals(unittest.TestCase):
                     self.assertFalse(alive(int(pid)), f"process {pid} of rank {name} survived")
 
 
+    # A rank that counts the SIGINTs it gets (its handler appends to int.R), and runs until
+    # the test creates `go` (a bounded poll: it exits 9 after 30 s); then it writes how
+    # many it got to count.R and exits 0. pid.R appears once its handler is in place.
+    COUNTING_RANK = """if 1:
+        import os, signal, sys, time
+        d, rank = sys.argv[1], os.environ["RANK"]
+        got = []
+        def on_int(signum, frame):
+            got.append(signum)
+            with open(os.path.join(d, "int." + rank), "a") as f:
+                f.write("INT\\n")
+        signal.signal(signal.SIGINT, on_int)
+        with open(os.path.join(d, "tmp." + rank), "w") as f:
+            f.write("%d\\n" % os.getpid())
+        os.rename(os.path.join(d, "tmp." + rank), os.path.join(d, "pid." + rank))
+        give_up = time.monotonic() + 30
+        while not os.path.exists(os.path.join(d, "go")):
+            if time.monotonic() > give_up:
+                sys.exit(9)
+            time.sleep(0.01)
+        with open(os.path.join(d, "count." + rank), "w") as f:
+            f.write("%d\\n" % len(got))
+    """
+
+    def start_counting_ranks(self, d, ranks):
+        err = open(os.path.join(d, "launcher.err"), "w+")
+        launcher = subprocess.Popen([sys.executable, LAUNCHER, "-n", str(ranks), sys.executable, "-c",
+                                     self.COUNTING_RANK, d], stdout=subprocess.DEVNULL, stderr=err)
+        self.addCleanup(err.close)
+        self.addCleanup(lambda: launcher.poll() is None and (launcher.kill(), launcher.wait()))
+        files = lambda prefix: [os.path.join(d, f"{prefix}.{r}") for r in range(ranks)]
+        poll_until(lambda: all(os.path.exists(f) for f in files("pid")), 20, "the ranks did not start")
+        return launcher, err, files
+
+    def test_sigint_is_forwarded_to_every_rank_once(self):
+        # launching.md: gradwire-run "forwards SIGINT/SIGTERM to the ranks ... and exits
+        # 128+signal". Once: a rank that takes a second SIGINT as "stop now" must not get
+        # two from one Ctrl-C. The launcher says "got SIGINT; stopping the ranks" just before
+        # it would send anything more; only then may the ranks finish (`go`).
+        with tempfile.TemporaryDirectory() as d:
+            launcher, err, files = self.start_counting_ranks(d, 2)
+            launcher.send_signal(signal.SIGINT)
+            poll_until(lambda: all(os.path.exists(f) for f in files("int")), 10, "the ranks did not see SIGINT")
+            poll_until(lambda: "gradwire-run: got SIGINT; stopping the ranks" in pathlib.Path(err.name).read_text(),
+                       10, "the launcher did not say it stops the ranks")
+            pathlib.Path(d, "go").touch()
+            code = launcher.wait(timeout=10)
+            self.assertEqual(code, 128 + signal.SIGINT, pathlib.Path(err.name).read_text())
+            for r, f in enumerate(files("count")):
+                self.assertEqual(pathlib.Path(f).read_text(), "1\n", f"rank {r}: SIGINTs received")
+
+    def test_second_sigint_kills_the_ranks_at_once(self):
+        # launching.md: "a second Ctrl-C kills them at once": the ranks ignore the first one
+        # (they only count it), so only SIGKILL ends them before the 5 s grace would.
+        with tempfile.TemporaryDirectory() as d:
+            launcher, err, files = self.start_counting_ranks(d, 2)
+            pids = [int(pathlib.Path(f).read_text()) for f in files("pid")]
+            launcher.send_signal(signal.SIGINT)
+            poll_until(lambda: all(os.path.exists(f) for f in files("int")), 10, "the ranks did not see SIGINT")
+            self.assertTrue(all(alive(pid) for pid in pids), "a rank ended on the first SIGINT: it should only count it")
+            start = time.monotonic()
+            launcher.send_signal(signal.SIGINT)
+            code = launcher.wait(timeout=10)
+            took = time.monotonic() - start
+            self.assertEqual(code, 128 + signal.SIGINT, pathlib.Path(err.name).read_text())
+            self.assertLess(took, 3.0, "the ranks were not killed at once (the grace before SIGKILL is 5 s)")
+            for pid in pids:
+                self.assertFalse(alive(pid), f"rank process {pid} survived the second SIGINT")
+            self.assertFalse(any(os.path.exists(f) for f in files("count")), "a rank finished instead of being killed")
+
+
 class MultiNode(unittest.TestCase):
     """--nnodes: one launcher per node; here every "node" is this machine (the namespace tests
     in tests/cluster_ns run them on emulated hosts)."""
@@ -284,6 +417,70 @@ class MultiNode(unittest.TestCase):
                 code, _, err, _ = run(*args, "true")
                 self.assertEqual(code, 2, err)
                 self.assertIn(message, err)
+
+
+class DerivedPort(unittest.TestCase):
+    """The port and token cluster::detect() derives from mpirun's and Slurm's job ids
+    (launching.md), against the documented formula computed here."""
+    CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GRADWIRE_JOB_TOKEN",
+             "GRADWIRE_NUM_PS", "TF_CONFIG")
+
+    def setUp(self):
+        self.print_spec = os.environ.get("GRADWIRE_TEST_PRINT_SPEC")
+        if not self.print_spec:
+            self.skipTest("GRADWIRE_TEST_PRINT_SPEC (tests/cluster/print_spec) is not set")
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in self.CLEAN and not k.startswith(("SLURM_", "OMPI_", "PMIX_"))}
+
+    @staticmethod
+    def fields(line):
+        return dict(re.findall(r"(\w+)=(\S*)", line))
+
+    def test_slurm_port_and_token_follow_the_documented_formula(self):
+        # "the port is 20000 + FNV-1a-64("slurm:" + SLURM_JOB_ID + "." + SLURM_STEP_ID) % 10000,
+        # and the token slurm:<job id>.<step id>"; ranks of one step agree, steps differ.
+        rng = random.Random()
+        jobs = [(str(rng.randrange(1, 10**7)), str(rng.randrange(0, 100))) for _ in range(4)]
+        ports = set()
+        for job, step in jobs:
+            for rank in (0, 1):
+                env = dict(self.env, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+                           SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", SLURM_JOB_ID=job, SLURM_STEP_ID=step)
+                p = subprocess.run([self.print_spec], capture_output=True, text=True, env=env, timeout=30)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                got = self.fields(p.stdout)
+                with self.subTest(job=job, step=step, rank=rank):
+                    self.assertEqual(got["source"], "slurm", p.stdout)
+                    self.assertEqual(got["rank"], str(rank), p.stdout)
+                    self.assertEqual(got["master"], f"127.0.0.1:{derived_port(f'slurm:{job}.{step}')}", p.stdout)
+                    self.assertEqual(got["token"], f"slurm:{job}.{step}", p.stdout)
+            ports.add(derived_port(f"slurm:{job}.{step}"))
+        self.assertGreater(len(ports), 1, "four random jobs gave one port: the comparison proves little")
+
+    def test_mpirun_port_and_token_follow_the_documented_formula(self):
+        # "the port: 20000 + FNV-1a-64("openmpi:" + jobid) % 10000 ... the token:
+        # openmpi:<jobid>:<OMPI_MCA_orte_precondition_transports>", jobid from
+        # OMPI_MCA_ess_base_jobid (OpenMPI 4) or PMIX_NAMESPACE (OpenMPI 5). Each rank
+        # writes what mpirun gave it and what detect() made of it.
+        if shutil.which("mpirun") is None:
+            self.skipTest("mpirun is not installed")
+        with tempfile.TemporaryDirectory() as d:
+            script = ('f="$1/$OMPI_COMM_WORLD_RANK"; printf "%s|%s|%s\\n" "$OMPI_MCA_ess_base_jobid" "$PMIX_NAMESPACE" '
+                      '"$OMPI_MCA_orte_precondition_transports" > "$f.env"; exec "$2" > "$f.spec"')
+            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "sh", "-c", script, "sh", d,
+                   self.print_spec]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            for rank in (0, 1):
+                with self.subTest(rank=rank):
+                    jobid, namespace, secret = pathlib.Path(d, f"{rank}.env").read_text().rstrip("\n").split("|")
+                    job = jobid or namespace
+                    self.assertTrue(job, "mpirun exported no job id")
+                    got = self.fields(pathlib.Path(d, f"{rank}.spec").read_text())
+                    self.assertEqual(got["source"], "openmpi")
+                    self.assertEqual(got["rank"], str(rank))
+                    self.assertEqual(got["master"], f"127.0.0.1:{derived_port('openmpi:' + job)}")
+                    self.assertEqual(got["token"], f"openmpi:{job}:{secret}" if secret else f"openmpi:{job}")
 
 
 class Usage(unittest.TestCase):

@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 """The multi-process suite over transport::mpi, started by OpenMPI's mpirun.
 
-    test_mpi.py MP_WORKER_MPI PS_WORKER_MPI [unittest args]     e.g. Correctness, Failures
+    test_mpi.py MP_WORKER_MPI PS_WORKER_MPI MPI_RUNTIME_WORKER [unittest args]     e.g. Correctness, Failures, Runtime
 
 The same worker scenarios as test_multiprocess.py runs over TCP and UCX (mp_worker.cpp,
 ps_worker.cpp), each rank checking its results against float64 references, plus what MPI
-lets a rank see of failures. Exits 77 (skipped) without mpirun. Every run is bounded.
+lets a rank see of failures, and (mpi_runtime_worker.cpp) the thread level a program
+initialised MPI at and a rank killed under --enable-recovery. Exits 77 (skipped) without
+mpirun. Every run is bounded.
 """
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
-MP_WORKER, PS_WORKER = sys.argv[1], sys.argv[2]
+MP_WORKER, PS_WORKER, RUNTIME_WORKER = sys.argv[1], sys.argv[2], sys.argv[3]
 SKIP = 77
 # Shared memory unless a case says otherwise; --oversubscribe: more ranks than cores.
 MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root"]
@@ -113,8 +117,116 @@ class Failures(unittest.TestCase):
         self.assertLess(took, 30, "the job must end at once, not at the survivors' deadline")
 
 
+def alive(pid):
+    """False once the process has ended (a zombie, not yet reaped by mpirun, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def poll_until(condition, limit, what):
+    """A bounded poll of `condition` (a sleep here never stages what a test asserts)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {limit} s")
+        time.sleep(0.02)
+
+
+class Runtime(unittest.TestCase):
+    """What a program sees of MPI itself: the thread level it initialised MPI at, and a rank
+    killed while the job goes on (mpi_runtime_worker.cpp)."""
+
+    LEVELS = {"single": "MPI_THREAD_SINGLE", "funneled": "MPI_THREAD_FUNNELED",
+              "serialized": "MPI_THREAD_SERIALIZED", "multiple": "MPI_THREAD_MULTIPLE"}
+
+    def thread_level(self, level):
+        status, lines, _, out = run(2, RUNTIME_WORKER, "thread-level", level, bound=60)
+        self.assertEqual(status, 0, out)
+        for r in range(2):
+            self.assertEqual(lines.get(r, [])[:1], [f"provided {self.LEVELS[level]}"], out)  # what MPI_Query_thread says
+        return [lines[r][1:] for r in range(2)], out
+
+    def test_mpi_initialised_funneled_or_single_is_refused_naming_both_levels(self):
+        # docs/transports.md: "an MPI initialised with FUNNELED or SINGLE is refused with a
+        # config error that says what to call instead".
+        for level in ("funneled", "single"):
+            with self.subTest(level=level):
+                per_rank, out = self.thread_level(level)
+                for r, rest in enumerate(per_rank):
+                    self.assertEqual(len(rest), 1, out)
+                    self.assertTrue(rest[0].startswith("REFUSED configuration error: transport::mpi: "), out)
+                    for words in (f"MPI provides {self.LEVELS[level]}", "engine thread",
+                                  "MPI_Init_thread(MPI_THREAD_SERIALIZED) or MPI_THREAD_MULTIPLE"):
+                        self.assertIn(words, rest[0], f"rank {r}:\n{out}")
+
+    def test_mpi_initialised_serialized_or_multiple_is_joined(self):
+        # The other side of the refusal: SERIALIZED "is enough" (and MULTIPLE is more), and an
+        # all-reduce over the transport then matches the sum the worker computes itself.
+        for level in ("serialized", "multiple"):
+            with self.subTest(level=level):
+                per_rank, out = self.thread_level(level)
+                self.assertEqual(per_rank, [["PASS joined"], ["PASS joined"]], out)
+
+    def killed_under_recovery(self, mca):
+        # docs/transports.md: a rank killed under `mpirun --enable-recovery` is a `timeout` at
+        # the operation deadline (GRADWIRE_STEP_TIMEOUT) on the others, over shared memory or
+        # TCP. Rank 0 posts a receive from rank 1 before the kill and waits on it after; then
+        # it starts an all-reduce. Every step is ordered by files, not by time.
+        step_timeout = 1.0
+        with tempfile.TemporaryDirectory() as d:
+            cmd = MPIRUN + ["--enable-recovery"] + [a for kv in mca for a in ("--mca", *kv)]
+            cmd += ["-x", f"GRADWIRE_STEP_TIMEOUT={step_timeout:g}", "-np", "2", RUNTIME_WORKER, "recovery", d]
+            job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+                                   start_new_session=True)
+            try:
+                def ready():
+                    if job.poll() is not None:
+                        raise AssertionError(f"mpirun ended before its ranks were ready:\n{job.stdout.read()}")
+                    return all(os.path.exists(os.path.join(d, f"rank{r}.pid")) for r in range(2))
+                poll_until(ready, 30, "the ranks were not ready")
+                with open(os.path.join(d, "rank1.pid")) as f:
+                    victim = int(f.read())
+                os.kill(victim, signal.SIGKILL)
+                poll_until(lambda: not alive(victim), 10, "rank 1 did not end after SIGKILL")
+                with open(os.path.join(d, "killed"), "w"):
+                    pass
+                out, _ = job.communicate(timeout=30)
+            finally:
+                if job.poll() is None:  # mpirun stops its ranks on SIGTERM; SIGKILL if it does not
+                    os.killpg(job.pid, signal.SIGTERM)
+                    try:
+                        job.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(job.pid, signal.SIGKILL)
+                        job.wait()
+        survivor = [m.group(2) for m in map(_RANK_LINE.match, out.splitlines()) if m and m.group(1) == "0"]
+        expected = [line for line in survivor if line.startswith("EXPECTED")]
+        self.assertEqual(len(expected), 2, out)
+        self.assertEqual(survivor[-1], "DONE", out)  # mpirun let rank 0 live on after rank 1 died
+        names = ["receive from rank 1 (tag 4242, 12345 bytes) did not complete before its deadline",
+                 "receive from rank 1 (tag "]  # the all-reduce: rank 1 is its only peer
+        for line, words in zip(expected, names):
+            m = re.match(r"EXPECTED timeout after ([0-9.]+) s: rank 0: (.*)$", line)
+            self.assertIsNotNone(m, out)
+            self.assertIn(words, m.group(2), out)
+            self.assertIn("did not complete before its deadline", m.group(2), out)
+            took = float(m.group(1))
+            self.assertGreaterEqual(took, step_timeout, f"failed before the deadline:\n{out}")
+            self.assertLess(took, step_timeout + 3.0, f"not at the deadline:\n{out}")
+        self.assertNotIn("FAIL", out)
+
+    def test_killed_rank_under_enable_recovery_is_a_timeout_over_shared_memory(self):
+        self.killed_under_recovery(mca=[])
+
+    def test_killed_rank_under_enable_recovery_is_a_timeout_over_tcp(self):
+        self.killed_under_recovery(mca=[("btl", "self,tcp")])
+
+
 if __name__ == "__main__":
     if shutil.which("mpirun") is None:
         print("SKIPPED: mpirun is not installed (Debian: apt-get install openmpi-bin)")
         sys.exit(SKIP)
-    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:], verbosity=2)
