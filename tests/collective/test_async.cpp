@@ -134,7 +134,7 @@ TEST_CASE("an async collective's error surfaces in wait, and later operations fa
 
 TEST_CASE("wait gives up at its deadline while the operation runs on, and a missing rank then times it out") {
   gw::transport::inproc_group group(3);
-  std::vector<std::string> early(3), late(3);
+  std::vector<gw::test::outcome> early(3);
   const auto start = std::chrono::steady_clock::now();
   auto raw = group.run([&](gw::transport::inproc t) {
     gw::collective::communicator comm(t, {.timeout = 400ms});
@@ -143,9 +143,9 @@ TEST_CASE("wait gives up at its deadline while the operation runs on, and a miss
     std::vector<float> v(64, 1.0f);
     auto h = gw::collective::async_all_reduce(engine, std::span<float>(v));
     try {
-      h.wait(gw::deadline_after(50ms));
+      h.wait(gw::deadline_after(50ms));  // rank 2 never joins: this wait cannot succeed
     } catch (const gw::error& e) {
-      if (e.kind() == gw::errc::timeout) early[t.rank()] = e.what();
+      early[t.rank()] = {e.kind(), e.what()};
     }
     gw::test::expect(h.valid(), "a timed-out wait keeps the handle");
     h.wait(gw::deadline_after(30s));  // the collective's own step deadline fires first
@@ -154,13 +154,20 @@ TEST_CASE("wait gives up at its deadline while the operation runs on, and a miss
   REQUIRE(took >= 400ms);
   REQUIRE(took < 10s);
   for (int r : {0, 1}) {
-    CAPTURE(r, early[r]);
-    REQUIRE_THAT(early[r], Catch::Contains("did not finish before the deadline"));
+    CAPTURE(r, early[r].what);
+    // Both sentences of docs/errors.md's text, and the kind appended by what().
+    REQUIRE(early[r].kind == gw::errc::timeout);
+    REQUIRE(early[r].what ==
+            "async collective did not finish before the deadline; it is still queued or running (wait again, or "
+            "raise the deadline): timeout");
     REQUIRE(raw[r]);
     try {
       std::rethrow_exception(raw[r]);
     } catch (const gw::error& e) {
+      CAPTURE(e.what());
       REQUIRE((e.kind() == gw::errc::timeout || e.kind() == gw::errc::peer_lost));
+      // The step deadline of the all-reduce itself (or the other rank's, carried by peer_lost).
+      REQUIRE_THAT(e.what(), Catch::Contains("did not complete before its deadline (is a rank missing or behind?)"));
     }
   }
   REQUIRE_FALSE(raw[2]);

@@ -9,9 +9,10 @@
 //   mp_worker_ucx one-sided                                  put / get against values computed from ranks
 //
 // Every rank prints "rank R: PASS ..." and exits 0 when its part holds, or prints
-// "rank R: FAIL ..." / the error and exits 1. Failure cases expect a specific error and
-// print "rank R: EXPECTED <errc>: <message>"; tests/multiprocess/test_multiprocess.py
-// starts the ranks, bounds their time and checks what each printed.
+// "rank R: FAIL ..." / the error (a gradwire::error as "FAIL errc::KIND: what()") and exits 1.
+// Failure cases expect a specific error and print "rank R: EXPECTED <errc>: <message>";
+// tests/multiprocess/test_multiprocess.py starts the ranks, bounds their time and checks
+// what each printed.
 #include <array>
 #include <csignal>
 #include <cstdio>
@@ -84,6 +85,21 @@ static_assert(gw::concepts::failable_transport<transport_type>);
 namespace {
 
 int my_rank = -1;
+
+// The errc's enumerator, as the tests name it ("config", "peer_lost").
+const char* errc_name(gw::errc kind) {
+  switch (kind) {
+    case gw::errc::timeout: return "timeout";
+    case gw::errc::peer_lost: return "peer_lost";
+    case gw::errc::mismatch: return "mismatch";
+    case gw::errc::protocol: return "protocol";
+    case gw::errc::auth: return "auth";
+    case gw::errc::config: return "config";
+    case gw::errc::invalid_argument: return "invalid_argument";
+    case gw::errc::device: return "device";
+  }
+  return "unknown";
+}
 
 [[noreturn]] void fail(const std::string& what) {
   std::printf("rank %d: FAIL %s\n", my_rank, what.c_str());
@@ -961,6 +977,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     col::barrier(comm);
+  } catch (const gw::error& e) {
+    // With the kind, for the cases that expect this exit (test_multiprocess.py: a port in
+    // use, bad settings): "rank R: FAIL errc::config: MESSAGE".
+    std::printf("rank %d: FAIL errc::%s: %s\n", my_rank, errc_name(e.kind()), e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::printf("rank %d: FAIL %s\n", my_rank, e.what());
     return 1;

@@ -185,9 +185,12 @@ class Failures(unittest.TestCase):
             port = s.getsockname()[1]
             status, lines, took, out = run(2, "join", extra=["--master-port", str(port)], bound=60)
         self.assertNotEqual(status, 0)
+        # Rank 0 serves the store: errc::config (mp_worker prints "FAIL errc::KIND: what()"),
+        # in docs/errors.md's words, naming the address and what the port is for.
         got = " ".join(lines.get(0, []))
-        self.assertIn(f"127.0.0.1:{port}", got, out)
-        self.assertIn("in use", got, out)
+        self.assertIn(f"rank 0: FAIL errc::config: cannot listen on 127.0.0.1:{port} (the rendezvous store's port "
+                      f"(MASTER_PORT)): the port is in use, by another job or a process of an earlier one; choose "
+                      f"another port, or 0 where any free port will do: configuration error", got, out)
         self.assertLess(took, 30)
 
 
@@ -284,14 +287,19 @@ class Stall(unittest.TestCase):
         self.assertIn("GRADWIRE_STEP_TIMEOUT='soon'", out)
 
     def test_bad_settings_are_config_errors(self):
-        for name, value in (("GRADWIRE_HEARTBEAT", "-1"), ("GRADWIRE_STALL_WARN", "soon"),
-                            ("GRADWIRE_STALL_TIMEOUT", "0"), ("GRADWIRE_HEARTBEAT", "1.5")):
+        integer, seconds = "is not an integer from 0 to 3600", "is not a number of seconds from 0.001 to 1e7"
+        for name, value, says in (("GRADWIRE_HEARTBEAT", "-1", integer), ("GRADWIRE_STALL_WARN", "soon", seconds),
+                                  ("GRADWIRE_STALL_TIMEOUT", "0", seconds), ("GRADWIRE_HEARTBEAT", "1.5", integer)):
             if name == "GRADWIRE_STALL_TIMEOUT" and "ucx" in os.path.basename(WORKER):
                 continue  # read by asio_tcp only
             with self.subTest(name=name, value=value):
                 status, lines, _, out = run(2, "join", keep_going=True, env={name: value}, bound=60)
                 self.assertNotEqual(status, 0, out)
-                self.assertIn(f"{name}='{value}'", out)
+                # Every rank reads the variable when it joins: errc::config naming it and its value
+                # (mp_worker prints "FAIL errc::KIND: what()").
+                for r in range(2):
+                    self.assertIn(f"rank {r}: FAIL errc::config: {name}='{value}' {says}: configuration error",
+                                  " ".join(lines.get(r, [])), out)
 
 
 class Mpirun(unittest.TestCase):

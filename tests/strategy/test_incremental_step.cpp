@@ -5,12 +5,16 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstddef>
 #include <gradwire/gradwire.hpp>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/errors.hpp"
 
 namespace gw = gradwire;
 
@@ -261,17 +265,104 @@ TEST_CASE("a tensor declared unused counts as a zero gradient, on the ranks that
   REQUIRE(std::abs(want[3][0] - reference(ranks, steps, lr)[3][0]) > 1e-3);
 }
 
+TEST_CASE("a rank that never marks an unused tensor makes the others time out at the step timeout, and it is told which tensor") {
+  // Tensor 3 is unused this step: ranks 0 and 1 say so (step.unused), rank 2 says nothing and
+  // keeps its step open until both others have failed (docs/strategies/incremental_step.md:
+  // "a rank that says nothing makes the others wait until the step timeout").
+  constexpr int ranks = 3, silent = 2;
+  constexpr std::size_t forgotten = 3;
+  constexpr auto step_timeout = std::chrono::seconds(1);
+  struct outcome {
+    gw::errc kind{};
+    std::string what = "no error";
+    std::chrono::steady_clock::duration took{};
+  };
+  std::vector<outcome> got(ranks);
+  std::mutex m;
+  std::condition_variable cv;
+  int failed = 0;  // ranks other than the silent one whose finish() has returned or thrown
+  gw::transport::inproc_group group(ranks);
+  const auto raw = group.run([&](gw::transport::inproc t) {
+    const int me = t.rank();
+    strategy_of<gw::aggregation::all_reduce> s(t, make_params(me), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(256), {.timeout = step_timeout});
+    // From the step's start: tensor 3's bucket goes out (and its wait begins) before finish().
+    const auto began = std::chrono::steady_clock::now();
+    auto step = s.begin_step();
+    for (std::size_t i = sizes.size(); i-- > 0;) {
+      if (i != forgotten)
+        step.ready(i, gradient(me, 0, i, s.parameters()[i].data(), sizes[i]));
+      else if (me != silent)
+        step.unused(i);
+    }
+    auto record = [&](auto&& fn) {
+      try {
+        fn();
+      } catch (const gw::error& e) {
+        got[me] = {e.kind(), e.what(), {}};
+      }
+      got[me].took = std::chrono::steady_clock::now() - began;
+    };
+    if (me != silent) {
+      record([&] { step.finish(); });
+      std::lock_guard lock(m);
+      ++failed;
+      cv.notify_all();
+      return;
+    }
+    // The silent rank: alive, its step open, until the others gave up (or 20 s passed, when
+    // it fails its transport so that they stop waiting: the test then fails, it does not hang).
+    std::unique_lock lock(m);
+    if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return failed == ranks - 1; })) {
+      s.communicator().transport().fail(gw::errc::peer_lost, "test: the other ranks did not give up in 20 s");
+      return;
+    }
+    lock.unlock();
+    record([&] { step.finish(); });  // its own mistake, named locally
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r, got[r].what);
+    REQUIRE_FALSE(raw[r]);
+    if (r == silent) {
+      REQUIRE(got[r].kind == gw::errc::invalid_argument);
+      REQUIRE_THAT(got[r].what, Catch::Contains("step.finish() on rank 2: gradient 3 (parameter of shape [300]) "
+                                                "never marked ready"));
+      continue;
+    }
+    // Each waited for rank 2 in the all-reduce of tensor 3's bucket and gave up at the step
+    // deadline: finish() waits for that bucket's reduction with a deadline of its own, which
+    // (so far always) passes first, so it reports the documented async text, which names no
+    // rank; the reduction's own receive deadline, if first, names rank 2 (docs/errors.md, timeout).
+    REQUIRE(got[r].kind == gw::errc::timeout);
+    REQUIRE_THAT(got[r].what,
+                 Catch::Equals("async collective did not finish before the deadline; it is still queued or running "
+                               "(wait again, or raise the deadline): timeout") ||
+                     (Catch::StartsWith("rank " + std::to_string(r) + ": receive from rank 2 (tag ") &&
+                      Catch::Contains("did not complete before its deadline (is a rank missing or behind?)")));
+    REQUIRE(got[r].took >= step_timeout);
+    REQUIRE(got[r].took < step_timeout + std::chrono::seconds(8));
+  }
+}
+
 TEST_CASE("incremental API errors: never ready, ready twice, bad index or size, overlapping steps") {
   using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
   S s(make_params(0), gw::optim::sgd({.lr = lr}));
   std::vector<float> g3(sizes[3], 1.0f), g0(sizes[0], 1.0f);
+  // Every refusal is a local invalid_argument (docs/errors.md, "Tensors passed to a step").
+  auto require_refusal = [](auto&& call, const auto& words) {
+    const auto [kind, what] = gw::testing::error_of(call);
+    CAPTURE(what);
+    REQUIRE(kind == gw::errc::invalid_argument);
+    REQUIRE_THAT(what, words);
+  };
   SECTION("a tensor never marked ready is named by finish()") {
     auto step = s.begin_step();
     for (std::size_t i = 0; i < sizes.size(); ++i)
       if (i != 3 && i != 5) step.ready(i, std::vector<float>(sizes[i], 0.5f));
-    REQUIRE_THROWS_WITH(step.finish(), Catch::Contains("gradient 3 (parameter of shape [300])") &&
-                                           Catch::Contains("gradient 5 (parameter of shape [1024])") &&
-                                           Catch::Contains("never marked ready") && Catch::Contains("step.unused(i)"));
+    require_refusal([&] { step.finish(); },
+                    Catch::Contains("step.finish() on rank 0: gradient 3 (parameter of shape [300])") &&
+                        Catch::Contains("gradient 5 (parameter of shape [1024])") &&
+                        Catch::Contains("never marked ready") && Catch::Contains("step.unused(i)"));
     // The step is over: the strategy takes the next one, and the parameters did not move.
     REQUIRE(s.parameters()[3].data()[0] == make_params(0)[3].data()[0]);
     auto next = s.begin_step();
@@ -281,23 +372,28 @@ TEST_CASE("incremental API errors: never ready, ready twice, bad index or size, 
   SECTION("a tensor marked twice") {
     auto step = s.begin_step();
     step.ready(3, g3);
-    REQUIRE_THROWS_WITH(step.ready(3, g3), Catch::Contains("gradient 3") && Catch::Contains("twice"));
-    REQUIRE_THROWS_WITH(step.unused(3), Catch::Contains("twice"));
+    require_refusal([&] { step.ready(3, g3); },
+                    Catch::Contains("gradient 3 (parameter of shape [300]) was marked ready twice in this step"));
+    require_refusal([&] { step.unused(3); }, Catch::Contains("gradient 3 (parameter of shape [300]) was marked ready twice"));
     step.unused(0);
-    REQUIRE_THROWS_WITH(step.ready(0, g0), Catch::Contains("marked unused twice"));
+    require_refusal([&] { step.ready(0, g0); },
+                    Catch::Contains("gradient 0 (parameter of shape [37]) was marked unused twice"));
   }
   SECTION("an index outside the model, a gradient of the wrong size") {
     auto step = s.begin_step();
-    REQUIRE_THROWS_WITH(step.ready(7, g3), Catch::Contains("ready(7)") && Catch::Contains("7 parameter tensors"));
-    REQUIRE_THROWS_WITH(step.ready(0, g3), Catch::Contains("has 300 elements but parameter 0 has 37"));
+    require_refusal([&] { step.ready(7, g3); },
+                    Catch::Contains("step.ready(7): the model has 7 parameter tensors"));
+    require_refusal([&] { step.unused(9); }, Catch::Contains("step.unused(9): the model has 7 parameter tensors"));
+    require_refusal([&] { step.ready(0, g3); },
+                    Catch::Contains("step.ready: gradient 0 has 300 elements but parameter 0 has 37"));
   }
   SECTION("one step at a time; a finished handle refuses more") {
     auto step = s.begin_step();
-    REQUIRE_THROWS_WITH(s.begin_step(), Catch::Contains("already in progress"));
+    require_refusal([&] { (void)s.begin_step(); }, Catch::Contains("a step is already in progress on rank 0"));
     for (std::size_t i = 0; i < sizes.size(); ++i) step.unused(i);
     step.finish();
-    REQUIRE_THROWS_WITH(step.ready(0, g0), Catch::Contains("has finished"));
-    REQUIRE_THROWS_WITH(step.finish(), Catch::Contains("has finished"));
+    require_refusal([&] { step.ready(0, g0); }, Catch::Contains("step.ready() on a step that has finished"));
+    require_refusal([&] { step.finish(); }, Catch::Contains("step.finish() on a step that has finished"));
   }
   SECTION("a handle dropped before finish() gives the step up") {
     {
@@ -312,6 +408,13 @@ TEST_CASE("incremental API errors: never ready, ready twice, bad index or size, 
 
 TEST_CASE("a bucket's all-reduce starts as soon as its last tensor is ready, before finish()") {
   // Two tensors, buckets of one tensor each: backward order puts tensor 1 in bucket 0.
+  // What each rank saw, asserted on the main thread (Catch2 v2 asserts there only).
+  struct seen {
+    std::size_t buckets = 0;
+    std::size_t sent_before_finish = 0;  // bytes sent between ready(1) and ready(0)
+    float first_parameter = 0.0f;
+  };
+  std::vector<seen> got(2);
   gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
     std::vector<gw::host_tensor<float>> params;
     params.emplace_back(gw::shape{4096});
@@ -320,7 +423,7 @@ TEST_CASE("a bucket's all-reduce starts as soon as its last tensor is ready, bef
     gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::all_reduce, watched_inproc> s(
         watched_inproc(t, sent), std::move(params), gw::optim::sgd({.lr = lr}),
         gw::aggregation::all_reduce(4096 * sizeof(float)));
-    REQUIRE(s.aggregation().buckets().size() == 2);
+    got[t.rank()].buckets = s.aggregation().buckets().size();
     std::vector<float> g(4096, 1.0f);
     auto step = s.begin_step();
     const auto before = sent.load();
@@ -329,19 +432,30 @@ TEST_CASE("a bucket's all-reduce starts as soon as its last tensor is ready, bef
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (sent.load() < before + 4096 * sizeof(float) / 2 && std::chrono::steady_clock::now() < give_up)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    REQUIRE(sent.load() >= before + 4096 * sizeof(float) / 2);
+    got[t.rank()].sent_before_finish = sent.load() - before;
     step.ready(0, g);
     step.finish();
-    REQUIRE(s.parameters()[0].data()[0] == Approx(-lr));
+    got[t.rank()].first_parameter = s.parameters()[0].data()[0];
   });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE(got[r].buckets == 2);
+    REQUIRE(got[r].sent_before_finish >= 4096 * sizeof(float) / 2);
+    REQUIRE(got[r].first_parameter == Approx(-lr));
+  }
 }
 
 TEST_CASE("buckets are rebuilt once, in the order rank 0 produced its gradients in the first step") {
+  // Each rank's bucket order at construction and after each of 2 steps, asserted below.
+  std::vector<std::vector<std::vector<std::size_t>>> orders(3);
   gw::transport::run_inproc(3, [&](gw::transport::inproc t) {
     strategy_of<gw::aggregation::all_reduce> s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}),
                                                gw::aggregation::all_reduce(512));
-    const auto& layout = s.aggregation().layout();
-    REQUIRE(layout.order()[0] == sizes.size() - 1);  // reverse parameter order at first
+    auto order_now = [&] {
+      const auto o = s.aggregation().layout().order();
+      return std::vector<std::size_t>(o.begin(), o.end());
+    };
+    orders[t.rank()].push_back(order_now());
     // Rank 0 marks 2, 0, 4, 6, 1, 3, 5; the others their own orders.
     const std::vector<std::size_t> mine = t.rank() == 0 ? std::vector<std::size_t>{2, 0, 4, 6, 1, 3, 5}
                                                         : std::vector<std::size_t>{6, 5, 4, 3, 2, 1, 0};
@@ -350,11 +464,17 @@ TEST_CASE("buckets are rebuilt once, in the order rank 0 produced its gradients 
       for (std::size_t i : (k == 0 ? mine : std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6}))
         step.ready(i, gradient(t.rank(), k, i, s.parameters()[i].data(), sizes[i]));
       step.finish();
-      const std::vector<std::size_t> order(s.aggregation().layout().order().begin(),
-                                           s.aggregation().layout().order().end());
-      REQUIRE(order == std::vector<std::size_t>{2, 0, 4, 6, 1, 3, 5});  // and not rebuilt again after step 2
+      orders[t.rank()].push_back(order_now());
     }
   });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    REQUIRE(orders[r].size() == 3);
+    REQUIRE(orders[r][0][0] == sizes.size() - 1);  // reverse parameter order at first
+    // Rank 0's order after step 1, and not rebuilt again after step 2.
+    REQUIRE(orders[r][1] == std::vector<std::size_t>{2, 0, 4, 6, 1, 3, 5});
+    REQUIRE(orders[r][2] == std::vector<std::size_t>{2, 0, 4, 6, 1, 3, 5});
+  }
 }
 
 TEST_CASE("gradient accumulation: K micro-batches with no_sync equal one step on the K-times batch") {
@@ -391,6 +511,8 @@ TEST_CASE("gradient accumulation through the one-call form and with the paramete
   constexpr int micro = 2;
   SECTION("step(grads, no_sync), all_reduce") {
     std::vector<params_t> got(2);
+    // accumulated_micro_batches() after each call, per rank: 1, 0, 1, 0, ... expected.
+    std::vector<std::vector<std::size_t>> waiting(2);
     gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
       strategy_of<gw::aggregation::all_reduce> s(t, make_params(0), gw::optim::sgd({.lr = lr}));
       for (int k = 0; k < steps; ++k)
@@ -398,21 +520,33 @@ TEST_CASE("gradient accumulation through the one-call form and with the paramete
           std::vector<std::vector<float>> grads;
           for (std::size_t i = 0; i < sizes.size(); ++i)
             grads.push_back(gradient(t.rank() * micro + m, k, i, s.parameters()[i].data(), sizes[i]));
-          if (m + 1 < micro) {
+          if (m + 1 < micro)
             s.step(grads, gw::no_sync);
-            REQUIRE(s.accumulated_micro_batches() == std::size_t(m + 1));
-          } else {
+          else
             s.step(grads);
-            REQUIRE(s.accumulated_micro_batches() == 0);
-          }
+          waiting[t.rank()].push_back(s.accumulated_micro_batches());
         }
       got[t.rank()] = snapshot(s);
     });
+    std::vector<std::size_t> want;
+    for (int k = 0; k < steps; ++k)
+      for (int m = 0; m < micro; ++m) want.push_back(m + 1 < micro ? std::size_t(m + 1) : 0);
+    for (const auto& w : waiting) REQUIRE(w == want);
     for (const auto& p : got) require_close(p, reference(2 * micro, steps, lr));
   }
 }
 
 TEST_CASE("a step given up after its gradients went out leaves the ranks out of step: later steps refuse") {
+  // Each rank's refusals of begin_step() and of step(grads), asserted on the main thread.
+  std::vector<std::pair<gw::errc, std::string>> begin(2), one_call(2);
+  auto error_of = [](auto&& fn) -> std::pair<gw::errc, std::string> {
+    try {
+      fn();
+    } catch (const gw::error& e) {
+      return {e.kind(), e.what()};
+    }
+    return {gw::errc{}, "no error"};
+  };
   gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
     strategy_of<gw::aggregation::all_reduce> s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}),
                                                gw::aggregation::all_reduce(256));
@@ -422,15 +556,19 @@ TEST_CASE("a step given up after its gradients went out leaves the ranks out of 
       for (std::size_t i = sizes.size(); i-- > 1;)
         step.ready(i, gradient(t.rank(), 0, i, s.parameters()[i].data(), sizes[i]));
     }  // dropped: its reductions may have started
-    REQUIRE_THROWS_MATCHES(s.begin_step(), gw::error,
-                           Catch::Predicate<gw::error>([](const gw::error& e) {
-                             return e.kind() == gw::errc::mismatch &&
-                                    std::string(e.what()).find("restart the job") != std::string::npos;
-                           }));
+    begin[t.rank()] = error_of([&] { (void)s.begin_step(); });
     std::vector<std::vector<float>> grads;
     for (std::size_t n : sizes) grads.emplace_back(n, 0.0f);
-    REQUIRE_THROWS_WITH(s.step(grads), Catch::Contains("cannot step with the other ranks"));
+    one_call[t.rank()] = error_of([&] { s.step(grads); });
   });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r, begin[r].second, one_call[r].second);
+    const std::string who = "strategy: rank " + std::to_string(r) + " cannot step with the other ranks any more";
+    REQUIRE(begin[r].first == gw::errc::mismatch);
+    REQUIRE_THAT(begin[r].second, Catch::Contains(who) && Catch::Contains("restart the job"));
+    REQUIRE(one_call[r].first == gw::errc::mismatch);
+    REQUIRE_THAT(one_call[r].second, Catch::Contains(who));
+  }
 }
 
 TEST_CASE("a handle dropped before any gradient was handed over costs nothing") {

@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+#include "support/errors.hpp"
+
 namespace gw = gradwire;
 
 namespace {
@@ -51,13 +53,18 @@ TEST_CASE("mirrored replicas start from rank 0's parameters and take the mean-gr
 
 TEST_CASE("step refuses gradients that do not match the parameters") {
   gw::one_device<gw::host_tensor<double>, gw::optim::sgd> s(make_params(0));
+  // A local invalid_argument (docs/errors.md, "Tensors passed to a step").
   SECTION("wrong number of tensors") {
     std::vector<std::vector<double>> grads{std::vector<double>(12)};
-    REQUIRE_THROWS_WITH(s.step(grads), Catch::Contains("1 gradient tensors for 3 parameter tensors"));
+    const auto [kind, what] = gw::testing::error_of([&] { s.step(grads); });
+    REQUIRE(kind == gw::errc::invalid_argument);
+    REQUIRE_THAT(what, Catch::Contains("strategy::step: got 1 gradient tensors for 3 parameter tensors"));
   }
   SECTION("wrong size of one tensor") {
     std::vector<std::vector<double>> grads{std::vector<double>(12), std::vector<double>(4), {}};
-    REQUIRE_THROWS_WITH(s.step(grads), Catch::Contains("gradient 1 has 4 elements but parameter 1 has 5"));
+    const auto [kind, what] = gw::testing::error_of([&] { s.step(grads); });
+    REQUIRE(kind == gw::errc::invalid_argument);
+    REQUIRE_THAT(what, Catch::Contains("strategy::step: gradient 1 has 4 elements but parameter 1 has 5"));
   }
   // Nothing was applied by the refused steps.
   REQUIRE(s.parameters()[1][4] == 0.4);

@@ -10,6 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "support/errors.hpp"
+
 namespace gw = gradwire;
 namespace col = gradwire::collective;
 using gw::transport::inproc;
@@ -122,6 +124,9 @@ TEST_CASE("per_peer carries ring and hierarchical all-reduce and broadcast on un
 TEST_CASE("per_peer refuses an Intra that does not span this rank's host") {
   const gw::cluster::topology hosts(std::vector<int>{0, 0, 1});
   gw::transport::inproc_group inter(3), wrong(3);
-  REQUIRE_THROWS_WITH(pair_type(wrong.endpoint(0), inter.endpoint(0), hosts),
-                      Catch::Contains("join it among the host's ranks only"));
+  // Rank 0 is local rank 0 of 2 on host 0, but its Intra is rank 0 of 3: a config error.
+  const auto [kind, what] = gw::testing::error_of([&] { pair_type(wrong.endpoint(0), inter.endpoint(0), hosts); });
+  REQUIRE(kind == gw::errc::config);
+  REQUIRE_THAT(what, Catch::Contains("per_peer: rank 0 is local rank 0 of 2 on its host, but its shared-memory "
+                                     "transport is rank 0 of 3: join it among the host's ranks only"));
 }
