@@ -98,7 +98,7 @@ class all_reduce_agent {
     } else {
       // Apply bucket k while bucket k+1 is still being reduced.
       for (std::size_t k = 0; k < plan.size(); ++k) {
-        pending_[k].wait(comm.step_deadline());
+        pending_[k].wait(comm.queued_collective_deadline());
         apply_bucket(plan[k], apply, scale);
       }
       pending_.clear();

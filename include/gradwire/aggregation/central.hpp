@@ -99,7 +99,7 @@ class central_agent {
     }
     if (schedule_.buckets().size() == 1)
       reduce(comm, 0);  // one bucket: nothing to overlap, so spare the hand-offs
-    for (auto& handle : pending_) handle.wait(comm.step_deadline());
+    for (auto& handle : pending_) handle.wait(comm.queued_collective_deadline());
     pending_.clear();
     if (comm.rank() == policy_.owner())
       for (std::size_t i = 0; i < params.size(); ++i)

@@ -126,6 +126,11 @@ class communicator {
 
   // Deadline for one blocking step started now.
   deadline step_deadline() const { return deadline_after(options_.timeout); }
+  // Deadline for waiting on a collective queued on the async engine. The collective's own
+  // waits time out at step_deadline() with words that name the peer, tag and size; this
+  // wait only bounds one that never runs, so it allows one more step timeout and lets the
+  // collective's own error arrive first.
+  deadline queued_collective_deadline() const { return deadline_after(2 * options_.timeout); }
 
   // Times an operation of this rank for GRADWIRE_TIMELINE and GRADWIRE_LOG=debug
   // (observe/timeline.hpp); `name` and `category` must be string literals.
