@@ -507,7 +507,8 @@ void kill_rank(comm_type& comm, int victim) {
 //   partition R,..    every rank not listed: EXPECTED peer lost naming the listed ranks
 //                     (the test cuts their host off; no step may finish after that).
 // Each rank prints its pid and "ready" (and writes the pid to $GW_TEST_PID_DIR/rankR.pid)
-// before the first step; steps pause briefly so that the test can act mid-run.
+// before the first step, and creates $GW_TEST_PID_DIR/rankR.step10 once 10 steps are done,
+// so that a test can act mid-run without guessing; steps pause briefly.
 // GW_TEST_ELEMENTS (default 4096) sets the gradient's size.
 void loop_steps(const std::string& mode, const std::string& arg, const std::string& steps_text) {
   auto transport = join();
@@ -539,6 +540,9 @@ void loop_steps(const std::string& mode, const std::string& arg, const std::stri
     for (int s = 0; s < steps; ++s) {
       for (std::size_t i = 0; i < count; ++i) gradient[i] = input<float>(static_cast<std::uint64_t>(s), me, i);
       strategy.step(std::vector<std::span<const float>>{std::span<const float>(gradient)});
+      if (const char* dir = std::getenv("GW_TEST_PID_DIR"); dir && s + 1 == 10)
+        if (std::FILE* f = std::fopen((std::string(dir) + "/rank" + std::to_string(me) + ".step10").c_str(), "w"))
+          std::fclose(f);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   };

@@ -198,7 +198,8 @@ class Stall(unittest.TestCase):
     """A rank stopped with SIGSTOP (alive, connected, not calling) while the others train."""
 
     def run_frozen(self, ranks, victim, freeze_s, env, steps=150):
-        """Runs `stall` on `ranks` ranks, stops `victim` a second in for freeze_s, continues it."""
+        """Runs `stall` on `ranks` ranks, stops `victim` once it has done 10 steps, for freeze_s,
+        then continues it."""
         with tempfile.TemporaryDirectory(prefix="gw-stall-") as pids:
             e = dict(os.environ, GRADWIRE_TIMEOUT=str(JOIN_TIMEOUT_S), GW_TEST_PID_DIR=pids,
                      GW_TEST_ELEMENTS="65536", **env)  # 256 KiB steps: the ring, so waits form a chain
@@ -214,7 +215,10 @@ class Stall(unittest.TestCase):
                 time.sleep(0.05)
                 with open(path) as f:
                     pid = int(f.read())
-                time.sleep(1.0)  # some steps in
+                stepped = os.path.join(pids, f"rank{victim}.step10")  # mid-run: the worker says when
+                while not os.path.exists(stepped) and time.monotonic() < deadline and p.poll() is None:
+                    time.sleep(0.02)
+                self.assertTrue(os.path.exists(stepped), "the victim never finished 10 steps")
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(freeze_s)
                 os.kill(pid, signal.SIGCONT)
