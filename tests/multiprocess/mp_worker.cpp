@@ -4,6 +4,7 @@
 //   mp_worker kill K | mismatch KIND | wrong-token K | join   failure behaviour
 //   mp_worker absent K                                        rank K never starts: the others time out naming it
 //   mp_worker abort-heard answers|silent                      an abort reaches a busy peer (UCX: waits for its answer, <= 1 s)
+//   mp_worker abort-heard both                                ranks 0 and 1 abort at once (UCX: each answers the other's)
 //   mp_worker timeout                                         a receive nobody sends: errc::timeout at its deadline
 //   mp_worker stall K STEPS | partition R,...                 stopped ranks, cut-off hosts (see loop_steps)
 //   mp_worker_ucx one-sided                                  put / get against values computed from ranks
@@ -626,11 +627,35 @@ void mismatch(comm_type& comm, const std::string& kind) {
 template <class Transport>
 void abort_heard(Transport& t, const std::string& how) {
   using namespace std::chrono;
-  if (how != "answers" && how != "silent") fail("abort-heard: answers or silent, not '" + how + "'");
+  if (how != "answers" && how != "silent" && how != "both")
+    fail("abort-heard: answers, silent or both, not '" + how + "'");
   if constexpr (!requires { t.fail(gw::errc::mismatch, std::string()); }) {
     throw std::runtime_error("abort-heard: this transport cannot fail a rank on purpose");
   } else {
     const sideband side(t);
+    if (how == "both") {
+      // Ranks 0 and 1 abort at once, and stay alive (endpoints open) until both aborts have
+      // returned: each must return on the other's answer, not wait out its second.
+      const int me = t.rank(), other = 1 - me;
+      if (me > 1) return;
+      side.signal("ready" + std::to_string(me));
+      side.await("ready" + std::to_string(other), seconds(20));
+      const double began = monotonic_now();
+      t.fail(gw::errc::mismatch, "rank " + std::to_string(me) + " aborts too");
+      const double returned = monotonic_now();
+      std::printf("rank %d: PASS abort began at %.6f, returned at %.6f, took %.6f s\n", me, began, returned,
+                  returned - began);
+      std::fflush(stdout);
+      side.signal("returned" + std::to_string(me));
+      side.await("returned" + std::to_string(other), seconds(20));
+      if (me == 1) {
+        side.signal("leaving");
+      } else {
+        side.await("leaving", seconds(20));
+        side.remove();
+      }
+      std::_Exit(0);
+    }
     if (t.rank() == 1) {
       side.signal("aborting");
       const double began = monotonic_now();
@@ -977,7 +1002,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") kill_rank(comm, std::stoi(arg));
     else if (mode == "mismatch") mismatch(comm, arg);
     else {
-      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|absent K|join|timeout|point-to-point|abort-heard answers|silent|one-sided (UCX)\n");
+      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|absent K|join|timeout|point-to-point|abort-heard answers|silent|both|one-sided (UCX)\n");
       return 2;
     }
     col::barrier(comm);

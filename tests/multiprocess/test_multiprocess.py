@@ -126,6 +126,21 @@ class Failures(unittest.TestCase):
                     self.assertGreaterEqual(abort_took, 0.95, f"the abort gave up before its second:\n{out}")
                     self.assertLess(abort_took, 1.5, f"the abort waited more than its second:\n{out}")
 
+    def test_ranks_that_abort_at_once_each_return_on_the_others_answer(self):
+        # Ranks 0 and 1 fail at the same moment and stay alive until both aborts returned
+        # (mp_worker's abort-heard both). Each is aborting, so it answers the other's abort
+        # without failing again; UCX's abort must return on that answer, well within its
+        # second, not wait for an endpoint that closes only after the other's abort returned.
+        ucx = "ucx" in os.path.basename(WORKER)
+        status, lines, took, out = run(2, "abort-heard", "both", keep_going=True, bound=60)
+        self.assertEqual(status, 0, out)
+        for r in (0, 1):
+            m = re.search(r"abort began at ([0-9.]+), returned at ([0-9.]+), took ([0-9.]+) s",
+                          " ".join(lines.get(r, [])))
+            self.assertIsNotNone(m, f"rank {r} did not report its abort:\n{out}")
+            self.assertLess(float(m.group(3)), 0.9 if ucx else 5, f"rank {r}'s abort waited:\n{out}")
+        self.assertLess(took, 30)
+
     def test_receive_deadline_is_a_timeout_naming_peer_tag_and_size(self):
         # Each rank waits, with a 0.5 s deadline, for a message the next rank never sends.
         ranks = 3
