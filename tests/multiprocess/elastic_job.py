@@ -58,8 +58,8 @@ class ElasticJob:
     def log(self, what):
         self.events.append((time.monotonic() - self.started, what))
 
-    def _spawn(self, rank, rejoin):
-        env = dict(self.base, RANK=str(rank), LOCAL_RANK=str(rank))
+    def _spawn(self, rank, rejoin, env=None):
+        env = dict(self.base, RANK=str(rank), LOCAL_RANK=str(rank), **(env or {}))
         if rejoin:
             env["GRADWIRE_REJOIN"] = "1"
         proc = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -85,9 +85,11 @@ class ElasticJob:
         self.current(rank).proc.wait()
         self.log(f"kill -9 worker {rank}")
 
-    def replace(self, rank):
-        self._spawn(rank, rejoin=True)
+    def replace(self, rank, env=None):
+        """Starts a replacement of `rank` (GRADWIRE_REJOIN=1; `env`: variables of its own)."""
+        inc = self._spawn(rank, rejoin=True, env=env)
         self.log(f"restarted worker {rank} (GRADWIRE_REJOIN=1)")
+        return inc
 
     def freeze(self, rank, seconds):
         self.current(rank).proc.send_signal(signal.SIGSTOP)

@@ -8,7 +8,21 @@
 //   ps_worker kill K               async; worker K is killed mid-run; the rest finish
 //   ps_worker rejoin K             async; worker K is killed mid-run and test_ps_elastic.py starts its
 //                                  replacement (GRADWIRE_REJOIN=1), which the servers take back
-//   ps_worker server-loss DIR      sync with checkpoints in DIR; the last server is killed at version 12
+//   ps_worker server-loss DIR [async]
+//                                  sync (or async) with checkpoints in DIR; the last server is killed at version 12
+//   ps_worker lose-worker sync|backup K
+//                                  sync or backup_workers<1>; worker K raises SIGKILL at its step 5; every
+//                                  other rank expects peer_lost
+//   ps_worker bounded-kill K       bounded_staleness<2>; worker K lags (as in `bounded`) and raises SIGKILL
+//                                  at its push 6, once the others wait at the gate; they must go on.
+//                                  Every worker checks, from its own count of pushes and the version its
+//                                  pulls returned, that it never led by more than 2 (LEADS line)
+//   ps_worker sync-rejoin K        sync; worker K raises SIGKILL at step 5; rank 0 then holds (its store
+//                                  serving) until $GW_TEST_SYNC_DIR/release exists, for a replacement
+//   ps_worker finish-early K       async; worker K finishes normally after 5 steps (it says goodbye); the
+//                                  others train until $GW_TEST_SYNC_DIR/release exists
+//   ps_worker servers-finish K     async; worker K raises SIGKILL at step 5; the others train 30 steps;
+//                                  rank 0 tells the servers it finished, then holds until released
 //   ps_worker resume DIR           sync from the checkpoints in DIR
 //   ps_worker failover sync|async VICTIM WHEN [STEPS [DIR]]
 //                                  servers with standbys (the launcher's ps ranks: the servers, then
@@ -158,7 +172,36 @@ struct plan {
   int kill_rank = -1;  // this worker raises SIGKILL at step kill_step
   int kill_step = 5;
   bool until_applied = false;  // train until the servers applied steps * (workers - backups) gradients
+  bool kill_after_lag = false;  // the slow worker raises SIGKILL at kill_step after its lag (others at the gate)
+  bool until_released = false;  // train until $GW_TEST_SYNC_DIR/release exists (at least 30, at most `steps`)
+  int finish_rank = -1;         // this worker stops (and finishes normally) after finish_after steps
+  int finish_after = 5;
+  int hold_rank = -1;           // this worker holds until released: on a lost peer, or after training
 };
+
+// $GW_TEST_SYNC_DIR/release: the test's signal that a holding rank may go on.
+bool released() {
+  const char* dir = std::getenv("GW_TEST_SYNC_DIR");
+  return dir && *dir && std::filesystem::exists(std::string(dir) + "/release");
+}
+// Holds this rank (its transport, and on rank 0 the rendezvous store, still up) until the
+// test releases it; FAIL after a minute.
+void hold_until_released(const char* why) {
+  std::printf("rank %d: HOLDING %s\n", my_rank, why);
+  std::fflush(stdout);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!released()) {
+    if (std::chrono::steady_clock::now() > give_up) fail("held a minute and was never released");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a bounded poll of the test's signal
+  }
+}
+
+bool is_replacement() {
+  const char* r = std::getenv("GRADWIRE_REJOIN");
+  return r && std::string(r) == "1";
+}
+
+std::chrono::milliseconds ps_timeout{std::chrono::seconds(60)};  // ps::options::timeout, and the lag's wait
 
 // What each worker reports after each step (plan::lag): one line "VALUE FINISHED" in
 // $GW_TEST_SYNC_DIR/worker<R>, written aside and renamed into place. VALUE: the steps it
@@ -192,12 +235,13 @@ class progress_board {
       f(w, value, finished != 0);
     }
   }
-  // Polls `ready` every millisecond until it holds; FAIL after a minute.
+  // Polls `ready` every millisecond until it holds; FAIL after ps_timeout (a minute by default).
   template <class F>
   void await(const std::string& what, F&& ready) const {
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    const auto give_up = std::chrono::steady_clock::now() + ps_timeout;
     while (!ready()) {
-      if (std::chrono::steady_clock::now() > give_up) fail("waited a minute for " + what);
+      if (std::chrono::steady_clock::now() > give_up)
+        fail("waited " + std::to_string(ps_timeout.count()) + " ms for " + what);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a bounded poll of the others' reports
     }
   }
@@ -218,7 +262,7 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
   using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, transport_type>;
   options.servers = spec.count(gw::cluster::task_type::ps) / (options.standby ? 2 : 1);
   options.split_bytes = 64;  // split the weight matrix over the servers
-  options.timeout = std::chrono::seconds(60);
+  options.timeout = ps_timeout;
   const int workers = spec.world_size - options.serving_ranks();
   S s(join_job(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
   if (s.is_server()) {
@@ -259,48 +303,85 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
   const std::uint64_t budget = static_cast<std::uint64_t>(p.steps) * (workers - Mode::backups);
   progress_board board(p.lag, spec.rank, workers);
   std::uint64_t lagged = 0;  // steps at which the slow worker saw the lead of s, or its step closed without it
-  for (int k = 0; p.until_applied ? s.aggregation().applied() < budget : k < p.steps; ++k) {
-    if (spec.rank == p.kill_rank && k == p.kill_step) std::raise(SIGKILL);
-    if (spec.rank == p.slow_rank && p.lag) {
-      if constexpr (Mode::max_lead >= 0) {
-        // This worker has pushed k gradients: the others can finish steps up to k + s, no further.
-        const auto lead = static_cast<std::uint64_t>(Mode::max_lead), pushed = static_cast<std::uint64_t>(k);
-        const std::uint64_t target = std::min(pushed + lead, static_cast<std::uint64_t>(p.steps));
-        board.await("every other worker to finish step " + std::to_string(target), [&] {
-          bool all = true;
-          board.for_each([&](int w, std::uint64_t done, bool) {
-            if (done > pushed + lead)
-              fail("worker " + std::to_string(w) + " finished step " + std::to_string(done) +
-                   " while this one had pushed " + std::to_string(pushed) + ": more than s = " + std::to_string(lead) +
-                   " ahead");
-            all = all && done >= target;
+  // Bounded staleness, from this worker's own records: its pushes, and the version each pull
+  // returned (the slowest live worker's clock): pushes - version is its lead, at most s.
+  std::uint64_t max_lead = 0, at_bound = 0, after_loss = 0;
+  const bool count_leads = Mode::max_lead >= 0 && !is_replacement();
+  try {
+    for (int k = 0; p.until_applied ? s.aggregation().applied() < budget : k < p.steps; ++k) {
+      if (p.until_released && k >= 30 && released()) break;  // (30 steps: enough for the loss to fall)
+      if (spec.rank == p.finish_rank && k == p.finish_after) break;
+      if (spec.rank == p.kill_rank && k == p.kill_step && !p.kill_after_lag) std::raise(SIGKILL);
+      if (spec.rank == p.slow_rank && p.lag) {
+        if constexpr (Mode::max_lead >= 0) {
+          // This worker has pushed k gradients: the others can finish steps up to k + s, no further.
+          const auto lead = static_cast<std::uint64_t>(Mode::max_lead), pushed = static_cast<std::uint64_t>(k);
+          const std::uint64_t target = std::min(pushed + lead, static_cast<std::uint64_t>(p.steps));
+          board.await("every other worker to finish step " + std::to_string(target), [&] {
+            bool all = true;
+            board.for_each([&](int w, std::uint64_t done, bool) {
+              if (done > pushed + lead)
+                fail("worker " + std::to_string(w) + " finished step " + std::to_string(done) +
+                     " while this one had pushed " + std::to_string(pushed) + ": more than s = " + std::to_string(lead) +
+                     " ahead");
+              all = all && done >= target;
+            });
+            return all;
           });
-          return all;
-        });
-        lagged += target == pushed + lead;
-      } else if constexpr (Mode::backups > 0) {
-        // The step this worker would push for closes with the others' gradients.
-        const std::uint64_t v = s.aggregation().version();
-        bool closed = false;
-        board.await("step " + std::to_string(v) + " to close without this worker", [&] {
-          bool all_finished = true;
-          board.for_each([&](int, std::uint64_t version, bool finished) {
-            closed = closed || version > v;
-            all_finished = all_finished && finished;
+          lagged += target == pushed + lead;
+          if (spec.rank == p.kill_rank && k == p.kill_step && p.kill_after_lag) {
+            std::printf("rank %d: DYING at push %d: every other worker finished step %llu\n", spec.rank, k,
+                        (unsigned long long)target);
+            std::fflush(stdout);
+            std::raise(SIGKILL);
+          }
+        } else if constexpr (Mode::backups > 0) {
+          // The step this worker would push for closes with the others' gradients.
+          const std::uint64_t v = s.aggregation().version();
+          bool closed = false;
+          board.await("step " + std::to_string(v) + " to close without this worker", [&] {
+            bool all_finished = true;
+            board.for_each([&](int, std::uint64_t version, bool finished) {
+              closed = closed || version > v;
+              all_finished = all_finished && finished;
+            });
+            return closed || all_finished;
           });
-          return closed || all_finished;
-        });
-        if (!closed)
-          fail("the other workers finished, but step " + std::to_string(v) + " never closed without this one");
-        ++lagged;
+          if (!closed)
+            fail("the other workers finished, but step " + std::to_string(v) + " never closed without this one");
+          ++lagged;
+        }
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(spec.rank == p.slow_rank ? p.slow_ms : p.pace_ms));
       }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(spec.rank == p.slow_rank ? p.slow_ms : p.pace_ms));
+      const auto params = s.parameters();
+      s.step(model.gradients<float>(params[0].data(), params[1].data(), batch(spec.rank, k)));
+      ++pushes;
+      if (count_leads) {
+        const std::uint64_t v = s.aggregation().version(), lead = pushes - std::min(pushes, v);
+        if (lead > static_cast<std::uint64_t>(Mode::max_lead))
+          fail("after push " + std::to_string(pushes) + " the pull returned version " + std::to_string(v) +
+               ": a lead of " + std::to_string(lead) + ", more than s = " + std::to_string(Mode::max_lead));
+        max_lead = std::max(max_lead, lead);
+        at_bound += lead == static_cast<std::uint64_t>(Mode::max_lead);
+        after_loss += s.aggregation().lost_workers() > 0;
+      }
+      board.publish(Mode::backups > 0 ? s.aggregation().version() : static_cast<std::uint64_t>(k + 1), false);
     }
-    const auto params = s.parameters();
-    s.step(model.gradients<float>(params[0].data(), params[1].data(), batch(spec.rank, k)));
-    ++pushes;
-    board.publish(Mode::backups > 0 ? s.aggregation().version() : static_cast<std::uint64_t>(k + 1), false);
+  } catch (const gw::error& e) {
+    if (spec.rank == p.hold_rank && e.kind() == gw::errc::peer_lost) {
+      std::printf("rank %d: EXPECTED %s: %s\n", spec.rank, gw::make_error_code(e.kind()).message().c_str(), e.what());
+      hold_until_released("after a lost peer");
+    }
+    throw;
+  }
+  if (count_leads)
+    std::printf("rank %d: LEADS max=%llu at_bound=%llu after_loss=%llu steps=%llu\n", spec.rank,
+                (unsigned long long)max_lead, (unsigned long long)at_bound, (unsigned long long)after_loss,
+                (unsigned long long)pushes);
+  if (spec.rank == p.hold_rank) {
+    s.aggregation().finish(s.communicator());  // the servers stop waiting for it; its transport stays up
+    hold_until_released("after training");
   }
   board.publish(Mode::backups > 0 ? s.aggregation().version() : pushes, true);
   if (spec.rank == p.slow_rank && p.lag) {
@@ -332,7 +413,8 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
         }
     }
   }
-  if (!options.checkpoint_dir.empty() || p.until_applied || after < 0.2 * before)
+  // (A worker that stops after a few steps on purpose, finish_rank, has no loss to reach.)
+  if (!options.checkpoint_dir.empty() || p.until_applied || spec.rank == p.finish_rank || after < 0.2 * before)
     std::printf("rank %d: PASS pushes=%llu loss %.4f -> %.4f lost_workers=%u failovers=%d params=%016llx\n", spec.rank,
                 (unsigned long long)pushes, before, after, s.aggregation().lost_workers(), s.aggregation().failovers(),
                 (unsigned long long)hash_of(s.parameters()));
@@ -407,6 +489,33 @@ int main(int argc, char** argv) {
                            if (st.lost_workers.size() != 1 || st.rejoined_workers != st.lost_workers)
                              fail("expected the killed worker lost once and taken back once");
                          });
+    } else if (mode == "lose-worker" && argc > 3) {
+      // The survivors would train on for long (100000 steps): only the loss ends them.
+      const plan p{.steps = 100000, .pace_ms = 2, .kill_rank = std::stoi(argv[3])};
+      if (arg == "sync") expect_peer_lost([&] { run<gw::ps::sync>(spec, options, p); });
+      else if (arg == "backup") expect_peer_lost([&] { run<gw::ps::backup_workers<1>>(spec, options, p); });
+      else fail("lose-worker: sync or backup");
+    } else if (mode == "bounded-kill") {
+      // A dead worker must not hold the gate: with it counted, the others would wait at
+      // their pull until this timeout.
+      ps_timeout = std::chrono::seconds(15);
+      const int victim = std::stoi(arg);
+      run<gw::ps::bounded_staleness<2>>(spec, options,
+                                        {.steps = 40, .slow_rank = victim, .lag = true, .kill_rank = victim,
+                                         .kill_step = 6, .kill_after_lag = true},
+                                        [](const gw::ps::server_stats& st, int) {
+                                          if (st.lost_workers.size() != 1) fail("expected exactly one lost worker");
+                                        });
+    } else if (mode == "sync-rejoin") {
+      const plan p{.steps = 100000, .pace_ms = 2, .kill_rank = is_replacement() ? -1 : std::stoi(arg), .hold_rank = 0};
+      expect_peer_lost([&] { run<gw::ps::sync>(spec, options, p); });
+    } else if (mode == "finish-early") {
+      run<gw::ps::async>(spec, options,
+                         {.steps = 100000, .pace_ms = 10, .until_released = true, .finish_rank = std::stoi(arg)});
+    } else if (mode == "servers-finish") {
+      run<gw::ps::async>(spec, options,
+                         {.steps = 30, .pace_ms = 10, .kill_rank = is_replacement() ? -1 : std::stoi(arg),
+                          .hold_rank = 0});
     } else if (mode == "server-loss") {
       options.checkpoint_dir = arg;
       options.checkpoint_every = 5;
@@ -415,7 +524,10 @@ int main(int argc, char** argv) {
           if (version == 12) std::raise(SIGKILL);
           return double(lr);
         };
-      expect_peer_lost([&] { run<gw::ps::sync>(spec, options, {.steps = 100000}); });
+      if (argc > 3 && std::string(argv[3]) == "async")
+        expect_peer_lost([&] { run<gw::ps::async>(spec, options, {.steps = 100000}); });
+      else
+        expect_peer_lost([&] { run<gw::ps::sync>(spec, options, {.steps = 100000}); });
     } else if (mode == "resume") {
       options.checkpoint_dir = arg;
       options.checkpoint_every = 5;
@@ -444,10 +556,18 @@ int main(int argc, char** argv) {
       else if (arg == "async") run<gw::ps::async>(spec, options, p);
       else fail("failover: sync or async");
     } else {
-      std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|rejoin K|server-loss DIR|resume DIR|"
+      std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|rejoin K|server-loss DIR [async]|"
+                           "resume DIR|"
+                           "lose-worker sync|backup K|bounded-kill K|sync-rejoin K|finish-early K|servers-finish K|"
                            "failover sync|async VICTIM update:K|ms:D\n");
       return 2;
     }
+  } catch (const gw::error& e) {  // the kind too, for the tests that expect one (errc=NAME)
+    static constexpr const char* names[] = {"?",        "timeout", "peer_lost",        "mismatch", "protocol",
+                                            "auth",     "config",  "invalid_argument", "device"};
+    const auto k = static_cast<std::size_t>(e.kind());
+    std::printf("rank %d: FAIL errc=%s: %s\n", my_rank, k < std::size(names) ? names[k] : "?", e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::printf("rank %d: FAIL %s\n", my_rank, e.what());
     return 1;

@@ -10,7 +10,9 @@ bounds its own time; ranks are started one by one (elastic_job.py), not by gradw
 import os
 import random
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -20,9 +22,11 @@ PS_WORKER, FASHION_MNIST, DATA = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
 def stats(job, rank):
-    for line in job.current(rank).lines:
-        if "STATS" in line:
-            return dict(kv.split("=", 1) for kv in line.split("STATS", 1)[1].split())
+    """The STATS line of the rank's latest incarnation that printed one (a refused replacement prints none)."""
+    for inc in reversed(job.incarnations[rank]):
+        for line in inc.lines:
+            if "STATS" in line:
+                return dict(kv.split("=", 1) for kv in line.split("STATS", 1)[1].split())
     return {}
 
 
@@ -67,19 +71,134 @@ class ElasticWorkers(unittest.TestCase):
             self.assertTrue(wait_until(lambda: not job.alive(1), 60), "worker 1 never killed itself")
             job.replace(0)  # rank 0 serves the store: it cannot rejoin
             job.replace(2)  # worker 2 is alive: the server refuses a second process as rank 2
+            job.replace(3)  # the server: only a worker of an asynchronous parameter server can rejoin
             job.replace(1)
             self.assertTrue(job.wait(90), "the job did not finish:\n" + job.output())
         finally:
             job.stop()
         out = job.output()
-        for rank, why in ((0, "rank 0 cannot rejoin a job"), (2, "rank 2 is still connected to rank 3")):
+        for rank, kind, why in (
+                (0, "config",
+                 "asio_tcp: rank 0 cannot rejoin a job (GRADWIRE_REJOIN=1): it serves the rendezvous store"),
+                (2, "peer_lost", "rank 2 is still connected to rank 3: are two processes running as rank 2?"),
+                (3, "config", "parameter_server: rank 3 joined as a replacement (GRADWIRE_REJOIN=1), but only a worker "
+                              "of an asynchronous parameter server (async, bounded staleness) can rejoin")):
             refused = job.incarnations[rank][1]
             self.assertEqual(refused.proc.returncode, 1, out)
+            self.assertIn(f"FAIL errc={kind}: ", refused.text(), out)
             self.assertIn(why, refused.text(), out)
             self.assertEqual(job.incarnations[rank][0].proc.returncode, 0, out)
             self.assertIn("PASS", job.incarnations[rank][0].text(), out)
         self.assertEqual(job.current(1).proc.returncode, 0, out)
         self.assertEqual(stats(job, 3)["rejoined"], "1", out)
+
+    def finish_replacement(self, job, inc, timeout=30):
+        """Waits for a replacement that must fail; returns its output."""
+        try:
+            inc.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.fail(f"the replacement of rank {inc.rank} did not end within {timeout} s:\n" + job.output())
+        inc.reader.join(5)
+        self.assertEqual(inc.proc.returncode, 1, job.output())
+        return inc.text()
+
+    def test_a_replacement_in_a_sync_job_or_of_a_server_is_a_config_error(self):
+        # Sync, 3 workers + 1 server: worker 1 kills itself at step 5, which fails every rank;
+        # rank 0 holds (its rendezvous store serving) until released, so that the replacements
+        # join and reach the parameter server's setup, which refuses them: a sync-mode worker,
+        # and the server.
+        with tempfile.TemporaryDirectory(prefix="gw-ps-sync-") as sync:
+            job = ElasticJob([PS_WORKER, "sync-rejoin", "1"], workers=3, servers=1,
+                             env={"GRADWIRE_TIMEOUT": "20", "GW_TEST_SYNC_DIR": sync})
+            job.start()
+            try:
+                self.assertTrue(wait_until(lambda: not job.alive(1), 30),
+                                "worker 1 never killed itself:\n" + job.output())
+                self.assertTrue(wait_until(lambda: "HOLDING" in job.current(0).text(), 30), job.output())
+                # Both at once: each waits out the peers that do not answer its hello (rank 0,
+                # held outside any transport call, for prompt_reply_timeout: 10 s).
+                replacements = job.replace(1), job.replace(3)
+                worker, server = (self.finish_replacement(job, inc) for inc in replacements)
+                with open(os.path.join(sync, "release"), "w"):
+                    pass
+                self.assertTrue(job.wait(30), "the job did not end:\n" + job.output())
+            finally:
+                job.stop()
+            out = job.output()
+        self.assertEqual(job.incarnations[1][0].proc.returncode, -9, out)
+        for r in (0, 2, 3):  # the loss of a sync worker: peer_lost on every rank, naming it
+            first = job.incarnations[r][0].text()
+            self.assertIn(f"rank {r}: EXPECTED peer lost: ", first, out)
+            self.assertIn(f"rank {r}: lost rank 1: its connection closed", first, out)
+        for rank, text in ((1, worker), (3, server)):
+            self.assertIn(f"rank {rank}: FAIL errc=config: parameter_server: rank {rank} joined as a replacement "
+                          "(GRADWIRE_REJOIN=1), but only a worker of an asynchronous parameter server (async, bounded "
+                          "staleness) can rejoin a running job; restart the whole job instead", text, out)
+
+    def test_a_replacement_of_a_worker_that_said_goodbye_is_refused_and_the_job_goes_on(self):
+        # Async, 3 workers + 1 server: worker 2 finishes normally after 5 steps (its strategy
+        # tells the servers, its transport says goodbye); the others train until released.
+        with tempfile.TemporaryDirectory(prefix="gw-ps-sync-") as sync:
+            job = ElasticJob([PS_WORKER, "finish-early", "2"], workers=3, servers=1,
+                             env={"GRADWIRE_TIMEOUT": "20", "GW_TEST_SYNC_DIR": sync})
+            job.start()
+            try:
+                self.assertTrue(wait_until(lambda: not job.alive(2), 30), "worker 2 never finished:\n" + job.output())
+                self.assertEqual(job.incarnations[2][0].proc.returncode, 0, job.output())
+                self.assertTrue(job.alive(0) and job.alive(3), "the job ended early:\n" + job.output())
+                text = self.finish_replacement(job, job.replace(2))
+                self.assertTrue(job.alive(3), "the server ended before the replacement was refused:\n" + job.output())
+                with open(os.path.join(sync, "release"), "w"):
+                    pass
+                self.assertTrue(job.wait(30), "the job did not finish:\n" + job.output())
+            finally:
+                job.stop()
+            out = job.output()
+        self.assertIn("rank 2: FAIL errc=peer_lost: parameter_server: this replacement of worker rank 2 could not "
+                      "rejoin the running job (the job goes on without it)", text, out)
+        self.assertIn("is not linked to rank 3: rank 3 refused this rank's connection: "
+                      "rank 2 has finished (it said goodbye): it cannot rejoin", text, out)
+        for r in (0, 1, 3):
+            self.assertEqual(job.current(r).proc.returncode, 0, out)
+            self.assertIn("PASS", job.current(r).text(), out)
+        self.assertEqual((stats(job, 3)["lost"], stats(job, 3)["rejoined"]), ("", ""), out)
+
+    def test_a_replacement_after_the_servers_finished_names_them_then_the_store(self):
+        # Async, 3 workers + 1 server: worker 1 kills itself at step 5, the others train 30
+        # steps; rank 0 then tells the server it finished and holds (its store serving) until
+        # released. A replacement of worker 1 after the server has exited: peer_lost naming the
+        # server. After rank 0 has exited too: timeout naming the store (GRADWIRE_TIMEOUT=2).
+        with tempfile.TemporaryDirectory(prefix="gw-ps-sync-") as sync:
+            job = ElasticJob([PS_WORKER, "servers-finish", "1"], workers=3, servers=1,
+                             env={"GRADWIRE_TIMEOUT": "20", "GW_TEST_SYNC_DIR": sync})
+            job.start()
+            try:
+                self.assertTrue(wait_until(lambda: not job.alive(3), 60), "the server never finished:\n" + job.output())
+                self.assertTrue(wait_until(lambda: "HOLDING" in job.current(0).text(), 30), job.output())
+                late = self.finish_replacement(job, job.replace(1))
+                with open(os.path.join(sync, "release"), "w"):
+                    pass
+                self.assertTrue(wait_until(lambda: not job.alive(0), 30), "rank 0 did not end:\n" + job.output())
+                start = time.monotonic()
+                later = self.finish_replacement(job, job.replace(1, env={"GRADWIRE_TIMEOUT": "2"}))
+                waited = time.monotonic() - start
+                self.assertTrue(job.wait(30), "the job did not end:\n" + job.output())
+            finally:
+                job.stop()
+            out = job.output()
+        self.assertEqual(job.incarnations[1][0].proc.returncode, -9, out)
+        for r in (0, 2, 3):
+            self.assertEqual(job.incarnations[r][0].proc.returncode, 0, out)
+            self.assertIn("PASS", job.incarnations[r][0].text(), out)
+        self.assertIn("rank 1: FAIL errc=peer_lost: parameter_server: this replacement of worker rank 1 could not "
+                      "rejoin the running job (the job goes on without it)", late, out)
+        self.assertIn("rank 1 (a replacement process, GRADWIRE_REJOIN=1) is not linked to rank 3: "
+                      "nobody answers at its address; it has finished or is gone", late, out)
+        store = f"127.0.0.1:{job.base['MASTER_PORT']}"
+        self.assertIn("rank 1: FAIL errc=timeout: ", later, out)
+        self.assertIn(f"nobody listened at {store} (the rendezvous store (MASTER_ADDR:MASTER_PORT))", later, out)
+        self.assertGreater(waited, 1, out)  # it waited (most of) its GRADWIRE_TIMEOUT out ...
+        self.assertLess(waited, 15, out)         # ... not the job's 20 s
 
 
 class Chaos(unittest.TestCase):

@@ -529,10 +529,11 @@ class server {
   }
 
   // A worker's request failed. Async modes over a transport that tolerates the loss drop
-  // the worker and go on; anything else is fatal.
+  // the worker and go on; anything else is fatal, and so is a peer_lost that is not this
+  // worker's loss (a server lost, whose loss fails this rank's transport as a whole).
   // Elastic: its next request may come from a replacement process (take_back).
   void lose(int w, const error& e) {
-    if (!(Mode::on_arrival && concepts::tolerates_loss(t_)) || e.kind() != errc::peer_lost) throw e;
+    if (!(Mode::on_arrival && concepts::tolerates_loss(t_)) || e.kind() != errc::peer_lost || !peer_is_lost(w)) throw e;
     auto& slot = slot_of(w);
     if (slot.live) {  // a replacement that is lost before its first request was never counted
       slot.live = false;
