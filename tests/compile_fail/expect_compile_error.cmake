@@ -3,7 +3,7 @@
 # for EXPECT "", when it compiles cleanly (the control case). FLAGS: how CXX checks a
 # source without building it (default: -std=c++20 -fsyntax-only; nvcc: -std=c++20 -cuda,
 # its front end only, into the working directory).
-if(NOT DEFINED FLAGS)
+if(NOT FLAGS)
   set(FLAGS "-std=c++20 -fsyntax-only")
 endif()
 separate_arguments(FLAGS UNIX_COMMAND "${FLAGS}")

@@ -19,6 +19,9 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "multiprocess"))
+from mp_support import poll_until  # noqa: E402
+
 LAUNCHER = None
 
 
@@ -57,14 +60,6 @@ def wait_for_files(directory, count, limit=10.0):
         time.sleep(0.05)
     raise AssertionError(f"{count} ranks did not start within {limit} s")
 
-
-def poll_until(condition, limit, what):
-    """A bounded poll of `condition`."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {limit} s")
-        time.sleep(0.02)
 
 
 def fnv1a_64(text):

@@ -1,5 +1,7 @@
-"""Shared by the multi-process test harnesses (test_multiprocess.py, test_ps.py, test_cuda_multiprocess.py)."""
+"""Shared by the multi-process test harnesses (test_multiprocess.py, test_ps.py, test_mpi.py,
+test_cuda_multiprocess.py, ../launcher/test_launcher.py, ../observe/test_timeline.py)."""
 import re
+import time
 
 _RANK_PREFIX = re.compile(r"\[(\d+)\] (.*)")
 
@@ -12,3 +14,13 @@ def rank_lines(output):
         if m:
             lines.setdefault(int(m.group(1)), []).append(m.group(2))
     return lines
+
+
+def poll_until(condition, limit, what):
+    """A bounded poll of `condition`: raises AssertionError("<what> within <limit> s") if it
+    does not hold in time (a sleep here never stages what a test asserts)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {limit} s")
+        time.sleep(0.02)

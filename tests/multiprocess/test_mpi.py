@@ -19,6 +19,8 @@ import tempfile
 import time
 import unittest
 
+from mp_support import poll_until
+
 MP_WORKER, PS_WORKER, RUNTIME_WORKER = sys.argv[1], sys.argv[2], sys.argv[3]
 SKIP = 77
 # Shared memory unless a case says otherwise; --oversubscribe: more ranks than cores.
@@ -125,14 +127,6 @@ def alive(pid):
     except FileNotFoundError:
         return False
 
-
-def poll_until(condition, limit, what):
-    """A bounded poll of `condition` (a sleep here never stages what a test asserts)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {limit} s")
-        time.sleep(0.02)
 
 
 class Runtime(unittest.TestCase):
