@@ -172,6 +172,7 @@ struct plan {
   int kill_rank = -1;  // this worker raises SIGKILL at step kill_step
   int kill_step = 5;
   bool until_applied = false;  // train until the servers applied steps * (workers - backups) gradients
+  bool until_loss_seen = false;  // train past `steps` until a server reports a lost worker (at most 50 x steps)
   bool kill_after_lag = false;  // the slow worker raises SIGKILL at kill_step after its lag (others at the gate)
   bool until_released = false;  // train until $GW_TEST_SYNC_DIR/release exists (at least 30, at most `steps`)
   int finish_rank = -1;         // this worker stops (and finishes normally) after finish_after steps
@@ -308,7 +309,14 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
   std::uint64_t max_lead = 0, at_bound = 0, after_loss = 0;
   const bool count_leads = Mode::max_lead >= 0 && !is_replacement();
   try {
-    for (int k = 0; p.until_applied ? s.aggregation().applied() < budget : k < p.steps; ++k) {
+    auto more = [&](int k) {
+      if (p.until_applied) return s.aggregation().applied() < budget;
+      if (k < p.steps) return true;
+      if (!p.until_loss_seen || s.aggregation().lost_workers() > 0) return false;
+      if (k >= 50 * p.steps) fail("no server reported the lost worker in " + std::to_string(k) + " steps");
+      return true;
+    };
+    for (int k = 0; more(k); ++k) {
       if (p.until_released && k >= 30 && released()) break;  // (30 steps: enough for the loss to fall)
       if (spec.rank == p.finish_rank && k == p.finish_after) break;
       if (spec.rank == p.kill_rank && k == p.kill_step && !p.kill_after_lag) std::raise(SIGKILL);
@@ -470,10 +478,13 @@ int main(int argc, char** argv) {
                                        if (st.dropped_by[1] == 0) fail("the slow worker's gradients were never late");
                                      });
     } else if (mode == "kill") {
-      // Paced (40 ms a step), so that the survivors run on for two seconds after the
-      // kill: long enough for any transport to notice (UCX over shared memory notices
-      // through its keepalive, within about a second).
-      run<gw::ps::async>(spec, options, {.steps = 60, .slow_rank = -1, .slow_ms = 0, .pace_ms = 40, .kill_rank = std::stoi(arg)},
+      // The survivors train on until a server's reply reports the loss (the chief then logs
+      // it), however long the transport takes to notice (UCX over shared memory: through
+      // its keepalive, within about a second). Servers cannot finish without noticing: they
+      // serve until every live worker is done.
+      run<gw::ps::async>(spec, options,
+                         {.steps = 60, .slow_rank = -1, .slow_ms = 0, .pace_ms = 5, .kill_rank = std::stoi(arg),
+                          .until_loss_seen = true},
                          [](const gw::ps::server_stats& st, int) {
                            if (st.lost_workers.size() != 1) fail("expected exactly one lost worker");
                          });
