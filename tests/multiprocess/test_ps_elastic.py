@@ -158,6 +158,8 @@ class ElasticWorkers(unittest.TestCase):
                       "rejoin the running job (the job goes on without it)", text, out)
         self.assertIn("is not linked to rank 3: rank 3 refused this rank's connection: "
                       "rank 2 has finished (it said goodbye): it cannot rejoin", text, out)
+        # The refusal carries the reason alone: its kind is said once, by this rank's error.
+        self.assertNotIn("configuration error: configuration error", text, out)
         for r in (0, 1, 3):
             self.assertEqual(job.current(r).proc.returncode, 0, out)
             self.assertIn("PASS", job.current(r).text(), out)

@@ -177,7 +177,7 @@ inline void tcp_engine::greet(tcp::socket socket, const wire::header_bytes& byte
       throw error(errc::config, "rank " + std::to_string(peer) + " cannot dial rank " +
                                     std::to_string(options.rank) + " (out of range or already connected)");
   } catch (const error& e) {
-    refusal = e.kind() == errc::auth ? "wrong job token: give every rank the same GRADWIRE_JOB_TOKEN" : e.what();
+    refusal = e.kind() == errc::auth ? "wrong job token: give every rank the same GRADWIRE_JOB_TOKEN" : e.details();
   }
   if (!answer_hello(socket, refusal)) return;  // the socket closes; keep waiting for the real peer
   add_link(peer, std::move(socket));

@@ -103,7 +103,7 @@ inline void tcp_engine::take_back(tcp::socket socket, const wire::header_bytes& 
     if (link->alive)
       throw error(errc::config, who + " is still connected to " + me + ": are two processes running as " + who + "?");
   } catch (const error& e) {
-    refusal = e.kind() == errc::auth ? "wrong job token: give every rank the same GRADWIRE_JOB_TOKEN" : e.what();
+    refusal = e.kind() == errc::auth ? "wrong job token: give every rank the same GRADWIRE_JOB_TOKEN" : e.details();
   }
   if (!answer_hello(socket, refusal)) return;
   relink(peer, std::move(socket));
