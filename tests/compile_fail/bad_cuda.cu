@@ -1,5 +1,7 @@
 // Compiled by ctest with nvcc -DCASE=N (CUDA builds only): what CUDA tensors refuse at
 // compile time, each with gradwire's readable message. CASE=0 is the control that must compile.
+// No runtime assertions here: the assertion is expect_compile_error.cmake, which fails the
+// test when a case compiles or fails without its expected message (CMakeLists.txt lists them).
 #include <gradwire/cuda.cuh>
 
 #include <span>

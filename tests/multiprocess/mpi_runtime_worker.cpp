@@ -12,6 +12,8 @@
 //       runs an all-reduce of 1000 floats, each until step_timeout() (GRADWIRE_STEP_TIMEOUT),
 //       and prints "rank 0: EXPECTED <errc> after S s: <message>" for each. Rank 1 only
 //       waits to be killed (a bounded poll: "FAIL not killed" after 60 s).
+// A worker, not a Catch2 test: it checks its all-reduces against references itself (exit 1
+// with "FAIL ..."), and test_mpi.py asserts the errc, the words and the times it prints.
 #include <gradwire/gradwire.hpp>
 #include <gradwire/mpi.hpp>
 
