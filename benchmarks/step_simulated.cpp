@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <gradwire/aggregation/all_reduce.hpp>
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/simulation/transport.hpp>

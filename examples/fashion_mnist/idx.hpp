@@ -7,7 +7,6 @@
 
 #include <zlib.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -23,6 +22,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "eigen.hpp"
 
 namespace fashion_mnist {
 

@@ -4,7 +4,6 @@
 // column-major data set is passed without a copy. Every product is an Eigen GEMM.
 #pragma once
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -17,6 +16,8 @@
 #include <vector>
 
 #include <gradwire/tensor/host_tensor.hpp>
+
+#include "eigen.hpp"
 
 namespace fashion_mnist {
 
@@ -80,17 +81,7 @@ class mlp {
   T loss(const Eigen::Ref<const matrix>& x, std::span<const int> labels) { return forward_loss(x, labels); }
 
   // Number of samples of the batch whose arg-max class equals the label.
-  std::size_t count_correct(const Eigen::Ref<const matrix>& x, std::span<const int> labels) {
-    check_batch(x, labels);
-    forward(x);
-    std::size_t correct = 0;
-    for (Eigen::Index j = 0; j < x.cols(); ++j) {
-      Eigen::Index best = 0;
-      z3_.col(j).maxCoeff(&best);
-      correct += best == labels[static_cast<std::size_t>(j)];
-    }
-    return correct;
-  }
+  std::size_t count_correct(const Eigen::Ref<const matrix>& x, std::span<const int> labels);
 
   // Fraction classified correctly, evaluated in chunks of `chunk` samples so the
   // activations stay small.
@@ -156,49 +147,11 @@ class mlp {
 
   // Activations are kept for backward. The buffers are members: after the first batch
   // of a given size nothing is allocated per step.
-  void forward(const Eigen::Ref<const matrix>& x) {
-    z1_.noalias() = w1_ * x;
-    z1_.colwise() += b1_;
-    z1_ = z1_.cwiseMax(T(0));  // post-ReLU activation h1 (z1 > 0 exactly where h1 > 0)
-    z2_.noalias() = w2_ * z1_;
-    z2_.colwise() += b2_;
-    z2_ = z2_.cwiseMax(T(0));
-    z3_.noalias() = w3_ * z2_;
-    z3_.colwise() += b3_;  // logits
-  }
-
-  // Leaves softmax probabilities in p_ and returns the mean cross-entropy, computed
-  // as logsumexp(z) - z_y per sample (stable for any logits).
-  T forward_loss(const Eigen::Ref<const matrix>& x, std::span<const int> labels) {
-    check_batch(x, labels);
-    if (x.cols() == 0) throw std::invalid_argument("mlp: empty batch");
-    forward(x);
-    col_max_ = z3_.colwise().maxCoeff();
-    p_ = (z3_.rowwise() - col_max_).array().exp().matrix();
-    col_sum_ = p_.colwise().sum();
-    p_.array().rowwise() /= col_sum_.array();
-    T total = (col_sum_.array().log() + col_max_.array()).sum();
-    for (Eigen::Index j = 0; j < x.cols(); ++j) total -= z3_(labels[static_cast<std::size_t>(j)], j);
-    return total / T(x.cols());
-  }
-
-  // Gradient of the mean loss: dL/dz3 = (softmax - onehot) / B, then back through the
-  // layers; ReLU passes the gradient where its output was positive.
-  void backward(const Eigen::Ref<const matrix>& x, std::span<const int> labels) {
-    const T inv_batch = T(1) / T(x.cols());
-    for (Eigen::Index j = 0; j < x.cols(); ++j) p_(labels[static_cast<std::size_t>(j)], j) -= T(1);
-    p_ *= inv_batch;  // p_ is now dL/dz3
-    gw3_.noalias() = p_ * z2_.transpose();
-    gb3_ = p_.rowwise().sum();
-    d2_.noalias() = w3_.transpose() * p_;
-    d2_ = (z2_.array() > T(0)).select(d2_, T(0));
-    gw2_.noalias() = d2_ * z1_.transpose();
-    gb2_ = d2_.rowwise().sum();
-    d1_.noalias() = w2_.transpose() * d2_;
-    d1_ = (z1_.array() > T(0)).select(d1_, T(0));
-    gw1_.noalias() = d1_ * x.transpose();
-    gb1_ = d1_.rowwise().sum();
-  }
+  void forward(const Eigen::Ref<const matrix>& x);
+  // Leaves softmax probabilities in p_ and returns the mean cross-entropy.
+  T forward_loss(const Eigen::Ref<const matrix>& x, std::span<const int> labels);
+  // Leaves the gradient of the mean loss in the gradient tensors.
+  void backward(const Eigen::Ref<const matrix>& x, std::span<const int> labels);
 
   layer_sizes sizes_;
   matrix w1_, w2_, w3_, gw1_, gw2_, gw3_;
@@ -208,5 +161,68 @@ class mlp {
   matrix z1_, z2_, z3_, p_, d2_, d1_;
   row_vector col_max_, col_sum_;
 };
+
+// The products, defined out of the class (not inline) so that a program can compile them
+// once: `extern template class mlp<float>;` where it uses the model and
+// `template class mlp<float>;` in one translation unit (the example's mlp.cpp).
+
+template <class T>
+std::size_t mlp<T>::count_correct(const Eigen::Ref<const matrix>& x, std::span<const int> labels) {
+  check_batch(x, labels);
+  forward(x);
+  std::size_t correct = 0;
+  for (Eigen::Index j = 0; j < x.cols(); ++j) {
+    Eigen::Index best = 0;
+    z3_.col(j).maxCoeff(&best);
+    correct += best == labels[static_cast<std::size_t>(j)];
+  }
+  return correct;
+}
+
+template <class T>
+void mlp<T>::forward(const Eigen::Ref<const matrix>& x) {
+  z1_.noalias() = w1_ * x;
+  z1_.colwise() += b1_;
+  z1_ = z1_.cwiseMax(T(0));  // post-ReLU activation h1 (z1 > 0 exactly where h1 > 0)
+  z2_.noalias() = w2_ * z1_;
+  z2_.colwise() += b2_;
+  z2_ = z2_.cwiseMax(T(0));
+  z3_.noalias() = w3_ * z2_;
+  z3_.colwise() += b3_;  // logits
+}
+
+// The mean cross-entropy computed as logsumexp(z) - z_y per sample (stable for any logits).
+template <class T>
+T mlp<T>::forward_loss(const Eigen::Ref<const matrix>& x, std::span<const int> labels) {
+  check_batch(x, labels);
+  if (x.cols() == 0) throw std::invalid_argument("mlp: empty batch");
+  forward(x);
+  col_max_ = z3_.colwise().maxCoeff();
+  p_ = (z3_.rowwise() - col_max_).array().exp().matrix();
+  col_sum_ = p_.colwise().sum();
+  p_.array().rowwise() /= col_sum_.array();
+  T total = (col_sum_.array().log() + col_max_.array()).sum();
+  for (Eigen::Index j = 0; j < x.cols(); ++j) total -= z3_(labels[static_cast<std::size_t>(j)], j);
+  return total / T(x.cols());
+}
+
+// Gradient of the mean loss: dL/dz3 = (softmax - onehot) / B, then back through the
+// layers; ReLU passes the gradient where its output was positive.
+template <class T>
+void mlp<T>::backward(const Eigen::Ref<const matrix>& x, std::span<const int> labels) {
+  const T inv_batch = T(1) / T(x.cols());
+  for (Eigen::Index j = 0; j < x.cols(); ++j) p_(labels[static_cast<std::size_t>(j)], j) -= T(1);
+  p_ *= inv_batch;  // p_ is now dL/dz3
+  gw3_.noalias() = p_ * z2_.transpose();
+  gb3_ = p_.rowwise().sum();
+  d2_.noalias() = w3_.transpose() * p_;
+  d2_ = (z2_.array() > T(0)).select(d2_, T(0));
+  gw2_.noalias() = d2_ * z1_.transpose();
+  gb2_ = d2_.rowwise().sum();
+  d1_.noalias() = w2_.transpose() * d2_;
+  d1_ = (z1_.array() > T(0)).select(d1_, T(0));
+  gw1_.noalias() = d1_ * x.transpose();
+  gb1_ = d1_.rowwise().sum();
+}
 
 }  // namespace fashion_mnist

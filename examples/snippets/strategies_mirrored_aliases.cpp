@@ -7,9 +7,9 @@
 
 namespace gradwire::docs {
 // [docs:aliases]
-template <class Tensor, class Optimizer>   // <gradwire/gradwire.hpp>
+template <class Tensor, class Optimizer>   // <gradwire/strategies/mirrored.hpp> (in gradwire.hpp)
 using mirrored = strategy<Tensor, Optimizer, aggregation::all_reduce, transport::inproc>;
-template <class Tensor, class Optimizer>   // <gradwire/asio.hpp>, link gradwire::asio
+template <class Tensor, class Optimizer>   // <gradwire/strategies/multi_worker_mirrored.hpp> (in asio.hpp), link gradwire::asio
 using multi_worker_mirrored = strategy<Tensor, Optimizer, aggregation::all_reduce, transport::asio_tcp>;
 template <class Tensor, class Optimizer>   // <gradwire/ucx.hpp>, link gradwire::ucx
 using multi_worker_mirrored_ucx = strategy<Tensor, Optimizer, aggregation::all_reduce, transport::ucx>;

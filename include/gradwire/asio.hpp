@@ -8,16 +8,11 @@
 #include "aggregation/all_reduce.hpp"
 #include "cluster/spec.hpp"
 #include "cluster/tcp.hpp"
+#include "instances/asio_tcp.hpp"
 #include "rendezvous/store.hpp"
+#include "strategies.hpp"
+#include "strategies/multi_worker_mirrored.hpp"
 #include "strategy.hpp"
+#include "tensor/host_tensor.hpp"
 #include "transport/asio_tcp.hpp"
 #include "transport/wire.hpp"
-
-namespace gradwire {
-
-// MultiWorkerMirroredStrategy / DDP: one replica per process, synchronous all-reduce over
-// TCP. Construct it with cluster::join_tcp() (the job the environment describes).
-template <class Tensor, class Optimizer>
-using multi_worker_mirrored = strategy<Tensor, Optimizer, aggregation::all_reduce, transport::asio_tcp>;
-
-}  // namespace gradwire

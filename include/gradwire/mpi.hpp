@@ -6,7 +6,9 @@
 #pragma once
 
 #include "aggregation/all_reduce.hpp"
+#include "strategies.hpp"
 #include "strategy.hpp"
+#include "tensor/host_tensor.hpp"
 #include "transport/mpi.hpp"
 
 namespace gradwire {

@@ -1,8 +1,14 @@
 // strategy<Tensor, Optimizer, Aggregation, Transport>: one replica's view of data-parallel training.
+//
+// The template alone: it includes no aggregation and no transport (a translation unit
+// names the ones it uses). The named combinations (mirrored, one_device, ...) are in
+// gradwire/strategies/, one header each, and all of them in gradwire/strategies.hpp.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -13,15 +19,11 @@
 #include <vector>
 
 #include "aggregation/agent.hpp"
-#include "aggregation/all_reduce.hpp"
-#include "aggregation/averaging.hpp"
-#include "aggregation/central.hpp"
-#include "aggregation/local.hpp"
-#include "aggregation/parameter_server.hpp"
 #include "collective/communicator.hpp"
 #include "collective/same_model.hpp"
 #include "concepts.hpp"
 #include "error.hpp"
+#include "observe/activity.hpp"
 #include "observe/log.hpp"
 #include "observe/step_stats.hpp"
 #include "observe/timeline.hpp"
@@ -29,10 +31,9 @@
 #include "support/finite_check.hpp"
 #include "support/virtual_clock.hpp"
 #include "tensor/aligned_buffer.hpp"
+#include "tensor/dtype.hpp"
 #include "tensor/flat_layout.hpp"
-#include "tensor/host_tensor.hpp"
-#include "transport/inproc.hpp"
-#include "transport/local.hpp"
+#include "tensor/shape.hpp"
 
 namespace gradwire {
 
@@ -702,28 +703,5 @@ class strategy {
     strategy* owner_;
   };
 };
-
-// OneDeviceStrategy: a single replica, no communication.
-template <class Tensor, class Optimizer>
-using one_device = strategy<Tensor, Optimizer, aggregation::local, transport::local>;
-
-// MirroredStrategy: one replica per thread in this process, synchronous all-reduce.
-template <class Tensor, class Optimizer>
-using mirrored = strategy<Tensor, Optimizer, aggregation::all_reduce, transport::inproc>;
-
-// CentralStorageStrategy: one owner rank holds the variables and applies the optimizer.
-template <class Tensor, class Optimizer, class Transport = transport::inproc>
-using central_storage = strategy<Tensor, Optimizer, aggregation::central, Transport>;
-
-// Local SGD / model averaging: each replica steps on its own gradient and the replicas
-// average their parameters every H steps (H >= 1). H = 1 with plain SGD (or momentum)
-// equals mirrored up to float rounding; optimizer state stays per replica, so Adam does not.
-template <class Tensor, class Optimizer, int H, class Transport = transport::inproc>
-using local_sgd = strategy<Tensor, Optimizer, aggregation::averaging<H>, Transport>;
-
-// ParameterServerStrategy: variables sharded over the last ps::options::servers ranks;
-// Mode is ps::sync, ps::async, ps::bounded_staleness<s> or ps::backup_workers<b>.
-template <class Tensor, class Optimizer, class Mode, class Transport = transport::inproc>
-using parameter_server = strategy<Tensor, Optimizer, aggregation::parameter_server<Mode>, Transport>;
 
 }  // namespace gradwire

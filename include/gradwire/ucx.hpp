@@ -7,6 +7,7 @@
 
 #include "asio.hpp"
 #include "cluster/ucx.hpp"
+#include "instances/ucx.hpp"
 #include "transport/ucx.hpp"
 
 namespace gradwire {

@@ -210,6 +210,36 @@ TEST_CASE("srun: SLURM_* with the first host of the node list") {
   CHECK(detect(with(slurm_4, {{"SLURM_MASTER", "x"}, {"MASTER_ADDR", "head"}})).master_addr == "head");
 }
 
+TEST_CASE("a Slurm batch script that runs the program without srun: a config error at once, naming SLURM_NTASKS and srun") {
+  // What `sbatch -n 4` gives the batch script itself (Slurm 22.05, read from a real one):
+  // task 0 of the allocation, and no step (srun adds SLURM_STEP_ID, SLURM_STEP_NUM_TASKS).
+  const vars batch{{"SLURM_PROCID", "0"},         {"SLURM_NTASKS", "4"},  {"SLURM_NPROCS", "4"},
+                   {"SLURM_LOCALID", "0"},        {"SLURM_NODEID", "0"},  {"SLURM_TASKS_PER_NODE", "4"},
+                   {"SLURM_JOB_ID", "1"},         {"SLURM_JOBID", "1"},   {"SLURM_JOB_NODELIST", "vm"},
+                   {"SLURM_GTIDS", "0"},          {"SLURM_CPUS_ON_NODE", "4"}};
+  CHECK(config_error(batch) ==
+        "SLURM_NTASKS=4 is the allocation's task count, but this process was not started by srun (SLURM_PROCID is "
+        "set, SLURM_STEP_ID is not: a batch script that runs the program itself), so no other task starts and it "
+        "would wait GRADWIRE_TIMEOUT for 3 ranks that never come: start the program with srun in the batch script "
+        "(srun ./program ...), which starts all 4 tasks: configuration error");
+  // The variable that gave the size is the one named.
+  vars nprocs = batch;
+  nprocs.erase("SLURM_NTASKS");
+  CHECK_THAT(config_error(nprocs), Contains("SLURM_NPROCS=4 is the allocation's task count"));
+  // Started by srun (a step of 4 tasks, either spelling of the step id): task 0 of the job.
+  for (const char* step : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
+    const auto spec = detect(with(batch, {{step, "0"}}));
+    CHECK(spec.world_size == 4);
+    CHECK(spec.rank == 0);
+  }
+  // Not refused: an allocation of one task (nothing to wait for); a size the program gives
+  // itself (it starts its other ranks some other way).
+  CHECK(detect(with(batch, {{"SLURM_NTASKS", "1"}, {"SLURM_TASKS_PER_NODE", "1"}})).world_size == 1);
+  gc::overrides given;
+  given.world_size = 4;
+  CHECK(detect(batch, given).world_size == 4);
+}
+
 TEST_CASE("slurm host lists and task lists") {
   using gradwire::cluster::detail::first_slurm_host;
   using gradwire::cluster::detail::slurm_tasks_on_node;

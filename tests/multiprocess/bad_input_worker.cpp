@@ -1,8 +1,12 @@
 // A rank of a job that gets bad input over a network transport: a model that differs between ranks, a NaN gradient,
-// a rank started with another world size, an unknown GRADWIRE_LOG level.
-//   bad_input_worker model|nan|log|world-size K    (started by scripts/gradwire-run; tests/multiprocess/test_bad_input.py)
+// a rank started with another world size, an unknown GRADWIRE_LOG level, a second job on the first one's MASTER_PORT.
+//   bad_input_worker model|nan|log|world-size K|hold FILE|same-port|batch-script
+//   (started by scripts/gradwire-run, batch-script alone; tests/multiprocess/test_bad_input.py)
 // world-size K: rank 1 joins as if WORLD_SIZE were K. log: an ordinary job (one step),
-// for the warning GRADWIRE_LOG=<unknown> gives.
+// for the warning GRADWIRE_LOG=<unknown> gives. hold FILE: joins, prints "JOINED", and
+// keeps the job (rank 0: its rendezvous store, on MASTER_PORT) until FILE exists.
+// same-port: joins only, as a second job given the held job's MASTER_PORT. batch-script:
+// joins, in the environment a Slurm batch script gives a program run there without srun.
 // Prints "ERROR <kind>: <message>" for the error it gets, or "OK" when none. The rank checks
 // the kind itself (GRADWIRE_WORKER_CHECK): any other outcome prints "CHECK FAILED ..." and
 // exits 1, which gradwire-run --keep-going passes on as a failing exit status; the test
@@ -11,8 +15,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if defined(GRADWIRE_TEST_UCX)
@@ -50,7 +56,11 @@ namespace {
 // rank 1 that never connects (timeout); rank 2 dials a rank 1 that refuses it or is gone.
 constexpr auto any_error = static_cast<gw::errc>(-1);
 std::optional<gw::errc> expected_kind(const std::string& mode, int rank) {
-  if (mode == "log") return std::nullopt;
+  if (mode == "log" || mode == "hold") return std::nullopt;
+  // A second job on the first one's port: its rank 0 cannot listen there (config); its
+  // rank 1 reaches the first job's store, which refuses its job token (auth).
+  if (mode == "same-port") return rank == 0 ? gw::errc::config : gw::errc::auth;
+  if (mode == "batch-script") return gw::errc::config;  // at once, from detect(): no rank would ever come
   if (mode == "model") return gw::errc::mismatch;
   if (mode == "world-size") {
 #if defined(GRADWIRE_TEST_UCX)
@@ -82,7 +92,7 @@ auto join(const std::string& mode, int rank1_size) {
 // Over UCX, rank 0 serves the rendezvous store for the world-size mode itself, and keeps it
 // until every rank has got its error: a rank that reads a peer's address after rank 0 left
 // would get a lost store instead of the check under test. The ranks join with serve_store
-// off; the check (transport/ucx/endpoints.hpp) is the same code either way.
+// off; the check (transport/ucx/endpoints.ipp) is the same code either way.
 struct held_store {
   std::optional<gw::rendezvous::store_server> server;
   gw::transport::ucx_options options;
@@ -111,8 +121,9 @@ struct held_store {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  GRADWIRE_WORKER_CHECK(mode == "model" || mode == "nan" || mode == "log" || (mode == "world-size" && argc > 2),
-                        "usage: bad_input_worker model|nan|log|world-size K");
+  GRADWIRE_WORKER_CHECK(mode == "model" || mode == "nan" || mode == "log" || mode == "same-port" ||
+                            mode == "batch-script" || ((mode == "world-size" || mode == "hold") && argc > 2),
+                        "usage: bad_input_worker model|nan|log|world-size K|hold FILE|same-port|batch-script");
   const int rank1_size = mode == "world-size" ? std::atoi(argv[2]) : 0;
   int me = -1;
   std::optional<gw::errc> got;
@@ -137,6 +148,25 @@ int main(int argc, char** argv) {
     }
 #endif
     me = gw::cluster::detect().rank;  // known before the join, which may fail
+    if (mode == "hold" || mode == "same-port" || mode == "batch-script") {
+      auto t = GRADWIRE_TEST_JOIN();
+      if (mode == "hold") {
+        std::printf("JOINED\n");
+        std::fflush(stdout);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);  // a bounded poll
+        while (!std::filesystem::exists(argv[2])) {
+          GRADWIRE_WORKER_CHECK(std::chrono::steady_clock::now() < until, std::string(argv[2]) + " within 60 s");
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        gw::collective::communicator c(std::move(t));
+        gw::collective::barrier(c);  // the job was whole all along
+      }
+      std::printf("OK\n");
+      std::fflush(stdout);
+      GRADWIRE_WORKER_CHECK(!expected_kind(mode, me), "rank " + std::to_string(me) + " expected " +
+                                                          kind_name(expected_kind(mode, me)) + ", got no error");
+      return 0;
+    }
     auto t = join(mode, rank1_size);
     gw::collective::communicator_options o;
     o.timeout = std::chrono::seconds(20);  // a hang becomes a timeout, which the test refuses

@@ -5,7 +5,7 @@
 # Catch2 stand in for ConanCenter's (conan/profiles/debian12, [platform_requires]), with a
 # Conan home of its own under WORK_DIR so the user's is untouched. The recipe is copied
 # first, so test_package's build stays out of the source tree. Checks both option sets the
-# recipe offers here (default, and with_ucx with_mpi) and that an invalid one is refused.
+# recipe offers here (default, with_ucx with_mpi, and header_only) and that an invalid one is refused.
 # Exits 77 (skipped) when Conan is not installed.
 set -euo pipefail
 conan=${1:-}
@@ -17,7 +17,7 @@ if [ -z "$conan" ] || [ ! -x "$conan" ]; then
 fi
 rm -rf "$work_dir"
 mkdir -p "$work_dir/recipe"
-cp -r "$source_dir"/{conanfile.py,CMakeLists.txt,cmake,include,test_package,conan} "$work_dir/recipe/"
+cp -r "$source_dir"/{conanfile.py,CMakeLists.txt,cmake,include,src,test_package,conan} "$work_dir/recipe/"
 rm -rf "$work_dir/recipe/test_package/build" "$work_dir/recipe/test_package/CMakeUserPresets.json"
 export CONAN_HOME=$work_dir/conan-home
 "$conan" profile detect --force >/dev/null
@@ -27,8 +27,10 @@ profile=conan/profiles/debian12
 grep -q "gradwire test_package: mirrored step -> -1.5 -1.5" "$work_dir/default.log"
 "$conan" create . -pr:a "$profile" -o "&:with_ucx=True" -o "&:with_mpi=True" 2>&1 | tee "$work_dir/ucx.log"
 grep -q "gradwire test_package: mirrored step -> -1.5 -1.5" "$work_dir/ucx.log"
+"$conan" create . -pr:a "$profile" -o "&:header_only=True" 2>&1 | tee "$work_dir/header-only.log"
+grep -q "gradwire test_package: mirrored step -> -1.5 -1.5" "$work_dir/header-only.log"
 if "$conan" create . -pr:a "$profile" -o "&:with_ucx=True" -o "&:with_asio=False" >"$work_dir/invalid.log" 2>&1; then
   echo "conan_create.sh: with_ucx without with_asio was accepted"; exit 1
 fi
 grep -q "with_ucx needs with_asio" "$work_dir/invalid.log"
-echo "conan_create.sh: conan create passed (default and with_ucx with_mpi); an invalid option set is refused"
+echo "conan_create.sh: conan create passed (default, with_ucx with_mpi, header_only); an invalid option set is refused"

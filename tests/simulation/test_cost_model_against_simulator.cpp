@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include <gradwire/aggregation/all_reduce.hpp>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/simulation/cost_model.hpp>

@@ -407,9 +407,15 @@ TEST_CASE("bad options of collectives and parameter servers are clear errors on 
     });
     std::filesystem::remove(file);
     CAPTURE(out[2].what);
-    REQUIRE(out[2].kind == gw::errc::config);  // the server; the workers lose it
+    REQUIRE(out[2].kind == gw::errc::config);  // the server
     REQUIRE_THAT(out[2].what, Contains("checkpoint_dir") && Contains("cannot be created"));
-    for (int r = 0; r < 2; ++r) REQUIRE((out[r].failed && out[r].kind == gw::errc::peer_lost));
+    // The workers hear of it from the server: a config error travels with its kind
+    // (transport::detail::peer_failure_kind), naming the server and its reason.
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r, out[r].what);
+      REQUIRE((out[r].failed && out[r].kind == gw::errc::config));
+      REQUIRE_THAT(out[r].what, Contains("rank 2 failed: parameter_server: ps::options::checkpoint_dir"));
+    }
   }
 }
 

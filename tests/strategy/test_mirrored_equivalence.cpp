@@ -20,9 +20,11 @@
 #include <type_traits>
 #include <vector>
 
+#include <gradwire/aggregation/all_reduce.hpp>
 #include <gradwire/optim/adam.hpp>
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/optim/sgd.hpp>
+#include <gradwire/strategies/one_device.hpp>
 #include <gradwire/strategy.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
 #include <gradwire/transport/inproc.hpp>

@@ -155,6 +155,63 @@ TEST_CASE("run_inproc rethrows the root cause, not its peer_lost echoes") {
                       "the real problem");
 }
 
+TEST_CASE("peer_failure_kind: a peer's mismatch, timeout or config error keeps its kind, anything else is a lost peer") {
+  using gw::errc;
+  using gw::transport::detail::peer_failure_kind;
+  for (const errc kept : {errc::mismatch, errc::timeout, errc::config}) REQUIRE(peer_failure_kind(kept) == kept);
+  for (const errc lost : {errc::peer_lost, errc::protocol, errc::auth, errc::invalid_argument, errc::device, errc{}})
+    REQUIRE(peer_failure_kind(lost) == errc::peer_lost);
+}
+
+// The race of test_bad_input's "bad options ... on every rank": ranks given the same bad
+// setting check it after a collective; the first through throws, and a rank still waiting
+// on a third rank in that collective heard of the failure before reaching its own check.
+// It must report the kind the others report, not a lost peer. Here the failing rank (2)
+// throws only once rank 0 waits on a send to rank 1 and rank 1 on a receive from rank 2.
+TEST_CASE("a rank that fails with a config, timeout or mismatch error gives that kind to every peer, also one "
+          "waiting on a third rank, and run_inproc rethrows its own error, not an echo") {
+  using gw::errc;
+  for (const errc kind : {errc::config, errc::timeout, errc::mismatch, errc::invalid_argument}) {
+    CAPTURE(kind);
+    const std::string reason = "parameter_server: the job's setting is bad";
+    gw::transport::inproc_group group(3);
+    std::mutex mutex;
+    std::condition_variable posted;
+    int waiting = 0;
+    auto outcomes = group.run([&](inproc t) {
+      std::vector<int> one(1);
+      if (t.rank() == 2) {
+        std::unique_lock lock(mutex);
+        if (!posted.wait_for(lock, 10s, [&] { return waiting == 2; }))
+          throw std::logic_error("ranks 0 and 1 did not post within 10 s");
+        throw gw::error(kind, reason);
+      }
+      auto r = t.rank() == 0 ? t.async_send(1, 1, bytes(std::as_const(one))) : t.async_recv(2, 1, bytes(one));
+      {
+        std::lock_guard lock(mutex);
+        ++waiting;
+      }
+      posted.notify_all();
+      t.wait(r, gw::deadline_after(60s));
+    });
+    const errc heard = kind == errc::invalid_argument ? errc::peer_lost : kind;
+    const std::string waited_on[2] = {"rank 0: send to rank 1 (tag 1, 4 bytes)", "rank 1: receive from rank 2 (tag 1, 4 bytes)"};
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      REQUIRE(outcomes[r]);
+      const auto [got, what] = error_of([&] { std::rethrow_exception(outcomes[r]); });
+      CAPTURE(what);
+      REQUIRE(got == heard);
+      REQUIRE_THAT(what, Catch::StartsWith(waited_on[r]) && Catch::Contains("rank 2 failed: " + reason));
+    }
+    // The root cause is rank 2's own error, although ranks 0 and 1 failed first in rank order
+    // with the same kind.
+    const auto root = error_of([&] { gw::transport::detail::rethrow_root_cause(outcomes); });
+    REQUIRE(root.first == kind);
+    REQUIRE_THAT(root.second, Catch::StartsWith(reason));
+  }
+}
+
 TEST_CASE("a request destroyed before completion is withdrawn") {
   gw::transport::inproc_group group(2);
   auto receiver = group.endpoint(1), sender = group.endpoint(0);

@@ -201,7 +201,7 @@ mitm_proxy::tamper_fn flip_payload_byte(std::uint64_t tag, std::uint64_t offset)
 
 // --- payload checksums ----------------------------------------------------------------
 
-// The receive paths of transport/tcp/receive.hpp that check a payload's CRC.
+// The receive paths of transport/tcp/receive.ipp that check a payload's CRC.
 enum class receive_path {
   whole,         // a small message, taken whole from the frame buffer (on_buffered_frame)
   eager,         // a medium one that arrives before its receive: read into memory (read_eager)
@@ -622,4 +622,93 @@ TEST_CASE("asio_tcp refuses a tag at or above 2^48 - 1 with invalid_argument nam
                                      {"asio_tcp: tag " + std::to_string(tags[i / 2]) + " is not below 2^48 - 1"}));
   }
   CHECK(got == sent);
+}
+
+// --- a peer's failure: its kind and its reason reach the other ranks -----------------------
+
+TEST_CASE("a peer's config, timeout or mismatch error reaches a waiting rank with its kind, any other kind as a lost "
+          "peer (every transport's rule)",
+          "[tcp][defences][abort]") {
+  for (const errc kind : {errc::config, errc::timeout, errc::mismatch, errc::invalid_argument, errc::protocol}) {
+    CAPTURE(kind);
+    two_ranks job;
+    std::optional<gw::error> waited;
+    event posted;
+    auto rank0 = [&](asio_tcp& t) {
+      posted.await("rank 1's receive");
+      t.fail(kind, "the job's setting is bad");  // an abort frame to rank 1, ahead of the close
+    };
+    auto rank1 = [&](asio_tcp& t) {
+      std::byte one{};
+      auto r = t.async_recv(0, 5, {&one, 1});
+      posted.raise();
+      waited = failure_of([&] { finish(t, r); });
+    };
+    job.run(rank0, rank1);
+    REQUIRE(waited.has_value());
+    const errc heard = kind == errc::invalid_argument || kind == errc::protocol ? errc::peer_lost : kind;
+    CHECK_THAT(*waited, is_error(heard, {"rank 1: rank 0 failed: the job's setting is bad"}));
+  }
+}
+
+// Ranks 0, 1 and 2 of one job on three threads; rank r runs fns[r] on its transport.
+void run_three_ranks(const std::function<void(asio_tcp&)> (&fns)[3]) {
+  const std::uint16_t port = free_port();
+  std::exception_ptr errors[3];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        asio_tcp_options o;
+        o.rank = r;
+        o.size = 3;
+        o.job_token = job_token;
+        o.store_port = port;
+        o.connect_timeout = patience;
+        asio_tcp t(o);
+        fns[r](t);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+TEST_CASE("a rank that fails on a peer's abort relays the reason before its connections close, so a third rank "
+          "that abort never reached still reports the root cause",
+          "[tcp][defences][abort]") {
+  // Rank 0's abort goes out only on idle links, and its link to rank 2 is busy: a 64 MiB
+  // send rank 2 does not read (it stays outside gradwire until rank 1 has failed). So only
+  // rank 1 hears rank 0's reason; rank 2 learns it from rank 1, whose connection to it
+  // closes right after (without the relay: "lost rank 1: its connection closed").
+  std::optional<gw::error> at1, at2;
+  event sending, rank1_failed;
+  const std::vector<std::byte> big(std::size_t{64} << 20);
+  const std::function<void(asio_tcp&)> fns[3] = {
+      [&](asio_tcp& t) {
+        auto s = t.async_send(2, 9, big);
+        sending.raise();
+        t.fail(errc::config, "parameter_server: the job's setting is bad");
+      },
+      [&](asio_tcp& t) {
+        std::byte one{};
+        auto r = t.async_recv(0, 5, {&one, 1});
+        sending.await("rank 0's send to rank 2");
+        at1 = failure_of([&] { finish(t, r); });
+        rank1_failed.raise();
+      },
+      [&](asio_tcp& t) {
+        rank1_failed.await("rank 1's failure");
+        std::byte one{};
+        auto r = t.async_recv(1, 5, {&one, 1});
+        at2 = failure_of([&] { finish(t, r); });
+      }};
+  run_three_ranks(fns);
+  REQUIRE(at1.has_value());
+  CHECK_THAT(*at1, is_error(errc::config, {"rank 1: rank 0 failed: parameter_server: the job's setting is bad"}));
+  REQUIRE(at2.has_value());
+  CHECK_THAT(*at2, is_error(errc::config, {"rank 2: rank 1 failed: rank 1: rank 0 failed: parameter_server: the job's "
+                                           "setting is bad"}));
 }

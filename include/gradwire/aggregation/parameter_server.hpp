@@ -41,7 +41,7 @@
 #include "../ps/modes.hpp"
 #include "../ps/options.hpp"
 #include "../ps/stats.hpp"
-#include "../transport/inproc.hpp"
+#include "../transport/local.hpp"  // the self-check below (inproc would cost every TU ~0.5 s)
 
 namespace gradwire::aggregation {
 
@@ -82,8 +82,8 @@ constexpr bool checks_parameter_server() {
   static_assert(!concepts::updates_only_through_apply<agent>);  // pulls write the parameters
   return true;
 }
-static_assert(checks_parameter_server<ps::sync, float, transport::inproc>());
-static_assert(checks_parameter_server<ps::bounded_staleness<2>, double, transport::inproc>());
+static_assert(checks_parameter_server<ps::sync, float, transport::local>());
+static_assert(checks_parameter_server<ps::bounded_staleness<2>, double, transport::local>());
 }  // namespace detail
 
 }  // namespace gradwire::aggregation

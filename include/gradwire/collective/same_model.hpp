@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../tensor/dtype.hpp"
@@ -77,26 +78,9 @@ inline decoded_layout decode_layout(std::span<const double> words) {
 }
 
 // "2 tensors of f32, 1100 elements: [1000], [10, 10]" (the first 8 shapes).
-inline std::string describe_layout(const decoded_layout& m) {
-  std::string s = std::to_string(m.shapes.size()) + (m.shapes.size() == 1 ? " tensor of " : " tensors of ") +
-                  name_of(m.type) + ", " + std::to_string(m.elements) + " elements";
-  if (m.shapes.empty()) return s;
-  s += ": ";
-  for (std::size_t i = 0; i < m.shapes.size() && i < 8; ++i) s += (i ? ", " : "") + m.shapes[i].to_string();
-  if (m.shapes.size() > 8) s += ", ... (" + std::to_string(m.shapes.size() - 8) + " more)";
-  return s;
-}
+GRADWIRE_DECL std::string describe_layout(const decoded_layout& m);
 
-inline std::string first_difference(const decoded_layout& a, int rank_a, const decoded_layout& b, int rank_b) {
-  const std::string ra = "rank " + std::to_string(rank_a), rb = "rank " + std::to_string(rank_b);
-  if (a.type != b.type) return std::string("dtype ") + name_of(a.type) + " on " + ra + ", " + name_of(b.type) + " on " + rb;
-  for (std::size_t i = 0; i < std::min(a.shapes.size(), b.shapes.size()); ++i)
-    if (!(a.shapes[i] == b.shapes[i]))
-      return "tensor " + std::to_string(i) + " is " + a.shapes[i].to_string() + " on " + ra + ", " +
-             b.shapes[i].to_string() + " on " + rb;
-  return "tensor count " + std::to_string(a.shapes.size()) + " on " + ra + ", " + std::to_string(b.shapes.size()) +
-         " on " + rb;
-}
+GRADWIRE_DECL std::string first_difference(const decoded_layout& a, int rank_a, const decoded_layout& b, int rank_b);
 }  // namespace detail
 
 // Collective (every rank, same point, before any other collective of the strategy):
@@ -145,3 +129,7 @@ void check_same_model(communicator<Tr>& comm, dtype type, std::span<const shape>
 }
 
 }  // namespace gradwire::collective
+
+#if GRADWIRE_HEADER_ONLY  // else compiled once, in src/core.cpp (config.hpp)
+#include "same_model.ipp"
+#endif

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../error.hpp"
 #include "../tensor/dtype.hpp"
 #include "communicator.hpp"
@@ -64,16 +65,7 @@ struct call_descriptor {
            a.algorithm == b.algorithm && a.segments == b.segments;
   }
 
-  std::string to_string() const {
-    std::string s = std::string(name_of(op)) + "(count=" + std::to_string(count) + ", dtype=" + name_of(type);
-    if (op == operation::all_reduce || op == operation::reduce_scatter)
-      s += std::string(", op=") + name_of(static_cast<reduce_op>(argument));
-    if (op == operation::broadcast) s += ", root=" + std::to_string(argument);
-    s += ")";
-    if (algorithm != algorithm_id::none) s += std::string(" by ") + name_of(algorithm);
-    if (segments > 1) s += " in " + std::to_string(segments) + " segments";
-    return s;
-  }
+  GRADWIRE_DECL std::string to_string() const;
 };
 
 namespace detail {
@@ -271,3 +263,7 @@ void settle_call_check(std::optional<call_check<Tr>>& check) {
 }
 
 }  // namespace gradwire::collective
+
+#if GRADWIRE_HEADER_ONLY  // else compiled once, in src/core.cpp (config.hpp)
+#include "verify.ipp"
+#endif

@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #if defined(__x86_64__) || defined(_M_X64) || (defined(__i386__) && defined(__SSE2__))
-#include <immintrin.h>
+#include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr (SSE); not <immintrin.h>, ~60k lines of AVX-512
 #define GRADWIRE_FLUSH_DENORMALS_X86 1
 #elif defined(__aarch64__)
 #define GRADWIRE_FLUSH_DENORMALS_AARCH64 1

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 
+#include "../config.hpp"
 #include "../error.hpp"
 #include "../kernels/host.hpp"
 #include "../tensor/shape.hpp"
@@ -45,5 +46,11 @@ std::optional<std::string> non_finite_report(int rank, std::size_t index, const 
          " (GRADWIRE_CHECK_FINITE / check_finite_gradients): the loss or the model diverged on this rank; lower the "
          "learning rate, clip gradients, or look for a log(0) or 0/0 in the loss, then resume from a checkpoint";
 }
+
+#if !GRADWIRE_HEADER_ONLY  // compiled once, in src/core.cpp (config.hpp)
+extern template std::optional<std::string> non_finite_report<float>(int, std::size_t, const shape&, std::span<const float>);
+extern template std::optional<std::string> non_finite_report<double>(int, std::size_t, const shape&,
+                                                                     std::span<const double>);
+#endif
 
 }  // namespace gradwire::support

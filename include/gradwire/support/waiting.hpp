@@ -23,7 +23,7 @@
 #include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include <xmmintrin.h>  // _mm_pause; not <immintrin.h>, ~60k lines of AVX-512
 #endif
 #if defined(__linux__)
 #include <sched.h>

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../error.hpp"
 
 namespace gradwire {
@@ -90,29 +91,14 @@ class flat_layout {
   }
 
  private:
-  void assign(std::span<const std::size_t> sizes, std::span<const std::size_t> order) {
-    if (order.size() != sizes.size())
-      throw error(errc::invalid_argument, "flat_layout: an order of " + std::to_string(order.size()) + " tensors for " +
-                                              std::to_string(sizes.size()));
-    sizes_.assign(sizes.begin(), sizes.end());
-    order_.assign(order.begin(), order.end());
-    offsets_.assign(sizes.size(), 0);
-    positions_.assign(sizes.size(), sizes.size());
-    total_ = 0;
-    for (std::size_t k = 0; k < order.size(); ++k) {
-      const std::size_t i = order[k];
-      if (i >= sizes.size() || positions_[i] != sizes.size())
-        throw error(errc::invalid_argument, "flat_layout: the order is not a permutation of 0.." +
-                                                std::to_string(sizes.size() - 1) + " (tensor " + std::to_string(i) +
-                                                " at position " + std::to_string(k) + ")");
-      positions_[i] = k;
-      offsets_[i] = total_;
-      total_ += sizes[i];
-    }
-  }
+  GRADWIRE_DECL void assign(std::span<const std::size_t> sizes, std::span<const std::size_t> order);
 
   std::vector<std::size_t> sizes_, order_, offsets_, positions_;
   std::size_t total_ = 0;
 };
 
 }  // namespace gradwire
+
+#if GRADWIRE_HEADER_ONLY  // else compiled once, in src/core.cpp (config.hpp)
+#include "flat_layout.ipp"
+#endif

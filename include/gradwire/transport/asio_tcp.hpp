@@ -22,7 +22,8 @@
 // that was lost, so a job stops as a whole instead of waiting for its deadlines.
 //
 // The class is the shared facade (detail/network_facade.hpp) over tcp_engine; the engine
-// lives in tcp/, one file per job: join, send, receive, wait, failure, watch.
+// lives in tcp/, one file per job: join, rejoin, send, receive, wait, failure, watch (*.ipp:
+// compiled once in src/asio.cpp, or here in header-only mode; see config.hpp).
 #pragma once
 
 #include <cstddef>
@@ -32,13 +33,16 @@
 #include "detail/deliver.hpp"
 #include "detail/network_facade.hpp"
 #include "tcp/engine.hpp"
-#include "tcp/failure.hpp"
-#include "tcp/join.hpp"
 #include "tcp/options.hpp"
-#include "tcp/receive.hpp"
-#include "tcp/send.hpp"
-#include "tcp/wait.hpp"
-#include "tcp/watch.hpp"
+#if GRADWIRE_HEADER_ONLY  // else compiled once, in src/asio.cpp (config.hpp)
+#include "tcp/failure.ipp"
+#include "tcp/join.ipp"
+#include "tcp/receive.ipp"
+#include "tcp/rejoin.ipp"
+#include "tcp/send.ipp"
+#include "tcp/wait.ipp"
+#include "tcp/watch.ipp"
+#endif
 
 namespace gradwire::transport {
 

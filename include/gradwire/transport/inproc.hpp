@@ -33,8 +33,9 @@
 // waits after slow yields), with the two busy processes 4,033 [10-12,011] -> 51 [30-56].
 //
 // If a rank fails (inproc_group::run catches its exception), every other rank's pending
-// and future operations fail with peer_lost naming it, rather than waiting for their
-// deadlines.
+// and future operations fail naming it, rather than waiting for their deadlines: with
+// peer_lost, or with its own kind for a mismatch, timeout or config error
+// (detail::peer_failure_kind, every transport's rule).
 #pragma once
 
 #include <algorithm>
@@ -244,13 +245,15 @@ class inproc_hub {
     }
   }
 
-  // Marks `rank` failed: every operation not yet matched fails with peer_lost, or with
-  // mismatch when that was the cause, so every rank reports a disagreement as one.
+  // Marks `rank` failed: every operation not yet matched fails with the kind
+  // peer_failure_kind gives `cause` (peer_lost, or the job's own mismatch, timeout or
+  // config), so a rank that hears of a bad setting before it reaches its own check of it
+  // reports it as the ranks that reached theirs do.
   void fail(int rank, errc cause, const std::string& reason) {
     std::lock_guard lock(mutex_);
     if (failed_rank_ >= 0) return;
     failed_rank_ = rank;
-    failure_cause_ = cause == errc::mismatch ? errc::mismatch : errc::peer_lost;
+    failure_cause_ = peer_failure_kind(cause);
     failure_reason_ = reason;
     for (int r = 0; r < size_; ++r) wakeups_[r].notify_all();
   }

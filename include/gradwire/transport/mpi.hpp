@@ -55,6 +55,7 @@
 #include "../timeouts.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
+#include "detail/root_cause.hpp"
 #include "mpi/runtime.hpp"
 #include "mpi/tags.hpp"
 #include "traffic.hpp"
@@ -484,8 +485,8 @@ class mpi {
       std::uint32_t cause = 0;
       std::memcpy(&cause, text.data(), sizeof cause);
       failed_rank = status.MPI_SOURCE;
-      // A peer's mismatch stays a mismatch on every rank; anything else is a lost peer here.
-      failure_cause = static_cast<errc>(cause) == errc::mismatch ? errc::mismatch : errc::peer_lost;
+      // Its kind here: every transport's rule (a mismatch, timeout or config error stays one).
+      failure_cause = detail::peer_failure_kind(static_cast<errc>(cause));
       failure_reason.assign(text.data() + sizeof cause, text.data() + std::max(count, 4));
     }
 

@@ -17,7 +17,8 @@
 // crashed, and reports the root cause of a failure that only one rank could see.
 //
 // The class is the shared facade (detail/network_facade.hpp) over ucx_engine; the engine
-// lives in ucx/, one file per job: endpoints, worker, send, receive, one_sided, control, failure.
+// lives in ucx/, one file per job: endpoints, worker, send, receive, one_sided, control, failure
+// (*.ipp: compiled once in src/ucx.cpp, or here in header-only mode; see config.hpp).
 #pragma once
 
 #include <cstddef>
@@ -25,15 +26,18 @@
 
 #include "../concepts.hpp"
 #include "detail/network_facade.hpp"
-#include "ucx/control.hpp"
-#include "ucx/endpoints.hpp"
 #include "ucx/engine.hpp"
-#include "ucx/failure.hpp"
 #include "ucx/one_sided.hpp"
 #include "ucx/options.hpp"
-#include "ucx/receive.hpp"
-#include "ucx/send.hpp"
-#include "ucx/worker.hpp"
+#if GRADWIRE_HEADER_ONLY  // else compiled once, in src/ucx.cpp (config.hpp)
+#include "ucx/control.ipp"
+#include "ucx/endpoints.ipp"
+#include "ucx/failure.ipp"
+#include "ucx/one_sided.ipp"
+#include "ucx/receive.ipp"
+#include "ucx/send.ipp"
+#include "ucx/worker.ipp"
+#endif
 
 namespace gradwire::transport {
 

@@ -17,6 +17,7 @@
 #include "../../collective/broadcast.hpp"
 #include "../../collective/bucketing.hpp"
 #include "../../collective/communicator.hpp"
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "../../tensor/aligned_buffer.hpp"
 #include "../../tensor/flat_layout.hpp"
@@ -114,5 +115,10 @@ class bucket_schedule {
   bool rebuilt_ = false;
   aligned_buffer<V> flat_;
 };
+
+#if !GRADWIRE_HEADER_ONLY  // compiled once, in src/core.cpp (config.hpp)
+extern template class bucket_schedule<float>;
+extern template class bucket_schedule<double>;
+#endif
 
 }  // namespace gradwire::aggregation::detail

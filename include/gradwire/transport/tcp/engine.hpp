@@ -1,8 +1,8 @@
-// asio_tcp's engine: the state of one rank's connections, declared here; each job's members are defined in its own file.
+// asio_tcp's engine: the state of one rank's connections, declared here; each job's members are defined in its own .ipp file.
 //
-// join.hpp (joining), send.hpp (the send path), receive.hpp (the receive path),
-// wait.hpp (waiting and withdrawing), failure.hpp (peer loss: goodbye, abort, isolate,
-// failing the rank), watch.hpp (heartbeats, stalls, status frames). What every network
+// join.ipp (joining), send.ipp (the send path), receive.ipp (the receive path),
+// wait.ipp (waiting and withdrawing), failure.ipp (peer loss: goodbye, abort, isolate,
+// failing the rank), watch.ipp (heartbeats, stalls, status frames). What every network
 // transport shares (making ops, wait, wait_any, the rank's failure) comes from
 // detail/network_engine.hpp; the public class is transport/asio_tcp.hpp.
 #pragma once
@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "../../rendezvous/store.hpp"
 #include "../../support/asio.hpp"
@@ -70,7 +71,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
       }
   }
 
-  // --- the shared wait's hooks (wait.hpp) -------------------------------------
+  // --- the shared wait's hooks (wait.ipp) -------------------------------------
   // Ends the stall watch's business with a wait when the wait ends.
   struct watched_wait {
     tcp_engine& s;
@@ -85,7 +86,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void tolerate(int peer);
   void allow_rejoin(int peer);
 
-  // --- join.hpp: joining ------------------------------------------------------
+  // --- join.ipp: joining ------------------------------------------------------
   void join();
   std::optional<tcp::acceptor> meet(rendezvous::store_client& store, const join_deadline& time, int learn,
                                     std::vector<std::pair<std::string, std::uint16_t>>& addresses, bool listen);
@@ -99,7 +100,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void add_link(int peer, tcp::socket socket);
   bool answer_hello(tcp::socket& socket, const std::string& refusal);
 
-  // --- rejoin.hpp: a lost peer's replacement links again ----------------------
+  // --- rejoin.ipp: a lost peer's replacement links again ----------------------
   void keep_listening(tcp::acceptor acceptor);
   void accept_rejoins();
   void take_back(tcp::socket socket, const wire::header_bytes& bytes);
@@ -108,13 +109,13 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void dial_back(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until);
   void mark_absent(int peer, const std::string& why);
 
-  // --- send.hpp: the send path ------------------------------------------------
+  // --- send.ipp: the send path ------------------------------------------------
   void post_send(tcp_op& op);
   void write_next(tcp_link& link);
   bool write_now(tcp_link& link, tcp_op& op);
   void send_to_self(tcp_op& op);
 
-  // --- receive.hpp: the receive path ------------------------------------------
+  // --- receive.ipp: the receive path ------------------------------------------
   void post_recv(tcp_op& op);
   void read_frames(tcp_link& link);
   void on_frames(tcp_link& link);
@@ -135,17 +136,18 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void fail_size(tcp_op& op, std::uint64_t sent);
   void receive_from_self(tcp_op& op);
 
-  // --- wait.hpp: waiting and withdrawing --------------------------------------
+  // --- wait.ipp: waiting and withdrawing --------------------------------------
   void poll_briefly(const tcp_op& op);
   void cancel(tcp_op& op) noexcept;
 
-  // --- failure.hpp: peer loss and failure -------------------------------------
+  // --- failure.ipp: peer loss and failure -------------------------------------
   void on_goodbye(tcp_link& link);
   std::string finished_message(int peer) const;
   void say_goodbye();
   void send_to_all_now(const wire::frame_header& h, std::span<const std::byte> payload);
   void on_abort(tcp_link& link, const std::string& reason);
   void broken(tcp_link& link, const boost::system::error_code& ec);
+  void await_loss_reason(std::string why, int extensions);
   void isolate(tcp_link& link, const std::string& why);
   static void fail_operations(tcp_link& link, errc cause, const std::string& why);
   void lose(tcp_link& link, errc cause, const std::string& why);
@@ -153,7 +155,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void abort_all(errc cause, const std::string& reason);
   void send_abort(errc cause, const std::string& reason);
 
-  // --- watch.hpp: heartbeats, stalls, status frames ---------------------------
+  // --- watch.ipp: heartbeats, stalls, status frames ---------------------------
   void watch_link(tcp::socket& socket);
   std::chrono::milliseconds heartbeat_limit() const;
   std::chrono::milliseconds watch_period() const;
@@ -184,7 +186,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   asio_tcp_options options;
   std::uint64_t token;
   bool dedicated;           // every local rank can have a CPU
-  support::spin_gate spin;  // whether a wait polls hot before it sleeps (wait.hpp, poll_briefly)
+  support::spin_gate spin;  // whether a wait polls hot before it sleeps (wait.ipp, poll_briefly)
   boost::asio::io_context io{1};
   // Keeps run_one_until sleeping until its deadline when nothing is outstanding.
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work;
@@ -208,12 +210,25 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   int join_pending = 0;
   std::optional<error> join_failure;
   // After the join: the listening socket, kept so that a lost peer's replacement can
-  // link again (rejoin.hpp); links it replaced, kept until the engine goes (Asio may
+  // link again (rejoin.ipp); links it replaced, kept until the engine goes (Asio may
   // still hold handlers that name them); how many peers came back.
   std::optional<tcp::acceptor> listener;
   static constexpr std::chrono::seconds hello_timeout{10};
   std::vector<std::unique_ptr<tcp_link>> replaced_links;
   int rejoined_peers = 0;
 };
+
+// The shared wait_any's hook: a template over the request type, so it is defined here, not in wait.ipp.
+template <class Find, class Done, class Request>
+bool tcp_engine::wait_for_any(Find& find, Done& done, std::span<Request* const> requests, deadline until) {
+  if (find()) return true;
+  bool first = true;
+  for (auto* r : requests)
+    if (const auto* op = r ? r->peek() : nullptr; op && op->state != status::done) {
+      begin_wait(op->peer, !std::exchange(first, false));
+    }
+  const watched_wait watched{*this};
+  return support::run_until(io, done, until);
+}
 
 }  // namespace gradwire::transport::detail

@@ -1,21 +1,25 @@
 // ucx's engine: one rank's UCP worker, endpoints and ops, declared here; each job's members are defined in its own file.
 //
-// endpoints.hpp (joining, endpoints), worker.hpp (the worker and progress), send.hpp,
-// receive.hpp, one_sided.hpp (windows, put and get), control.hpp (goodbye and abort),
-// failure.hpp (peer loss, failing the rank, withdrawing ops). What every network
+// endpoints.ipp (joining, endpoints), worker.ipp (the worker and progress), send.ipp,
+// receive.ipp, one_sided.hpp/.ipp (windows, put and get), control.ipp (goodbye and abort),
+// failure.ipp (peer loss, failing the rank, withdrawing ops). What every network
 // transport shares (making ops, wait, wait_any, the rank's failure) comes from
 // detail/network_engine.hpp; the public class is transport/ucx.hpp.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "../../rendezvous/store.hpp"
 #include "../../support/waiting.hpp"
@@ -76,7 +80,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   }
   void tolerate(int peer) { peers[peer].tolerated = true; }
 
-  // --- endpoints.hpp: joining, endpoints --------------------------------------
+  // --- endpoints.ipp: joining, endpoints --------------------------------------
   void join();
   void greet_everyone(deadline until);
   static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -85,7 +89,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void close_endpoint(ucp_ep_h ep) noexcept;
   void close_endpoints() noexcept;
 
-  // --- worker.hpp: the worker and progress ------------------------------------
+  // --- worker.ipp: the worker and progress ------------------------------------
   void open_worker();
   std::vector<std::byte> worker_address();
   void settle(ucx_op& op) noexcept;
@@ -96,13 +100,13 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void handle_events();
   void flush(deadline until);
 
-  // --- send.hpp: the send path ------------------------------------------------
+  // --- send.ipp: the send path ------------------------------------------------
   bool peer_unavailable(ucx_op& op);
   static void on_send_done(void* request, ucs_status_t status, void* user_data);
   void post_send(ucx_op& op);
   void track(ucx_op& op, ucs_status_ptr_t r);
 
-  // --- receive.hpp: the receive path ------------------------------------------
+  // --- receive.ipp: the receive path ------------------------------------------
   static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data);
   static void finish_receive(ucx_op* op, ucs_status_t status, std::size_t length);
   void post_recv(ucx_op& op);
@@ -115,7 +119,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
                                                     std::size_t bytes, const char* what);
   void post_one_sided(ucx_op& op, const ucx_remote_window& w, std::uint64_t remote, bool put);
 
-  // --- control.hpp: goodbye and abort -----------------------------------------
+  // --- control.ipp: goodbye and abort -----------------------------------------
   static void on_control_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data);
   void post_control_receive();
   void on_control();
@@ -127,7 +131,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void say_goodbye();
   void abort_all(errc cause, const std::string& reason);
 
-  // --- failure.hpp: peer loss, failure, withdrawing ---------------------------
+  // --- failure.ipp: peer loss, failure, withdrawing ---------------------------
   void complete_failure(ucx_op& op, errc cause, const std::string& why);
   void cancel(ucx_op& op) noexcept;
   void withdraw(ucx_op& op, errc cause, const std::string& why) noexcept;
@@ -168,5 +172,45 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   std::size_t control_length = 0;
   std::vector<std::pair<int, ucs_status_t>> broken_endpoints;  // from the error callback
 };
+
+// A template over the condition, so it is defined here, not in worker.ipp.
+// `peer`: the rank waited for, named if the wait lasts options.stall_warn (-1: several).
+template <class Done>
+bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
+  const auto began = clock::now();
+  const auto poll_stop = began + support::poll_window(options.poll_before_sleep, dedicated);
+  // Hot polling (no yield) while the spin gate says it pays.
+  const bool hot = dedicated && spin.open();
+  bool warned = false, missed = false;
+  for (;;) {
+    progress_once();
+    if (done()) {
+      if (hot && !missed) spin.spun(true);  // answered inside the window
+      return true;
+    }
+    const auto now = clock::now();
+    if (now >= until) return false;
+    if (now < poll_stop) {
+      if (!hot) std::this_thread::yield();
+      continue;
+    }
+    if (hot && !std::exchange(missed, true)) spin.spun(false);
+    if (!warned && now - began >= options.stall_warn) {  // sleeping waits wake every keepalive_wake
+      warned = true;
+      warn_stall(now - began, peer);
+    }
+    const ucs_status_t armed = ucp_worker_arm(worker.get());
+    if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress them
+    ucx_check(armed, "ucp_worker_arm");
+    auto sleep = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(until - now) +
+                              std::chrono::milliseconds(1),
+                          options.keepalive_wake);
+    for (const auto& p : peers)
+      if (p.loss_pending)
+        sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(*p.loss_pending - now) +
+                                    std::chrono::milliseconds(1));
+    wait_for_event(event_fd, sleep);
+  }
+}
 
 }  // namespace gradwire::transport::detail

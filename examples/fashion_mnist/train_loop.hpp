@@ -1,0 +1,323 @@
+// The training loop every trainer translation unit shares, the optimizers, and the launches
+// that start a run's replicas (threads and simulated ranks here; processes in one_per_process.hpp).
+// A trainer TU runs one strategy family (family_*.hpp) on one launch, e.g.
+//   summary train_central_inproc(const options& o, const data_set& d) { return train<central>(o, d, on_threads{}); }
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gradwire/aggregation/all_reduce.hpp>
+#include <gradwire/checkpoint.hpp>
+#include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/optim/adam.hpp>
+#include <gradwire/optim/momentum.hpp>
+#include <gradwire/optim/sgd.hpp>
+#include <gradwire/simulation/transport.hpp>
+#include <gradwire/strategies.hpp>
+#include <gradwire/strategy.hpp>
+#include <gradwire/support/virtual_clock.hpp>
+#include <gradwire/tensor/host_tensor.hpp>
+#include <gradwire/transport/inproc.hpp>
+
+#include "idx.hpp"
+#include "mlp.hpp"
+#include "training.hpp"
+
+namespace fashion_mnist {
+
+// The model's Eigen products (its forward and backward passes) are compiled once, in mlp.cpp,
+// not in every trainer.
+extern template class mlp<float>;
+
+using steady = gradwire::support::step_clock;  // virtual time on a simulated rank
+using model_type = mlp<float>;
+using matrix = model_type::matrix;
+
+// This replica's batch: samples order[first .. first + y.size()) into x's columns and y.
+inline void load_batch(const data_set& data, std::span<const std::size_t> order,
+                std::size_t first, matrix& x, std::vector<int>& y) {
+  for (std::size_t j = 0; j < y.size(); ++j) {
+    const std::size_t sample = order[first + j];
+    x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
+    y[j] = data.train.labels[sample];
+  }
+}
+
+// local_sgd's replicas differ between averaging points; evaluation needs their average
+// (family_local_sgd.hpp says which aggregations average).
+template <class Aggregation>
+inline constexpr bool averages_parameters = false;
+
+// One replica's training loop, the same for every strategy. All replicas see the same
+// permutation per epoch and take their own B-sample slice of each global batch.
+template <class Strategy>
+void train_replica(Strategy& strategy, model_type& model, const data_set& data,
+                   const options& o, summary& out) {
+  const int rank = strategy.rank(), replicas = strategy.size();
+  const auto batch = static_cast<std::size_t>(o.batch);
+  const std::size_t global_batch = batch * static_cast<std::size_t>(replicas);
+  const std::size_t n_train = data.train.size();
+  // The last incomplete global batch is dropped (DistributedSampler's drop_last):
+  // uneven replica batches would break the equivalence with one device.
+  const std::size_t steps = n_train / global_batch;
+  if (steps == 0)
+    throw std::runtime_error("global batch " + std::to_string(global_batch) + " (replicas x batch) exceeds the " +
+                             std::to_string(n_train) + " training samples");
+
+  // Each replica evaluates its share of the test set; the counts are summed.
+  const std::size_t n_test = data.test.size();
+  const std::size_t test_begin = n_test * static_cast<std::size_t>(rank) / static_cast<std::size_t>(replicas);
+  const std::size_t test_end = n_test * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(replicas);
+  const auto test_x = data.test.images.middleCols(static_cast<Eigen::Index>(test_begin),
+                                                  static_cast<Eigen::Index>(test_end - test_begin));
+  const std::span<const int> test_y = std::span<const int>(data.test.labels).subspan(test_begin, test_end - test_begin);
+
+  std::vector<std::size_t> order(n_train);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  matrix x(model.sizes().input, static_cast<Eigen::Index>(batch));
+  std::vector<int> y(batch);
+  auto gradients = model.gradient_views();
+
+  if (rank == 0) {
+    std::string detail;
+    if (o.owner) detail = " (owner " + std::to_string(*o.owner) + ")";
+    if (o.period) detail = " (period " + std::to_string(*o.period) + ")";
+    std::printf("strategy %s%s over %s, replicas %d, optimizer %s, lr %g (%s), batch %zu per replica (%zu global), "
+                "%zu steps/epoch, %zu parameters\n",
+                o.strategy.c_str(), detail.c_str(), o.transport.c_str(), replicas, o.optimizer.c_str(), *o.lr,
+                o.schedule.c_str(), batch, global_batch, steps, model.parameter_count());
+    if (o.straggler_rank >= 0)
+      std::printf("straggler: rank %d runs %g x slower\n", o.straggler_rank, o.straggler_factor);
+    std::fflush(stdout);
+  }
+  const bool straggling = rank == o.straggler_rank && o.straggler_factor > 1;
+
+  // local_sgd: evaluate a copy holding the replicas' average, so that evaluating neither
+  // shows one replica's drifted model nor adds an averaging step to training.
+  constexpr bool averaging = averages_parameters<typename Strategy::aggregation_type>;
+  std::optional<model_type> averaged;
+  std::vector<float> flat;
+  if constexpr (averaging) flat.resize(model.parameter_count());
+
+  // Cosine decay from lr to 0 over the run, set per step: the last epochs average out
+  // the noise of the step, so the final accuracy does not depend on where it stopped.
+  const std::size_t total_steps = steps * static_cast<std::size_t>(o.epochs);
+  auto set_lr = [&](std::size_t global_step) {
+    if (o.schedule != "cosine") return;
+    constexpr double pi = 3.14159265358979323846;
+    strategy.optimizer().set_lr(*o.lr * 0.5 * (1.0 + std::cos(pi * double(global_step) / double(total_steps))));
+  };
+
+  // Checkpoints: replicas of every strategy but local_sgd hold the same parameters, so one
+  // rank saves one file that every rank loads: the chief, or central_storage's owner (the
+  // only rank whose optimizer state is used); local_sgd replicas each save and load their own.
+  std::filesystem::path checkpoint;
+  std::uint64_t resumed = 0;  // global steps already done by the run this one resumes
+  if (!o.checkpoint_dir.empty()) {
+    std::filesystem::create_directories(o.checkpoint_dir);
+    checkpoint = std::filesystem::path(o.checkpoint_dir) /
+                 (averaging ? "model-rank-" + std::to_string(rank) + ".ckpt" : std::string("model.ckpt"));
+    if (std::filesystem::exists(checkpoint)) {
+      resumed = gradwire::load_checkpoint(checkpoint, strategy);
+      if (rank == 0)
+        std::printf("resumed from %s at step %llu of %llu%s\n", checkpoint.c_str(), (unsigned long long)resumed,
+                    (unsigned long long)(steps * static_cast<std::uint64_t>(o.epochs)),
+                    resumed >= steps * static_cast<std::uint64_t>(o.epochs) ? ": the run is complete" : "");
+    }
+  }
+  auto save = [&](std::uint64_t done) {
+    const int saver = o.strategy == "central_storage" ? o.owner.value_or(0) : 0;
+    if (!checkpoint.empty() && (rank == saver || averaging)) gradwire::save_checkpoint(checkpoint, strategy, done);
+  };
+
+  // This replica's correct predictions on its share of the test set, after `steps_so_far`
+  // global steps (collective: every replica calls it at the same step).
+  auto test_correct = [&](std::size_t steps_so_far) {
+    model_type* evaluated = &model;
+    if constexpr (averaging) {
+      // Every rank counts the same steps, so all agree whether the last one averaged.
+      if (replicas > 1 && steps_so_far % static_cast<std::size_t>(*o.period) != 0) {
+        std::size_t offset = 0;
+        for (const auto& p : model.parameter_views()) {
+          std::copy_n(p.data(), p.size(), flat.data() + offset);
+          offset += p.size();
+        }
+        gradwire::collective::all_reduce(strategy.communicator(), std::span<float>(flat),
+                                         gradwire::collective::reduce_op::average);
+        if (!averaged) averaged.emplace(model);
+        offset = 0;
+        for (auto& p : averaged->parameter_views()) {
+          std::copy_n(flat.data() + offset, p.size(), p.data());
+          offset += p.size();
+        }
+        evaluated = &*averaged;
+      }
+    }
+    std::size_t correct = 0;
+    for (Eigen::Index begin = 0; begin < test_x.cols(); begin += 1000) {
+      const Eigen::Index n = std::min<Eigen::Index>(1000, test_x.cols() - begin);
+      correct += evaluated->count_correct(test_x.middleCols(begin, n),
+                                          test_y.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)));
+    }
+    return double(correct);
+  };
+  // --evals-per-epoch K: the test accuracy every steps/K steps as well as at each epoch's end.
+  const std::size_t eval_every = o.evals_per_epoch > 1 ? std::max<std::size_t>(1, steps / o.evals_per_epoch) : 0;
+
+  const auto start = steady::now();
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    // Same seed on every replica: the same permutation everywhere, a new one per epoch.
+    std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch));
+    std::shuffle(order.begin(), order.end(), rng);
+    if (static_cast<std::uint64_t>(epoch) * steps <= resumed) continue;  // done before the restart
+
+    const auto epoch_start = steady::now();
+    double loss_sum = 0;
+    std::size_t steps_done = 0;  // fewer than steps in an epoch resumed from a checkpoint
+    // Where a replica's step time goes: its own forward/backward vs strategy.step
+    // (all-reduce, waiting for the slowest replica, optimizer).
+    steady::duration compute_time{}, step_time{};
+    gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
+    for (std::size_t step = 0; step < steps; ++step) {
+      const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
+      if (global_step < resumed) continue;
+      const auto step_start = steady::now();
+      load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
+      loss_sum += model.loss_and_gradient(x, y);
+      gradwire::simulation::compute(o.step_compute);  // modelled work: nothing unless simulated
+      // A simulated slow replica: sleeping (FACTOR - 1) x its own compute time makes its
+      // forward/backward take FACTOR times as long (--timing counts the sleep there).
+      if (straggling)
+        std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
+      set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
+      const auto computed = steady::now();
+      strategy.step(gradients);
+      epoch_stats += strategy.last_step_stats();
+      compute_time += computed - step_start;
+      step_time += steady::now() - computed;
+      ++steps_done;
+      if (o.checkpoint_every && (global_step + 1) % o.checkpoint_every == 0) save(global_step + 1);
+      if (eval_every && (step + 1) % eval_every == 0 && step + 1 < steps) {
+        double correct = test_correct(static_cast<std::size_t>(global_step + 1));
+        gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(&correct, 1));
+        if (rank == 0)
+          out.record(double(epoch - 1) + double(step + 1) / double(steps), correct / double(n_test),
+                     std::chrono::duration<double>(steady::now() - start).count(), o.target_accuracy);
+      }
+    }
+    const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
+
+    // {sum of per-step mean losses, steps, correct test predictions, compute and step
+    // seconds} summed over all replicas.
+    std::array<double, 5> stats{loss_sum, double(steps_done), 0.0, std::chrono::duration<double>(compute_time).count(),
+                                std::chrono::duration<double>(step_time).count()};
+    stats[2] = test_correct(static_cast<std::size_t>(epoch) * steps);
+    gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(stats));
+
+    if (rank == 0) {
+      const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
+      const double accuracy = stats[2] / double(n_test);
+      std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s", epoch,
+                  o.epochs, stats[0] / stats[1], 100.0 * accuracy,
+                  double(steps_done * global_batch) / train_seconds, elapsed);
+      if (o.timing)
+        std::printf("  [per replica: forward/backward %.2f s, step %.2f s, of %.2f s]", stats[3] / replicas,
+                    stats[4] / replicas, train_seconds);
+      std::printf("\n          rank 0: %s\n", gradwire::observe::to_string(epoch_stats).c_str());
+      std::fflush(stdout);
+      out.record(epoch, accuracy, elapsed, o.target_accuracy);
+    }
+  }
+  save(steps * static_cast<std::uint64_t>(o.epochs));
+}
+
+
+// Calls fn(optimizer) with the optimizer --optimizer and --lr name.
+template <class Fn>
+summary with_optimizer(const options& o, Fn&& fn) {
+  namespace optim = gradwire::optim;
+  const double lr = *o.lr;
+  if (o.optimizer == "sgd") return fn(optim::sgd({.lr = lr}));
+  if (o.optimizer == "momentum") return fn(optim::momentum({.lr = lr, .momentum = 0.9}));
+  if (o.optimizer == "adamw") {
+    optim::adamw::options settings;
+    settings.lr = lr;
+    return fn(optim::adamw(settings));
+  }
+  optim::adam::options settings;
+  settings.lr = lr;
+  return fn(optim::adam(settings));
+}
+
+// What the replicas of one run share.
+struct run_context {
+  const options& o;
+  const data_set& data;
+  summary& out;
+  int servers;  // parameter_server: how many ranks serve (the last ones)
+};
+
+// The strategy families (family_*.hpp) each build one replica on the transport a launch
+// hands them: the strategy's constructor makes the replicas' parameters equal, so each
+// builds its own model. What the family's strategies take as parameters and gradients:
+using view = gradwire::tensor_view<float>;
+
+// Launches: start the replicas of a run, each with its transport.
+
+// Replicas (and servers) as threads of this process.
+struct on_threads {
+  int servers(const options& o) const { return o.servers; }
+  template <class Replica>
+  void operator()(const options& o, Replica&& replica) const {
+    gradwire::transport::run_inproc(o.replicas + o.servers,
+                                    [&](gradwire::transport::inproc endpoint) { replica(std::move(endpoint)); });
+  }
+};
+
+// Replicas and servers as threads in virtual time on the cluster --cluster describes.
+struct on_simulator {
+  int servers(const options& o) const { return o.servers; }
+  template <class Replica>
+  void operator()(const options& o, Replica&& replica) const {
+    auto cluster = gradwire::simulation::parse_cluster_model(o.cluster);
+    const int ranks = o.replicas + o.servers;
+    if (cluster.size() == 1 && ranks > 1) cluster.hosts = ranks;  // no layout given: a host per rank
+    if (cluster.size() != ranks)
+      throw usage_error("--cluster describes " + std::to_string(cluster.size()) + " ranks (hosts x ranks_per_host) "
+                        "but the job has " + std::to_string(ranks) + " (replicas + servers)");
+    std::printf("simulated cluster: %s\n", gradwire::simulation::describe(cluster).c_str());
+    const auto report = gradwire::simulation::run(
+        cluster, [&](gradwire::transport::simulated endpoint) { replica(std::move(endpoint)); });
+    std::printf("simulated %.3f s of virtual time\n", double(report.end.count()) / 1e9);
+  }
+};
+
+// Family's replicas on the transport `launch` gives, with the optimizer the options name.
+template <class Family, class Launch>
+summary train(const options& o, const data_set& data, const Launch& launch) {
+  const int servers = launch.servers(o);
+  return with_optimizer(o, [&](const auto& optimizer) {
+    summary out;
+    const run_context run{o, data, out, servers};
+    launch(o, [&](auto transport) { Family::replica(std::move(transport), optimizer, run); });
+    return out;
+  });
+}
+
+}  // namespace fashion_mnist

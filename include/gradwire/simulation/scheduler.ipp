@@ -1,0 +1,363 @@
+// Definitions of scheduler.hpp: the virtual-time scheduler's turns, messages, waits and deaths. Compiled
+// once in src/core.cpp, or included by scheduler.hpp in header-only mode (config.hpp).
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scheduler.hpp"
+
+namespace gradwire::simulation::detail {
+
+GRADWIRE_DECL scheduler::scheduler(cluster_model model)
+  : model_((model.validate(), std::move(model))),
+      topology_(model_.topology()),
+      network_(model_),
+      mailbox_(model_.size()),
+      ranks_(static_cast<std::size_t>(model_.size())) {
+  const int n = model_.size();
+  for (int r = 0; r < n; ++r) {
+    auto& s = state(r);
+    s.owner = this;
+    s.rank = r;
+    s.fixed_factor = model_.speed * model_.stragglers.fixed_factor(r);
+    s.rng.seed(model_.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(r) + 1);
+    s.tolerated.assign(static_cast<std::size_t>(n), false);
+  }
+  for (const auto& d : model_.deaths) state(d.rank).dies_at = std::min(state(d.rank).dies_at, d.at);
+}
+
+GRADWIRE_DECL bool scheduler::enter(int r) {
+  auto& s = state(r);
+  s.baton.acquire();
+  if (aborted_) return false;
+  support::this_thread_virtual_clock() = &s;
+  s.cpu_mark = thread_cpu_ns();
+  return true;
+}
+
+GRADWIRE_DECL void scheduler::abort_start(int started) {
+  aborted_ = true;
+  for (int r = 0; r < started; ++r) state(r).baton.release();
+}
+
+GRADWIRE_DECL void scheduler::start() {
+  for (int r = 0; r < size(); ++r) {
+    state(r).state = rank_state::status::ready;
+    schedule(state(r), time_point{});
+  }
+  pass_baton();
+}
+
+GRADWIRE_DECL bool scheduler::leave(int r, std::optional<std::pair<errc, std::string>> failure) {
+  auto& s = state(r);
+  if (!s.died) {
+    s.charge_compute();
+    if (s.clock >= s.dies_at) die(s);  // it computed past its death without a transport call
+  }
+  if (!s.died) {
+    if (failure)
+      lose(r, s.clock, lost_cause(failure->first), failure->second, true);
+    else
+      lose(r, s.clock, errc::peer_lost, "finished and closed its endpoint at virtual time " + seconds(s.clock), false);
+  }
+  mailbox_.drop_receives_of(r);  // requests it kept past its return: their buffers may be gone
+  s.state = rank_state::status::finished;
+  unschedule(s);
+  support::this_thread_virtual_clock() = nullptr;
+  ++finished_;
+  const bool died = s.died;
+  pass_baton();  // another rank's turn, or nobody's when all have finished
+  return died;
+}
+
+GRADWIRE_DECL void scheduler::begin_call(int r, duration cpu) {
+  auto& s = state(r);
+  s.charge_compute();
+  s.clock += cpu;
+  check_death(s);
+  if (behind(s)) {
+    s.state = rank_state::status::ready;
+    schedule(s, s.clock);
+    pass_baton_and_wait(s);
+    s.cpu_mark = thread_cpu_ns();
+  }
+  check_death(s);
+}
+
+GRADWIRE_DECL void scheduler::post_send(sim_op& op) {
+  auto& s = state(op.source);
+  s.traffic.sent(op.bytes);
+  if (auto d = doom(s, op.destination); d && d->at <= s.clock) {
+    op.fail(s.clock, d->cause, d->message);
+    return;
+  }
+  const message_times t = network_.send(op.source, op.destination, op.bytes, s.clock);
+  const time_point arrives = mailbox_.in_order(op.source, op.destination, t.arrived);
+  op.done = true;
+  op.complete_at = t.sent;
+  maybe_prune();
+  if (state(op.destination).state == rank_state::status::finished) return;  // nobody will receive it
+  if (sim_op* recv = mailbox_.take_receive(op.source, op.destination, op.tag)) {
+    if (recv->doom_at < arrives) {  // its rank learns its peer is gone before the message comes
+      recv->fail(recv->doom_at, recv->doom_cause, recv->doom_message);
+      completed(*recv);
+    } else {
+      deliver(*recv, op.data, op.bytes, arrives, op.source, op.tag);
+      return;
+    }
+  }
+  mailbox_.stage(op.source, op.destination, op.tag, op.data, op.bytes, arrives);
+}
+
+GRADWIRE_DECL void scheduler::post_recv(sim_op& op) {
+  auto& s = state(op.destination);
+  s.traffic.received(op.bytes);
+  const bool staged = mailbox_.take_staged(op.source, op.destination, op.tag, [&](const staged_message& m) {
+    deliver(op, m.bytes.data(), m.bytes.size(), std::max(m.arrives, s.clock), op.source, op.tag);
+  });
+  if (staged) return;
+  if (auto d = doom(s, op.source)) {
+    if (d->at <= s.clock) {
+      op.fail(s.clock, d->cause, d->message);
+      return;
+    }
+    op.doom_at = d->at;
+    op.doom_cause = d->cause;
+    op.doom_message = d->message;
+  }
+  mailbox_.queue_receive(op);
+}
+
+GRADWIRE_DECL std::size_t scheduler::wait_any(int r, std::span<sim_op* const> ops, deadline until) {
+  auto& s = state(r);
+  begin_call(r);
+  const time_point limit = virtual_deadline(s, until);
+  for (;;) {
+    settle_dooms(ops, s.clock);
+    if (auto i = earliest_done(ops); i && ops[*i]->complete_at <= s.clock) return *i;
+    if (s.deadlocked) {
+      s.deadlocked = false;
+      throw error(errc::timeout, "rank " + std::to_string(r) + ": the simulated job is deadlocked at virtual time " +
+                                     seconds(s.clock) + ": every rank waits for a message nobody will send (" +
+                                     describe_wait(ops) + ")");
+    }
+    if (!any_done(ops) && s.clock >= limit)
+      throw error(errc::timeout, transport::detail::timeout_message(r, describe_wait(ops)) + " (virtual time " +
+                                     seconds(s.clock) + ")");
+    // Block until the earliest of its known completions, its receives' dooms, its
+    // deadline and its death, once every rank behind that time has run.
+    s.awaited = ops;
+    s.wait_deadline = limit;
+    s.state = rank_state::status::waiting;
+    const time_point wake = wake_time(s);
+    if (wake != never) schedule(s, wake);
+    pass_baton_and_wait(s);
+    s.awaited = {};
+    s.clock = std::max(s.clock, s.agenda_time);
+    check_death(s);
+  }
+}
+
+GRADWIRE_DECL void scheduler::wait(sim_op& op, deadline until) {
+  sim_op* ops[] = {&op};
+  const call_end done(*this, op.owner());
+  wait_any(op.owner(), ops, until);
+  if (op.failure != errc{}) throw error(op.failure, op.failure_message);
+}
+
+GRADWIRE_DECL void scheduler::fail(int r, errc cause, const std::string& reason) {
+  auto& s = state(r);
+  s.charge_compute();
+  if (s.failed) return;
+  s.failed = true;
+  lose(r, s.clock, lost_cause(cause), reason, true);
+}
+
+GRADWIRE_DECL std::vector<int> scheduler::lost_peers(int r) {
+  auto& s = state(r);
+  s.charge_compute();
+  std::vector<int> out;
+  for (const auto& l : s.lost)
+    if (l.failed && l.known_at <= s.clock) out.push_back(l.peer);
+  return out;
+}
+
+GRADWIRE_DECL void scheduler::schedule(rank_state& s, time_point at) {
+  unschedule(s);
+  s.agenda_entry = agenda_.emplace(at, s.rank).first;
+  s.in_agenda = true;
+  s.agenda_time = at;
+}
+
+GRADWIRE_DECL void scheduler::unschedule(rank_state& s) {
+  if (!s.in_agenda) return;
+  agenda_.erase(s.agenda_entry);
+  s.in_agenda = false;
+}
+
+GRADWIRE_DECL int scheduler::next_rank() {
+  if (agenda_.empty()) {
+    for (auto& w : ranks_)
+      if (w.state == rank_state::status::waiting) {
+        w.deadlocked = true;
+        schedule(w, w.clock);
+        break;
+      }
+    if (agenda_.empty()) return -1;
+  }
+  const int next = agenda_.begin()->second;
+  auto& n = state(next);
+  unschedule(n);
+  n.state = rank_state::status::running;
+  return next;
+}
+
+GRADWIRE_DECL void scheduler::pass_baton() {
+  const int next = next_rank();
+  if (next >= 0) state(next).baton.release();
+  else if (finished_ == size()) all_done_.release();
+}
+
+GRADWIRE_DECL void scheduler::pass_baton_and_wait(rank_state& s) {
+  const int next = next_rank();
+  if (next == s.rank) return;
+  if (next >= 0) state(next).baton.release();
+  s.baton.acquire();
+}
+
+GRADWIRE_DECL void scheduler::reschedule_if_waiting(int r) {
+  auto& s = state(r);
+  if (s.state != rank_state::status::waiting) return;
+  const time_point wake = wake_time(s);
+  if (wake != never && (!s.in_agenda || wake < s.agenda_time)) schedule(s, wake);
+}
+
+GRADWIRE_DECL void scheduler::settle_dooms(std::span<sim_op* const> ops, time_point now) {
+  for (sim_op* op : ops)
+    if (op && !op->done && op->doom_at <= now) {
+      mailbox_.unqueue_receive(*op);
+      op->fail(op->doom_at, op->doom_cause, op->doom_message);
+    }
+}
+
+GRADWIRE_DECL void scheduler::check_death(rank_state& s) {
+  if (!s.died && s.clock >= s.dies_at) die(s);
+  if (s.died) throw rank_died{s.rank, s.dies_at};
+}
+
+GRADWIRE_DECL void scheduler::die(rank_state& s) {
+  s.clock = s.dies_at;
+  s.died = s.failed = true;
+  lose(s.rank, s.dies_at, errc::peer_lost,
+       "it died at virtual time " + seconds(s.dies_at) + " (the cluster model's die=" + std::to_string(s.rank) + "@...)",
+       true);
+}
+
+GRADWIRE_DECL std::string scheduler::describe_wait(std::span<sim_op* const> ops) {
+  std::string out;
+  int shown = 0;
+  for (const sim_op* op : ops) {
+    if (!op) continue;
+    if (shown++ == 3) {
+      out += ", ...";
+      break;
+    }
+    if (!out.empty()) out += ", ";
+    out += transport::detail::describe_operation(op->is_send, op->peer(), op->tag, op->bytes);
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+GRADWIRE_DECL std::optional<scheduler::doom_info> scheduler::doom(const rank_state& s, int peer) const {
+  const peer_loss* first = nullptr;
+  for (const auto& l : s.lost) {
+    const bool matters = l.peer == peer || (l.failed && !s.tolerated[static_cast<std::size_t>(l.peer)]);
+    if (matters && (!first || l.known_at < first->known_at)) first = &l;
+  }
+  if (!first) return std::nullopt;
+  const bool tolerated = s.tolerated[static_cast<std::size_t>(first->peer)];
+  std::string message =
+      !first->failed ? "rank " + std::to_string(s.rank) + ": rank " + std::to_string(first->peer) + " " + first->reason
+      : tolerated    ? transport::detail::tolerated_peer_failed_message(s.rank, first->peer, first->reason)
+                     : transport::detail::peer_failed_message(s.rank, first->peer, first->reason);
+  return doom_info{first->known_at, first->failed ? first->cause : errc::peer_lost, std::move(message)};
+}
+
+GRADWIRE_DECL void scheduler::lose(int r, time_point at, errc cause, const std::string& reason, bool failed) {
+  for (int q = 0; q < size(); ++q) {
+    if (q == r) continue;
+    auto& s = state(q);
+    if (s.state == rank_state::status::finished || s.loss_of(r)) continue;
+    s.lost.push_back({r, at + model_.link_between(r, q).latency, cause, reason, failed});
+    mailbox_.for_each_receive_of(q, [&](sim_op& op) {
+      if (auto d = doom(s, op.source); d && d->at < op.doom_at) {
+        op.doom_at = d->at;
+        op.doom_cause = d->cause;
+        op.doom_message = std::move(d->message);
+      }
+    });
+    reschedule_if_waiting(q);
+  }
+}
+
+GRADWIRE_DECL void scheduler::maybe_prune() {
+  if (!network_.wants_pruning()) return;
+  time_point horizon = never;
+  for (auto& s : ranks_)
+    if (s.state != rank_state::status::finished)
+      horizon = std::min(horizon, s.in_background ? std::min(s.clock, s.caller_clock) : s.clock);
+  if (horizon != never) network_.forget_before(horizon);
+}
+
+GRADWIRE_DECL call_end::~call_end() { s.end_call(rank); }
+
+GRADWIRE_DECL void rank_state::charge_compute() {
+  if (owner->model().compute == compute_model::measured) {
+    const std::int64_t cpu = thread_cpu_ns();
+    clock += stretched(duration(cpu - cpu_mark));
+    cpu_mark = cpu;
+  }
+}
+
+GRADWIRE_DECL std::int64_t rank_state::now_ns() {
+  charge_compute();
+  return clock.count();
+}
+
+GRADWIRE_DECL std::int64_t rank_state::run_in_background(void (*work)(void*), void* context) {
+  charge_compute();
+  caller_clock = clock;
+  in_background = true;
+  clock = std::max(clock, background_end);
+  auto back = [&] {
+    background_end = clock;
+    clock = caller_clock;
+    in_background = false;
+  };
+  try {
+    work(context);
+  } catch (...) {
+    back();
+    throw;
+  }
+  charge_compute();
+  back();
+  cpu_mark = thread_cpu_ns();
+  return background_end.count();
+}
+
+GRADWIRE_DECL void rank_state::advance_to(std::int64_t ns) {
+  charge_compute();
+  clock = std::max(clock, duration(ns));
+}
+
+GRADWIRE_DECL void rank_state::step_began() {
+  charge_compute();  // the compute so far ran at the previous step's pace
+  if (owner->model().stragglers.random()) step_factor = owner->model().stragglers.draw(rng);
+}
+
+}  // namespace gradwire::simulation::detail

@@ -1,0 +1,147 @@
+// ucx's control messages: goodbye, abort (with the reason) and its answer, as tagged messages with the control bit.
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../detail/root_cause.hpp"
+#include "engine.hpp"
+
+namespace gradwire::transport::detail {
+
+GRADWIRE_DECL void ucx_engine::on_control_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* self = static_cast<ucx_engine*>(user_data);
+  self->control_request = nullptr;
+  ucp_request_free(request);
+  if (status != UCS_OK) return;  // cancelled at shutdown
+  self->control_arrived = true;
+  self->control_length = info->length;
+}
+
+GRADWIRE_DECL void ucx_engine::post_control_receive() {
+  control_buffer.resize(max_control_bytes);
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = &ucx_engine::on_control_done;
+  p.user_data = this;
+  const ucs_status_ptr_t r = ucp_tag_recv_nbx(worker.get(), control_buffer.data(), control_buffer.size(),
+                                              ucx_tag::control_bit, ucx_tag::control_bit, &p);
+  if (UCS_PTR_IS_ERR(r)) ucx_check(UCS_PTR_STATUS(r), "ucp_tag_recv_nbx (control)");
+  control_request = r;
+}
+
+GRADWIRE_DECL void ucx_engine::on_control() {
+  // Payload: u32 sender, u32 kind, u32 cause (errc), then the reason as text.
+  if (control_length < 12) return post_control_receive();
+  std::uint32_t header[3];
+  std::memcpy(header, control_buffer.data(), sizeof header);
+  const int peer = static_cast<int>(header[0]);
+  const auto kind = static_cast<ucx_control>(header[1]);
+  const auto cause = static_cast<errc>(header[2]);
+  const std::string reason(reinterpret_cast<const char*>(control_buffer.data()) + sizeof header,
+                           control_length - sizeof header);
+  post_control_receive();
+  if (peer < 0 || peer >= options.size) return;
+  if (kind == ucx_control::goodbye) return on_goodbye(peer);
+  if (kind == ucx_control::abort_seen) {
+    peers[peer].saw_our_abort = true;
+    return;
+  }
+  if (kind == ucx_control::abort) {
+    // Answered before anything here closes an endpoint (see ucx_control).
+    send_control(ucx_control::abort_seen, errc{}, {}, deadline_after(std::chrono::milliseconds(200)), peer);
+    if (peers[peer].tolerated) return isolate(peer, tolerated_peer_failed_message(options.rank, peer, reason));
+    if (aborting) return;  // abort_all fails this rank with its own reason
+    fail_everything(peer_failure_kind(cause), peer_failed_message(options.rank, peer, reason));  // every transport's rule
+  }
+}
+
+GRADWIRE_DECL void ucx_engine::on_goodbye(int peer) {
+  auto& p = peers[peer];
+  p.finished = true;
+  p.loss_pending.reset();
+  // It flushed everything it sent before saying goodbye, so its messages are here or
+  // being received (a rendezvous in progress cannot be told from a receive that
+  // waits in vain): receives from it still open a moment from now never complete.
+  p.drained_at = deadline_after(std::chrono::seconds(1));
+}
+
+GRADWIRE_DECL void ucx_engine::fail_receives_from(int peer) {
+  for (auto* op : std::vector<ucx_op*>(in_flight))
+    if (!op->is_send && op->peer == peer && op->state == status::active)
+      withdraw(*op, errc::peer_lost, finished_message(peer));
+}
+
+// A peer that control messages can still reach: connected, not lost, not finished.
+GRADWIRE_DECL bool ucx_engine::listening(int r) const {
+  const auto& p = peers[r];
+  return r != options.rank && p.ep && p.lost_reason.empty() && !p.finished;
+}
+
+// Sends one control message to every live peer (or only to `only`) and waits, until
+// `until`, for the sends to complete and reach the peers.
+GRADWIRE_DECL void ucx_engine::send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only) {
+  std::vector<ucx_op> sends(peers.size());
+  const std::uint32_t header[3] = {static_cast<std::uint32_t>(options.rank), static_cast<std::uint32_t>(kind),
+                                   static_cast<std::uint32_t>(cause)};
+  std::vector<std::byte> payload(sizeof header + text.size());
+  std::memcpy(payload.data(), header, sizeof header);
+  std::memcpy(payload.data() + sizeof header, text.data(), text.size());
+  for (int r = 0; r < options.size; ++r) {
+    auto& p = peers[r];
+    if ((only >= 0 && r != only) || !listening(r)) continue;
+    auto& op = sends[r];
+    op.is_send = true;
+    op.peer = r;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = &ucx_engine::on_send_done;
+    prm.user_data = &op;
+    const ucs_status_ptr_t s =
+        ucp_tag_send_nbx(p.ep, payload.data(), payload.size(), ucx_tag::control(options.rank), &prm);
+    if (UCS_PTR_IS_PTR(s)) op.request = s;
+  }
+  auto all_sent = [&] { return std::none_of(sends.begin(), sends.end(), [](const auto& o) { return o.request != nullptr; }); };
+  while (!all_sent() && clock::now() < until)
+    if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
+  if (!all_sent()) close_endpoints();  // releases what is left, so `sends` may go
+  flush(until);
+}
+
+// Progresses until every live peer answered this rank's abort, or broke, or `until`.
+GRADWIRE_DECL void ucx_engine::await_abort_seen(deadline until) {
+  auto answered = [&] {
+    if (failed) return true;
+    for (int r = 0; r < options.size; ++r) {
+      const auto& p = peers[r];
+      if (listening(r) && !p.saw_our_abort && !p.loss_pending) return false;
+    }
+    return true;
+  };
+  while (!answered() && clock::now() < until)
+    if (progress_once() == 0) std::this_thread::yield();
+}
+
+GRADWIRE_DECL void ucx_engine::say_goodbye() {
+  if (failed || said_goodbye) return;
+  said_goodbye = true;
+  // Everything this rank sent arrives before its goodbye (see on_goodbye).
+  flush(deadline_after(std::chrono::seconds(2)));
+  send_control(ucx_control::goodbye, errc{}, {}, deadline_after(std::chrono::seconds(1)));
+}
+
+GRADWIRE_DECL void ucx_engine::abort_all(errc cause, const std::string& reason) {
+  if (failed) return;
+  // Within a second: the peers hear why before this rank goes on (and perhaps exits).
+  const auto until = deadline_after(std::chrono::seconds(1));
+  aborting = true;
+  send_control(ucx_control::abort, cause, reason.substr(0, max_control_bytes - 12), until);
+  await_abort_seen(until);
+  aborting = false;
+  fail_everything(cause, rank_failed_message(options.rank, reason));
+}
+
+}  // namespace gradwire::transport::detail

@@ -1,0 +1,103 @@
+// ucx's peer-loss lifecycle: broken endpoints, isolating a tolerated peer, failing the rank, withdrawing ops.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace gradwire::transport::detail {
+
+// Finishes an op that UCX let go of (or never had) with `why`; one that failed in
+// UCX's callback without a reason gets this one.
+GRADWIRE_DECL void ucx_engine::complete_failure(ucx_op& op, errc cause, const std::string& why) {
+  if (op.state == status::active) op.finish(cause, why);
+  else if (op.failure != errc{} && op.message.empty()) op.message = why;
+}
+
+// Withdraws an op that will not be waited for; returns once UCX no longer touches
+// its buffer. A receive is cancelled; a send cannot be, so it is given a moment to
+// finish, and otherwise its endpoint is closed (which fails the rank: a peer cannot
+// be left with half a message).
+GRADWIRE_DECL void ucx_engine::cancel(ucx_op& op) noexcept {
+  if (op.state == status::cancelled) return;
+  if (op.request) {
+    if (!op.is_send) ucp_request_cancel(worker.get(), op.request);
+    settle(op);
+    if (op.request) {
+      fail_everything(errc::peer_lost, "rank " + std::to_string(options.rank) + ": " + abandoned_message(op.peer));
+      settle(op);
+    }
+  }
+  forget(op);
+  op.state = status::cancelled;
+}
+
+// Fails an op that UCX may still hold: a receive is cancelled, and both wait until
+// UCX lets go of the buffer (a send's endpoint must be closed first to be released).
+GRADWIRE_DECL void ucx_engine::withdraw(ucx_op& op, errc cause, const std::string& why) noexcept {
+  if (!op.is_send && op.request) ucp_request_cancel(worker.get(), op.request);
+  settle(op);
+  complete_failure(op, cause, why);
+}
+
+GRADWIRE_DECL void ucx_engine::forget(ucx_op& op) noexcept { std::erase(in_flight, &op); }
+
+GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
+  auto& p = peers[peer];
+  if (!p.lost_reason.empty() || failed) return;
+  const std::string why = "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(peer) +
+                          ": its endpoint failed (" + ucx_status_text(s) +
+                          "; the process exited or was killed)";
+  if (p.finished) {
+    // It said goodbye and left. Sends to it still in flight carried what it wanted
+    // (it would not have finished without them); UCX fails them as the endpoint
+    // closes, so they are settled first. Receives from it drain (on_goodbye).
+    for (auto* op : in_flight)
+      if (op->is_send && !op->one_sided && op->peer == peer) op->finish();
+    close_endpoint(p);
+    for (auto* op : in_flight)
+      if (op->is_send && op->peer == peer) settle(*op);  // UCX lets go before anyone frees it
+    return;
+  }
+  if (p.tolerated) return isolate(peer, why);
+  // Its goodbye or abort may still be on the way (another lane): give it a moment.
+  if (!p.loss_pending) {
+    p.loss_pending = deadline_after(std::chrono::milliseconds(200));
+    p.loss_why = why;
+  }
+}
+
+// A peer is gone: its operations fail, the rest of the rank goes on.
+GRADWIRE_DECL void ucx_engine::isolate(int peer, const std::string& why) {
+  auto& p = peers[peer];
+  if (!p.lost_reason.empty()) return;
+  p.lost_reason = why;
+  if (!p.finished) lost.push_back(peer);
+  close_endpoint(p);  // first: releases the sends to it
+  for (auto* op : std::vector<ucx_op*>(in_flight))
+    if (op->peer == peer) withdraw(*op, errc::peer_lost, why);
+}
+
+GRADWIRE_DECL void ucx_engine::fail_everything(errc cause, const std::string& why) {
+  if (failed) return;
+  failed.emplace(cause, why);
+  close_endpoints();  // first: releases the sends still in UCX
+  for (auto* op : std::vector<ucx_op*>(in_flight)) withdraw(*op, cause, why);
+}
+
+GRADWIRE_DECL std::string ucx_engine::why_failed(const ucx_op& op) const {
+  if (failed) return failed->second;
+  const auto& p = peers[op.peer];
+  if (!p.lost_reason.empty()) return p.lost_reason;
+  return "rank " + std::to_string(options.rank) + ": " + describe(op) + " failed";
+}
+
+GRADWIRE_DECL std::string ucx_engine::finished_message(int peer) const {
+  return "rank " + std::to_string(options.rank) + ": rank " + std::to_string(peer) +
+         " has finished (said goodbye) and will send nothing more";
+}
+
+}  // namespace gradwire::transport::detail

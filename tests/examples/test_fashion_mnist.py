@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""examples/fashion_mnist started the way launchers start it: what a multi-process launch of an
+in-process strategy, and a parameter-server job without servers, say and exit with.
+
+Usage: test_fashion_mnist.py path/to/fashion_mnist path/to/gradwire-run path/to/docs/launching.md [unittest args]
+
+Each case runs the real example with a launcher's variables (or under scripts/gradwire-run),
+on a tiny generated data set where it gets as far as training.
+"""
+import gzip
+import os
+import random
+import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+FASHION_MNIST = None
+GRADWIRE_RUN = None
+LAUNCHING_MD = None
+
+# The launchers' variables that cluster::detect() reads: a case starts from an environment without them.
+LAUNCHER_VARIABLES = re.compile(r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|NODE_RANK|"
+                                r"MASTER_ADDR|MASTER_PORT|GRADWIRE_JOB_TOKEN|GRADWIRE_NUM_PS|TF_CONFIG|"
+                                r"OMPI_.*|PMIX_.*|SLURM_.*)")
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(k)}
+    env.update(extra)
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_idx(path, magic, dims, payload):
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + payload)
+
+
+def write_tiny_data(directory, train=256, test=64, seed=1):
+    """Random 28x28 images and labels in the four idx files the example reads."""
+    rng = random.Random(seed)
+    for prefix, count in (("train", train), ("t10k", test)):
+        pixels = bytes(rng.randrange(256) for _ in range(count * 28 * 28))
+        labels = bytes(rng.randrange(10) for _ in range(count))
+        write_idx(os.path.join(directory, f"{prefix}-images-idx3-ubyte.gz"), 0x803, (count, 28, 28), pixels)
+        write_idx(os.path.join(directory, f"{prefix}-labels-idx1-ubyte.gz"), 0x801, (count,), labels)
+
+
+class Case(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.data = cls.tmp.name
+        write_tiny_data(cls.data)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def run_example(self, *args, env, timeout=60):
+        p = subprocess.run([FASHION_MNIST, "--epochs", "1", "--data", self.data, *args], env=env, capture_output=True,
+                           text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+
+    def accuracy_lines(self, text):
+        return re.findall(r"^(?:\[\d+\] )?final test accuracy", text, re.MULTILINE)
+
+
+class InProcessStrategyUnderALauncher(Case):
+    """A launcher that starts N copies of an in-process strategy (one_device by default) would train
+    N independent models and print N results: every rank refuses, exit 2, naming what to use."""
+
+    def launchers(self):
+        port = str(free_port())
+        return {
+            "torchrun / gradwire-run": dict(RANK="1", WORLD_SIZE="2", MASTER_PORT=port),
+            "mpirun": dict(OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2", OMPI_MCA_ess_base_jobid="7"),
+            "srun": dict(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2", SLURM_LOCALID="1",
+                         SLURM_TASKS_PER_NODE="2", SLURM_JOB_ID="42", SLURM_STEP_ID="0"),
+            "TF_CONFIG": dict(TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:%s", "127.0.0.1:1"]}, '
+                                        '"task": {"type": "worker", "index": 1}}' % port),
+        }
+
+    def test_one_device_is_refused_under_every_launcher(self):
+        for launcher, variables in self.launchers().items():
+            with self.subTest(launcher=launcher):
+                rc, out, err = self.run_example(env=clean_env(**variables))
+                self.assertEqual(rc, 2, out + err)
+                self.assertIn("fashion_mnist: --strategy one_device trains in this process alone, but this is rank 1 "
+                              "of a job of 2 processes", err)
+                self.assertIn("so each process would train a model of its own: "
+                              "use --strategy multi_worker_mirrored", err)
+                self.assertIn("usage: fashion_mnist", err)
+                self.assertEqual(self.accuracy_lines(out), [], out)
+
+    def test_threads_strategies_are_refused_too(self):
+        env = clean_env(RANK="0", WORLD_SIZE="2", MASTER_PORT=str(free_port()))
+        for args in (["--strategy", "mirrored"], ["--strategy", "local_sgd"],
+                     ["--strategy", "parameter_server", "--transport", "simulated"]):
+            with self.subTest(args=args):
+                rc, out, err = self.run_example(*args, env=env)
+                self.assertEqual(rc, 2, out + err)
+                self.assertIn(f"fashion_mnist: --strategy {args[1]} runs its replicas as threads of this process", err)
+                self.assertIn("rank 0 of a job of 2 processes", err)
+
+    def test_gradwire_run_n_2_stops_with_status_2(self):
+        rc = subprocess.run([sys.executable, GRADWIRE_RUN, "-n", "2", FASHION_MNIST, "--epochs", "1", "--data",
+                             self.data], env=clean_env(), capture_output=True, text=True, timeout=60)
+        self.assertEqual(rc.returncode, 2, rc.stdout + rc.stderr)
+        self.assertRegex(rc.stderr, r"\[\d\] fashion_mnist: --strategy one_device trains in this process alone")
+        self.assertEqual(self.accuracy_lines(rc.stdout), [], rc.stdout)
+
+    def test_one_process_still_trains(self):
+        """No launcher, a launcher's one-process job, and a Slurm batch script's own process (no
+        srun: SLURM_NTASKS is the allocation's) train one model and exit 0."""
+        for name, variables in {"no launcher": {},
+                                "WORLD_SIZE=1": dict(RANK="0", WORLD_SIZE="1"),
+                                "sbatch script": dict(SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_LOCALID="0",
+                                                      SLURM_TASKS_PER_NODE="4", SLURM_JOB_ID="42")}.items():
+            with self.subTest(name=name):
+                rc, out, err = self.run_example(env=clean_env(**variables))
+                self.assertEqual(rc, 0, out + err)
+                self.assertEqual(len(self.accuracy_lines(out)), 1, out)
+
+
+class ParameterServerUnderSrun(Case):
+    """srun gives no roles: a parameter-server job says GRADWIRE_NUM_PS, which makes the last ranks serve."""
+
+    @staticmethod
+    def srun_env(rank, size, **extra):
+        return clean_env(SLURM_PROCID=str(rank), SLURM_NTASKS=str(size), SLURM_STEP_NUM_TASKS=str(size),
+                         SLURM_LOCALID=str(rank), SLURM_TASKS_PER_NODE=str(size), SLURM_JOB_ID="42",
+                         SLURM_STEP_ID="0", **extra)
+
+    def test_help_names_gradwire_num_ps(self):
+        p = subprocess.run([FASHION_MNIST, "--help"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("GRADWIRE_NUM_PS=S", p.stdout)
+
+    def test_a_job_without_servers_names_gradwire_num_ps(self):
+        rc, out, err = self.run_example("--strategy", "parameter_server", "--transport", "tcp",
+                                        env=self.srun_env(0, 3, MASTER_PORT=str(free_port())))
+        self.assertEqual(rc, 2, out + err)
+        self.assertIn("this job has 0 server(s) in 3 process(es)", err)
+        self.assertIn("under srun or mpirun set GRADWIRE_NUM_PS=SERVERS on every rank", err)
+
+    def test_launching_md_slurm_section_names_gradwire_num_ps(self):
+        with open(LAUNCHING_MD) as f:
+            text = f.read()
+        section = text.split("## With Slurm: `srun`", 1)[1].split("\n## ", 1)[0]
+        self.assertIn("GRADWIRE_NUM_PS", section)
+
+    def test_gradwire_num_ps_under_srun_trains(self):
+        """What the error and the docs say, done: 2 workers and 1 server with srun's variables."""
+        port = str(free_port())
+        procs = [subprocess.Popen([FASHION_MNIST, "--strategy", "parameter_server", "--transport", "tcp", "--epochs",
+                                   "1", "--batch", "32", "--data", self.data],
+                                  env=self.srun_env(r, 3, MASTER_PORT=port, GRADWIRE_NUM_PS="1", GRADWIRE_TIMEOUT="60"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+        outputs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                outputs.append((p.returncode, out, err))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        text = "\n".join(f"rank {r}: rc {rc}\n{out}{err}" for r, (rc, out, err) in enumerate(outputs))
+        self.assertEqual([rc for rc, _, _ in outputs], [0, 0, 0], text)
+        self.assertIn("2 workers + 1 servers", outputs[0][1], text)
+        self.assertEqual(len(self.accuracy_lines(outputs[0][1])), 1, text)
+        self.assertIn("ps rank 2: mode sync", outputs[2][1], text)
+
+
+if __name__ == "__main__":
+    FASHION_MNIST, GRADWIRE_RUN, LAUNCHING_MD = sys.argv[1:4]
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:])
