@@ -22,14 +22,13 @@
 #include <utility>
 #include <vector>
 
-#include <gradwire/aggregation/all_reduce.hpp>
 #include <gradwire/checkpoint.hpp>
 #include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/observe/step_stats.hpp>
 #include <gradwire/optim/adam.hpp>
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/simulation/transport.hpp>
-#include <gradwire/strategies.hpp>
 #include <gradwire/strategy.hpp>
 #include <gradwire/support/virtual_clock.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
@@ -50,8 +49,8 @@ using model_type = mlp<float>;
 using matrix = model_type::matrix;
 
 // This replica's batch: samples order[first .. first + y.size()) into x's columns and y.
-inline void load_batch(const data_set& data, std::span<const std::size_t> order,
-                std::size_t first, matrix& x, std::vector<int>& y) {
+inline void load_batch(const data_set& data, std::span<const std::size_t> order, std::size_t first, matrix& x,
+                       std::vector<int>& y) {
   for (std::size_t j = 0; j < y.size(); ++j) {
     const std::size_t sample = order[first + j];
     x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
@@ -67,8 +66,7 @@ inline constexpr bool averages_parameters = false;
 // One replica's training loop, the same for every strategy. All replicas see the same
 // permutation per epoch and take their own B-sample slice of each global batch.
 template <class Strategy>
-void train_replica(Strategy& strategy, model_type& model, const data_set& data,
-                   const options& o, summary& out) {
+void train_replica(Strategy& strategy, model_type& model, const data_set& data, const options& o, summary& out) {
   const int rank = strategy.rank(), replicas = strategy.size();
   const auto batch = static_cast<std::size_t>(o.batch);
   const std::size_t global_batch = batch * static_cast<std::size_t>(replicas);
@@ -246,7 +244,6 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data,
   }
   save(steps * static_cast<std::uint64_t>(o.epochs));
 }
-
 
 // Calls fn(optimizer) with the optimizer --optimizer and --lr name.
 template <class Fn>
