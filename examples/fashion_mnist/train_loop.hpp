@@ -24,6 +24,7 @@
 
 #include <gradwire/checkpoint.hpp>
 #include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/instances/inproc.hpp>  // the collectives over inproc come compiled, from the runtime
 #include <gradwire/observe/step_stats.hpp>
 #include <gradwire/optim/adam.hpp>
 #include <gradwire/optim/momentum.hpp>
