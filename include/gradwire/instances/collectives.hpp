@@ -6,8 +6,9 @@
 // halving-doubling, one-shot and hierarchical all-reduce, broadcast, the model check, the
 // communicator and the all-reduce agent; the runtime's source (src/) defines them once. It
 // roughly halves what a strategy's translation unit compiles (docs/building.md). The
-// collectives' kernels are then the library's (compiled with the build's flags, not a
-// program's -march=native): measured within noise, since they run at memory speed.
+// collectives' kernels are then the library's, compiled with the build's flags rather than a
+// program's -march=native; they run at memory speed, and benchmarks/allreduce_tcp run
+// interleaved against the header-only build is how to check that it costs nothing.
 #pragma once
 
 #include "../aggregation/all_reduce.hpp"

@@ -264,10 +264,6 @@ class scheduler {
   // The model's die=RANK@TIME: the rank is lost at that time, as if it had failed.
   GRADWIRE_DECL void die(rank_state& s);
 
-  // What the peers of a rank that failed with `cause` report: every transport's rule (a
-  // mismatch, timeout or config error stays one; anything else is a lost peer).
-  static errc lost_cause(errc cause) noexcept { return transport::detail::peer_failure_kind(cause); }
-
   static time_point virtual_deadline(const rank_state& s, deadline until) noexcept {
     if (until == deadline::max()) return never;
     return std::max(s.clock, time_point(std::chrono::duration_cast<duration>(until.time_since_epoch())));

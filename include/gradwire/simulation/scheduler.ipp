@@ -60,7 +60,7 @@ GRADWIRE_DECL bool scheduler::leave(int r, std::optional<std::pair<errc, std::st
   }
   if (!s.died) {
     if (failure)
-      lose(r, s.clock, lost_cause(failure->first), failure->second, true);
+      lose(r, s.clock, transport::detail::peer_failure_kind(failure->first), failure->second, true);
     else
       lose(r, s.clock, errc::peer_lost, "finished and closed its endpoint at virtual time " + seconds(s.clock), false);
   }
@@ -174,7 +174,7 @@ GRADWIRE_DECL void scheduler::fail(int r, errc cause, const std::string& reason)
   s.charge_compute();
   if (s.failed) return;
   s.failed = true;
-  lose(r, s.clock, lost_cause(cause), reason, true);
+  lose(r, s.clock, transport::detail::peer_failure_kind(cause), reason, true);  // every transport's rule
 }
 
 GRADWIRE_DECL std::vector<int> scheduler::lost_peers(int r) {

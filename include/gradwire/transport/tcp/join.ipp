@@ -16,7 +16,6 @@
 #include "../detail/join.hpp"
 #include "engine.hpp"
 
-
 namespace gradwire::transport::detail {
 
 GRADWIRE_DECL void tcp_engine::join() {
