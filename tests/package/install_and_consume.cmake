@@ -1,7 +1,9 @@
-# cmake -DSOURCE_DIR=... -DWORK_DIR=... -DCOMPONENTS=asio,ucx,mpi,cuda [-DCUDA_COMPILER=...] -P install_and_consume.cmake
+# cmake -DSOURCE_DIR=... -DBUILD_DIR=... -DWORK_DIR=... -DCOMPONENTS=asio,ucx,mpi,cuda [-DCUDA_COMPILER=...]
+#       -P install_and_consume.cmake
 #
-# 1. Installs gradwire (with the components this build has, its runtime compiled) into a fresh
-#    prefix, then builds and runs a consumer that asks for them: find_package(gradwire CONFIG
+# 1. Installs this build of gradwire (BUILD_DIR: the components it has, its runtime as it
+#    compiled it, as `cmake --install` after a build does for a user) into a fresh prefix,
+#    then builds and runs a consumer that asks for them: find_package(gradwire CONFIG
 #    REQUIRED COMPONENTS ...), linking the compiled targets, then the header-only ones; then
 #    the same consumer with gradwire as its subdirectory.
 # 2. Installs a core-only gradwire into another prefix: asking it for a component it lacks,
@@ -35,10 +37,8 @@ if(CUDA_COMPILER)
 endif()
 
 # 1. Everything this build has.
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build ${off} -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix
-    -DCMAKE_BUILD_TYPE=Release)
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)  # the compiled runtime
-run(${CMAKE_COMMAND} --install ${WORK_DIR}/build)
+# The runtime that this build compiled (ctest runs after the build), not a third compile of it.
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/consumer ${consumer_flags}
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix "-DGRADWIRE_COMPONENTS=${COMPONENTS}")
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
