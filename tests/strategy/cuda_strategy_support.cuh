@@ -4,11 +4,8 @@
 
 #include <gradwire/cuda.cuh>
 
-#include <cmath>
-#include <mutex>
 #include <random>
 #include <span>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,14 +13,15 @@
 #include "support/least_squares.hpp"
 #include "support/reference.hpp"
 
-using gradwire::test::require_trajectories_close;
+// Named, not anonymous: a header's helpers are one set for both translation units.
+namespace gradwire::test::cuda_strategy {
 
-namespace {
+using gradwire::test::require_trajectories_close;
 
 namespace gw = gradwire;
 using gw::testing::batch_data;
 
-const gw::testing::least_squares model{7, 3, 5};  // W: 3 x 7 (21 floats: odd, not a multiple of 4), b: 3
+inline const gw::testing::least_squares model{7, 3, 5};  // W: 3 x 7 (21 floats: odd, not a multiple of 4), b: 3
 
 template <class T>
 std::vector<T> start_values(int rank, std::size_t n, int salt) {
@@ -128,4 +126,4 @@ using local_sgd_2 = gw::local_sgd<Tensor, O, 2>;
 template <class Tensor, class O>
 using central = gw::central_storage<Tensor, O>;
 
-}  // namespace
+}  // namespace gradwire::test::cuda_strategy

@@ -4,6 +4,8 @@
 // (test_cuda_strategy_more.cu: the other strategies; two translation units, for compile time).
 #include "cuda_strategy_support.cuh"
 
+using namespace gradwire::test::cuda_strategy;
+
 TEST_CASE("one_device with a CUDA tensor trains like with a host tensor", "[cuda][strategy]") {
   const auto data = training_data(1, 8);
   auto run = [&](auto kind_tag, auto opt) {

@@ -1,7 +1,14 @@
 // Strategies with CUDA tensors train like the same strategies with host tensors (continued
 // from test_cuda_strategy.cu): all-reduce over a staged transport, local_sgd, central_storage
 // and parameter_server<sync>; and local_sgd's refusal of average_optimizer_state().
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "cuda_strategy_support.cuh"
+
+using namespace gradwire::test::cuda_strategy;
 
 TEST_CASE("all-reduce with CUDA tensors over a transport without a shared address space (staged) trains like "
           "with host tensors", "[cuda][strategy]") {
