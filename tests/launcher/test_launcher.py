@@ -171,6 +171,22 @@ class Output(unittest.TestCase):
         self.assertEqual(sorted(out.splitlines()), ["[0] no newline", "[0] out 0", "[1] no newline", "[1] out 1"])
         self.assertEqual(sorted(err.splitlines()), ["[0] err 0", "[1] err 1"])
 
+    def test_the_launchers_own_lines_stay_whole_beside_the_ranks(self):
+        # Rank 0 writes 100000 lines to stderr while ranks 1-9 fail one by one, and the launcher
+        # reports each failure on the same stderr: every line must stay whole. (The reports were
+        # print()ed, which writes a newline apart: a rank's line copied in between ran on behind
+        # "gradwire-run: rank R exited ...", in about half of these runs; a test harness then
+        # missed that rank's line.)
+        script = 'if [ "$RANK" = 0 ]; then seq 1 100000 >&2; else sleep "0.0$RANK"; exit 1; fi'
+        for _ in range(5):
+            code, _, err, _ = run("-n", "10", "--keep-going", "sh", "-c", script)
+            self.assertEqual(code, 1, err[-2000:])
+            lines = err.splitlines()
+            reports = sorted(line for line in lines if line.startswith("gradwire-run: "))
+            self.assertEqual(reports, sorted(f"gradwire-run: rank {r} exited with status 1" for r in range(1, 10)))
+            copied = [line for line in lines if not line.startswith("gradwire-run: ")]
+            self.assertEqual(copied, [f"[0] {i}" for i in range(1, 100001)])
+
     def test_no_prefix(self):
         code, out, err, _ = run("-n", "2", "--no-prefix", "sh", "-c", "echo out $RANK")
         self.assertEqual(code, 0, err)

@@ -37,7 +37,7 @@ def stats(lines, rank):
     for l in lines.get(rank, []):
         if "STATS" in l:
             return dict(kv.split("=", 1) for kv in l.split("STATS", 1)[1].split())
-    raise AssertionError(f"rank {rank} printed no STATS")
+    raise AssertionError(f"rank {rank} printed no STATS; its lines:\n" + "\n".join(lines.get(rank, [])))
 
 
 def counts(text):
