@@ -1,4 +1,4 @@
-// The training loop every trainer translation unit shares, the optimizers, and the launches
+// The training loop every trainer translation unit shares, the optimizer, and the launches
 // that start a run's replicas (threads and simulated ranks here; processes in one_per_process.hpp).
 // A trainer TU runs one strategy family (family_*.hpp) on one launch, e.g.
 //   summary train_central_inproc(const options& o, const data_set& d) { return train<central>(o, d, on_threads{}); }
@@ -28,6 +28,7 @@
 #include <gradwire/observe/step_stats.hpp>
 #include <gradwire/optim/adam.hpp>
 #include <gradwire/optim/momentum.hpp>
+#include <gradwire/optim/one_of.hpp>
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/simulation/transport.hpp>
 #include <gradwire/strategy.hpp>
@@ -246,21 +247,24 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
   save(steps * static_cast<std::uint64_t>(o.epochs));
 }
 
-// Calls fn(optimizer) with the optimizer --optimizer and --lr name.
-template <class Fn>
-summary with_optimizer(const options& o, Fn&& fn) {
+// The optimizer --optimizer and --lr name, chosen at run time: each trainer compiles its
+// strategy once for the four (optim::one_of), not once per optimizer.
+using optimizer_choice =
+    gradwire::optim::one_of<gradwire::optim::sgd, gradwire::optim::momentum, gradwire::optim::adam, gradwire::optim::adamw>;
+
+inline optimizer_choice chosen_optimizer(const options& o) {
   namespace optim = gradwire::optim;
   const double lr = *o.lr;
-  if (o.optimizer == "sgd") return fn(optim::sgd({.lr = lr}));
-  if (o.optimizer == "momentum") return fn(optim::momentum({.lr = lr, .momentum = 0.9}));
+  if (o.optimizer == "sgd") return optim::sgd({.lr = lr});
+  if (o.optimizer == "momentum") return optim::momentum({.lr = lr, .momentum = 0.9});
   if (o.optimizer == "adamw") {
     optim::adamw::options settings;
     settings.lr = lr;
-    return fn(optim::adamw(settings));
+    return optim::adamw(settings);
   }
   optim::adam::options settings;
   settings.lr = lr;
-  return fn(optim::adam(settings));
+  return optim::adam(settings);
 }
 
 // What the replicas of one run share.
@@ -309,13 +313,11 @@ struct on_simulator {
 // Family's replicas on the transport `launch` gives, with the optimizer the options name.
 template <class Family, class Launch>
 summary train(const options& o, const data_set& data, const Launch& launch) {
-  const int servers = launch.servers(o);
-  return with_optimizer(o, [&](const auto& optimizer) {
-    summary out;
-    const run_context run{o, data, out, servers};
-    launch(o, [&](auto transport) { Family::replica(std::move(transport), optimizer, run); });
-    return out;
-  });
+  const optimizer_choice optimizer = chosen_optimizer(o);
+  summary out;
+  const run_context run{o, data, out, launch.servers(o)};
+  launch(o, [&](auto transport) { Family::replica(std::move(transport), optimizer, run); });
+  return out;
 }
 
 }  // namespace fashion_mnist

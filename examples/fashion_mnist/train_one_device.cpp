@@ -4,11 +4,9 @@
 #include "train_loop.hpp"
 
 fashion_mnist::summary fashion_mnist::train_one_device(const options& o, const data_set& data) {
-  return with_optimizer(o, [&]<class Optimizer>(const Optimizer& optimizer) {
-    summary out;
-    model_type model({}, o.seed);
-    gradwire::one_device<view, Optimizer> strategy(model.parameter_views(), optimizer);
-    train_replica(strategy, model, data, o, out);
-    return out;
-  });
+  summary out;
+  model_type model({}, o.seed);
+  gradwire::one_device<view, optimizer_choice> strategy(model.parameter_views(), chosen_optimizer(o));
+  train_replica(strategy, model, data, o, out);
+  return out;
 }

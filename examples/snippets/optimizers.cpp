@@ -1,4 +1,5 @@
-// docs/optimizers.md's code: PyTorch optimizers written as gradwire's, and an lr schedule through set_lr.
+// docs/optimizers.md's code: PyTorch optimizers written as gradwire's, an lr schedule through set_lr,
+// and an optimizer chosen at run time (optim::one_of).
 //
 // The region's #include repeats the one below: under #pragma once it adds nothing, and the
 // page shows which header to include.
@@ -9,6 +10,8 @@
 #include <numbers>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "snippet_support.hpp"
@@ -70,5 +73,26 @@ int main() {
   }
   snippets::expect_close("momentum with a cosine schedule through set_lr, against float64",
                          std::span<const float>(model.values()), std::span<const double>(want), 1e-5);
+
+  // The optimizer a flag names, chosen at run time: the same training, bit for bit.
+  const std::string flag = "momentum";
+  Model chosen_model(seed);
+  // [docs:chosen_at_run_time]
+  using any_optimizer = gw::optim::one_of<gw::optim::sgd, gw::optim::momentum, gw::optim::adam>;
+  auto optimizer_named = [](std::string_view name) -> any_optimizer {
+    if (name == "sgd") return gw::optim::sgd({.lr = 0.1});
+    if (name == "momentum") return gw::optim::momentum({.lr = 0.1, .momentum = 0.9});
+    return gw::optim::adam({.lr = 1e-3});
+  };
+  // One strategy type, compiled once, whichever optimizer the flag names.
+  gw::one_device<gw::tensor_view<float>, any_optimizer> chosen(chosen_model.parameter_views(), optimizer_named(flag));
+  // [/docs:chosen_at_run_time]
+  for (std::size_t step = 0; step < steps; ++step) {
+    chosen.optimizer().set_lr(lr * 0.5 * (1.0 + std::cos(std::numbers::pi * double(step) / double(steps))));
+    chosen_model.forward_backward(data[step]);
+    chosen.step(chosen_model.gradient_views());
+  }
+  snippets::expect("one_of holding momentum is named after it", chosen.optimizer().name() == "momentum");
+  snippets::expect("one_of holding momentum trains bit for bit as momentum", chosen_model.values() == model.values());
   return snippets::report("snippet optimizers", seed);
 }

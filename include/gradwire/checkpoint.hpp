@@ -74,12 +74,15 @@ struct checkpoint_visitor_archetype {
 };
 }  // namespace detail
 
-// Optimizer whose state a checkpoint can save: a name, and per-tensor state that shows
-// its buffers (f(std::span<V>)) and step counters (f(long&)).
+// Optimizer whose state a checkpoint can save: a name (static O::name, or o.name() for one
+// chosen at run time: optim::one_of), and per-tensor state that shows its buffers
+// (f(std::span<V>)) and step counters (f(long&)).
 template <class O, class V>
 concept checkpointable_optimizer =
-    optimizer<O, V> && requires(typename O::template state<V>& s, const typename O::template state<V>& cs) {
-      { O::name } -> std::convertible_to<std::string_view>;
+    optimizer<O, V> &&
+    (requires { { O::name } -> std::convertible_to<std::string_view>; } ||
+     requires(const O& o) { { o.name() } -> std::convertible_to<std::string_view>; }) &&
+    requires(typename O::template state<V>& s, const typename O::template state<V>& cs) {
       s.for_each_buffer(detail::checkpoint_visitor_archetype{});
       s.for_each_counter(detail::checkpoint_visitor_archetype{});
       cs.for_each_buffer(detail::checkpoint_visitor_archetype{});
@@ -196,10 +199,20 @@ struct layout {
   std::size_t tensors() const { return lengths.size() / (std::size_t{buffers} + 1); }
 };
 
+// The name a checkpoint records: the optimizer type's, or the one chosen at run time.
+template <class Model>
+std::string optimizer_name(const Model& m) {
+  using O = typename Model::optimizer_type;
+  if constexpr (requires { { O::name } -> std::convertible_to<std::string_view>; })
+    return std::string(std::string_view(O::name));
+  else
+    return std::string(m.optimizer().name());
+}
+
 template <class Strategy>
 layout layout_of(const Strategy& s) {
   using V = typename Strategy::value_type;
-  layout out{dtype_of_v<V>, std::string(Strategy::optimizer_type::name), 0, 0, {}};
+  layout out{dtype_of_v<V>, optimizer_name(s), 0, 0, {}};
   const auto params = s.parameters();
   const auto states = s.optimizer_states();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -212,7 +225,7 @@ layout layout_of(const Strategy& s) {
     states[i].for_each_counter([&](const long&) { ++counters; });
     // Counts go into the header once, so every tensor's state must have the same.
     if (i > 0 && (buffers != out.buffers || counters != out.counters))
-      throw error(errc::invalid_argument, std::string("checkpoint: optimizer '") + Strategy::optimizer_type::name +
+      throw error(errc::invalid_argument, "checkpoint: optimizer '" + out.optimizer +
                                               "' keeps a different number of buffers or counters per tensor; "
                                               "checkpoints need the same number for every tensor");
     out.buffers = buffers;
@@ -229,7 +242,8 @@ inline std::string plural(std::uint64_t n, const char* what) {
 template <class Optimizer, class V>
 constexpr void require_checkpointable() {
   static_assert(concepts::checkpointable_optimizer<Optimizer, V>,
-                "gradwire checkpoints: the optimizer needs a static `name` and state<V>::for_each_buffer(f) / "
+                "gradwire checkpoints: the optimizer needs a static `name` (or name() const) and "
+                "state<V>::for_each_buffer(f) / "
                 "for_each_counter(f) (see gradwire/checkpoint.hpp and gradwire/optim/adam.hpp)");
   static_assert(std::endian::native == std::endian::little,
                 "gradwire checkpoints are little-endian; big-endian hosts are not supported yet");
@@ -240,7 +254,8 @@ constexpr void require_checkpointable() {
 namespace concepts {
 // What a checkpoint saves: a strategy, or a parameter server's shard. value_type,
 // optimizer_type, parameters() (contiguous tensors or spans) and optimizer_states()
-// (one state per parameter tensor).
+// (one state per parameter tensor); optimizer() too where the optimizer's name is chosen
+// at run time (optim::one_of).
 template <class M>
 concept checkpoint_model = requires(M& m, const M& cm) {
   typename M::value_type;

@@ -25,6 +25,7 @@
 #include "kernels/host.hpp"
 #include "optim/adam.hpp"
 #include "optim/momentum.hpp"
+#include "optim/one_of.hpp"
 #include "optim/sgd.hpp"
 #include "strategies.hpp"
 #include "strategy.hpp"

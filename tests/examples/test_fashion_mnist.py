@@ -75,6 +75,33 @@ class Case(unittest.TestCase):
         return re.findall(r"^(?:\[\d+\] )?final test accuracy", text, re.MULTILINE)
 
 
+class OptimizerChosenAtRunTime(Case):
+    """--optimizer picks one of four at run time (optim::one_of: each trainer is compiled once for
+    all four). Each trains, and its checkpoint keeps its name: resuming under another optimizer is
+    refused naming both, under its own the run is found complete."""
+
+    def test_each_optimizer_trains_and_its_checkpoint_resumes_under_it_alone(self):
+        finals = {}
+        with tempfile.TemporaryDirectory() as checkpoints:
+            for name, other in (("sgd", "momentum"), ("momentum", "sgd"), ("adam", "adamw"), ("adamw", "adam")):
+                with self.subTest(optimizer=name):
+                    where = os.path.join(checkpoints, name)
+                    rc, out, err = self.run_example("--optimizer", name, "--checkpoint-dir", where, env=clean_env())
+                    self.assertEqual(rc, 0, out + err)
+                    self.assertEqual(len(self.accuracy_lines(out)), 1, out)
+                    with open(os.path.join(where, "model.ckpt"), "rb") as f:
+                        finals[name] = f.read()
+                    rc, out, err = self.run_example("--optimizer", other, "--checkpoint-dir", where, env=clean_env())
+                    self.assertNotEqual(rc, 0, out + err)
+                    self.assertIn(f"saved with optimizer '{name}', the strategy uses '{other}'", out + err)
+                    rc, out, err = self.run_example("--optimizer", name, "--checkpoint-dir", where, env=clean_env())
+                    self.assertEqual(rc, 0, out + err)
+                    self.assertIn("the run is complete", out)
+        # Each choice took effect: four optimizers, four different models (adamw's decay alone
+        # moves adam's parameters by 1e-5 a step: the bits differ where the loss may not).
+        self.assertEqual(len(set(finals.values())), 4)
+
+
 class InProcessStrategyUnderALauncher(Case):
     """A launcher that starts N copies of an in-process strategy (one_device by default) would train
     N independent models and print N results: every rank refuses, exit 2, naming what to use."""

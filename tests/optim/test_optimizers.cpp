@@ -1,7 +1,9 @@
 // Optimizers against their textbook formulas in float64 over several steps, plus
-// hyperparameter validation, size checks and the optimizer concept.
+// hyperparameter validation, size checks and the optimizer concept; optim::one_of against
+// the optimizer it holds.
 #include <gradwire/optim/adam.hpp>
 #include <gradwire/optim/momentum.hpp>
+#include <gradwire/optim/one_of.hpp>
 #include <gradwire/optim/sgd.hpp>
 
 #include <array>
@@ -10,6 +12,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -311,4 +314,70 @@ TEST_CASE("optimizers reject a step whose params, grads and state differ in leng
   check_size_mismatch(optim::momentum{}, "momentum");
   check_size_mismatch(optim::adam{}, "adam");
   check_size_mismatch(optim::adamw{}, "adamw");
+}
+
+namespace {
+
+using any_optimizer = optim::one_of<optim::sgd, optim::momentum, optim::adam, optim::adamw>;
+static_assert(gradwire::concepts::optimizer<any_optimizer, float> &&
+              gradwire::concepts::optimizer<any_optimizer, double>);
+
+// one_of holding `plain` steps exactly as `plain` does (whose formula the cases above check),
+// through changes of lr and grad_scale, and keeps the same state.
+template <class T, class O>
+void check_one_of_steps_as(const O& plain) {
+  GRADWIRE_TEST_RNG(rng);
+  for (const std::size_t n : sizes) {
+    CAPTURE(O::name, n);
+    O direct = plain;
+    any_optimizer chosen(plain);
+    REQUIRE(chosen.name() == O::name);
+    REQUIRE(chosen.template holds<O>());
+    REQUIRE((chosen.template get_if<optim::sgd>() != nullptr) == std::is_same_v<O, optim::sgd>);
+    auto direct_state = direct.template init<T>(n);
+    auto chosen_state = chosen.template init<T>(n);
+    auto want = rng.vector<T>(n);
+    auto got = want;
+    for (int k = 0; k < steps; ++k) {
+      const auto grads = rng.vector<T>(n);
+      if (k == 3) {  // a schedule's set_lr reaches the chosen optimizer
+        direct.set_lr(0.5 * direct.settings().lr);
+        chosen.set_lr(0.5 * chosen.template get_if<O>()->settings().lr);
+      }
+      direct.step(direct_state, std::span<T>(want), std::span<const T>(grads), grad_scale<T>(k));
+      chosen.step(chosen_state, std::span<T>(got), std::span<const T>(grads), grad_scale<T>(k));
+      REQUIRE(got == want);  // bit for bit
+    }
+    std::vector<std::vector<T>> direct_buffers, chosen_buffers;
+    std::vector<long> direct_counters, chosen_counters;
+    direct_state.for_each_buffer([&](std::span<T> b) { direct_buffers.emplace_back(b.begin(), b.end()); });
+    chosen_state.for_each_buffer([&](std::span<T> b) { chosen_buffers.emplace_back(b.begin(), b.end()); });
+    direct_state.for_each_counter([&](long& c) { direct_counters.push_back(c); });
+    chosen_state.for_each_counter([&](long& c) { chosen_counters.push_back(c); });
+    REQUIRE(chosen_buffers == direct_buffers);
+    REQUIRE(chosen_counters == direct_counters);
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("optim::one_of steps exactly as the optimizer it holds", "[optim][one_of]", float, double) {
+  check_one_of_steps_as<TestType>(optim::sgd({.lr = 0.1, .weight_decay = 0.01}));
+  check_one_of_steps_as<TestType>(optim::momentum({.lr = 0.05, .momentum = 0.9, .nesterov = true}));
+  check_one_of_steps_as<TestType>(optim::adam({.lr = 0.01, .weight_decay = 0.1}));
+  check_one_of_steps_as<TestType>(optim::adamw({.lr = 0.01}));
+}
+
+TEST_CASE("optim::one_of refuses a state made for another optimizer and passes on the held one's checks",
+          "[optim][one_of][validate]") {
+  const any_optimizer sgd(optim::sgd{}), adam(optim::adam{});
+  auto adam_state = adam.init<float>(4);
+  std::vector<float> params{1, 2, 3, 4};
+  const std::vector<float> grads{1, 1, 1, 1};
+  REQUIRE_THROWS_MATCHES(sgd.step(adam_state, std::span<float>(params), std::span<const float>(grads), 1.0f),
+                         gradwire::error, gt::is_error(errc::invalid_argument, {"one_of", "'sgd'"}));
+  REQUIRE(params == std::vector<float>{1, 2, 3, 4});
+  check_size_mismatch(adam, "adam");
+  any_optimizer scheduled(optim::momentum{});
+  REQUIRE_THROWS_MATCHES(scheduled.set_lr(-1.0), gradwire::error, rejects("momentum", "lr"));
 }

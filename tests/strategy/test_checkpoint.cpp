@@ -146,6 +146,7 @@ static_assert(gw::concepts::checkpointable_optimizer<gw::optim::sgd, float>);
 static_assert(gw::concepts::checkpointable_optimizer<gw::optim::momentum, double>);
 static_assert(gw::concepts::checkpointable_optimizer<gw::optim::adam, float>);
 static_assert(gw::concepts::checkpointable_optimizer<gw::optim::adamw, double>);
+static_assert(gw::concepts::checkpointable_optimizer<gw::optim::one_of<gw::optim::sgd, gw::optim::adam>, float>);
 
 TEST_CASE("checkpoint round trip is bit-identical and resumed training equals uninterrupted training") {
   scratch_dir dir;
@@ -160,6 +161,40 @@ TEST_CASE("checkpoint round trip is bit-identical and resumed training equals un
   SECTION("adam, double") { check_round_trip_and_resume<double>(gw::optim::adam({.lr = 0.01}), file); }
   SECTION("adamw, float") { check_round_trip_and_resume<float>(gw::optim::adamw({.lr = 0.01}), file); }
   SECTION("adamw, double") { check_round_trip_and_resume<double>(gw::optim::adamw({.lr = 0.01}), file); }
+}
+
+TEST_CASE("an optimizer chosen at run time (optim::one_of) checkpoints under the chosen optimizer's name") {
+  scratch_dir dir;
+  const auto file = dir.path / "model.ckpt";
+  using choice = gw::optim::one_of<gw::optim::sgd, gw::optim::adam, gw::optim::adamw>;
+  using chosen_strategy = gw::one_device<gw::host_tensor<float>, choice>;
+  SECTION("round trips and resumes as the optimizer itself does") {
+    check_round_trip_and_resume<float>(choice(gw::optim::adam({.lr = 0.01})), file);
+    check_round_trip_and_resume<double>(choice(gw::optim::sgd({.lr = 0.1})), file);
+  }
+  SECTION("a file saved with adam loads into a one_of holding adam, and back") {
+    const auto saved = image(saved_model(file));
+    chosen_strategy chosen(make_params<float>(1.0), choice(gw::optim::adam({.lr = 0.01})));
+    REQUIRE(gw::load_checkpoint(file, chosen) == 2);
+    REQUIRE(image(chosen) == saved);
+    gw::save_checkpoint(file, chosen, 3);
+    adam_strategy plain(make_params<float>(2.0), gw::optim::adam({.lr = 0.01}));
+    REQUIRE(gw::load_checkpoint(file, plain) == 3);
+    REQUIRE(image(plain) == saved);
+  }
+  SECTION("a one_of holding another optimizer refuses it, naming both") {
+    saved_model(file);
+    chosen_strategy adamw(make_params<float>(1.0), choice(gw::optim::adamw()));
+    const auto before = image(adamw);
+    require_refused(error_of([&] { gw::load_checkpoint(file, adamw); }), file,
+                    "saved with optimizer 'adam', the strategy uses 'adamw'");
+    REQUIRE(image(adamw) == before);
+    chosen_strategy sgd(make_params<float>(1.0), choice(gw::optim::sgd()));
+    gw::save_checkpoint(file, sgd);
+    adam_strategy plain(make_params<float>(1.0));
+    require_refused(error_of([&] { gw::load_checkpoint(file, plain); }), file,
+                    "saved with optimizer 'sgd', the strategy uses 'adam'");
+  }
 }
 
 TEST_CASE("checkpoint saved by rank 0 and loaded on every rank resumes mirrored training exactly") {

@@ -41,17 +41,19 @@ namespace gradwire::ps {
 
 namespace detail {
 // A server's shard as a checkpoint sees it (concepts::checkpoint_model): its pieces, each
-// with its optimizer state.
+// with its optimizer state, and the optimizer that steps them.
 template <class V, class Optimizer>
 struct shard_model {
   using value_type = V;
   using optimizer_type = Optimizer;
   using state_type = typename Optimizer::template state<V>;
+  Optimizer scheduled;  // the server's copy: its lr follows options::learning_rate
   std::vector<std::span<V>> tensors;
   std::vector<state_type> states;
   std::span<const std::span<V>> parameters() const noexcept { return tensors; }
   std::span<const state_type> optimizer_states() const noexcept { return states; }
   std::span<state_type> optimizer_states() noexcept { return states; }
+  const Optimizer& optimizer() const noexcept { return scheduled; }
 };
 }  // namespace detail
 
@@ -77,7 +79,7 @@ class server {
         elements_(shards.elements(index_)),
         who_(std::string(is_standby_ ? "parameter server standby rank " : "parameter server rank ") +
              std::to_string(comm.rank())),
-        scheduled_(optimizer),
+        shard_{optimizer, {}, {}},
         incoming_(elements_),
         sum_(Mode::on_arrival ? 0 : elements_),
         slots_(static_cast<std::size_t>(workers_)),
@@ -344,8 +346,8 @@ class server {
   // Runs the optimizer over the shard with `gradient` (the shard's pieces, in order) * scale.
   void apply(std::span<const V> gradient, V scale) {
     if (options_.learning_rate) {
-      if constexpr (requires { scheduled_.set_lr(1.0); })
-        scheduled_.set_lr(options_.learning_rate(stats_.version, stats_.applied));
+      if constexpr (requires { shard_.scheduled.set_lr(1.0); })
+        shard_.scheduled.set_lr(options_.learning_rate(stats_.version, stats_.applied));
       else
         throw error(errc::invalid_argument,
                     "parameter_server: ps::options::learning_rate needs an optimizer with set_lr(double)");
@@ -353,7 +355,7 @@ class server {
     auto trace = comm_.trace("optimizer_step", gradient.size_bytes(), "optimizer");
     trace.arg("version", static_cast<std::int64_t>(stats_.version));
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
-      scheduled_.step(shard_.states[k], shard_.tensors[k], gradient.first(pieces_[k].size()), scale);
+      shard_.scheduled.step(shard_.states[k], shard_.tensors[k], gradient.first(pieces_[k].size()), scale);
       gradient = gradient.subspan(pieces_[k].size());
     }
     ++stats_.updates;
@@ -641,7 +643,6 @@ class server {
   const std::size_t elements_;
   std::string who_;  // how messages name this rank (a standby that takes over is renamed)
   detail::shard_model<V, Optimizer> shard_;
-  Optimizer scheduled_;  // the servers' copy: its lr follows options::learning_rate
   server_stats stats_;
   std::filesystem::path checkpoint_;
   std::uint64_t saved_at_ = 0;
