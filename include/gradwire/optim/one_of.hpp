@@ -35,6 +35,8 @@ class one_of {
   template <class O>
   static constexpr bool has_set_lr = requires(O& o) { o.set_lr(1.0); };
 
+  // Calls f(integral_constant<I>) for the chosen index I. Optimizer and state are matched by
+  // index, not type: two optimizers may share a state type.
   template <std::size_t... I, class F>
   static void dispatch(std::size_t chosen, std::index_sequence<I...>, F&& f) {
     ((chosen == I ? (f(std::integral_constant<std::size_t, I>{}), true) : false) || ...);
