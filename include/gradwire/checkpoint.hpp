@@ -74,14 +74,17 @@ struct checkpoint_visitor_archetype {
 };
 }  // namespace detail
 
+// An optimizer named by its type (O::name), not by the instance (o.name(): optim::one_of).
+template <class O>
+concept named_by_type = requires { { O::name } -> std::convertible_to<std::string_view>; };
+
 // Optimizer whose state a checkpoint can save: a name (static O::name, or o.name() for one
 // chosen at run time: optim::one_of), and per-tensor state that shows its buffers
 // (f(std::span<V>)) and step counters (f(long&)).
 template <class O, class V>
 concept checkpointable_optimizer =
     optimizer<O, V> &&
-    (requires { { O::name } -> std::convertible_to<std::string_view>; } ||
-     requires(const O& o) { { o.name() } -> std::convertible_to<std::string_view>; }) &&
+    (named_by_type<O> || requires(const O& o) { { o.name() } -> std::convertible_to<std::string_view>; }) &&
     requires(typename O::template state<V>& s, const typename O::template state<V>& cs) {
       s.for_each_buffer(detail::checkpoint_visitor_archetype{});
       s.for_each_counter(detail::checkpoint_visitor_archetype{});
@@ -203,7 +206,7 @@ struct layout {
 template <class Model>
 std::string optimizer_name(const Model& m) {
   using O = typename Model::optimizer_type;
-  if constexpr (requires { { O::name } -> std::convertible_to<std::string_view>; })
+  if constexpr (concepts::named_by_type<O>)
     return std::string(std::string_view(O::name));
   else
     return std::string(m.optimizer().name());

@@ -35,15 +35,13 @@ class one_of {
   template <class O>
   static constexpr bool has_set_lr = requires(O& o) { o.set_lr(1.0); };
 
-  // Calls f(integral_constant<I>) for the chosen index I. Optimizer and state are matched by
-  // index, not type: two optimizers may share a state type.
-  template <std::size_t... I, class F>
-  static void dispatch(std::size_t chosen, std::index_sequence<I...>, F&& f) {
-    ((chosen == I ? (f(std::integral_constant<std::size_t, I>{}), true) : false) || ...);
-  }
-  template <class F>
-  static void dispatch(std::size_t chosen, F&& f) {
-    dispatch(chosen, std::index_sequence_for<Os...>{}, std::forward<F>(f));
+  // f(integral_constant<I>) for the chosen index I, and its result. Optimizer and state are
+  // matched by index, not type: two optimizers may share a state type.
+  template <std::size_t I = 0, class F>
+  static decltype(auto) at_chosen(std::size_t chosen, F&& f) {
+    if constexpr (I + 1 < sizeof...(Os))
+      if (chosen != I) return at_chosen<I + 1>(chosen, std::forward<F>(f));
+    return std::forward<F>(f)(std::integral_constant<std::size_t, I>{});
   }
 
  public:
@@ -96,12 +94,12 @@ class one_of {
     std::visit([&](auto& o) { o.set_lr(lr); }, chosen_);
   }
 
-  template <class T, std::size_t I = 0>
+  template <class T>
   state<T> init(std::size_t n) const {
-    if constexpr (I + 1 < sizeof...(Os))
-      if (chosen_.index() != I) return init<T, I + 1>(n);
     using chosen_state = decltype(state<T>::chosen);
-    return {chosen_state(std::in_place_index<I>, std::get<I>(chosen_).template init<T>(n))};
+    return at_chosen(chosen_.index(), [&](auto i) {
+      return state<T>{chosen_state(std::in_place_index<i()>, std::get<i()>(chosen_).template init<T>(n))};
+    });
   }
 
   template <class T>
@@ -109,7 +107,7 @@ class one_of {
     if (s.chosen.index() != chosen_.index())
       throw error(errc::invalid_argument, "optim::one_of: a state made for another optimizer than '" +
                                               std::string(name()) + "' (init with the optimizer that steps)");
-    dispatch(chosen_.index(), [&](auto i) {
+    at_chosen(chosen_.index(), [&](auto i) {
       std::get<i()>(chosen_).step(std::get<i()>(s.chosen), params, grads, grad_scale);
     });
   }
