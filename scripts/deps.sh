@@ -1,7 +1,7 @@
 # Sourced by scripts/demo and scripts/test: installs the Debian packages gradwire needs.
 # Usage: gradwire_require_packages PKG...   (installs only what is missing)
 
-gradwire_build_packages=(cmake g++ make catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev libopenmpi-dev python3 python3-venv openmpi-bin iproute2)
+gradwire_build_packages=(cmake g++ make ninja-build catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev libopenmpi-dev python3 python3-venv openmpi-bin iproute2)
 # The LibTorch example and its test (scripts/test requires them; the demo does not need them).
 gradwire_torch_packages=(libtorch-dev)
 
@@ -22,10 +22,25 @@ gradwire_require_packages() {
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 }
 
+# gradwire_cmake_configure SOURCE BUILD_DIR [CMAKE ARGUMENTS...]: cmake -S -B, with Ninja for a
+# new build folder where ninja is installed and the caller chose no generator (CMAKE_GENERATOR).
+# Why: CMake's Makefiles build the targets of one `cmake --build --target a b c` one after
+# another (.NOTPARALLEL), so a sanitizer or fuzz build of many one-file targets used one core
+# of two; Ninja builds them at once, and compiles a target's objects while its libraries
+# still link. A folder that exists keeps the generator it was made with.
+gradwire_cmake_configure() {
+  local source=$1 build_dir=$2; shift 2
+  local generator=()
+  if [ ! -f "$build_dir/CMakeCache.txt" ] && [ -z "${CMAKE_GENERATOR:-}" ] && command -v ninja >/dev/null; then
+    generator=(-G Ninja)
+  fi
+  cmake -S "$source" -B "$build_dir" "${generator[@]}" "$@"
+}
+
 # Configures a Release build in $1 with the given extra CMake arguments.
 gradwire_configure() {
   local build_dir=$1; shift
-  cmake -S "$gradwire_root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
+  gradwire_cmake_configure "$gradwire_root" "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
 }
 
 # Installs Conan 2 from PyPI into a virtual environment under $1 (once; reused after) and
