@@ -1,6 +1,6 @@
 // Trains through the installed package: a two-replica mirrored step (the core), and with the
 // components it was configured with, a one-process multi_worker_mirrored job over TCP (asio),
-// the UCX and MPI transports' concepts (ucx, mpi) and a CUDA translation unit (cuda).
+// the UCX and MPI transports' concepts (ucx, mpi) and a CUDA translation unit (cuda, compiled variants).
 #include <cstdio>
 #include <gradwire/gradwire.hpp>
 #include <vector>
@@ -15,7 +15,7 @@ static_assert(gradwire::concepts::one_sided_transport<gradwire::transport::ucx>)
 #include <gradwire/mpi.hpp>
 static_assert(gradwire::concepts::failable_transport<gradwire::transport::mpi>);
 #endif
-#if CONSUMER_WITH_CUDA
+#if CONSUMER_WITH_CUDA_PART
 int consumer_cuda_devices();  // cuda_part.cu
 #endif
 
@@ -48,7 +48,7 @@ int main() {
     if (s.parameters()[0][0] != -2.0f) return 1;
   }
 #endif
-#if CONSUMER_WITH_CUDA
+#if CONSUMER_WITH_CUDA_PART
   std::printf("consumer: gradwire::cuda compiled; %d CUDA device(s) here\n", consumer_cuda_devices());
 #endif
   return 0;
