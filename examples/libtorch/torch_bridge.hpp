@@ -24,10 +24,13 @@
 // alive: otherwise the next forward would make a new accumulator without the hook.
 #pragma once
 
+// The autograd, tensor and module headers the bridge uses, not <torch/torch.h>: that one
+// alone took 31 CPU s to parse, these 25 (docs/building.md).
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstddef>

@@ -41,6 +41,11 @@
 #include "../fashion_mnist/idx.hpp"
 #include "torch_bridge.hpp"
 
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
 namespace gw = gradwire;
 
 namespace {

@@ -23,6 +23,11 @@
 #include "torch_bridge.hpp"
 #include "support/reference.hpp"
 
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
 namespace gw = gradwire;
 
 namespace {
