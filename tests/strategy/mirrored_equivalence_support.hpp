@@ -1,6 +1,6 @@
 // What the mirrored-equivalence test TUs share (test_mirrored_equivalence.cpp and
-// test_mirrored_equivalence_more.cpp): random Fashion-MNIST-shaped
-// samples, the one_device reference run, mirrored runs on threads, and the error measure.
+// test_mirrored_equivalence_more.cpp): random Fashion-MNIST-shaped samples, the one_device
+// reference run, mirrored runs on threads, and the error measure.
 #pragma once
 
 #include <zlib.h>
