@@ -3,23 +3,16 @@
 // reference run, mirrored runs on threads, and the error measure.
 #pragma once
 
-#include <zlib.h>
-
 #include <Eigen/Core>
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <random>
 #include <span>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -32,8 +25,7 @@
 #include <gradwire/tensor/host_tensor.hpp>
 #include <gradwire/transport/inproc.hpp>
 
-#include "idx.hpp"  // examples/fashion_mnist
-#include "mlp.hpp"
+#include "mlp.hpp"  // examples/fashion_mnist
 
 namespace gradwire::test::mirrored_equivalence {
 

@@ -2,6 +2,15 @@
 // one_device (batch N*b), for each optimizer in float and double; plus checks of the MLP's
 // gradient and of the example's idx reader. The checks that the comparison notices wrong
 // data, and hierarchical all-reduce, are in test_mirrored_equivalence_more.cpp.
+#include <zlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "idx.hpp"  // examples/fashion_mnist: the reader checked below
 #include "mirrored_equivalence_support.hpp"
 
 using namespace gradwire::test::mirrored_equivalence;
