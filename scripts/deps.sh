@@ -2,6 +2,9 @@
 # Usage: gradwire_require_packages PKG...   (installs only what is missing)
 
 gradwire_build_packages=(cmake g++ make ninja-build catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev libopenmpi-dev python3 python3-venv openmpi-bin iproute2)
+# What scripts/demo needs: the compiler, CMake and the example's Eigen and zlib (its build has no
+# multi-process component, tests or benchmarks), so a fresh machine downloads a fraction of the above.
+gradwire_demo_packages=(cmake g++ ninja-build libeigen3-dev zlib1g-dev)
 # The LibTorch example and its test (scripts/test requires them; the demo does not need them).
 gradwire_torch_packages=(libtorch-dev)
 
