@@ -64,7 +64,7 @@ gradwire_configure_benchmarks "${flags[@]}" >/dev/null  # sets build_dir and res
 before_build=$before/build-regress
 if [ "$build" = 1 ]; then
   cmake --build "$build_dir" --target "${targets[@]}" -j"$(nproc)"
-  cmake -S "$before" -B "$before_build" -DCMAKE_BUILD_TYPE=Release -DGRADWIRE_BUILD_TESTS=OFF \
+  gradwire_cmake_configure "$before" "$before_build" -DCMAKE_BUILD_TYPE=Release -DGRADWIRE_BUILD_TESTS=OFF \
     -DGRADWIRE_BUILD_BENCHMARKS=ON "${flags[@]}" >/dev/null
   cmake --build "$before_build" --target "${targets[@]}" -j"$(nproc)"
 fi
