@@ -1,10 +1,12 @@
 # Sourced by scripts/demo and scripts/test: installs the Debian packages gradwire needs.
 # Usage: gradwire_require_packages PKG...   (installs only what is missing)
 
-gradwire_build_packages=(cmake g++ make ninja-build catch2 libeigen3-dev zlib1g-dev libboost-dev nlohmann-json3-dev libucx-dev libopenmpi-dev python3 python3-venv openmpi-bin iproute2)
 # What scripts/demo needs: the compiler, CMake and the example's Eigen and zlib (its build has no
-# multi-process component, tests or benchmarks), so a fresh machine downloads a fraction of the above.
+# multi-process component, tests or benchmarks), so a fresh machine downloads a fraction of the rest.
 gradwire_demo_packages=(cmake g++ ninja-build libeigen3-dev zlib1g-dev)
+# Everything else builds with these too (scripts/test, scripts/sanitize, the benchmarks).
+gradwire_build_packages=("${gradwire_demo_packages[@]}" make catch2 libboost-dev nlohmann-json3-dev libucx-dev
+  libopenmpi-dev python3 python3-venv openmpi-bin iproute2)
 # The LibTorch example and its test (scripts/test requires them; the demo does not need them).
 gradwire_torch_packages=(libtorch-dev)
 
