@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <span>
 #include <string>
 #include <utility>
@@ -30,6 +31,7 @@
 
 #include <gradwire/aggregation/all_reduce.hpp>
 #include <gradwire/collective/all_reduce.hpp>
+#include <gradwire/observe/log.hpp>
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/simulation/cost_model.hpp>
 #include <gradwire/simulation/transport.hpp>
@@ -125,5 +127,90 @@ TEST_CASE("a synchronous all-reduce step against the simulator: the slowest comp
     const sim::strategy_cost predicted = costs.all_reduce(all_reduce_algorithm::auto_);
     CAPTURE(sim::describe(c), predicted.step, seconds(measured));
     CHECK(predicted.step == Approx(seconds(measured)).epsilon(0.03));
+  }
+}
+
+namespace {
+
+// Logs at debug into a temporary file for the scope (every collective logs a line naming
+// the algorithm it ran: observe::trace_scope); back to off and stderr after.
+struct debug_log_capture {
+  std::FILE* file = std::tmpfile();
+  debug_log_capture() {
+    REQUIRE(file);
+    gw::observe::set_log_sink(file);
+    gw::observe::set_log_level(gw::observe::log_level::debug);
+  }
+  ~debug_log_capture() {
+    gw::observe::set_log_level(gw::observe::log_level::off);
+    gw::observe::set_log_sink(nullptr);
+    std::fclose(file);
+  }
+  std::vector<std::string> lines() {
+    std::fflush(file);
+    std::rewind(file);
+    std::vector<std::string> out;
+    std::string line;
+    for (int ch; (ch = std::fgetc(file)) != EOF;)
+      if (ch == '\n') out.push_back(std::exchange(line, {}));
+      else line += char(ch);
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the planner's auto_ takes the algorithm all_reduce<auto_> runs, at every size and on every topology") {
+  // What all_reduce<auto_> runs is read from its own log line (algorithm=...), on rank 0 of
+  // a simulated cluster of that shape; the planner must name the same for every size: powers
+  // of two from 1 element to 4 MiB, and one below, at and above each threshold of the
+  // communicator's options (the check frame's 64 B, one-shot's copies on N ranks, the
+  // hierarchical and the halving-doubling limits), on one host, one rank per host and
+  // hierarchies, powers of two and not, up to and past one-shot's 8 ranks.
+  const gw::collective::communicator_options defaults;
+  const std::size_t word = sizeof(float);
+  for (const auto& [hosts, per_host] :
+       {std::pair{1, 1}, std::pair{1, 2}, std::pair{1, 3}, std::pair{1, 4}, std::pair{1, 5}, std::pair{1, 7},
+        std::pair{1, 8}, std::pair{1, 9}, std::pair{2, 1}, std::pair{3, 1}, std::pair{8, 1}, std::pair{9, 1},
+        std::pair{2, 2}, std::pair{3, 2}, std::pair{2, 3}, std::pair{2, 4}, std::pair{4, 2}, std::pair{3, 3}}) {
+    const auto c = layout(hosts, per_host);
+    const int n = c.size();
+    std::vector<std::size_t> sizes{0};
+    for (std::size_t e = 1; e <= (std::size_t{1} << 20); e *= 2) sizes.push_back(e);
+    std::vector<std::size_t> edges{gw::collective::check_inline_bytes / word, defaults.hierarchical_min_bytes / word,
+                                   defaults.small_all_reduce_bytes / word};
+    if (n >= 2) edges.push_back(defaults.one_shot_max_sent_bytes / std::size_t(n - 1) / word);
+    for (const std::size_t e : edges)
+      for (const std::size_t s : {e - 1, e, e + 1}) sizes.push_back(s);
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+
+    debug_log_capture log;
+    sim::run(c, [&](gw::transport::simulated t) {
+      gw::collective::communicator<gw::transport::simulated> comm(std::move(t));
+      for (const std::size_t elements : sizes) {
+        std::vector<float> x(elements, 1.0f);
+        gw::collective::all_reduce(comm, std::span<float>(x));
+      }
+    });
+    // Rank 0's lines "[gradwire 0/N ...] debug: all_reduce: BYTES B in T us algorithm=NAME", in call order.
+    const std::string mine = "[gradwire 0/" + std::to_string(n) + " ", what = "] debug: all_reduce: ",
+                      key = " algorithm=";
+    std::vector<std::pair<std::size_t, std::string>> ran;  // bytes, algorithm
+    for (const auto& line : log.lines()) {
+      const auto at = line.find(what), named = line.find(key);
+      if (line.rfind(mine, 0) != 0 || at == std::string::npos || named == std::string::npos) continue;
+      ran.emplace_back(std::stoull(line.substr(at + what.size())), line.substr(named + key.size()));
+    }
+    CAPTURE(sim::describe(c));
+    REQUIRE(ran.size() == sizes.size());
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::size_t elements = sizes[i];
+      const sim::all_reduce_cost planned = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, elements);
+      CAPTURE(elements, ran[i].first);
+      REQUIRE(ran[i].first == elements * word);
+      CHECK(sim::name_of(sim::auto_choice(c, elements)) == ran[i].second);
+      CHECK(sim::name_of(planned.runs) == ran[i].second);
+    }
   }
 }

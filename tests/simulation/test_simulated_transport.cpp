@@ -365,6 +365,52 @@ TEST_CASE("wait_any returns requests in virtual arrival order, not in rank order
   CHECK(order == std::vector<int>{2, 4, 1, 3});
 }
 
+TEST_CASE("a message fills an idle gap of a link only when it fits there, else it goes after the reservation that ends the gap") {
+  // 1 GB/s: one byte is one nanosecond on a link. Rank 1 posts Y (1 MB, to rank 0) and then
+  // P (1 kB, to rank 2) at 0: P waits for Y on host 1's egress, enters it at 1,000,000 ns
+  // and holds host 2's ingress one latency later, over [1,010,000, 1,011,000) ns. Rank 0
+  // computes 100 us and sends Q (q bytes, to rank 2) later in virtual time but with an
+  // earlier start on host 2's ingress (110,000 ns): the gap before P is 900,000 ns, so Q of
+  // up to 900,000 bytes goes in it, and a longer one after P (a link carries one message
+  // at a time).
+  const auto m = sim::parse_cluster_model("hosts=3 bandwidth=1GB latency=10us compute=modelled");
+  const std::int64_t y = 1'000'000, p = 1'000, latency = 10'000, q_sent = 100'000;
+  const std::int64_t gap_begin = q_sent + latency, gap_end = y + latency, p_arrives = gap_end + p;
+  REQUIRE(gap_end - gap_begin == 900'000);
+  for (const std::int64_t q : {std::int64_t{1'000}, std::int64_t{900'000}, std::int64_t{900'001}, std::int64_t{2'000'000}}) {
+    CAPTURE(q);
+    // By hand: in the gap from its earliest start, or after P.
+    const std::int64_t q_arrives = q <= gap_end - gap_begin ? gap_begin + q : p_arrives + q;
+    std::int64_t got_q = -1, got_p = -1;
+    sim::run(m, [&](gw::transport::simulated t) {
+      if (t.rank() == 0) {
+        std::vector<std::byte> out(static_cast<std::size_t>(q)), in(static_cast<std::size_t>(y));
+        sim::compute(std::chrono::nanoseconds(q_sent));
+        send(t, 2, 1, out);
+        recv(t, 1, 1, in);
+      } else if (t.rank() == 1) {
+        std::vector<std::byte> big(static_cast<std::size_t>(y)), small(static_cast<std::size_t>(p));
+        auto a = t.async_send(0, 1, big);
+        auto b = t.async_send(2, 1, small);
+        t.wait(a, soon());
+        t.wait(b, soon());
+      } else {
+        std::vector<std::byte> from0(static_cast<std::size_t>(q)), from1(static_cast<std::size_t>(p));
+        auto a = t.async_recv(0, 1, from0);
+        auto b = t.async_recv(1, 1, from1);
+        gw::transport::simulated::request* both[] = {&a, &b};
+        const std::size_t first = t.wait_any(both, soon());
+        t.wait(*both[first], soon());
+        (first == 0 ? got_q : got_p) = t.now().count();
+        t.wait(*both[1 - first], soon());
+        (first == 0 ? got_p : got_q) = t.now().count();
+      }
+    });
+    CHECK(got_p == p_arrives);  // 1,011,000 ns: P keeps its place whatever Q does
+    CHECK(got_q == q_arrives);  // 111,000, 1,010,000, then 1,911,001 and 3,011,000 ns
+  }
+}
+
 namespace {
 
 // The incremental-step test's model: tensors of several sizes, a gradient linear in the
