@@ -1,0 +1,563 @@
+"""Generated mutants: a seeded, stratified sample of one-line bugs nobody listed.
+
+universalmutator (PyPI; its universal, C-like and C++ regular-expression rules) proposes every
+mutant of every line of code under include/gradwire. The sample draws from each top-level folder
+a quota weighted by its lines (at least MIN_PER_FOLDER), in a seeded order that interleaves the
+folders, so that any prefix of the campaign is itself a stratified sample and an interrupted
+campaign resumes where it stopped. For each mutant, in a scratch copy at one commit:
+
+  1. does it parse? a one-line TU that includes the header, -fsyntax-only (about a second); a
+     mutant that does not is "invalid" and does not count toward its folder's quota;
+  2. the test targets whose objects include the file (from ninja's dependency log), closest first
+     (names shared with the file's path, then fewest objects to rebuild): build one, run its tests,
+     stop at the first failure;
+  3. survivors of all those fall back to the checks that compile the headers themselves
+     (compile_fail, headers, kernels).
+
+Outcomes: killed (by which test), survived, did not compile (a later target failed to build: not
+a change that could ship), invalid, no device (CUDA code: its tests need a GPU). Results append
+to tests/mutation/generated/results.csv, one row per mutant, so that the campaign can be
+committed, resumed and rerun; tests/mutation/generated/equivalent.toml holds the hand triage.
+"""
+import collections
+import concurrent.futures
+import csv
+import datetime
+import difflib
+import hashlib
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .scratch import ROOT, build, configure, fail, run_tests, sync_scratch
+
+GENERATOR = "universalmutator==1.14.1"
+RULES = ["universal.rules", "cpp.rules", "c_like.rules"]  # what `mutate FILE cpp` uses
+MIN_PER_FOLDER = 10
+DATA = ROOT / "tests/mutation/generated"
+COLUMNS = ["id", "folder", "file", "line", "before", "after", "outcome", "killed_by", "target", "seconds", "commit", "date",
+           "first_outcome", "first_commit"]
+# Not run per mutant: they configure or build whole projects (minutes each) or need what the
+# scratch build leaves out (examples, Torch); the targets they exercise are run directly.
+SKIPPED_TESTS = re.compile(r"^(package|docs|fuzz|examples|snippet|torch|gpu):")
+SKIPPED_LABELS = {"gpu", "torch", "fuzz"}  # a GPU, Torch (left out of the scratch build), the fuzz smoke
+# Tests that compile the headers themselves (no target): the last resort for a survivor.
+COMPILE_CHECKS = re.compile(r"^(compile_fail|headers|kernels: every host kernel loop)")
+
+
+@dataclass
+class Mutant:
+    id: str
+    folder: str
+    file: str  # relative to the repository root
+    line: int  # 1-based, in the sampled commit
+    before: str
+    after: str  # may hold a newline: some rules add a line
+
+    def apply(self, text: str) -> str | None:
+        """The file's text with this mutant applied; None where its line is no longer there."""
+        lines = text.split("\n")
+        at = self.line - 1
+        if not (0 <= at < len(lines) and lines[at] == self.before):
+            matches = [i for i, l in enumerate(lines) if l == self.before]
+            if not matches:
+                return None
+            at = min(matches, key=lambda i: abs(i - at))  # the file moved under it: the nearest copy
+        lines[at] = self.after
+        return "\n".join(lines)
+
+
+def folder_of(rel: str) -> str:
+    parts = Path(rel).relative_to("include/gradwire").parts
+    return parts[0] if len(parts) > 1 else "(top)"
+
+
+def library_files(src: Path) -> list[str]:
+    root = src / "include/gradwire"
+    return sorted(str(p.relative_to(src)) for p in root.rglob("*") if p.suffix in (".hpp", ".ipp", ".cuh"))
+
+
+def is_code(line: str) -> bool:
+    """Lines that carry behaviour: not blank, not a comment, not an include guard or #include
+    (universalmutator's statement-deletion rule matches comment lines with leading spaces)."""
+    s = line.strip()
+    return bool(s) and not s.startswith(("//", "/*", "*", "#include", "#pragma"))
+
+
+def generator_python(work: Path) -> Path:
+    """A virtual environment with the pinned generator (PyPI), made once per work folder."""
+    venv = work / "venv"
+    python = venv / "bin/python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", GENERATOR], check=True)
+    return python
+
+
+GENERATE = r"""
+import json, os, sys, contextlib
+from universalmutator import mutator
+rules = [os.path.join(os.path.dirname(mutator.__file__), "static", r) for r in json.loads(sys.argv[1])]
+out = {}
+for path in sys.argv[2:]:
+    source = open(path).readlines()
+    with contextlib.redirect_stdout(sys.stderr):
+        found = mutator.mutants_regexp(source, ruleFiles=rules, ignorePatterns=[], ignoreStringOnly=True)
+    out[path] = [(line, text) for line, text, _rule, _pair in found]
+json.dump(out, sys.stdout)
+"""
+
+
+def generate(src: Path, work: Path, commit: str) -> list[Mutant]:
+    files = library_files(src)
+    cache = work / f"proposed-{commit}.json"  # the generator's answer for one commit (two minutes on 2 cores)
+    if cache.exists():
+        proposed = json.loads(cache.read_text())
+    else:
+        done = subprocess.run([str(generator_python(work)), "-c", GENERATE, json.dumps(RULES),
+                               *[str(src / f) for f in files]], check=True, capture_output=True, text=True)
+        proposed = json.loads(done.stdout)
+        cache.write_text(done.stdout)
+    mutants, seen = [], set()
+    for rel in files:
+        lines = (src / rel).read_text().split("\n")
+        occurrence = defaultdict(int)
+        index_of_line = {}
+        for i, l in enumerate(lines):
+            index_of_line[i] = occurrence[l]
+            occurrence[l] += 1
+        for line, text in proposed[str(src / rel)]:
+            before = lines[line - 1]
+            after = text[:-1] if text.endswith("\n") else text
+            if after == before or not is_code(before):
+                continue
+            # The id survives edits elsewhere in the file: the line's text, which copy of it, the change.
+            key = f"{rel}\0{before}\0{index_of_line[line - 1]}\0{after}"
+            mid = hashlib.sha1(key.encode()).hexdigest()[:10]
+            if mid in seen:
+                continue
+            seen.add(mid)
+            mutants.append(Mutant(mid, folder_of(rel), rel, line, before, after))
+    return mutants
+
+
+def line_counts(src: Path) -> dict[str, int]:
+    counts = defaultdict(int)
+    for rel in library_files(src):
+        counts[folder_of(rel)] += sum(1 for l in (src / rel).read_text().split("\n") if is_code(l))
+    return counts
+
+
+def quotas(src: Path, size: int) -> dict[str, int]:
+    counts = line_counts(src)
+    total = sum(counts.values())
+    return {f: max(MIN_PER_FOLDER, round(size * n / total)) for f, n in sorted(counts.items())}
+
+
+def campaign_order(mutants: list[Mutant], quota: dict[str, int], seed: int) -> list[Mutant]:
+    """Each folder's candidates in a seeded random order, merged so that the k-th of folder f comes
+    at (k + 0.5) / quota[f]: every prefix holds the folders in proportion to their quotas."""
+    rng = random.Random(seed)
+    by_folder = defaultdict(list)
+    for m in sorted(mutants, key=lambda m: m.id):
+        by_folder[m.folder].append(m)
+    keyed = []
+    for f in sorted(by_folder):
+        rng.shuffle(by_folder[f])
+        keyed += [((k + 0.5) / quota[f], f, m) for k, m in enumerate(by_folder[f])]
+    return [m for _, _, m in sorted(keyed, key=lambda t: (t[0], t[1]))]
+
+
+# --- what covers a file --------------------------------------------------------------------
+
+@dataclass
+class Coverage:
+    objects_of: dict[str, dict[str, int]] = field(default_factory=dict)  # file -> target -> objects including it
+    command_of: dict[str, list[str]] = field(default_factory=dict)  # target -> one object's compile command
+    tests_of: dict[str, list[str]] = field(default_factory=dict)  # target -> its ctest tests
+    uses: dict[str, set[str]] = field(default_factory=dict)  # test -> every target it runs
+    linking: dict[str, set[str]] = field(default_factory=dict)  # library target -> targets that link it
+    compile_checks: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # baseline duration of each test
+
+
+def coverage(src: Path, build_dir: Path) -> Coverage:
+    cov = Coverage()
+    deps = subprocess.run(["ninja", "-C", str(build_dir), "-t", "deps"], check=True, capture_output=True, text=True).stdout
+    target, include = None, str(src / "include") + "/"
+    for line in deps.split("\n"):
+        if line and not line.startswith(" "):
+            m = re.search(r"CMakeFiles/([^/]+)\.dir/", line)
+            target = m.group(1) if m else None
+        elif target and line.strip().startswith(include):
+            rel = os.path.normpath(line.strip())[len(str(src)) + 1:]
+            cov.objects_of.setdefault(rel, {}).setdefault(target, 0)
+            cov.objects_of[rel][target] += 1
+    for line in (build_dir / "build.ninja").read_text().split("\n"):
+        linker = re.match(r"build (\S+?)(?: \S+)*: CXX_EXECUTABLE_LINKER__(\w+)_(?:Release|Debug|RelWithDebInfo|MinSizeRel) (.*)", line)
+        if linker:
+            for lib in re.findall(r"(?:^|\s)lib(\w+)\.(?:a|so)\b", linker.group(3)):
+                cov.linking.setdefault(lib, set()).add(linker.group(2))
+    for entry in json.loads(subprocess.run(["ninja", "-C", str(build_dir), "-t", "compdb"], check=True,
+                                           capture_output=True, text=True).stdout):
+        m = re.search(r"CMakeFiles/([^/]+)\.dir/", entry.get("output", ""))
+        if m and entry["file"].endswith(".cpp"):
+            cov.command_of.setdefault(m.group(1), entry["command"].split())
+    listed = json.loads(subprocess.run(["ctest", "--test-dir", str(build_dir), "--show-only=json-v1"], check=True,
+                                       capture_output=True, text=True).stdout)
+    executables = {}
+    for path in build_dir.rglob("*"):
+        if path.is_file() and os.access(path, os.X_OK) and "CMakeFiles" not in path.parts:
+            executables[str(path)] = path.name
+    for t in listed["tests"]:
+        name = t["name"]
+        labels = {l for p in t.get("properties", []) if p["name"] == "LABELS" for l in p["value"]}
+        if SKIPPED_TESTS.match(name) or labels & SKIPPED_LABELS:
+            continue
+        used = {executables[a] for a in t.get("command", []) if a in executables}
+        if not used and COMPILE_CHECKS.match(name):
+            cov.compile_checks.append(name)
+        cov.uses[name] = used
+        for target in used:
+            cov.tests_of.setdefault(target, []).append(name)
+    return cov
+
+
+def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None) -> list[str]:
+    """The test targets built from the mutant's file, closest first."""
+    words = set(re.split(r"[/_.]+", m.file.removeprefix("include/gradwire/").rsplit(".", 1)[0])) - {"detail"}
+    kills = kills or {}
+    found = cov.objects_of.get(m.file, {})
+    if m.file.endswith(".ipp"):  # an .ipp is seen through the header that includes it: same deps
+        found = found or cov.objects_of.get(m.file[:-4] + ".hpp", {})
+    targets = {t: n for t, n in found.items() if t in cov.tests_of}
+    # Compiled mode: the file is built into a gradwire library (src/*.cpp), so every test target
+    # that links the library covers it too, at the cost of a link.
+    for lib in found:
+        for t in cov.linking.get(lib, ()):
+            if t in cov.tests_of:
+                targets.setdefault(t, 0)
+
+    def closeness(t: str):
+        # The targets that killed most mutants of this file, then of its folder, so far; then
+        # names shared with the file's path; then the fewest objects to rebuild.
+        shared = len(words & set(t.split("_")))
+        return (-kills.get((m.file, t), 0), -kills.get((m.folder, t), 0), -shared, targets[t], t)
+    return sorted(targets, key=closeness)
+
+
+# --- one mutant ----------------------------------------------------------------------------
+
+def includer(src: Path, rel: str) -> str:
+    """The header a TU includes to reach rel: rel itself, or for an .ipp the header that includes it."""
+    if not rel.endswith(".ipp"):
+        return rel
+    target = (src / rel).resolve()
+    for other in library_files(src):
+        if other.endswith(".ipp"):
+            continue
+        text = (src / other).read_text()
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+\.ipp)"', text, re.M):
+            if ((src / other).parent / name).resolve() == target:
+                return other
+        for name in re.findall(r'^\s*#\s*include\s+<([^>]+\.ipp)>', text, re.M):
+            if (src / "include" / name).resolve() == target:
+                return other
+    return rel
+
+
+class Screen:
+    """Whether a mutant parses: a TU that includes only its header (header-only mode, where every
+    .ipp is part of its header), -fsyntax-only, with the flags of the target that will build it.
+    Most generated mutants do not parse; the screen runs ahead of the campaign on `workers`
+    private copies of include/, so that it overlaps the builds and tests."""
+
+    def __init__(self, src: Path, work: Path, cov: Coverage, workers: int):
+        self.src, self.cov = src, cov
+        self.free = queue.Queue()
+        for n in range(workers):
+            copy = work / f"screen{n}"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(src / "include", copy / "include")
+            self.free.put(copy)
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers)
+
+    def submit(self, m: Mutant) -> concurrent.futures.Future:
+        return self.pool.submit(self._parses, m)
+
+    def _parses(self, m: Mutant) -> bool:
+        copy = self.free.get()
+        try:
+            path = copy / m.file
+            original = path.read_text()
+            mutated = m.apply(original)
+            if mutated is None:
+                return False
+            path.write_text(mutated)
+            try:
+                targets = covering_targets(self.cov, m)
+                command = self.cov.command_of.get(targets[0]) if targets else None
+                probe = copy / "probe.cpp"
+                probe.write_text(f"#include <{includer(self.src, m.file).removeprefix('include/')}>\n")
+                flags = [f"-I{copy / 'include'}", "-std=c++20"]
+                words = iter(command or [])
+                for w in words:
+                    if w in ("-I", "-D", "-isystem"):
+                        w += next(words, "")
+                    if w.startswith("-I" + str(self.src)) or w == "-DGRADWIRE_SEPARATE_COMPILATION":
+                        continue  # the copy's include/ stands for the scratch's
+                    if w.startswith(("-I", "-D", "-isystem", "-std=")):
+                        flags.append(w)
+                done = subprocess.run(["c++", *flags, "-fsyntax-only", str(probe)], capture_output=True)
+                return done.returncode == 0
+            finally:
+                path.write_text(original)
+        finally:
+            self.free.put(copy)
+
+
+def test_timeout(cov: Coverage, tests: list[str]) -> int:
+    # A hang is a kill, found at three times the slowest baseline duration plus half a minute.
+    return int(30 + 3 * max((cov.seconds.get(t, 60.0) for t in tests), default=60.0))
+
+
+def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, logs: Path,
+               parsed: concurrent.futures.Future, kills: dict) -> tuple[str, str, str]:
+    """(outcome, the test that killed it, the target whose tests ran last)."""
+    if m.file.endswith(".cuh"):
+        return "no device", "", ""  # device code: its tests skip without a GPU (see the report)
+    if not parsed.result():
+        return "invalid", "", ""
+    path = src / m.file
+    original = path.read_text()
+    mutated = m.apply(original)
+    if mutated is None:
+        return "gone", "", ""
+    path.write_text(mutated)
+    try:
+        targets = covering_targets(cov, m, kills)
+        for i, target in enumerate(targets):
+            tests = cov.tests_of[target]
+            # Every executable those tests start, so that none runs stale code from an earlier mutant.
+            needed = sorted({target}.union(*(cov.uses[t] for t in tests)))
+            if not build(build_dir, needed, jobs, logs / f"{m.id}.build.log"):
+                return ("invalid" if i == 0 else "did not compile"), "", target
+            passed, _, failed = run_tests(build_dir, tests, test_timeout(cov, tests), logs / f"{m.id}.test.log")
+            if not passed:
+                return "killed", (failed[0] if failed else target), target
+        if cov.compile_checks:
+            passed, _, failed = run_tests(build_dir, cov.compile_checks, 120, logs / f"{m.id}.test.log")
+            if not passed:
+                return "killed", (failed[0] if failed else "compile checks"), "compile checks"
+        return "survived", "", ""
+    finally:
+        path.write_text(original)
+
+
+# --- results -------------------------------------------------------------------------------
+
+def results_path(seed: int) -> Path:
+    return DATA / f"results-seed{seed}.csv"
+
+
+def load_results(seed: int) -> dict[str, dict]:
+    p = results_path(seed)
+    if not p.exists():
+        return {}
+    with open(p, newline="") as f:
+        return {row["id"]: row for row in csv.DictReader(f)}
+
+
+def save_results(seed: int, rows: dict[str, dict]) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    tmp = results_path(seed).with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for row in rows.values():
+            w.writerow({k: row.get(k, "") for k in COLUMNS})
+    tmp.replace(results_path(seed))
+
+
+def load_equivalent() -> dict[str, str]:
+    p = DATA / "equivalent.toml"
+    if not p.exists():
+        return {}
+    with open(p, "rb") as f:
+        return {e["id"]: e["why"] for e in tomllib.load(f).get("equivalent", [])}
+
+
+# What fills a folder's quota: the mutants that ran, and the CUDA ones that would run on a GPU.
+COUNTED = ("killed", "survived", "no device")
+
+
+def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcome") -> str:
+    rows = load_results(seed)
+    equivalent = load_equivalent()
+    table = defaultdict(lambda: defaultdict(int))
+    for r in rows.values():
+        outcome = r[column]
+        if outcome == "survived" and r["id"] in equivalent:
+            outcome = "equivalent"
+        table[r["folder"]][outcome] += 1
+    folders = sorted(set(table) | set(quota or {}))
+    head = "| folder | quota | run | killed | survived | equivalent | score | invalid | did not compile | no device |"
+    out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    total = defaultdict(int)
+    for f in folders:
+        c = table[f]
+        run = c["killed"] + c["survived"] + c["equivalent"]
+        score = f"{100 * c['killed'] / (c['killed'] + c['survived']):.0f}%" if c["killed"] + c["survived"] else "-"
+        out.append(f"| {f} | {(quota or {}).get(f, '')} | {run} | {c['killed']} | {c['survived']} | {c['equivalent']} | "
+                   f"{score} | {c['invalid']} | {c['did not compile']} | {c['no device']} |")
+        for k in ("killed", "survived", "equivalent", "invalid", "did not compile", "no device"):
+            total[k] += c[k]
+    run = total["killed"] + total["survived"] + total["equivalent"]
+    score = f"{100 * total['killed'] / (total['killed'] + total['survived']):.0f}%" if total["killed"] + total["survived"] else "-"
+    out.append(f"| **all** | {sum((quota or {}).values()) or ''} | {run} | {total['killed']} | {total['survived']} | "
+               f"{total['equivalent']} | **{score}** | {total['invalid']} | {total['did not compile']} | {total['no device']} |")
+    survivors = [r for r in rows.values() if r[column] == "survived" and r["id"] not in equivalent]
+    if survivors:
+        out.append("\nSurvivors (not yet killed, not argued equivalent):\n")
+        for r in sorted(survivors, key=lambda r: (r["file"], int(r["line"]))):
+            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: `{r['before'].strip()}` -> `{r['after'].strip()}`")
+    if equivalent:
+        out.append("\nEquivalent (triaged by hand, see equivalent.toml):\n")
+        for r in sorted((r for r in rows.values() if r["id"] in equivalent), key=lambda r: (r["file"], int(r["line"]))):
+            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: {equivalent[r['id']]}")
+    return "\n".join(out)
+
+
+# --- the campaign --------------------------------------------------------------------------
+
+def main(args) -> int:
+    work = args.work_dir.resolve() / "generated"
+    src, build_dir, logs = work / "src", work / "build", work / "logs"
+    for d in (src, logs):
+        d.mkdir(parents=True, exist_ok=True)
+    rows = load_results(args.seed)
+    # The sample is drawn once, at the commit of its first run; a campaign resumes on that code.
+    # --rerun-survivors runs the survivors against --commit's tests (HEAD: the tests written since).
+    sampled = next((r["first_commit"] for r in rows.values()), None)
+    code = args.commit if args.rerun_survivors or not sampled else sampled
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", code], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    sync_scratch(src, commit=commit)
+    quota = quotas(src, args.size)
+    if args.report:
+        print(report(args.seed, quota))
+        if any(r["first_outcome"] != r["outcome"] for r in rows.values()):
+            print("\nBefore the tests written for the survivors (first run of each mutant):\n")
+            print(report(args.seed, quota, column="first_outcome"))
+        return 0
+
+    started = time.monotonic()
+    if args.rerun_survivors:
+        equivalent = load_equivalent()
+        order = [Mutant(r["id"], r["folder"], r["file"], int(r["line"]), r["before"], r["after"])
+                 for r in rows.values() if r["outcome"] == "survived" and r["id"] not in equivalent]
+        print(f"{len(order)} survivors of seed {args.seed} against the tests at {commit}", flush=True)
+    else:
+        mutants = generate(src, work, commit)
+        order = campaign_order(mutants, quota, args.seed)
+        print(f"{len(mutants)} mutants proposed by {GENERATOR} over {len(library_files(src))} files at {commit}; "
+              f"sample of {sum(quota.values())} (seed {args.seed}): " +
+              ", ".join(f"{f} {q}" for f, q in quota.items()), flush=True)
+
+    if not (build_dir / "build.ninja").exists():
+        configure(src, build_dir)
+    print("baseline: building every test target", flush=True)
+    if not build(build_dir, ["all"], args.jobs, logs / "baseline-build.log"):
+        fail(f"the unmutated code does not build; see {logs / 'baseline-build.log'}")
+    cov = coverage(src, build_dir)
+    baseline_tests = sorted({t for ts in cov.tests_of.values() for t in ts} | set(cov.compile_checks))
+    junit = logs / f"baseline-{commit}.xml"  # once per commit: which tests pass there, and how long each takes
+    if not junit.exists():
+        with open(logs / "baseline-test.log", "w") as out:
+            subprocess.run(["ctest", "--test-dir", str(build_dir), "-E", SKIPPED_TESTS.pattern,
+                            "-LE", "|".join(sorted(SKIPPED_LABELS)), "-j", str(args.jobs),
+                            "--output-junit", str(junit) + ".tmp", "--timeout", "600"], stdout=out, stderr=subprocess.STDOUT)
+        Path(str(junit) + ".tmp").replace(junit)
+    failing = set()
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        cov.seconds[case.get("name")] = float(case.get("time", "60"))
+        if case.get("status") != "run" or case.find("failure") is not None:
+            failing.add(case.get("name"))
+    # A test that fails on the unmutated code proves nothing about a mutant (it needs what the
+    # scratch build leaves out, or it is flaky): it is left out, and named.
+    for target in cov.tests_of:
+        cov.tests_of[target] = [t for t in cov.tests_of[target] if t not in failing]
+    cov.compile_checks = [t for t in cov.compile_checks if t not in failing]
+    if len(failing) > len(baseline_tests) // 10:
+        fail(f"{len(failing)} tests fail on the unmutated code; see {logs / 'baseline-test.log'}")
+    for name in sorted(failing):
+        print(f"baseline: left out, fails unmutated: {name}", flush=True)
+    print(f"baseline: {len(baseline_tests) - len(failing)} tests pass ({time.monotonic() - started:.0f} s)", flush=True)
+
+    todo = order
+    counted = defaultdict(int)
+    for r in rows.values():
+        if r["outcome"] in COUNTED or r["first_outcome"] in COUNTED:
+            counted[r["folder"]] += 1
+    deadline = time.monotonic() + args.hours * 3600 if args.hours else None
+
+    def wanted(m: Mutant) -> bool:
+        if args.rerun_survivors:
+            return True
+        return m.id not in rows and counted[m.folder] < quota[m.folder]
+
+    screen = Screen(src, work, cov, workers=max(1, args.jobs))
+    upcoming, ahead = iter(todo), collections.deque()
+    ran = 0
+    while True:
+        while len(ahead) < 8 * max(1, args.jobs):  # keep the screen busy while a mutant builds
+            m = next(upcoming, None)
+            if m is None:
+                break
+            if wanted(m):
+                ahead.append((m, screen.submit(m)))
+        if not ahead:
+            break
+        if deadline and time.monotonic() > deadline:
+            print(f"stopping: --hours {args.hours} reached", flush=True)
+            break
+        m, parsed = ahead.popleft()
+        if not wanted(m):  # its folder filled while it waited
+            parsed.cancel()
+            continue
+        t0 = time.monotonic()
+        kills = collections.Counter()
+        for r in rows.values():
+            if r["outcome"] == "killed" and r.get("target"):
+                kills[(r["file"], r["target"])] += 1
+                kills[(r["folder"], r["target"])] += 1
+        outcome, by, target = run_mutant(m, src, build_dir, cov, args.jobs, logs, parsed, kills)
+        seconds = time.monotonic() - t0
+        row = rows.get(m.id) or {"id": m.id, "folder": m.folder, "file": m.file, "line": m.line, "before": m.before,
+                                 "after": m.after, "first_outcome": outcome, "first_commit": commit}
+        row.update(outcome=outcome, killed_by=by, target=target, seconds=f"{seconds:.0f}", commit=commit,
+                   date=datetime.date.today().isoformat())
+        rows[m.id] = row
+        save_results(args.seed, rows)
+        if outcome in COUNTED and not args.rerun_survivors:
+            counted[m.folder] += 1
+        ran += 1
+        if outcome != "invalid":
+            shown = m.after.strip()[:70].replace("\n", "\\n")
+            print(f"[{sum(counted.values()):3}/{sum(quota.values())}] {m.id} {m.file}:{m.line}  {outcome:<15} "
+                  f"{seconds:5.0f} s  {shown}{'  by ' + by if by else ''}", flush=True)
+    screen.pool.shutdown(cancel_futures=True)
+    print(f"\n{ran} mutants run in {time.monotonic() - started:.0f} s\n")
+    print(report(args.seed, quota))
+    return 0

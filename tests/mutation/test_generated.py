@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""scripts/mutate --generated: the parts that decide what is run and what is reported.
+
+A campaign takes hours and runs outside CI; these checks take a second: that a mutant lands on
+its line (or on the nearest copy of it when the file moved), that comments are never mutated,
+that the sample keeps every folder in proportion at any point where it stops, that the ids do
+not depend on where a line sits, and that the score counts only what ran (equivalents apart).
+
+Usage: test_generated.py [unittest args]
+"""
+import csv
+import os
+import sys
+import tempfile
+import unittest
+from collections import Counter
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from mutation import generated  # noqa: E402
+from mutation.generated import Mutant  # noqa: E402
+
+
+def mutant(i: int, folder: str, line: int = 1, before: str = "x", after: str = "y") -> Mutant:
+    return Mutant(f"{folder}-{i:04}", folder, f"include/gradwire/{folder}/f.hpp", line, before, after)
+
+
+class Apply(unittest.TestCase):
+    def test_replaces_only_its_line(self):
+        text = "a\n  b = 1;\nc\n"
+        self.assertEqual(Mutant("i", "f", "p", 2, "  b = 1;", "  b = 2;").apply(text), "a\n  b = 2;\nc\n")
+
+    def test_follows_a_line_that_moved_to_the_nearest_copy(self):
+        text = "x = 1;\nnew\nnew\nnew\nx = 1;\nz\n"
+        # Sampled at line 4; the file gained lines above it: the copy at line 5 is nearer than line 1.
+        self.assertEqual(Mutant("i", "f", "p", 4, "x = 1;", "x = 2;").apply(text),
+                         "x = 1;\nnew\nnew\nnew\nx = 2;\nz\n")
+
+    def test_a_line_that_is_gone_is_reported_not_guessed(self):
+        self.assertIsNone(Mutant("i", "f", "p", 1, "gone();", "x();").apply("a\nb\n"))
+
+    def test_a_rule_that_adds_a_line(self):
+        self.assertEqual(Mutant("i", "f", "p", 1, "f();", "f();\nbreak;").apply("f();\ng();"), "f();\nbreak;\ng();")
+
+
+class Code(unittest.TestCase):
+    def test_comments_includes_and_blank_lines_are_not_code(self):
+        for line in ("", "   ", "  // a comment", "/* block */", " * inside a block", "#include <x>", "#pragma once"):
+            self.assertFalse(generated.is_code(line), line)
+
+    def test_statements_and_conditions_are_code(self):
+        for line in ("  x += 1;", "if (a < b) {", "#if defined(X)", "return y;  // why"):
+            self.assertTrue(generated.is_code(line), line)
+
+    def test_folder_is_the_first_folder_under_gradwire(self):
+        self.assertEqual(generated.folder_of("include/gradwire/transport/tcp/engine.hpp"), "transport")
+        self.assertEqual(generated.folder_of("include/gradwire/strategy.hpp"), "(top)")
+
+
+class Sample(unittest.TestCase):
+    def test_quotas_weighted_by_lines_with_a_floor(self):
+        with mock.patch.object(generated, "line_counts", return_value={"big": 9000, "mid": 900, "tiny": 100}):
+            q = generated.quotas(Path("."), 400)
+        self.assertEqual(q["big"], 360)
+        self.assertEqual(q["mid"], 36)
+        self.assertEqual(q["tiny"], generated.MIN_PER_FOLDER)  # 4 by lines, raised to the floor
+
+    def test_every_prefix_holds_the_folders_in_proportion(self):
+        quota = {"a": 60, "b": 30, "c": 10}
+        pool = [mutant(i, f) for f in quota for i in range(500)]
+        order = generated.campaign_order(pool, quota, seed=35)
+        self.assertEqual(len(order), len(pool))
+        for n in (10, 50, 100):
+            seen = Counter(m.folder for m in order[:n])
+            for f, q in quota.items():
+                self.assertLessEqual(abs(seen[f] - n * q / 100), 1, (n, f, seen))
+
+    def test_the_seed_decides_the_order(self):
+        quota = {"a": 5, "b": 5}
+        pool = [mutant(i, f) for f in quota for i in range(50)]
+        first = [m.id for m in generated.campaign_order(pool, quota, seed=1)]
+        self.assertEqual(first, [m.id for m in generated.campaign_order(list(reversed(pool)), quota, seed=1)])
+        self.assertNotEqual(first, [m.id for m in generated.campaign_order(pool, quota, seed=2)])
+
+
+class Report(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.data = Path(self.dir.name)
+        patcher = mock.patch.object(generated, "DATA", self.data)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        self.addCleanup(self.dir.cleanup)
+
+    def write(self, rows):
+        with open(self.data / "results-seed7.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=generated.COLUMNS)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: r.get(k, "") for k in generated.COLUMNS})
+
+    def row(self, i, folder, outcome, first=None):
+        return {"id": f"m{i}", "folder": folder, "file": f"include/gradwire/{folder}/f.hpp", "line": i,
+                "before": "a", "after": "b", "outcome": outcome, "first_outcome": first or outcome}
+
+    def test_score_counts_killed_over_killed_and_survived(self):
+        self.write([self.row(1, "ps", "killed"), self.row(2, "ps", "killed"), self.row(3, "ps", "killed"),
+                    self.row(4, "ps", "survived"), self.row(5, "ps", "invalid"), self.row(6, "ps", "did not compile"),
+                    self.row(7, "cuda", "no device")])
+        text = generated.report(7, {"ps": 4, "cuda": 1})
+        self.assertIn("| ps | 4 | 4 | 3 | 1 | 0 | 75% | 1 | 1 | 0 |", text)
+        self.assertIn("| cuda | 1 | 0 | 0 | 0 | 0 | - | 0 | 0 | 1 |", text)
+        self.assertIn("`m4`", text)  # the survivor is listed
+
+    def test_an_equivalent_survivor_leaves_the_score_and_is_listed_with_its_reason(self):
+        self.write([self.row(1, "ps", "killed"), self.row(2, "ps", "survived")])
+        (self.data / "equivalent.toml").write_text('[[equivalent]]\nid = "m2"\nwhy = "a copy nobody reads"\n')
+        text = generated.report(7, {"ps": 2})
+        self.assertIn("| ps | 2 | 2 | 1 | 0 | 1 | 100% |", text)
+        self.assertIn("a copy nobody reads", text)
+
+    def test_the_first_run_is_kept_for_the_before_table(self):
+        self.write([self.row(1, "ps", "killed", first="survived"), self.row(2, "ps", "killed")])
+        self.assertIn("| ps | 2 | 2 | 2 | 0 | 0 | 100% |", generated.report(7, {"ps": 2}))
+        self.assertIn("| ps | 2 | 2 | 1 | 1 | 0 | 50% |", generated.report(7, {"ps": 2}, column="first_outcome"))
+
+
+if __name__ == "__main__":
+    unittest.main()
