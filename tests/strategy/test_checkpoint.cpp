@@ -294,6 +294,12 @@ TEST_CASE("load_checkpoint refuses bad files with a config error naming the file
     adam_strategy more(make_params<float>(1.0, outputs, true));
     require_refused(error_of([&] { gw::load_checkpoint(file, more); }), file, "checkpoint has 2 tensors, the model 3");
   }
+  SECTION("a checkpoint of a model with more tensors than this one") {
+    // The other direction: the first tensors match, so only the count can refuse it.
+    adam_strategy bigger(make_params<float>(0.0, outputs, true), gw::optim::adam({.lr = 0.01}));
+    gw::save_checkpoint(file, bigger, 2);
+    require_refused(load(), file, "checkpoint has 3 tensors, the model 2");
+  }
   SECTION("another tensor size") {
     adam_strategy wider(make_params<float>(1.0, outputs + 1));
     require_refused(error_of([&] { gw::load_checkpoint(file, wider); }), file,

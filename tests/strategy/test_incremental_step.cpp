@@ -540,6 +540,104 @@ TEST_CASE("gradient accumulation through the one-call form and with the paramete
   }
 }
 
+TEST_CASE("a step given up after no_sync micro-batches discards them: the next step applies only its own gradients") {
+  // Each way a step can be given up. Several ranks: only before any gradient of the
+  // synchronised step is handed over (after that the ranks are out of step, tested below);
+  // one rank alone cannot fall out of step, so there the step is given up midway, after
+  // ready() has folded the micro-batches into some tensors' gradients.
+  const int ranks = GENERATE(1, 2);
+  CAPTURE(ranks);
+  constexpr int micro = 3;
+  const std::size_t handed_over = ranks == 1 ? sizes.size() - 2 : 0;  // tensors marked before giving up
+  // Micro-batch m's gradient: far from the clean step's (another "rank" and step), so that
+  // folding any of it into the clean step moves the parameters well past the tolerance.
+  auto micro_gradient = [](const auto& s, int m, std::size_t i) {
+    return gradient(10 + 3 * s.rank() + m, 7 + m, i, s.parameters()[i].data(), sizes[i]);
+  };
+  auto hand_over_some = [&](auto& s, auto& step) {
+    for (std::size_t i = sizes.size(); i-- > sizes.size() - handed_over;)
+      step.ready(i, gradient(s.rank(), 0, i, s.parameters()[i].data(), sizes[i]));
+  };
+  enum class way { dropped, finish_refused, micro_batch_dropped, one_call_refused };
+  way how = way::dropped;
+  SECTION("the synchronised step's handle dropped") { how = way::dropped; }
+  SECTION("the synchronised step's finish() refused: a gradient never marked ready") { how = way::finish_refused; }
+  SECTION("a further micro-batch's handle dropped (the documented discard of every no_sync step)") {
+    how = way::micro_batch_dropped;
+  }
+  SECTION("the one-call step refused: a NaN gradient with the finite check on (one rank)") {
+    if (ranks != 1) return;  // on several ranks a NaN fails the job (test_bad_input.cpp)
+    how = way::one_call_refused;
+  }
+  std::vector<params_t> got(static_cast<std::size_t>(ranks));
+  std::vector<std::size_t> before(got.size()), after(got.size());
+  std::vector<std::string> refused(got.size());
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    const auto r = static_cast<std::size_t>(t.rank());
+    strategy_of<gw::aggregation::all_reduce> s(t, make_params(t.rank()), gw::optim::sgd({.lr = lr}),
+                                               gw::aggregation::all_reduce(256));
+    // The micro-batches, through both forms: the one-call step first, then incremental ones.
+    for (int m = 0; m < micro; ++m) {
+      std::vector<std::vector<float>> grads;
+      for (std::size_t i = 0; i < sizes.size(); ++i) grads.push_back(micro_gradient(s, m, i));
+      if (m == 0) {
+        s.step(grads, gw::no_sync);
+        continue;
+      }
+      auto step = s.begin_step(gw::no_sync);
+      for (std::size_t i = sizes.size(); i-- > 0;) step.ready(i, grads[i]);
+      step.finish();
+    }
+    before[r] = s.accumulated_micro_batches();
+    switch (how) {
+      case way::dropped: {
+        auto step = s.begin_step();
+        hand_over_some(s, step);
+      } break;  // dropped here
+      case way::finish_refused: {
+        auto step = s.begin_step();
+        hand_over_some(s, step);
+        try {
+          step.finish();
+        } catch (const gw::error& e) {
+          refused[r] = e.what();
+        }
+      } break;
+      case way::micro_batch_dropped: {
+        auto step = s.begin_step(gw::no_sync);
+        step.ready(sizes.size() - 1, micro_gradient(s, micro, sizes.size() - 1));
+      } break;
+      case way::one_call_refused: {
+        std::vector<std::vector<float>> grads;
+        for (std::size_t i = 0; i < sizes.size(); ++i)
+          grads.push_back(gradient(s.rank(), 0, i, s.parameters()[i].data(), sizes[i]));
+        grads[0][5] = std::nanf("");  // tensor 0 is handed over last: the others were folded
+        s.check_finite_gradients(true);
+        try {
+          s.step(grads);
+        } catch (const gw::error& e) {
+          refused[r] = e.what();
+        }
+        s.check_finite_gradients(false);
+      } break;
+    }
+    after[r] = s.accumulated_micro_batches();
+    // The clean step: rank r's gradient of step 0, as in the reference.
+    std::mt19937 gen(std::random_device{}() + unsigned(t.rank()));
+    incremental_step(s, 0, gen, false);
+    got[r] = snapshot(s);
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r, refused[r]);
+    REQUIRE(before[r] == std::size_t{micro});  // the micro-batches were accumulated
+    if (how == way::finish_refused) REQUIRE_THAT(refused[r], Catch::Contains("never marked ready"));
+    if (how == way::one_call_refused) REQUIRE_THAT(refused[r], Catch::Contains("holds nan"));
+    // One synchronous SGD step on the clean gradients only (replicas start at rank 0's).
+    require_close(got[r], reference(ranks, 1, lr));
+    REQUIRE(after[r] == 0);  // and the count says so
+  }
+}
+
 TEST_CASE("a step given up after its gradients went out leaves the ranks out of step: later steps refuse") {
   // Each rank's refusals of begin_step() and of step(grads), asserted on the main thread.
   std::vector<std::pair<gw::errc, std::string>> begin(2), one_call(2);
