@@ -6,11 +6,14 @@
 // The agent's push order and the async mode over any_transport are in
 // test_parameter_server_agent.cpp (a second TU: one took 117 s to compile).
 // The same behaviours across processes, including a killed worker, are in tests/multiprocess.
+// Servers with standbys run on the simulated transport (a lost rank is a lost peer, and
+// virtual time makes the order of events the model's, not the threads'), at the end.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <filesystem>
 #include <gradwire/gradwire.hpp>
+#include <gradwire/simulation/transport.hpp>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -348,4 +351,233 @@ TEST_CASE("parameter_server staleness_aware_lr divides each async step by the gr
     for (int k = 0; k < steps; ++k) s.step(ones);
   });
   for (std::size_t i = 0; i < start.size(); ++i) REQUIRE(served[i] == Approx(start[i] - lr * steps).epsilon(1e-12));
+}
+
+// --- servers with standbys (ps::options::standby), on the simulated transport -------------
+
+namespace {
+
+namespace sim = gradwire::simulation;
+
+// What the serving ranks' endpoints did, recorded by replication_watch in the order the
+// simulator ran it (one rank at a time, in virtual-time order): the latest version each
+// standby acknowledged, and every reply with the version its rank's standby had
+// acknowledged when it was sent.
+struct replication_record {
+  struct reply {
+    int rank, worker;
+    std::uint64_t version;  // of the parameters it carried
+    std::uint64_t acked;    // acknowledged by the standby of the sender's shard by then
+  };
+  explicit replication_record(int servers) : acked(std::size_t(servers), 0) {}
+  std::mutex m;
+  std::vector<std::uint64_t> acked;  // [server index]
+  std::vector<reply> replies;
+};
+
+// A serving rank killed by the test: its thread ends with this, which makes it a lost peer
+// to the others, as a crashed process is.
+struct killed_by_test : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// transport::simulated as the test arranges replication: a standby sends each
+// acknowledgement `ack_delay` (virtual time) after it applied the update, and server rank
+// `kill_rank` dies `kill_after` after it sent its first reply of version `kill_at`.
+class replication_watch {
+ public:
+  using request = gw::transport::simulated::request;
+  struct plan {
+    int first_server = 0, servers = 1;
+    sim::duration ack_delay{};
+    int kill_rank = -1;
+    std::uint64_t kill_at = 0;
+    sim::duration kill_after{};
+  };
+  replication_watch(gw::transport::simulated t, replication_record* record, plan p)
+      : t_(std::move(t)), record_(record), plan_(p) {}
+  int rank() const noexcept { return t_.rank(); }
+  int size() const noexcept { return t_.size(); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    namespace ps = gw::ps::detail;
+    const auto index = std::size_t((rank() - plan_.first_server) % plan_.servers);
+    if (tag == ps::replica_ack_tag) {
+      if (bytes.size() != sizeof(ps::replica_ack)) throw std::runtime_error("test: an acknowledgement of another size");
+      ps::replica_ack ack;
+      std::memcpy(&ack, bytes.data(), sizeof ack);
+      sim::compute(plan_.ack_delay);
+      std::lock_guard lock(record_->m);
+      record_->acked[index] = std::max(record_->acked[index], ack.version);
+    }
+    auto sent = t_.async_send(peer, tag, bytes);
+    if (tag == ps::reply_tag) {
+      if (bytes.size() < sizeof(ps::reply_header)) throw std::runtime_error("test: a reply shorter than its header");
+      ps::reply_header h;
+      std::memcpy(&h, bytes.data(), sizeof h);
+      {
+        std::lock_guard lock(record_->m);
+        record_->replies.push_back({rank(), peer, h.version, record_->acked[index]});
+      }
+      if (rank() == plan_.kill_rank && h.version == plan_.kill_at) {
+        sim::compute(plan_.kill_after);
+        throw killed_by_test("server rank " + std::to_string(rank()) + " killed by the test after answering version " +
+                             std::to_string(h.version));
+      }
+    }
+    return sent;
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) { return t_.async_recv(peer, tag, bytes); }
+  void wait(request& r, gw::deadline until) { t_.wait(r, until); }
+  std::size_t wait_any(std::span<request* const> requests, gw::deadline until) { return t_.wait_any(requests, until); }
+  void tolerate_loss(int peer) { t_.tolerate_loss(peer); }
+  std::vector<int> lost_peers() const { return t_.lost_peers(); }
+
+ private:
+  gw::transport::simulated t_;
+  replication_record* record_;
+  plan plan_;
+};
+static_assert(gw::concepts::multiplexing_transport<replication_watch> &&
+              gw::concepts::loss_tolerant_transport<replication_watch>);
+
+struct standby_run {
+  std::vector<std::vector<std::vector<double>>> after;  // [worker][step]: its parameters after the step
+  std::vector<gw::ps::server_stats> stats;              // [serving rank - first server]
+  std::vector<std::exception_ptr> outcomes;             // [rank]
+};
+
+// Two workers, two servers, two standbys: ranks 0-1, 2-3, 4-5, on two modelled hosts of
+// three ranks. The workers share host 0 with server rank 2 (a reply reaches them in 2 us),
+// whose standby rank 4 is on host 1, across a 10 Mbit/s link with 50 us of latency.
+// compute=modelled: the clocks move by the messages and the plan's delays only. Plain SGD
+// in double, synchronous.
+standby_run run_with_standbys(double lr, const std::vector<std::vector<batch_data>>& data, replication_record& record,
+                              replication_watch::plan plan) {
+  using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::sgd, gw::ps::sync, replication_watch>;
+  constexpr int workers = 2, servers = 2;
+  auto options = small_shards(servers);
+  options.standby = true;
+  plan.first_server = workers;
+  plan.servers = servers;
+  const auto m =
+      sim::parse_cluster_model("hosts=2 ranks_per_host=3 bandwidth=10Mbit latency=50us compute=modelled");
+  REQUIRE(m.size() == workers + 2 * servers);
+  standby_run run;
+  run.after.resize(workers);
+  run.stats.resize(2 * servers);
+  sim::job job(m);
+  run.outcomes = job.run([&](gw::transport::simulated t) {
+    const int me = t.rank();
+    S s(replication_watch(std::move(t), &record, plan), start_params<double>(me), gw::optim::sgd({.lr = lr}),
+        S::aggregation_type(options));
+    if (s.is_server()) {
+      run.stats[std::size_t(me - workers)] = s.serve();
+      return;
+    }
+    for (const auto& batches : data) {
+      const auto p = s.parameters();
+      s.step(model.gradients<double>(p[0].data(), p[1].data(), batches[std::size_t(me)]));
+      run.after[std::size_t(me)].push_back(flat<double>(s.parameters()));
+    }
+  });
+  return run;
+}
+
+// The float64 serial reference of synchronous SGD: each step, every worker's gradient at
+// the same parameters, their mean, one step. [step]: the parameters after it.
+std::vector<std::vector<double>> serial_sync_sgd(int workers, double lr, const std::vector<std::vector<batch_data>>& data) {
+  auto p = flat<double>(start_params<double>(0));
+  const std::size_t weights = model.outputs * model.inputs;
+  std::vector<std::vector<double>> history;
+  for (const auto& batches : data) {
+    std::vector<double> sum(p.size(), 0.0);
+    for (int w = 0; w < workers; ++w) {
+      const auto g = model.gradients<double>(p.data(), p.data() + weights, batches[std::size_t(w)]);
+      for (std::size_t i = 0; i < weights; ++i) sum[i] += g[0][i];
+      for (std::size_t i = 0; i < model.outputs; ++i) sum[weights + i] += g[1][i];
+    }
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * sum[i] / double(workers);
+    history.push_back(p);
+  }
+  return history;
+}
+
+void require_serial_trajectories(const standby_run& run, const std::vector<std::vector<double>>& want) {
+  for (std::size_t w = 0; w < run.after.size(); ++w) {
+    REQUIRE(run.after[w].size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      CAPTURE(w, k);
+      require_close(run.after[w][k], want[k]);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("parameter_server<sync> with standbys answers no pull of a step before the standby has acknowledged its update, and trains as the float64 serial reference") {
+  constexpr int workers = 2, servers = 2, steps = 4;
+  constexpr double lr = 0.1;
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const auto data = make_batches(steps, workers, seed);
+  replication_record record(servers);
+  // Each standby acknowledges an update 1 s (virtual) after it applied it: a server that
+  // answered the step's pulls without waiting would answer them a second before.
+  const auto run = run_with_standbys(lr, data, record, {.ack_delay = std::chrono::seconds(1)});
+  for (const auto& outcome : run.outcomes)
+    if (outcome) std::rethrow_exception(outcome);
+  std::size_t checked = 0, last_step = 0;
+  for (const auto& r : record.replies) {
+    CAPTURE(r.rank, r.worker, r.version, r.acked);
+    REQUIRE(r.rank < workers + servers);  // no failover: the standbys answered nothing
+    REQUIRE(r.version <= r.acked);
+    ++checked;
+    last_step += r.version == steps ? 1 : 0;
+  }
+  // Every pull was answered (the setup's, then one per step), the last step's included.
+  REQUIRE(checked == std::size_t(servers * workers * (steps + 1)));
+  REQUIRE(last_step == std::size_t(servers * workers));
+  REQUIRE(record.acked == std::vector<std::uint64_t>(servers, steps));
+  for (int k = 0; k < servers; ++k) {
+    CAPTURE(k);
+    CHECK_FALSE(run.stats[std::size_t(servers + k)].promoted);
+    CHECK(run.stats[std::size_t(servers + k)].replicated == std::uint64_t(workers * steps));
+  }
+  require_serial_trajectories(run, serial_sync_sgd(workers, lr, data));
+}
+
+TEST_CASE("parameter_server<sync> with standbys: a server killed right after it answers a step's pull fails over to its standby, and every worker ends with the float64 serial reference (nothing lost, nothing applied twice)") {
+  constexpr int workers = 2, servers = 2, steps = 5;
+  constexpr std::uint64_t killed_at = 2;
+  constexpr double lr = 0.1;
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  const auto data = make_batches(steps, workers, seed);
+  replication_record record(servers);
+  // Server rank 2 dies 20 us after its first reply of version 2, which has reached its
+  // worker (2 us away): one worker holds version 2 from the server, the other none. Each
+  // standby acknowledges 1 ms after it applied an update.
+  const auto run = run_with_standbys(lr, data, record,
+                                     {.ack_delay = std::chrono::milliseconds(1),
+                                      .kill_rank = workers,
+                                      .kill_at = killed_at,
+                                      .kill_after = std::chrono::microseconds(20)});
+  REQUIRE(run.outcomes[workers]);
+  REQUIRE_THROWS_AS(std::rethrow_exception(run.outcomes[workers]), killed_by_test);
+  for (std::size_t r = 0; r < run.outcomes.size(); ++r)
+    if (r != std::size_t(workers) && run.outcomes[r]) std::rethrow_exception(run.outcomes[r]);
+  // The server had answered version 2 to a worker before it died; its standby took over
+  // from there, and ended with every worker's every gradient applied once.
+  REQUIRE(std::any_of(record.replies.begin(), record.replies.end(),
+                      [&](const auto& r) { return r.rank == workers && r.version == killed_at; }));
+  const auto& standby = run.stats[std::size_t(servers)];
+  CHECK(standby.promoted);
+  CHECK(standby.promoted_at == killed_at);
+  CHECK(standby.version == std::uint64_t(steps));
+  CHECK(standby.applied == std::uint64_t(workers * steps));
+  CHECK(standby.dropped == 0);
+  const auto& other = run.stats[1];  // server rank 3 served to the end, replicated
+  CHECK_FALSE(other.promoted);
+  CHECK(other.version == std::uint64_t(steps));
+  require_serial_trajectories(run, serial_sync_sgd(workers, lr, data));
 }
