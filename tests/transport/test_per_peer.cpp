@@ -1,4 +1,4 @@
-// per_peer<Intra, Inter> over threads: routing by host, forwarded capabilities, collectives against float64.
+// per_peer<Intra, Inter> over threads: routing by host, forwarded capabilities, collectives against float64; lost peers in job ranks.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -129,4 +129,95 @@ TEST_CASE("per_peer refuses an Intra that does not span this rank's host") {
   REQUIRE(kind == gw::errc::config);
   REQUIRE_THAT(what, Catch::Contains("per_peer: rank 0 is local rank 0 of 2 on its host, but its shared-memory "
                                      "transport is rank 0 of 3: join it among the host's ranks only"));
+}
+
+// --- lost peers: named by the job's rank, whichever part lost them --------------------
+
+namespace {
+// A part that only records: what tolerate_loss was told, and which peers (in its own
+// numbering) lost_peers() reports. Its messages complete at once; nothing here sends any.
+// Why not two real transports: which part notices a loss first is a race between them, and
+// this checks per_peer's own arithmetic (its parts' numbering to the job's), every rank and
+// every peer, deterministically; the parts' own loss reports are tested with each transport.
+class recording_part {
+ public:
+  struct request {
+    explicit operator bool() const noexcept { return false; }
+  };
+  recording_part(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  request async_send(int, std::uint64_t, std::span<const std::byte>) { return {}; }
+  request async_recv(int, std::uint64_t, std::span<std::byte>) { return {}; }
+  void wait(request&, gw::deadline) {}
+  std::size_t wait_any(std::span<request* const>, gw::deadline) { return 0; }
+  void tolerate_loss(int peer) { tolerated.push_back(peer); }
+  std::vector<int> lost_peers() const { return lost; }
+
+  std::vector<int> tolerated, lost;  // in this part's numbering
+
+ private:
+  int rank_, size_;
+};
+using recording_pair = gw::transport::per_peer<recording_part, recording_part>;
+static_assert(gw::concepts::loss_tolerant_transport<recording_pair>);
+
+recording_pair pair_for(const gw::cluster::topology& hosts, int me) {
+  return {recording_part(hosts.local_rank(me), hosts.local_size(me)), recording_part(me, hosts.size()), hosts};
+}
+}  // namespace
+
+TEST_CASE("per_peer names a lost peer by its rank in the job, whether shared memory or the network lost it") {
+  // Host 0: ranks 0, 3, 5; host 1: ranks 1, 2, 4. Every rank of host 1 has a local rank
+  // that differs from its job rank, and so do ranks 3 and 5 of host 0: a lost peer named
+  // by Intra's numbering (or by the other host's) comes out as another rank.
+  const gw::cluster::topology hosts(std::vector<int>{0, 1, 1, 0, 1, 0});
+  const int n = hosts.size();
+  for (int me = 0; me < n; ++me) {
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      CAPTURE(me, peer);
+      recording_pair p = pair_for(hosts, me);
+      if (p.is_local(peer))
+        p.intra().lost = {hosts.local_rank(peer)};  // Intra numbers the host's ranks by local rank
+      else
+        p.inter().lost = {peer};
+      CHECK(p.lost_peers() == std::vector<int>{peer});
+    }
+    // Every peer lost at once, through both parts: each named once, in the job's ranks, sorted.
+    CAPTURE(me);
+    recording_pair p = pair_for(hosts, me);
+    std::vector<int> others;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      others.push_back(peer);
+      if (p.is_local(peer))
+        p.intra().lost.push_back(hosts.local_rank(peer));
+      else
+        p.inter().lost.push_back(peer);
+    }
+    CHECK(p.lost_peers() == others);
+  }
+  // Spelled out for rank 4 (host 1, local rank 2): Intra's local ranks 0 and 1 are job
+  // ranks 1 and 2; Inter's 3 and 5 are themselves.
+  recording_pair p = pair_for(hosts, 4);
+  p.intra().lost = {1, 0};
+  p.inter().lost = {5, 3};
+  CHECK(p.lost_peers() == std::vector<int>{1, 2, 3, 5});
+}
+
+TEST_CASE("per_peer tolerates the loss of a peer in the part that reaches it, under that part's number for it") {
+  const gw::cluster::topology hosts(std::vector<int>{0, 1, 1, 0, 1, 0});
+  recording_pair on_host1 = pair_for(hosts, 4);  // local rank 2 of ranks 1, 2, 4
+  for (int peer : {0, 1, 2, 3, 5}) on_host1.tolerate_loss(peer);
+  CHECK(on_host1.intra().tolerated == std::vector<int>{0, 1});  // ranks 1 and 2
+  CHECK(on_host1.inter().tolerated == std::vector<int>{0, 3, 5});
+  recording_pair on_host0 = pair_for(hosts, 5);  // local rank 2 of ranks 0, 3, 5
+  for (int peer : {4, 3, 2, 1, 0}) on_host0.tolerate_loss(peer);
+  CHECK(on_host0.intra().tolerated == std::vector<int>{1, 0});  // ranks 3 and 0
+  CHECK(on_host0.inter().tolerated == std::vector<int>{4, 2, 1});
+  // What it tolerated, lost: reported back under the same job ranks.
+  on_host0.intra().lost = on_host0.intra().tolerated;
+  on_host0.inter().lost = on_host0.inter().tolerated;
+  CHECK(on_host0.lost_peers() == std::vector<int>{0, 1, 2, 3, 4});
 }

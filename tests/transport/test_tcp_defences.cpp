@@ -1,4 +1,4 @@
-// asio_tcp's defences provoked on real sockets: corrupted payloads and headers, another job's token, a stranger, a peer that finishes.
+// asio_tcp's defences provoked on real sockets: corrupted payloads and headers, another job's token, a stranger, a peer that finishes, stall reports.
 //
 // Two ranks run as threads of this process over loopback. Where the wire must be
 // touched, rank 1 dials rank 0 through a man-in-the-middle proxy owned by the test
@@ -25,10 +25,12 @@
 #include <functional>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/communicator.hpp>
+#include <gradwire/observe/activity.hpp>
 #include <gradwire/rendezvous/store.hpp>
 #include <gradwire/support/asio.hpp>
 #include <gradwire/support/wire.hpp>
 #include <gradwire/transport/asio_tcp.hpp>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -711,4 +713,203 @@ TEST_CASE("a rank that fails on a peer's abort relays the reason before its conn
   REQUIRE(at2.has_value());
   CHECK_THAT(*at2, is_error(errc::config, {"rank 2: rank 1 failed: rank 1: rank 0 failed: parameter_server: the job's "
                                            "setting is bad"}));
+}
+
+// --- stall reports: the chain of waits, every link of it --------------------------------
+
+namespace {
+
+namespace tcpd = gradwire::transport::detail;
+
+// Options for an engine whose stall report is read by hand: no heartbeats, so a stalled
+// peer's liveness does not depend on a socket (an unopened one here).
+asio_tcp_options unjoined_options(int rank, int size) {
+  asio_tcp_options o;
+  o.rank = rank;
+  o.size = size;
+  o.heartbeat_interval = 0s;
+  return o;
+}
+
+// An engine that joined nobody (stall_report reads only its links, the latest status
+// frame each peer sent, and whom this rank waits for): a link to each of `peers`.
+std::unique_ptr<tcpd::tcp_engine> unjoined_engine(int rank, int size, std::initializer_list<int> peers) {
+  auto e = std::make_unique<tcpd::tcp_engine>(unjoined_options(rank, size));
+  for (int p : peers)
+    e->links[static_cast<std::size_t>(p)] = std::make_unique<tcpd::tcp_link>(gw::support::tcp::socket(e->io), p);
+  return e;
+}
+
+// What `peer` said in its latest status frame: whom it waits for, in what.
+void said(tcpd::tcp_engine& e, int peer, std::vector<int> waits_for, std::uint64_t operation = 0,
+          std::string activity = {}) {
+  e.links[static_cast<std::size_t>(peer)]->status =
+      tcpd::peer_status{std::move(waits_for), operation, 40, std::move(activity)};
+}
+
+// The calling thread is in `name`'s operation #`operation` of training step `step` for
+// the scope's life (what a report's first link names).
+class doing {
+ public:
+  doing(const char* name, std::uint64_t operation, std::uint64_t step)
+      : saved_(gw::observe::current_activity()), saved_step_(gw::observe::current_step().load()) {
+    gw::observe::current_activity() = {name, operation};
+    gw::observe::current_step().store(step);
+  }
+  ~doing() {
+    gw::observe::current_activity() = saved_;
+    gw::observe::current_step().store(saved_step_);
+  }
+
+ private:
+  gw::observe::activity saved_;
+  std::uint64_t saved_step_;
+};
+
+const std::string not_calling = "it is connected but not calling gradwire (stopped, hung or in a long computation)";
+
+}  // namespace
+
+TEST_CASE("a stall report names, at every link of the chain of waits, the rank that waits and the rank it waits for",
+          "[tcp][stall]") {
+  // Rank 2 waits for 5, 5 for 0, 0 for 4, 4 for 1, and rank 1 has said nothing. No link
+  // joins ranks adjacent in number, so a link that named a neighbour of the right rank,
+  // the rank before it in the chain or the one after shows; rank 3 also waits for rank 1,
+  // but nobody in the chain waits for rank 3.
+  auto e = unjoined_engine(2, 6, {0, 1, 3, 4, 5});
+  said(*e, 5, {0}, 12, "all_reduce");
+  said(*e, 0, {4}, 13, "broadcast");
+  said(*e, 4, {1});  // a wait outside any collective: no activity to name
+  said(*e, 3, {1}, 12, "all_reduce");
+  e->waiting_for = {5};
+  const doing in("all_reduce", 12, 40);
+  std::vector<int> stalled;
+  const std::string report = e->stall_report(61500ms, stalled);
+  CHECK(report ==
+        "rank 2: waited 61.5 s in all_reduce (operation #12, step 40) for rank 5; "
+        "rank 5 waits for rank 0 (in all_reduce, operation #12); "
+        "rank 0 waits for rank 4 (in broadcast, operation #13); "
+        "rank 4 waits for rank 1; "
+        "rank 1 has said nothing: " + not_calling);
+  CHECK(stalled == std::vector<int>{1});
+}
+
+TEST_CASE("a stall report follows every branch of the waits, each rank once, to every rank that said nothing, or "
+          "says the waits form a cycle",
+          "[tcp][stall]") {
+  SECTION("branches") {
+    // Rank 2 waits for 5 and 3; 5 for 0; 3 for 0 (followed once) and 6, whose connection
+    // is gone; 0 for 4; 4 for 1 and for rank 2 itself; rank 1 no longer waits.
+    auto e = unjoined_engine(2, 7, {0, 1, 3, 4, 5});
+    said(*e, 5, {0});
+    said(*e, 3, {0, 6});
+    said(*e, 0, {4});
+    said(*e, 4, {1, 2});
+    said(*e, 1, {});
+    e->waiting_for = {5, 3};
+    const doing in(nullptr, 0, 0);
+    std::vector<int> stalled;
+    const std::string report = e->stall_report(2000ms, stalled);
+    CHECK(report ==
+          "rank 2: waited 2.0 s in a transport wait (operation #0, step 0) for ranks 5, 3; "
+          "rank 5 waits for rank 0; rank 3 waits for ranks 0, 6; rank 0 waits for rank 4; rank 4 waits for ranks 1, 2; "
+          "rank 6 has said nothing: its connection is gone; rank 1 has said nothing: " + not_calling);
+    CHECK(stalled == std::vector<int>{6, 1});
+  }
+  SECTION("a cycle") {
+    // Rank 0 waits for 3, 3 for 1, 1 for 2, 2 for 0: nobody stalled, the ranks wait in a ring.
+    auto e = unjoined_engine(0, 4, {1, 2, 3});
+    said(*e, 3, {1});
+    said(*e, 1, {2});
+    said(*e, 2, {0});
+    e->waiting_for = {3};
+    const doing in(nullptr, 0, 0);
+    std::vector<int> stalled;
+    const std::string report = e->stall_report(2000ms, stalled);
+    CHECK(report ==
+          "rank 0: waited 2.0 s in a transport wait (operation #0, step 0) for rank 3; "
+          "rank 3 waits for rank 1; rank 1 waits for rank 2; rank 2 waits for rank 0; "
+          "the ranks wait for each other in a cycle (do all ranks call the same collectives in the same order?)");
+    CHECK(stalled.empty());
+  }
+}
+
+namespace {
+// Ranks 0..n-1 of one job on their own threads: rank r runs fns[r] on its transport,
+// joined with the options `adjust` gives it.
+void run_ranks(const std::vector<std::function<void(asio_tcp&)>>& fns,
+               const std::function<void(int, asio_tcp_options&)>& adjust) {
+  const std::uint16_t port = free_port();
+  const int n = static_cast<int>(fns.size());
+  std::vector<std::exception_ptr> errors(fns.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        asio_tcp_options o;
+        o.rank = r;
+        o.size = n;
+        o.job_token = job_token;
+        o.store_port = port;
+        o.connect_timeout = patience;
+        adjust(r, o);
+        asio_tcp t(o);
+        fns[static_cast<std::size_t>(r)](t);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+}  // namespace
+
+TEST_CASE("a stall timeout names every link of the chain of waits that the waiting ranks told in their status frames",
+          "[tcp][stall]") {
+  // Five ranks on real sockets: rank 0 waits for 3, 3 for 1, 1 for 4, 4 for 2, and rank 2
+  // stays outside gradwire until rank 0 has given up. Ranks 3, 1 and 4 say what they wait
+  // for at 3/4 of their 0.5 s stall warning; rank 0 begins its wait only after they began
+  // theirs, and gives up 5 s into it, naming the chain as their status frames told it (over
+  // 4 s for a frame sent at 0.375 s to arrive: room for a loaded machine and the sanitizers).
+  constexpr int n = 5;
+  const int waits_for[n] = {3, 4, -1, 1, 2};  // whom each rank receives from; -1: nobody (rank 2)
+  std::optional<gw::error> failed[n];
+  event waiting[n];  // rank r has posted its receive and is about to wait
+  // Rank r's wait has ended. Rank 2 leaves (its goodbye fails a wait for it) only after
+  // every wait has: each ends on rank 0's reason, not on rank 2's departure.
+  event ended[n] = {event(30s), event(30s), event(30s), event(30s), event(30s)};
+  std::vector<std::function<void(asio_tcp&)>> fns;
+  for (int r = 0; r < n; ++r)
+    fns.push_back([&, r](asio_tcp& t) {
+      if (r == 2) {
+        for (int q : {0, 3, 1, 4}) ended[q].await("rank " + std::to_string(q) + "'s wait to end");
+        return;
+      }
+      struct raise_on_exit {
+        event& e;
+        ~raise_on_exit() { e.raise(); }
+      } const end{ended[r]};  // also when this rank fails otherwise: rank 2 then leaves at once
+      if (r == 0)
+        for (int q : {3, 1, 4}) waiting[q].await("rank " + std::to_string(q) + "'s wait");
+      std::byte one{};
+      auto recv = t.async_recv(waits_for[r], 5, {&one, 1});
+      waiting[r].raise();
+      failed[r] = failure_of([&] { t.wait(recv, gw::deadline_after(20s)); });
+    });
+  run_ranks(fns, [](int r, asio_tcp_options& o) {
+    o.heartbeat_interval = 0s;  // rank 2 is named as connected, not by its host's answers
+    o.stall_warn = r == 0 ? 5000ms : 500ms;
+    o.stall_timeout = r == 0 ? 5000ms : 0ms;
+  });
+  REQUIRE(failed[0].has_value());
+  CHECK_THAT(*failed[0], is_error(errc::timeout,
+                                  {"rank 2 stalled (gave up after GRADWIRE_STALL_TIMEOUT=5 s): rank 0: waited ",
+                                   " for rank 3; rank 3 waits for rank 1; rank 1 waits for rank 4; "
+                                   "rank 4 waits for rank 2; rank 2 has said nothing: " + not_calling}));
+  for (int r : {3, 1, 4}) {
+    CAPTURE(r);
+    REQUIRE(failed[r].has_value());  // rank 0's abort ends their waits with its reason
+    CHECK_THAT(*failed[r], is_error(errc::timeout, {"rank 0 failed: rank 2 stalled"}));
+  }
 }
