@@ -183,7 +183,8 @@ def campaign_order(mutants: list[Mutant], quota: dict[str, int], seed: int) -> l
 
 @dataclass
 class Coverage:
-    objects_of: dict[str, dict[str, int]] = field(default_factory=dict)  # file -> target -> objects including it
+    objects_of: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # file -> target -> objects including it
+    compile_seconds: dict[str, float] = field(default_factory=dict)  # object -> its last build's seconds
     command_of: dict[str, list[str]] = field(default_factory=dict)  # target -> one object's compile command
     tests_of: dict[str, list[str]] = field(default_factory=dict)  # target -> its ctest tests
     uses: dict[str, set[str]] = field(default_factory=dict)  # test -> every target it runs
@@ -195,15 +196,19 @@ class Coverage:
 def coverage(src: Path, build_dir: Path) -> Coverage:
     cov = Coverage()
     deps = subprocess.run(["ninja", "-C", str(build_dir), "-t", "deps"], check=True, capture_output=True, text=True).stdout
-    target, include = None, str(src / "include") + "/"
+    target, obj, include = None, None, str(src / "include") + "/"
     for line in deps.split("\n"):
         if line and not line.startswith(" "):
+            obj = line.split(":", 1)[0]
             m = re.search(r"CMakeFiles/([^/]+)\.dir/", line)
             target = m.group(1) if m else None
         elif target and line.strip().startswith(include):
             rel = os.path.normpath(line.strip())[len(str(src)) + 1:]
-            cov.objects_of.setdefault(rel, {}).setdefault(target, 0)
-            cov.objects_of[rel][target] += 1
+            cov.objects_of.setdefault(rel, {}).setdefault(target, []).append(obj)
+    for line in (build_dir / ".ninja_log").read_text().split("\n")[1:]:
+        fields = line.split("\t")
+        if len(fields) == 5:
+            cov.compile_seconds[fields[3]] = (int(fields[1]) - int(fields[0])) / 1000
     for line in (build_dir / "build.ninja").read_text().split("\n"):
         linker = re.match(r"build (\S+?)(?: \S+)*: CXX_EXECUTABLE_LINKER__(\w+)_(?:Release|Debug|RelWithDebInfo|MinSizeRel) (.*)", line)
         if linker:
@@ -241,19 +246,24 @@ def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None) -> lis
     found = cov.objects_of.get(m.file, {})
     if m.file.endswith(".ipp"):  # an .ipp is seen through the header that includes it: same deps
         found = found or cov.objects_of.get(m.file[:-4] + ".hpp", {})
-    targets = {t: n for t, n in found.items() if t in cov.tests_of}
+    targets = {t: objects for t, objects in found.items() if t in cov.tests_of}
     # Compiled mode: the file is built into a gradwire library (src/*.cpp), so every test target
     # that links the library covers it too, at the cost of a link.
     for lib in found:
         for t in cov.linking.get(lib, ()):
             if t in cov.tests_of:
-                targets.setdefault(t, 0)
+                targets.setdefault(t, [])
+
+    def cost(t: str) -> float:  # seconds to rebuild what includes the file, and to run the tests
+        return 1 + sum(cov.compile_seconds.get(o, 30.0) for o in targets[t]) + \
+            sum(cov.seconds.get(n, 10.0) for n in cov.tests_of[t])
 
     def closeness(t: str):
         # The targets that killed most mutants of this file, then of its folder, so far; then
-        # names shared with the file's path; then the fewest objects to rebuild.
+        # the cheapest, each word shared with the file's path dividing the cost.
         shared = len(words & set(t.split("_")))
-        return (-kills.get((m.file, t), 0), -kills.get((m.folder, t), 0), -shared, targets[t], t)
+        # Targets that compile the file themselves before those that only link the library built from it.
+        return (-kills.get((m.file, t), 0), -kills.get((m.folder, t), 0), not targets[t], cost(t) / (1 + 2 * shared), t)
     return sorted(targets, key=closeness)
 
 
@@ -333,8 +343,11 @@ def test_timeout(cov: Coverage, tests: list[str]) -> int:
 
 
 def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, logs: Path,
-               parsed: concurrent.futures.Future, kills: dict) -> tuple[str, str, str]:
-    """(outcome, the test that killed it, the target whose tests ran last)."""
+               parsed: concurrent.futures.Future, kills: dict, budget: float) -> tuple[str, str, str]:
+    """(outcome, the test that killed it, the target that killed it or how many targets ran).
+    A survivor of every covering target within `budget` seconds is reported as such: a score
+    with budget-bound survivors is a lower bound (a target not run might have killed it)."""
+    started = time.monotonic()
     if m.file.endswith(".cuh"):
         return "no device", "", ""  # device code: its tests skip without a GPU (see the report)
     if not parsed.result():
@@ -348,6 +361,8 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     try:
         targets = covering_targets(cov, m, kills)
         for i, target in enumerate(targets):
+            if time.monotonic() - started > budget:
+                return "survived", "", f"{i} of {len(targets)} targets (budget)"
             tests = cov.tests_of[target]
             # Every executable those tests start, so that none runs stale code from an earlier mutant.
             needed = sorted({target}.union(*(cov.uses[t] for t in tests)))
@@ -360,7 +375,7 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
             passed, _, failed = run_tests(build_dir, cov.compile_checks, 120, logs / f"{m.id}.test.log")
             if not passed:
                 return "killed", (failed[0] if failed else "compile checks"), "compile checks"
-        return "survived", "", ""
+        return "survived", "", f"{len(targets)} of {len(targets)} targets"
     finally:
         path.write_text(original)
 
@@ -539,10 +554,10 @@ def main(args) -> int:
         t0 = time.monotonic()
         kills = collections.Counter()
         for r in rows.values():
-            if r["outcome"] == "killed" and r.get("target"):
+            if r["outcome"] == "killed" and r.get("target") in cov.tests_of:
                 kills[(r["file"], r["target"])] += 1
                 kills[(r["folder"], r["target"])] += 1
-        outcome, by, target = run_mutant(m, src, build_dir, cov, args.jobs, logs, parsed, kills)
+        outcome, by, target = run_mutant(m, src, build_dir, cov, args.jobs, logs, parsed, kills, args.mutant_budget)
         seconds = time.monotonic() - t0
         row = rows.get(m.id) or {"id": m.id, "folder": m.folder, "file": m.file, "line": m.line, "before": m.before,
                                  "after": m.after, "first_outcome": outcome, "first_commit": commit}
