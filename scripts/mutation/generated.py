@@ -40,6 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import line_coverage
 from .scratch import ROOT, build, configure, fail, run_tests, sync_scratch
 
 GENERATOR = "universalmutator==1.14.1"
@@ -189,6 +190,7 @@ class Coverage:
     tests_of: dict[str, list[str]] = field(default_factory=dict)  # target -> its ctest tests
     uses: dict[str, set[str]] = field(default_factory=dict)  # test -> every target it runs
     linking: dict[str, set[str]] = field(default_factory=dict)  # library target -> targets that link it
+    lines: "line_coverage.LineCoverage | None" = None  # which targets run each line, at the sampled commit
     compile_checks: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # baseline duration of each test
 
@@ -253,6 +255,10 @@ def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None) -> lis
         for t in cov.linking.get(lib, ()):
             if t in cov.tests_of:
                 targets.setdefault(t, [])
+    running = cov.lines.targets_running(m.file, m.line) if cov.lines else None
+    if running is not None:  # only the targets whose tests execute the line can see it change
+        targets = {t: targets.get(t, []) for t in running if t in cov.tests_of} or \
+            dict(sorted(((t, o) for t, o in targets.items() if o), key=lambda to: len(to[1]))[:1])
 
     def cost(t: str) -> float:  # seconds to rebuild what includes the file, and to run the tests
         return 1 + sum(cov.compile_seconds.get(o, 30.0) for o in targets[t]) + \
@@ -375,6 +381,8 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
             passed, _, failed = run_tests(build_dir, cov.compile_checks, 120, logs / f"{m.id}.test.log")
             if not passed:
                 return "killed", (failed[0] if failed else "compile checks"), "compile checks"
+        if cov.lines and cov.lines.targets_running(m.file, m.line) == []:
+            return "survived", "", "no test executes the line"
         return "survived", "", f"{len(targets)} of {len(targets)} targets"
     finally:
         path.write_text(original)
@@ -491,11 +499,16 @@ def main(args) -> int:
               ", ".join(f"{f} {q}" for f, q in quota.items()), flush=True)
 
     if not (build_dir / "build.ninja").exists():
-        configure(src, build_dir)
+        # No CUDA: without a GPU its tests skip, and nvcc would rebuild after every restored header.
+        configure(src, build_dir, ["-DGRADWIRE_CUDA=OFF"])
     print("baseline: building every test target", flush=True)
     if not build(build_dir, ["all"], args.jobs, logs / "baseline-build.log"):
         fail(f"the unmutated code does not build; see {logs / 'baseline-build.log'}")
     cov = coverage(src, build_dir)
+    if not args.rerun_survivors:  # line numbers are the sampled commit's
+        cached = work / f"line-coverage-{commit}.json.gz"
+        if args.line_coverage or cached.exists():
+            cov.lines = line_coverage.measure(work, commit, cov.tests_of, args.jobs, lambda s: print(s, flush=True))
     baseline_tests = sorted({t for ts in cov.tests_of.values() for t in ts} | set(cov.compile_checks))
     junit = logs / f"baseline-{commit}.xml"  # once per commit: which tests pass there, and how long each takes
     if not junit.exists():

@@ -65,7 +65,7 @@ def _cat_blobs(origin: Path, blobs: list[str]) -> dict[str, bytes]:
     return result
 
 
-def configure(src: Path, build: Path) -> None:
+def configure(src: Path, build: Path, extra: list[str] | None = None) -> None:
     # The tests at -O1 as scripts/test builds them (GRADWIRE_TEST_OPTIMIZATION: about 0.6x the
     # compile time of -O3; a mutant changes behaviour, not code generation).
     # Through scripts/deps.sh's gradwire_cmake_configure, which picks the generator (Ninja for a
@@ -77,8 +77,8 @@ def configure(src: Path, build: Path) -> None:
     # CUDA where nvcc is (AUTO): the compile_fail cuda cases need it; no CUDA target is built
     # unless a mutant names one.
     if shutil.which("ccache"):  # a restored file compiles from the cache: only the mutant costs a build
-        args.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        args += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+    subprocess.run(args + (extra or []), check=True, stdout=subprocess.DEVNULL)
 
 
 def build(build_dir: Path, targets: list[str], jobs: int, log: Path) -> bool:
