@@ -3,8 +3,9 @@
 A mutant on a line that no test runs cannot be killed by a test's result, and a target that
 never runs the line need not be built for it: the campaign builds and runs only the targets
 that execute a mutant's line, cheapest first, and reports a line nobody executes at once.
-Lines gcov calls non-executable (declarations, constants, concepts, constexpr code run by
-the compiler) keep the wider rule: every target that includes the file.
+Lines gcov calls non-executable (declarations, constants, default member values) use the
+targets that execute any line of their file; a file none of whose lines run (concepts,
+constexpr code the compiler runs, aliases) keeps the wider rule: every target that includes it.
 
 The measurement: the test targets built with --coverage in their own scratch copy (Torch and
 CUDA off), then for each target its tests run alone from zeroed counters and gcov's JSON read
@@ -26,11 +27,14 @@ class LineCoverage:
         self.executable = executable  # file -> lines gcov counts at all
 
     def targets_running(self, file: str, line: int) -> list[str] | None:
-        """The targets whose tests execute the line; None where gcov says the line has no code
-        (the caller then falls back to every target that includes the file)."""
-        if line not in self.executable.get(file, ()):
-            return None
-        return self.executed.get(file, {}).get(line, [])
+        """The targets whose tests execute the line. A line without code (a default member
+        value, a constant) matters where the file's code runs: the targets that execute any of
+        its lines. None where no test runs any line of the file (the caller then falls back
+        to every target that includes it)."""
+        if line in self.executable.get(file, ()):
+            return self.executed.get(file, {}).get(line, [])
+        anywhere = sorted({t for runs in self.executed.get(file, {}).values() for t in runs})
+        return anywhere or None
 
     def save(self, path: Path) -> None:
         data = {"executed": {f: {str(l): t for l, t in lines.items()} for f, lines in self.executed.items()},
