@@ -31,6 +31,7 @@ import queue
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -363,6 +364,10 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     mutated = m.apply(original)
     if mutated is None:
         return "gone", "", ""
+    # Left behind if the campaign is stopped mid-mutant: the next start then touches the file,
+    # so that ninja rebuilds whatever a stopped compiler might have written from the mutant.
+    marker = src.parent / "mutating"
+    marker.write_text(m.file)
     path.write_text(mutated)
     try:
         targets = covering_targets(cov, m, kills)
@@ -386,6 +391,8 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
         return "survived", "", f"{len(targets)} of {len(targets)} targets"
     finally:
         path.write_text(original)
+        if sys.exc_info()[0] is None:
+            marker.unlink()
 
 
 # --- results -------------------------------------------------------------------------------
@@ -477,6 +484,9 @@ def main(args) -> int:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", code], check=True,
                             capture_output=True, text=True).stdout.strip()
     sync_scratch(src, commit=commit)
+    if (work / "mutating").exists():  # a campaign stopped mid-mutant
+        (src / (work / "mutating").read_text()).touch()
+        (work / "mutating").unlink()
     quota = quotas(src, args.size)
     if args.report:
         print(report(args.seed, quota))
@@ -552,6 +562,26 @@ def main(args) -> int:
     screen = Screen(src, work, cov, workers=max(1, args.jobs))
     upcoming, ahead = iter(todo), collections.deque()
     ran = 0
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        ran = _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, deadline, wanted, screen,
+                        upcoming, ahead)
+    except KeyboardInterrupt:
+        print("stopped: the mutated file is restored; run again to resume", flush=True)
+    finally:
+        screen.pool.shutdown(wait=True, cancel_futures=True)
+    print(f"\n{ran} mutants run in {time.monotonic() - started:.0f} s\n")
+    print(report(args.seed, quota))
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, deadline, wanted, screen, upcoming,
+              ahead) -> int:
+    ran = 0
     while True:
         while len(ahead) < 8 * max(1, args.jobs):  # keep the screen busy while a mutant builds
             m = next(upcoming, None)
@@ -589,7 +619,4 @@ def main(args) -> int:
             shown = m.after.strip()[:70].replace("\n", "\\n")
             print(f"[{sum(counted.values()):3}/{sum(quota.values())}] {m.id} {m.file}:{m.line}  {outcome:<15} "
                   f"{seconds:5.0f} s  {shown}{'  by ' + by if by else ''}", flush=True)
-    screen.pool.shutdown(cancel_futures=True)
-    print(f"\n{ran} mutants run in {time.monotonic() - started:.0f} s\n")
-    print(report(args.seed, quota))
-    return 0
+    return ran

@@ -1,6 +1,8 @@
 """The scratch copy every mutant is applied in (never the working tree), its build and its tests."""
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -81,11 +83,21 @@ def configure(src: Path, build: Path, extra: list[str] | None = None) -> None:
     subprocess.run(args + (extra or []), check=True, stdout=subprocess.DEVNULL)
 
 
+def run_group(command: list[str], out) -> int:
+    """Runs command in its own process group; an interrupt (Ctrl-C, SIGTERM) kills the whole group,
+    so that no compiler or test outlives it to write into the scratch build."""
+    child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return child.wait()
+    except BaseException:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
+
+
 def build(build_dir: Path, targets: list[str], jobs: int, log: Path) -> bool:
     with open(log, "w") as out:
-        done = subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *targets],
-                              stdout=out, stderr=subprocess.STDOUT)
-    return done.returncode == 0
+        return run_group(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *targets], out) == 0
 
 
 def ctest_regex(tests: list[str]) -> str:
@@ -97,10 +109,9 @@ def run_tests(build_dir: Path, tests: list[str], timeout: int, log: Path, jobs: 
     """Runs the named ctest tests, stopping at the first failure; returns (all passed, how many
     ran, the names of those that failed or timed out)."""
     with open(log, "w") as out:
-        done = subprocess.run(["ctest", "--test-dir", str(build_dir), "-R", ctest_regex(tests), "--timeout",
-                               str(timeout), "-j", str(jobs), "--output-on-failure", "--stop-on-failure"],
-                              stdout=out, stderr=subprocess.STDOUT)
+        code = run_group(["ctest", "--test-dir", str(build_dir), "-R", ctest_regex(tests), "--timeout",
+                          str(timeout), "-j", str(jobs), "--output-on-failure", "--stop-on-failure"], out)
     text = log.read_text(errors="replace")
     ran = len(re.findall(r"^\s*\d+/\d+ Test\s+#\d+", text, re.M))
     failed = re.findall(r"^\s*\d+/\d+ Test\s+#\d+: (.+?) \.+\**\s*(?:Failed|Timeout|Exception|Not Run)", text, re.M)
-    return done.returncode == 0 and ran > 0, ran, failed
+    return code == 0 and ran > 0, ran, failed
