@@ -11,6 +11,7 @@
 #include <gradwire/gradwire.hpp>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -253,6 +254,51 @@ TEST_CASE("timeline: steps, buckets, collectives and optimizer steps, with bytes
   REQUIRE_THAT(merged, Catch::EndsWith("\n]}\n"));
   REQUIRE(count(merged, "\"ph\":\"X\"") == events.size() + more);
   REQUIRE(count(merged, "]}") == 1);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("timeline: each step event carries its step number, 1 for the first step, in order") {
+  // Step numbers on the timeline are 1-based (the first step is step 1), as the step
+  // counters and GRADWIRE_LOG count them: a trace viewer's "step 3" is the third step.
+  auto& timeline = gw::observe::timeline::global();
+  const auto path =
+      std::filesystem::temp_directory_path() / ("gradwire-test-timeline-steps-" + std::to_string(::getpid()) + ".json");
+  timeline.start(path);
+  constexpr int ranks = 2, steps = 4;
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::all_reduce, gw::transport::inproc> s(
+        t, make_params({64, 7}), gw::optim::sgd({.lr = 0.1}));
+    for (int k = 0; k < steps; ++k) s.step(make_grads(make_params({64, 7}), t.rank(), k));
+  });
+  timeline.stop();
+  const auto events = timeline.events();
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    std::vector<gw::observe::trace_event> step_events;
+    for (const auto& e : events)
+      if (e.rank == r && std::string(e.name) == "step") step_events.push_back(e);
+    std::sort(step_events.begin(), step_events.end(),
+              [](const auto& a, const auto& b) { return a.begin_ns < b.begin_ns; });
+    std::vector<std::int64_t> numbers;
+    for (const auto& e : step_events) {
+      std::optional<std::int64_t> number;
+      for (const auto& a : e.args)
+        if (a.key && std::string(a.key) == "step" && !a.text) number = a.number;
+      REQUIRE(number.has_value());
+      numbers.push_back(*number);
+    }
+    std::vector<std::int64_t> want;
+    for (int k = 1; k <= steps; ++k) want.push_back(k);
+    REQUIRE(numbers == want);
+  }
+  // The written trace says the same: each of steps 1..N once per rank, and no step 0.
+  REQUIRE(timeline.write());
+  const std::string written = read_file(path);
+  REQUIRE(count(written, "\"step\":0") == 0);
+  for (int k = 1; k <= steps; ++k) {
+    CAPTURE(k);
+    REQUIRE(count(written, "\"step\":" + std::to_string(k) + "}") == ranks);
+  }
   std::filesystem::remove(path);
 }
 
