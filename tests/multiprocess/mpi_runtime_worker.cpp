@@ -12,11 +12,19 @@
 //       runs an all-reduce of 1000 floats, each until step_timeout() (GRADWIRE_STEP_TIMEOUT),
 //       and prints "rank 0: EXPECTED <errc> after S s: <message>" for each. Rank 1 only
 //       waits to be killed (a bounded poll: "FAIL not killed" after 60 s).
+//   mpi_runtime_worker imrecv-fails          (2 ranks)
+//       MPI_Imrecv fails (MPI_ERR_TRUNCATE) for rank 0's receive from rank 1 (tag 4242,
+//       12345 bytes): the worker defines MPI_Imrecv itself (the MPI profiling interface),
+//       takes the message off MPI with PMPI_Mrecv, and returns the error. Rank 0 waits on
+//       the receive with a 60 s deadline and prints "rank 0: EXPECTED <errc>: <message>"
+//       and "rank 0: MPI says: <MPI_Error_string(MPI_ERR_TRUNCATE)>"; then both ranks run a
+//       checked all-reduce and print "PASS imrecv-fails".
 // A worker, not a Catch2 test: it checks its all-reduces against references itself (exit 1
 // with "FAIL ..."), and test_mpi.py asserts the errc, the words and the times it prints.
 #include <gradwire/gradwire.hpp>
 #include <gradwire/mpi.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +37,21 @@
 
 namespace gw = gradwire;
 namespace col = gradwire::collective;
+
+// Armed by imrecv-fails: the next MPI_Imrecv of 12345 bytes fails. Otherwise MPI's own.
+std::atomic<bool> fail_next_imrecv{false};
+
+extern "C" int MPI_Imrecv(void* buf, int count, MPI_Datatype type, MPI_Message* message, MPI_Request* request) {
+  int type_size = 0;
+  PMPI_Type_size(type, &type_size);
+  if (static_cast<long long>(count) * type_size == 12345 && fail_next_imrecv.exchange(false)) {
+    // The message is taken off MPI (so that the sender completes and MPI_Finalize finds
+    // nothing pending), but the call reports an error, as a failing MPI_Imrecv would.
+    PMPI_Mrecv(buf, count, type, message, MPI_STATUS_IGNORE);
+    return MPI_ERR_TRUNCATE;
+  }
+  return PMPI_Imrecv(buf, count, type, message, request);
+}
 
 namespace {
 
@@ -135,6 +158,38 @@ int recovery(const std::filesystem::path& dir) {
   std::_Exit(0);
 }
 
+// A receive whose MPI_Imrecv fails completes with that error (not a timeout at its
+// deadline, nor a success with nothing received).
+int imrecv_fails() {
+  gw::transport::mpi t;
+  my_rank = t.rank();
+  if (t.size() != 2) fail("imrecv-fails needs 2 ranks");
+  col::communicator<gw::transport::mpi> comm(std::move(t));
+  checked_all_reduce(comm);
+  std::vector<std::byte> data(12345, std::byte{7});
+  if (my_rank == 1) {
+    auto sent = comm.transport().async_send(0, 4242, data);
+    comm.transport().wait(sent, gw::deadline_after(std::chrono::seconds(60)));
+  } else {
+    fail_next_imrecv = true;
+    auto received = comm.transport().async_recv(1, 4242, data);
+    try {
+      comm.transport().wait(received, gw::deadline_after(std::chrono::seconds(60)));
+      fail("the receive completed although its MPI_Imrecv failed");
+    } catch (const gw::error& e) {
+      say("EXPECTED " + kind_name(e.kind()) + ": " + e.what());
+    }
+    if (fail_next_imrecv) fail("MPI_Imrecv was never called for the receive");
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(MPI_ERR_TRUNCATE, text, &length);
+    say("MPI says: " + std::string(text, static_cast<std::size_t>(length)));
+  }
+  checked_all_reduce(comm);  // the transport goes on after a failed receive
+  say("PASS imrecv-fails");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,9 +198,10 @@ int main(int argc, char** argv) {
   try {
     if (mode == "thread-level") return thread_level(arg);
     if (mode == "recovery") return recovery(arg);
+    if (mode == "imrecv-fails") return imrecv_fails();
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR\n");
+  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR | imrecv-fails\n");
   return 2;
 }

@@ -6,7 +6,7 @@
 The same worker scenarios as test_multiprocess.py runs over TCP and UCX (mp_worker.cpp,
 ps_worker.cpp), each rank checking its results against float64 references, plus what MPI
 lets a rank see of failures, and (mpi_runtime_worker.cpp) the thread level a program
-initialised MPI at and a rank killed under --enable-recovery. Exits 77 (skipped) without
+initialised MPI at, a rank killed under --enable-recovery, and a failing MPI_Imrecv. Exits 77 (skipped) without
 mpirun. Every run is bounded.
 """
 import os
@@ -130,8 +130,8 @@ def alive(pid):
 
 
 class Runtime(unittest.TestCase):
-    """What a program sees of MPI itself: the thread level it initialised MPI at, and a rank
-    killed while the job goes on (mpi_runtime_worker.cpp)."""
+    """What a program sees of MPI itself: the thread level it initialised MPI at, a rank
+    killed while the job goes on, and an MPI call that fails (mpi_runtime_worker.cpp)."""
 
     LEVELS = {"single": "MPI_THREAD_SINGLE", "funneled": "MPI_THREAD_FUNNELED",
               "serialized": "MPI_THREAD_SERIALIZED", "multiple": "MPI_THREAD_MULTIPLE"}
@@ -211,6 +211,25 @@ class Runtime(unittest.TestCase):
             self.assertGreaterEqual(took, step_timeout, f"failed before the deadline:\n{out}")
             self.assertLess(took, step_timeout + 3.0, f"not at the deadline:\n{out}")
         self.assertNotIn("FAIL", out)
+
+    def test_failed_imrecv_ends_the_receive_with_mpis_error_not_at_its_deadline(self):
+        # When MPI_Imrecv fails (injected by the worker through the MPI profiling interface),
+        # the receive completes at once with a gradwire error naming the operation and MPI's
+        # error: not a timeout at its deadline (60 s), and not a success with nothing received.
+        # The job then goes on: both ranks pass a checked all-reduce.
+        status, lines, _, out = run(2, RUNTIME_WORKER, "imrecv-fails", bound=120)
+        self.assertEqual(status, 0, out)
+        self.assertNotIn("FAIL", out)
+        self.assertEqual(lines.get(1, []), ["PASS imrecv-fails"], out)
+        rank0 = lines.get(0, [])
+        self.assertEqual(len(rank0), 3, out)
+        expected, mpi_says, passed = rank0
+        self.assertTrue(mpi_says.startswith("MPI says: ") and len(mpi_says) > len("MPI says: "), out)
+        mpi_text = mpi_says[len("MPI says: "):]
+        self.assertTrue(expected.startswith("EXPECTED "), out)
+        self.assertFalse(expected.startswith("EXPECTED timeout"), out)
+        self.assertIn("rank 0: receive from rank 1 (tag 4242, 12345 bytes): " + mpi_text, expected, out)
+        self.assertEqual(passed, "PASS imrecv-fails", out)
 
     def test_killed_rank_under_enable_recovery_is_a_timeout_over_shared_memory(self):
         self.killed_under_recovery(mca=[])
