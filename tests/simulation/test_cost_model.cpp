@@ -68,6 +68,40 @@ TEST_CASE("a round prices contention: k messages through one link cost k times t
   CHECK(rate.utilisation() == Approx(0.5));
 }
 
+TEST_CASE("a round's busy links carry into the next round, a local ingress beside a network ingress of one index") {
+  // Ranks 0..2 on host 0, 3..5 on host 1. Round one sends into rank 1's local ingress
+  // (link {2, 1}) and into host 1's network ingress (link {3, 1}): the same index, two
+  // kinds, next to each other in the ingress order. Both links' free times must be kept
+  // for the next round, which queues a message from rank 2 (whose egress is free) behind
+  // the one still arriving at rank 1.
+  const auto c = sim::parse_cluster_model(
+      "hosts=2 ranks_per_host=3 bandwidth=1GB latency=10us local_bandwidth=10GB local_latency=2us overhead=1us");
+  const double o = 1e-6, a = 10e-6, b = 1e9, la = 2e-6, lb = 10e9;
+  const double nl = 1e7, n = 1e6;  // nl / lb = 1 ms, n / b = 1 ms
+  sim::link_busy busy;
+  const std::vector<sim::message> first{{0, 1, nl}, {0, 3, n}};
+  const auto t1 = sim::round_times(c, first, {}, &busy);
+  REQUIRE(t1.size() == 2);
+  CHECK(t1[0].sent == Approx(o + nl / lb));
+  CHECK(t1[0].arrived == Approx(o + la + nl / lb));
+  CHECK(t1[1].sent == Approx(2 * o + n / b));
+  CHECK(t1[1].arrived == Approx(2 * o + a + n / b));
+  CHECK(busy[{2, 1}] == Approx(o + la + nl / lb));
+  CHECK(busy[{3, 1}] == Approx(2 * o + a + n / b));
+  // Round two: rank 2 posts at o on its own egress, reaches rank 1's ingress at o + la,
+  // and waits there until round one's message has arrived.
+  const std::vector<sim::message> second{{2, 1, nl}};
+  const auto t2 = sim::round_times(c, second, {}, &busy);
+  REQUIRE(t2.size() == 1);
+  CHECK(t2[0].sent == Approx(o + nl / lb));
+  CHECK(t2[0].arrived == Approx(o + la + 2 * nl / lb));
+  // And a message into host 1 queues behind round one's network message.
+  const std::vector<sim::message> third{{1, 4, n}};
+  const auto t3 = sim::round_times(c, third, {}, &busy);
+  REQUIRE(t3.size() == 1);
+  CHECK(t3[0].arrived == Approx(2 * o + a + 2 * n / b));
+}
+
 TEST_CASE("ring all-reduce: 2(N-1) steps of one part, one network hop per host boundary") {
   // Step s: rank r sends part (r - s - 1) mod N, n/N elements, to r + 1 and waits for
   // part (r - s - 2) from r - 1; nothing else is on its links, so each step is one
