@@ -519,6 +519,7 @@ def main(args) -> int:
     # Only the targets with tests (not CUDA's, which a restored header would send to nvcc again).
     if not build(build_dir, sorted(cov.tests_of), args.jobs, logs / "baseline-build.log"):
         fail(f"the unmutated code does not build; see {logs / 'baseline-build.log'}")
+    cov = coverage(src, build_dir)  # again: that build discovered the commit's own TEST_CASEs
     if not args.rerun_survivors:  # line numbers are the sampled commit's
         cached = work / f"line-coverage-{commit}.json.gz"
         if args.line_coverage or cached.exists():
