@@ -23,7 +23,7 @@ import collections
 import concurrent.futures
 import csv
 import datetime
-import difflib
+import fcntl
 import hashlib
 import json
 import os
@@ -392,7 +392,7 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     finally:
         path.write_text(original)
         if sys.exc_info()[0] is None:
-            marker.unlink()
+            marker.unlink(missing_ok=True)
 
 
 # --- results -------------------------------------------------------------------------------
@@ -476,6 +476,12 @@ def main(args) -> int:
     src, build_dir, logs = work / "src", work / "build", work / "logs"
     for d in (src, logs):
         d.mkdir(parents=True, exist_ok=True)
+    # One campaign per work folder: two would mutate and build one scratch copy under each other.
+    lock = open(work / "lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"another scripts/mutate --generated is running in {work} (wait for it, or stop it with Ctrl-C)")
     rows = load_results(args.seed)
     # The sample is drawn once, at the commit of its first run; a campaign resumes on that code.
     # --rerun-survivors runs the survivors against --commit's tests (HEAD: the tests written since).
