@@ -6,18 +6,19 @@ a quota weighted by its lines (at least MIN_PER_FOLDER), in a seeded order that 
 folders, so that any prefix of the campaign is itself a stratified sample and an interrupted
 campaign resumes where it stopped. For each mutant, in a scratch copy at one commit:
 
-  1. does it parse? a one-line TU that includes the header, -fsyntax-only (about a second); a
-     mutant that does not is "invalid" and does not count toward its folder's quota;
-  2. the test targets whose objects include the file (from ninja's dependency log), closest first
-     (names shared with the file's path, then fewest objects to rebuild): build one, run its tests,
-     stop at the first failure;
+  1. does it parse? a one-line TU that includes the header, -fsyntax-only, screened ahead of the
+     campaign (Screen); a mutant that does not is "invalid" and does not fill its folder's quota;
+  2. the test targets that execute its line (line_coverage.py, with --line-coverage), else those
+     whose objects include the file (ninja's dependency log); targets that killed this file's
+     mutants first, then the cheapest: build one, run its tests, stop at the first failure;
   3. survivors of all those fall back to the checks that compile the headers themselves
      (compile_fail, headers, kernels).
 
-Outcomes: killed (by which test), survived, did not compile (a later target failed to build: not
-a change that could ship), invalid, no device (CUDA code: its tests need a GPU). Results append
-to tests/mutation/generated/results.csv, one row per mutant, so that the campaign can be
-committed, resumed and rerun; tests/mutation/generated/equivalent.toml holds the hand triage.
+Outcomes: killed (by which test), survived (with how many targets ran), did not compile (a later
+target failed to build: not a change that could ship), invalid, no device (CUDA code: its tests
+need a GPU). Results go to tests/mutation/generated/results-seed<S>.csv, one row per mutant, so
+that the campaign can be committed, resumed and rerun; tests/mutation/generated/equivalent.toml
+holds the hand triage. docs/reliability.md, "Generated mutants", is the user's guide.
 """
 import collections
 import concurrent.futures
