@@ -83,16 +83,42 @@ def configure(src: Path, build: Path, extra: list[str] | None = None) -> None:
     subprocess.run(args + (extra or []), check=True, stdout=subprocess.DEVNULL)
 
 
-def run_group(command: list[str], out) -> int:
+def run_group(command: list[str], out, deadline: float | None = None) -> int | None:
     """Runs command in its own process group; an interrupt (Ctrl-C, SIGTERM) kills the whole group,
-    so that no compiler or test outlives it to write into the scratch build."""
+    so that no compiler or test outlives it to write into the scratch build. Past `deadline`
+    seconds the group is killed too and None returned."""
     child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        return child.wait()
+        return child.wait(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        return None
     except BaseException:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
         raise
+
+
+def kill_strays(build_dir: Path) -> list[str]:
+    """Kills every process still running a program of build_dir. A mutant that hangs a
+    multi-process test can leave ranks behind in process groups of their own (a launcher killed
+    at its timeout); spinning, they would slow every later mutant."""
+    killed, prefix = [], str(build_dir.resolve()) + "/"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            exe = os.readlink(proc / "exe")
+        except OSError:
+            continue
+        if exe.startswith(prefix):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(Path(exe).name)
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 def build(build_dir: Path, targets: list[str], jobs: int, log: Path) -> bool:
@@ -106,12 +132,24 @@ def ctest_regex(tests: list[str]) -> str:
 
 
 def run_tests(build_dir: Path, tests: list[str], timeout: int, log: Path, jobs: int = 1) -> tuple[bool, int, list[str]]:
-    """Runs the named ctest tests, stopping at the first failure; returns (all passed, how many
-    ran, the names of those that failed or timed out)."""
+    """Runs the named ctest tests one by one, stopping at the first failure; returns (all passed,
+    how many ran, the names of those that failed or timed out). ctest's --timeout yields to a
+    test's own TIMEOUT property, so each run also has a hard limit here: a mutant that makes a
+    test hang fails at `timeout` seconds whatever the test's property says."""
+    ran, failed = 0, []
     with open(log, "w") as out:
-        code = run_group(["ctest", "--test-dir", str(build_dir), "-R", ctest_regex(tests), "--timeout",
-                          str(timeout), "-j", str(jobs), "--output-on-failure", "--stop-on-failure"], out)
-    text = log.read_text(errors="replace")
-    ran = len(re.findall(r"^\s*\d+/\d+ Test\s+#\d+", text, re.M))
-    failed = re.findall(r"^\s*\d+/\d+ Test\s+#\d+: (.+?) \.+\**\s*(?:Failed|Timeout|Exception|Not Run)", text, re.M)
-    return code == 0 and ran > 0, ran, failed
+        for test in tests:
+            out.write(f"== {test}\n")
+            out.flush()
+            code = run_group(["ctest", "--test-dir", str(build_dir), "-R", ctest_regex([test]), "--timeout",
+                              str(timeout), "-j", str(jobs), "--output-on-failure"], out, deadline=timeout + 15)
+            strays = kill_strays(build_dir)
+            if strays:
+                out.write(f"== killed what the test left running: {', '.join(sorted(set(strays)))}\n")
+            if code is None:
+                out.write(f"== {test}: no end after {timeout + 15} s, killed (a hang)\n")
+            ran += 1
+            if code != 0:
+                failed.append(test)
+                break
+    return not failed and ran > 0, ran, failed

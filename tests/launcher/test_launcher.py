@@ -295,6 +295,21 @@ class Signals(unittest.TestCase):
                     self.assertFalse(alive(int(pid)), f"process {pid} of rank {name} survived")
 
 
+    def test_no_rank_outlives_a_killed_launcher(self):
+        # SIGKILL leaves the launcher no say (a test's timeout, the OOM killer): the ranks, each in
+        # a process group of its own, must still stop instead of running on as orphans.
+        with tempfile.TemporaryDirectory() as pids:
+            launcher = subprocess.Popen(
+                [sys.executable, LAUNCHER, "-n", "2", "sh", "-c", 'echo $$ > %s/$RANK; exec sleep 30' % pids],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_for_files(pids, 2)
+            finally:
+                launcher.kill()
+                launcher.wait()
+            ranks = read_pids(pids)
+            poll_until(lambda: not any(alive(pid) for pid in ranks), 10, "the ranks did not stop after their launcher was killed")
+
     # A rank that counts the SIGINTs it gets (its handler appends to int.R), and runs until
     # the test creates `go` (a bounded poll: it exits 9 after 30 s); then it writes how
     # many it got to count.R and exits 0. pid.R appears once its handler is in place.
