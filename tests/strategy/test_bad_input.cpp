@@ -456,6 +456,59 @@ TEST_CASE("the TCP transport's environment variables: a value that does not pars
   REQUIRE_FALSE(gw::cluster::tcp_options(spec, on).rejoin);
 }
 
+TEST_CASE("the TCP transport's environment variables: every value in range reaches its option, the documented "
+          "maximum included, and one past it is refused naming the range",
+          "[cluster][bad_input]") {
+  gw::cluster::cluster_spec spec;
+  spec.master_addr = "10.0.0.1";  // not loopback: GRADWIRE_LISTEN_HOST has no default then
+  auto with = [&](std::vector<std::pair<std::string, std::string>> set) {
+    return gw::cluster::tcp_options(spec, [set](const char* asked) -> std::optional<std::string> {
+      for (const auto& [name, value] : set)
+        if (name == asked) return value;
+      return std::nullopt;
+    });
+  };
+  const auto o = with({{"GRADWIRE_SOCKET_BUFFER", "4194304"},
+                       {"GRADWIRE_POLL_US", "250"},
+                       {"GRADWIRE_HEARTBEAT", "7"},
+                       {"GRADWIRE_TIMEOUT", "12.5"},
+                       {"GRADWIRE_STALL_WARN", "3"},
+                       {"GRADWIRE_STALL_TIMEOUT", "90"},
+                       {"GRADWIRE_LISTEN_HOST", "10.0.0.9"},
+                       {"GRADWIRE_HOST_ID", "rack4-node2"}});
+  CHECK(o.socket_buffer_bytes == 4194304);
+  CHECK(o.poll_before_sleep == std::chrono::microseconds(250));
+  CHECK(o.heartbeat_interval == std::chrono::seconds(7));
+  CHECK(o.connect_timeout == std::chrono::milliseconds(12500));
+  CHECK(o.stall_warn == std::chrono::milliseconds(3000));
+  CHECK(o.stall_timeout == std::chrono::milliseconds(90000));
+  CHECK(o.listen_host == "10.0.0.9");
+  CHECK(o.host_id == "rack4-node2");
+
+  // Unset: the transport's own defaults; an address other than loopback listens everywhere.
+  const auto d = with({});
+  const gw::transport::asio_tcp_options defaults;
+  CHECK(d.socket_buffer_bytes == 0);  // the kernel's buffer sizes
+  CHECK(d.poll_before_sleep == defaults.poll_before_sleep);
+  CHECK(d.heartbeat_interval == defaults.heartbeat_interval);
+  CHECK(d.connect_timeout == defaults.connect_timeout);
+  CHECK(d.listen_host.empty());
+
+  // Each integer's range, as docs/errors.md gives it: its maximum is accepted, one more is not.
+  const std::vector<std::pair<const char*, long long>> maxima{
+      {"GRADWIRE_SOCKET_BUFFER", 1LL << 30}, {"GRADWIRE_POLL_US", 1000000}, {"GRADWIRE_HEARTBEAT", 3600}};
+  for (const auto& [name, max] : maxima) {
+    CAPTURE(name);
+    const auto at_max = with({{name, std::to_string(max)}});
+    if (std::string(name) == "GRADWIRE_SOCKET_BUFFER") CHECK(at_max.socket_buffer_bytes == max);
+    if (std::string(name) == "GRADWIRE_POLL_US") CHECK(at_max.poll_before_sleep.count() == max);
+    if (std::string(name) == "GRADWIRE_HEARTBEAT") CHECK(at_max.heartbeat_interval.count() == max);
+    const auto e = gw::testing::error_of([&] { (void)with({{name, std::to_string(max + 1)}}); });
+    CHECK(e.first == gw::errc::config);
+    CHECK_THAT(e.second, Contains("is not an integer from 0 to " + std::to_string(max)));
+  }
+}
+
 namespace {
 
 // A loopback port nobody listens on: bound once to learn a free one, then closed.

@@ -768,6 +768,17 @@ class doing {
 
 const std::string not_calling = "it is connected but not calling gradwire (stopped, hung or in a long computation)";
 
+// What rank e reports after waiting `waited`, and the ranks it names as stalled.
+struct stall_seen {
+  std::string report;
+  std::vector<int> stalled;
+};
+stall_seen report_of(tcpd::tcp_engine& e, std::chrono::milliseconds waited) {
+  stall_seen seen;
+  seen.report = e.stall_report(waited, seen.stalled);
+  return seen;
+}
+
 }  // namespace
 
 TEST_CASE("a stall report names, at every link of the chain of waits, the rank that waits and the rank it waits for",
@@ -783,8 +794,7 @@ TEST_CASE("a stall report names, at every link of the chain of waits, the rank t
   said(*e, 3, {1}, 12, "all_reduce");
   e->waiting_for = {5};
   const doing in("all_reduce", 12, 40);
-  std::vector<int> stalled;
-  const std::string report = e->stall_report(61500ms, stalled);
+  const auto [report, stalled] = report_of(*e, 61500ms);
   CHECK(report ==
         "rank 2: waited 61.5 s in all_reduce (operation #12, step 40) for rank 5; "
         "rank 5 waits for rank 0 (in all_reduce, operation #12); "
@@ -808,8 +818,7 @@ TEST_CASE("a stall report follows every branch of the waits, each rank once, to 
     said(*e, 1, {});
     e->waiting_for = {5, 3};
     const doing in(nullptr, 0, 0);
-    std::vector<int> stalled;
-    const std::string report = e->stall_report(2000ms, stalled);
+    const auto [report, stalled] = report_of(*e, 2000ms);
     CHECK(report ==
           "rank 2: waited 2.0 s in a transport wait (operation #0, step 0) for ranks 5, 3; "
           "rank 5 waits for rank 0; rank 3 waits for ranks 0, 6; rank 0 waits for rank 4; rank 4 waits for ranks 1, 2; "
@@ -824,8 +833,7 @@ TEST_CASE("a stall report follows every branch of the waits, each rank once, to 
     said(*e, 2, {0});
     e->waiting_for = {3};
     const doing in(nullptr, 0, 0);
-    std::vector<int> stalled;
-    const std::string report = e->stall_report(2000ms, stalled);
+    const auto [report, stalled] = report_of(*e, 2000ms);
     CHECK(report ==
           "rank 0: waited 2.0 s in a transport wait (operation #0, step 0) for rank 3; "
           "rank 3 waits for rank 1; rank 1 waits for rank 2; rank 2 waits for rank 0; "
