@@ -18,7 +18,7 @@ Outcomes: killed (by which test), survived (with how many targets ran), did not 
 target failed to build: not a change that could ship), invalid, no device (CUDA code: its tests
 need a GPU). Results go to tests/mutation/generated/results-seed<S>.csv, one row per mutant, so
 that the campaign can be committed, resumed and rerun; tests/mutation/generated/equivalent.toml
-holds the hand triage. docs/reliability.md, "Generated mutants", is the user's guide.
+and sanitizer_kills.toml hold the hand triage. docs/reliability.md, "Generated mutants", is the user's guide.
 """
 import collections
 import concurrent.futures
@@ -429,18 +429,30 @@ def load_equivalent() -> dict[str, str]:
         return {e["id"]: e["why"] for e in tomllib.load(f).get("equivalent", [])}
 
 
+def load_sanitizer_kills() -> dict[str, dict]:
+    """Survivors of the campaign's build that scripts/test's sanitizer runs kill (a read past a
+    buffer that changes no result): checked by hand, each with the test and the report."""
+    p = DATA / "sanitizer_kills.toml"
+    if not p.exists():
+        return {}
+    with open(p, "rb") as f:
+        return {e["id"]: e for e in tomllib.load(f).get("killed", [])}
+
+
 # What fills a folder's quota: the mutants that ran, and the CUDA ones that would run on a GPU.
 COUNTED = ("killed", "survived", "no device")
 
 
 def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcome") -> str:
     rows = load_results(seed)
-    equivalent = load_equivalent()
+    equivalent, sanitized = load_equivalent(), load_sanitizer_kills()
     table = defaultdict(lambda: defaultdict(int))
     for r in rows.values():
         outcome = r[column]
         if outcome == "survived" and r["id"] in equivalent:
             outcome = "equivalent"
+        elif outcome == "survived" and r["id"] in sanitized:
+            outcome = "killed"  # the sanitizer run existed at the sampled commit too
         table[r["folder"]][outcome] += 1
     folders = sorted(set(table) | set(quota or {}))
     head = "| folder | quota | run | killed | survived | equivalent | score | invalid | did not compile | no device |"
@@ -458,7 +470,8 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
     score = f"{100 * total['killed'] / (total['killed'] + total['survived']):.0f}%" if total["killed"] + total["survived"] else "-"
     out.append(f"| **all** | {sum((quota or {}).values()) or ''} | {run} | {total['killed']} | {total['survived']} | "
                f"{total['equivalent']} | **{score}** | {total['invalid']} | {total['did not compile']} | {total['no device']} |")
-    survivors = [r for r in rows.values() if r[column] == "survived" and r["id"] not in equivalent]
+    survivors = [r for r in rows.values()
+                 if r[column] == "survived" and r["id"] not in equivalent and r["id"] not in sanitized]
     if survivors:
         out.append("\nSurvivors (not yet killed, not argued equivalent):\n")
         for r in sorted(survivors, key=lambda r: (r["file"], int(r["line"]))):
@@ -467,6 +480,11 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
         out.append("\nEquivalent (triaged by hand, see equivalent.toml):\n")
         for r in sorted((r for r in rows.values() if r["id"] in equivalent), key=lambda r: (r["file"], int(r["line"]))):
             out.append(f"- `{r['id']}` {r['file']}:{r['line']}: {equivalent[r['id']]}")
+    if sanitized:
+        out.append("\nKilled by a sanitizer run of scripts/test (checked by hand, see sanitizer_kills.toml):\n")
+        for r in sorted((r for r in rows.values() if r["id"] in sanitized), key=lambda r: (r["file"], int(r["line"]))):
+            k = sanitized[r["id"]]
+            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: {k['sanitizer']}, `{k['test']}`: {k['why']}")
     return "\n".join(out)
 
 
@@ -504,9 +522,9 @@ def main(args) -> int:
 
     started = time.monotonic()
     if args.rerun_survivors:
-        equivalent = load_equivalent()
+        triaged = load_equivalent() | load_sanitizer_kills()
         order = [Mutant(r["id"], r["folder"], r["file"], int(r["line"]), r["before"], r["after"])
-                 for r in rows.values() if r["outcome"] == "survived" and r["id"] not in equivalent]
+                 for r in rows.values() if r["outcome"] == "survived" and r["id"] not in triaged]
         print(f"{len(order)} survivors of seed {args.seed} against the tests at {commit}", flush=True)
     else:
         mutants = generate(src, work, commit)

@@ -120,6 +120,16 @@ class Report(unittest.TestCase):
         self.assertIn("| ps | 2 | 2 | 1 | 0 | 1 | 100% |", text)
         self.assertIn("a copy nobody reads", text)
 
+    def test_a_survivor_a_sanitizer_kills_counts_as_killed_and_is_listed_with_its_test(self):
+        self.write([self.row(1, "ps", "survived"), self.row(2, "ps", "survived")])
+        (self.data / "sanitizer_kills.toml").write_text(
+            '[[killed]]\nid = "m1"\nsanitizer = "ASan"\ntest = "multiprocess: ParameterServer"\n'
+            'why = "reads a byte before the buffer"\n')
+        text = generated.report(7, {"ps": 2})
+        self.assertIn("| ps | 2 | 2 | 1 | 1 | 0 | 50% |", text)
+        self.assertIn("ASan, `multiprocess: ParameterServer`: reads a byte before the buffer", text)
+        self.assertNotIn("`m1` include/gradwire/ps/f.hpp:1: `a` -> `b`", text)  # not a survivor
+
     def test_the_first_run_is_kept_for_the_before_table(self):
         self.write([self.row(1, "ps", "killed", first="survived"), self.row(2, "ps", "killed")])
         self.assertIn("| ps | 2 | 2 | 2 | 0 | 0 | 100% |", generated.report(7, {"ps": 2}))
