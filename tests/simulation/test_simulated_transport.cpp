@@ -77,6 +77,25 @@ TEST_CASE("cluster models parse from key=value text and refuse what they cannot 
   CHECK(again.network.latency == m.network.latency);
   CHECK(again.stragglers.tail_alpha == m.stragglers.tail_alpha);
 
+  // What a key left out means, as the header documents it: 1 x 1 ranks, 1Gbit and 50us
+  // between hosts, 10GB and 2us within one, no overhead, measured compute at speed 1,
+  // stragglers' tail capped at 20, seed 1.
+  const auto four = sim::parse_cluster_model("ranks_per_host=4");
+  CHECK(four.hosts == 1);
+  CHECK(four.size() == 4);
+  const auto two = sim::parse_cluster_model("hosts=2 tail=0.1:2");
+  CHECK(two.ranks_per_host == 1);
+  CHECK(two.size() == 2);
+  CHECK(two.network.bandwidth == 125e6);
+  CHECK(two.network.latency == 50us);
+  CHECK(two.local.bandwidth == 10e9);
+  CHECK(two.local.latency == 2us);
+  CHECK(two.overhead == 0us);
+  CHECK(two.compute == sim::compute_model::measured);
+  CHECK(two.speed == 1);
+  CHECK(two.stragglers.tail_cap == 20);
+  CHECK(two.seed == 1);
+
   auto config_error = [](const char* text, const char* says) {
     CAPTURE(text);
     REQUIRE_THROWS_MATCHES(sim::parse_cluster_model(text), gw::error,
