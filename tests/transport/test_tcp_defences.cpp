@@ -873,6 +873,43 @@ void run_ranks(const std::vector<std::function<void(asio_tcp&)>>& fns,
 }
 }  // namespace
 
+TEST_CASE("a waiting rank tells its peers what it waits for only near its stall warning: a shorter wait says nothing",
+          "[tcp][stall]") {
+  // Rank 1 waits for rank 2 with a 10 s warning (it would tell at 7.5 s); rank 0 waits for
+  // rank 1, begins after rank 1 began, and gives up 1 s into it. Rank 1 has told nothing yet,
+  // so rank 0 names it as the rank that said nothing; a rank that told its waits at once
+  // would put a status frame on the wire at every wait, however short.
+  constexpr int n = 3;
+  std::optional<gw::error> failed[n];
+  event waiting(30s);  // rank 1 has posted its receive and is about to wait
+  event ended[n] = {event(30s), event(30s), event(30s)};
+  std::vector<std::function<void(asio_tcp&)>> fns;
+  for (int r = 0; r < n; ++r)
+    fns.push_back([&, r](asio_tcp& t) {
+      if (r == 2) {  // outside gradwire until both waits have ended
+        for (int q : {0, 1}) ended[q].await("rank " + std::to_string(q) + "'s wait to end");
+        return;
+      }
+      struct raise_on_exit {
+        event& e;
+        ~raise_on_exit() { e.raise(); }
+      } const end{ended[r]};
+      if (r == 0) waiting.await("rank 1's wait");
+      std::byte one{};
+      auto recv = t.async_recv(r + 1, 5, {&one, 1});
+      if (r == 1) waiting.raise();
+      failed[r] = failure_of([&] { t.wait(recv, gw::deadline_after(20s)); });
+    });
+  run_ranks(fns, [](int r, asio_tcp_options& o) {
+    o.heartbeat_interval = 0s;
+    o.stall_warn = r == 0 ? 1000ms : 10000ms;
+    o.stall_timeout = r == 0 ? 1000ms : 0ms;
+  });
+  REQUIRE(failed[0].has_value());
+  CHECK_THAT(*failed[0], is_error(errc::timeout, {"rank 1 stalled (gave up after GRADWIRE_STALL_TIMEOUT=1 s): rank 0: "
+                                                  "waited ", " for rank 1; rank 1 has said nothing: " + not_calling}));
+}
+
 TEST_CASE("a stall timeout names every link of the chain of waits that the waiting ranks told in their status frames",
           "[tcp][stall]") {
   // Five ranks on real sockets: rank 0 waits for 3, 3 for 1, 1 for 4, 4 for 2, and rank 2
