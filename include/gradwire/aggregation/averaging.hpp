@@ -138,8 +138,13 @@ class averaging_agent {
   // tensor: averages their buffers when this step averaged the parameters.
   template <class W, class State>
   void synchronise_state(collective::communicator<Tr>& comm, std::span<State> states) {
+    constexpr bool visitable = requires(State& st) { st.for_each_buffer([](std::span<V>) {}); };
+    // Refused on one rank as on many: a job tried alone must not fail only once it scales out.
+    if (!visitable && policy_.averages_optimizer_state() && averaging_step())
+      throw error(errc::invalid_argument, "aggregation::averaging: average_optimizer_state() needs an optimizer whose "
+                                          "state<V> has for_each_buffer(f) (see gradwire/optim/adam.hpp)");
     if (!policy_.averages_optimizer_state() || comm.size() == 1 || !averaging_step()) return;
-    if constexpr (requires(State& st) { st.for_each_buffer([](std::span<V>) {}); }) {
+    if constexpr (visitable) {
       std::vector<std::span<V>> buffers;
       for (auto& st : states) st.for_each_buffer([&](std::span<V> b) { buffers.push_back(b); });
       const flat_layout layout = flat_layout::of(buffers);
@@ -149,9 +154,6 @@ class averaging_agent {
       layout.gather(buffers, flat);
       collective::all_reduce(comm, flat, collective::reduce_op::average);
       layout.scatter(std::span<const V>(flat), buffers);
-    } else {
-      throw error(errc::invalid_argument, "aggregation::averaging: average_optimizer_state() needs an optimizer whose "
-                                          "state<V> has for_each_buffer(f) (see gradwire/optim/adam.hpp)");
     }
   }
 
