@@ -421,12 +421,14 @@ def save_results(seed: int, rows: dict[str, dict]) -> None:
     tmp.replace(results_path(seed))
 
 
-def load_equivalent() -> dict[str, str]:
+def load_equivalent(first_run: bool = False) -> dict[str, str]:
+    """Equivalents by id. An entry with `since` (a commit) became equivalent when a bug the
+    mutant revealed was fixed there: at the first run it was a survivor, and counts as one."""
     p = DATA / "equivalent.toml"
     if not p.exists():
         return {}
     with open(p, "rb") as f:
-        return {e["id"]: e["why"] for e in tomllib.load(f).get("equivalent", [])}
+        return {e["id"]: e["why"] for e in tomllib.load(f).get("equivalent", []) if not (first_run and "since" in e)}
 
 
 def load_sanitizer_kills() -> dict[str, dict]:
@@ -445,7 +447,7 @@ COUNTED = ("killed", "survived", "no device")
 
 def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcome") -> str:
     rows = load_results(seed)
-    equivalent, sanitized = load_equivalent(), load_sanitizer_kills()
+    equivalent, sanitized = load_equivalent(first_run=column == "first_outcome"), load_sanitizer_kills()
     table = defaultdict(lambda: defaultdict(int))
     for r in rows.values():
         outcome = r[column]

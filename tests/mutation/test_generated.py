@@ -130,6 +130,13 @@ class Report(unittest.TestCase):
         self.assertIn("ASan, `multiprocess: ParameterServer`: reads a byte before the buffer", text)
         self.assertNotIn("`m1` include/gradwire/ps/f.hpp:1: `a` -> `b`", text)  # not a survivor
 
+    def test_an_equivalent_since_a_fix_is_a_survivor_of_the_first_run(self):
+        self.write([self.row(1, "ps", "killed"), self.row(2, "ps", "survived")])
+        (self.data / "equivalent.toml").write_text(
+            '[[equivalent]]\nid = "m2"\nsince = "abc123"\nwhy = "the same values once the bug is fixed"\n')
+        self.assertIn("| ps | 2 | 2 | 1 | 0 | 1 | 100% |", generated.report(7, {"ps": 2}))
+        self.assertIn("| ps | 2 | 2 | 1 | 1 | 0 | 50% |", generated.report(7, {"ps": 2}, column="first_outcome"))
+
     def test_the_first_run_is_kept_for_the_before_table(self):
         self.write([self.row(1, "ps", "killed", first="survived"), self.row(2, "ps", "killed")])
         self.assertIn("| ps | 2 | 2 | 2 | 0 | 0 | 100% |", generated.report(7, {"ps": 2}))
