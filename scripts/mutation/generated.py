@@ -194,6 +194,8 @@ class Coverage:
     linking: dict[str, set[str]] = field(default_factory=dict)  # library target -> targets that link it
     lines: "line_coverage.LineCoverage | None" = None  # which targets run each line, at the sampled commit
     compile_checks: list[str] = field(default_factory=list)
+    check_command: dict[str, list[str]] = field(default_factory=dict)  # compile check -> its ctest command
+    check_reads: dict[str, set[str]] | None = None  # compile check -> the library files it includes
     seconds: dict[str, float] = field(default_factory=dict)  # baseline duration of each test
 
 
@@ -237,10 +239,50 @@ def coverage(src: Path, build_dir: Path) -> Coverage:
         used = {executables[a] for a in t.get("command", []) if a in executables}
         if not used and COMPILE_CHECKS.match(name):
             cov.compile_checks.append(name)
+            cov.check_command[name] = t.get("command", [])
         cov.uses[name] = used
         for target in used:
             cov.tests_of.setdefault(target, []).append(name)
     return cov
+
+
+def check_reads(cov: Coverage, src: Path, work: Path, commit: str) -> dict[str, set[str]]:
+    """The library files each compile check includes, from its compiler's dependency list
+    (-M), cached per commit: a check that never reads a mutant's file cannot see it, and the
+    checks cost about 95 s together (nvcc's alone 45), which every survivor paid."""
+    cache = work / f"check-reads-{commit}.json"
+    if cache.exists():
+        return {k: set(v) for k, v in json.loads(cache.read_text()).items()}
+    reads = {}
+    for name, command in cov.check_command.items():
+        d = dict(a[2:].split("=", 1) for a in command if a.startswith("-D") and "=" in a)
+        compiler, include = d.get("CXX"), d.get("INCLUDE")
+        source = d.get("SOURCE")
+        if not (compiler and include and (source or d.get("HEADER"))):
+            continue  # not a compile of ours: run it for every survivor
+        if not source:
+            source = str(work / "check-header.cpp")
+            Path(source).write_text(f"#include <{d['HEADER']}>\n")
+        defines = [f"-DCASE={d['CASE']}"] if "CASE" in d else []
+        if compiler.endswith("nvcc"):
+            args = [compiler, "-std=c++20", "-M", *defines, "-I", include, source]
+        else:
+            args = [compiler, "-std=c++20", "-M", "-x", "c++", *defines, "-I", include, source]
+        done = subprocess.run(args, capture_output=True, text=True, cwd=work)
+        if done.returncode != 0:
+            continue  # cannot tell: run it for every survivor
+        prefix = str(src) + "/"
+        reads[name] = {os.path.normpath(f)[len(prefix):] for f in done.stdout.replace("\\\n", " ").split()
+                       if os.path.normpath(f).startswith(prefix + "include/")}
+    cache.write_text(json.dumps({k: sorted(v) for k, v in reads.items()}))
+    return reads
+
+
+def checks_reading(cov: Coverage, file: str) -> list[str]:
+    """The compile checks that include `file` (every check whose reads are unknown)."""
+    if cov.check_reads is None:
+        return cov.compile_checks
+    return [c for c in cov.compile_checks if c not in cov.check_reads or file in cov.check_reads[c]]
 
 
 def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None) -> list[str]:
@@ -383,8 +425,9 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
             passed, _, failed = run_tests(build_dir, tests, test_timeout(cov, tests), logs / f"{m.id}.test.log")
             if not passed:
                 return "killed", (failed[0] if failed else target), target
-        if cov.compile_checks:
-            passed, _, failed = run_tests(build_dir, cov.compile_checks, 120, logs / f"{m.id}.test.log")
+        checks = checks_reading(cov, m.file)
+        if checks:
+            passed, _, failed = run_tests(build_dir, checks, 120, logs / f"{m.id}.checks.log")
             if not passed:
                 return "killed", (failed[0] if failed else "compile checks"), "compile checks"
         if cov.lines and cov.lines.targets_running(m.file, m.line) == []:
@@ -551,6 +594,7 @@ def main(args) -> int:
         cached = work / f"line-coverage-{commit}.json.gz"
         if args.line_coverage or cached.exists():
             cov.lines = line_coverage.measure(work, commit, cov.tests_of, args.jobs, lambda s: print(s, flush=True))
+    cov.check_reads = check_reads(cov, src, work, commit)
     baseline_tests = sorted({t for ts in cov.tests_of.values() for t in ts} | set(cov.compile_checks))
     junit = logs / f"baseline-{commit}.xml"  # once per commit: which tests pass there, and how long each takes
     if not junit.exists():

@@ -84,6 +84,17 @@ class Sample(unittest.TestCase):
         self.assertNotEqual(first, [m.id for m in generated.campaign_order(pool, quota, seed=2)])
 
 
+class CompileChecks(unittest.TestCase):
+    def test_a_survivor_runs_only_the_checks_that_read_its_file(self):
+        cov = generated.Coverage(compile_checks=["headers: a", "compile_fail: b", "other"])
+        cov.check_reads = {"headers: a": {"include/gradwire/a.hpp"}, "compile_fail: b": {"include/gradwire/b.hpp"}}
+        # "other" was not a compile it could read: it runs for every file.
+        self.assertEqual(generated.checks_reading(cov, "include/gradwire/b.hpp"), ["compile_fail: b", "other"])
+        self.assertEqual(generated.checks_reading(cov, "include/gradwire/c.hpp"), ["other"])
+        cov.check_reads = None  # not measured: every check
+        self.assertEqual(generated.checks_reading(cov, "include/gradwire/c.hpp"), cov.compile_checks)
+
+
 class Report(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
