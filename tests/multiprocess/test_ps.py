@@ -18,6 +18,11 @@ from mp_support import rank_lines
 
 LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
 PATH = os.environ.get("GRADWIRE_TEST_PS_PATH", "")  # one-sided, tagged, or unchecked
+# Forced one-sided over UCX's TCP wire: UCX 1.13 emulates get in software, and a server
+# answering the get of a worker killed mid-request can be aborted inside UCX
+# (ucp_get_req_handler: "Fatal: unexpected error: Endpoint timeout"), an abort no caller can
+# catch (docs/transports.md). That one outcome is accepted for the server there, by its text.
+UCX_SW_RMA_ABORT = "ucp_get_req_handler" if PATH == "one-sided" and os.environ.get("UCX_TLS") == "tcp" else None
 
 
 def run(workers, servers, *args, keep_going=False, bound=120):
@@ -164,6 +169,8 @@ class Losses(unittest.TestCase):
                 self.assertIn("rank 1: training", lines.get(1, []), out)  # it died training, not at setup
                 for r in (0, 2, 3):
                     got = " ".join(lines.get(r, []))
+                    if r == 3 and UCX_SW_RMA_ABORT and UCX_SW_RMA_ABORT in got and "Endpoint timeout" in got:
+                        continue  # the server, aborted by UCX itself (see UCX_SW_RMA_ABORT)
                     self.assertIn(f"rank {r}: EXPECTED peer lost: ", got, out)
                     self.assertIn(f"rank {r}: lost rank 1: ", got, out)
                     self.assertIn("the process exited or was killed", got, out)  # (TCP: connection; UCX: endpoint)
