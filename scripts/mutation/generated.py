@@ -253,7 +253,7 @@ def check_reads(cov: Coverage, src: Path, work: Path, commit: str) -> dict[str, 
     cache = work / f"check-reads-{commit}.json"
     if cache.exists():
         return {k: set(v) for k, v in json.loads(cache.read_text()).items()}
-    reads = {}
+    reads, prefix = {}, str(src) + "/"
     for name, command in cov.check_command.items():
         d = dict(a[2:].split("=", 1) for a in command if a.startswith("-D") and "=" in a)
         compiler, include = d.get("CXX"), d.get("INCLUDE")
@@ -271,9 +271,8 @@ def check_reads(cov: Coverage, src: Path, work: Path, commit: str) -> dict[str, 
         done = subprocess.run(args, capture_output=True, text=True, cwd=work)
         if done.returncode != 0:
             continue  # cannot tell: run it for every survivor
-        prefix = str(src) + "/"
-        reads[name] = {os.path.normpath(f)[len(prefix):] for f in done.stdout.replace("\\\n", " ").split()
-                       if os.path.normpath(f).startswith(prefix + "include/")}
+        files = (os.path.normpath(f) for f in done.stdout.replace("\\\n", " ").split())
+        reads[name] = {f[len(prefix):] for f in files if f.startswith(prefix + "include/")}
     cache.write_text(json.dumps({k: sorted(v) for k, v in reads.items()}))
     return reads
 

@@ -273,14 +273,25 @@ class Failures(unittest.TestCase):
         self.assertIn("cannot start '/nonexistent/program'", err)
 
 
+def start_ranks(pids, script, count):
+    """Starts the launcher on 2 ranks of `sh -c script` (which write their pids into the folder
+    `pids`, %s in the script) and waits until `count` pids are written."""
+    launcher = subprocess.Popen([sys.executable, LAUNCHER, "-n", "2", "sh", "-c", script % pids],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for_files(pids, count)
+    except BaseException:
+        launcher.kill()
+        launcher.communicate()
+        raise
+    return launcher
+
+
 class Signals(unittest.TestCase):
     def test_sigterm_to_the_launcher_stops_every_rank(self):
         with tempfile.TemporaryDirectory() as pids:
-            launcher = subprocess.Popen(
-                [sys.executable, LAUNCHER, "-n", "2", "sh", "-c", 'sleep 30 & echo "$$ $!" > %s/$RANK; wait' % pids],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            launcher = start_ranks(pids, 'sleep 30 & echo "$$ $!" > %s/$RANK; wait', 4)
             try:
-                wait_for_files(pids, 4)
                 start = time.monotonic()
                 launcher.send_signal(signal.SIGTERM)
                 code = launcher.wait(timeout=10)
@@ -299,14 +310,9 @@ class Signals(unittest.TestCase):
         # SIGKILL leaves the launcher no say (a test's timeout, the OOM killer): the ranks, each in
         # a process group of its own, must still stop instead of running on as orphans.
         with tempfile.TemporaryDirectory() as pids:
-            launcher = subprocess.Popen(
-                [sys.executable, LAUNCHER, "-n", "2", "sh", "-c", 'echo $$ > %s/$RANK; exec sleep 30' % pids],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                wait_for_files(pids, 2)
-            finally:
-                launcher.kill()
-                launcher.wait()
+            launcher = start_ranks(pids, 'echo $$ > %s/$RANK; exec sleep 30', 2)
+            launcher.kill()
+            launcher.communicate()
             ranks = read_pids(pids)
             poll_until(lambda: not any(alive(pid) for pid in ranks), 10, "the ranks did not stop after their launcher was killed")
 
