@@ -336,9 +336,15 @@ def includer(src: Path, rel: str) -> str:
     return rel
 
 
+def nvcc() -> str | None:
+    """The CUDA compiler, where the toolkit is (on PATH or in its default place)."""
+    return shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
+
+
 class Screen:
     """Whether a mutant parses: a TU that includes only its header (header-only mode, where every
-    .ipp is part of its header), -fsyntax-only, with the flags of the target that will build it.
+    .ipp is part of its header), -fsyntax-only, with the flags of the target that will build it
+    (device code: compiled by nvcc).
     Most generated mutants do not parse; the screen runs ahead of the campaign on `workers`
     private copies of include/, so that it overlaps the builds and tests."""
 
@@ -365,6 +371,8 @@ class Screen:
                 return False
             path.write_text(mutated)
             try:
+                if m.file.endswith(".cuh"):
+                    return self._nvcc_parses(copy, m)
                 targets = covering_targets(self.cov, m)
                 command = self.cov.command_of.get(targets[0]) if targets else None
                 probe = copy / "probe.cpp"
@@ -385,6 +393,19 @@ class Screen:
         finally:
             self.free.put(copy)
 
+    def _nvcc_parses(self, copy: Path, m: Mutant) -> bool:
+        """Device code: nvcc compiles a TU that includes the header for one architecture (about
+        20 s; the scratch build has no CUDA targets). Without nvcc the mutant counts as
+        parsing, and its row says "no device" as before."""
+        compiler = nvcc()
+        if compiler is None:
+            return True
+        probe = copy / "probe.cu"
+        probe.write_text(f"#include <{m.file.removeprefix('include/')}>\n")
+        done = subprocess.run([compiler, "-std=c++20", f"-I{copy / 'include'}", "-arch=sm_90", "-c", str(probe),
+                               "-o", os.devnull], capture_output=True)
+        return done.returncode == 0
+
 
 def test_timeout(cov: Coverage, tests: list[str]) -> int:
     # A hang is a kill, found at three times the slowest baseline duration plus half a minute.
@@ -397,10 +418,10 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     A survivor of every covering target within `budget` seconds is reported as such: a score
     with budget-bound survivors is a lower bound (a target not run might have killed it)."""
     started = time.monotonic()
-    if m.file.endswith(".cuh"):
-        return "no device", "", ""  # device code: its tests skip without a GPU (see the report)
     if not parsed.result():
         return "invalid", "", ""
+    if m.file.endswith(".cuh"):
+        return "no device", "", ""  # device code that compiles: its tests skip without a GPU (see the report)
     path = src / m.file
     original = path.read_text()
     mutated = m.apply(original)
@@ -590,9 +611,14 @@ def main(args) -> int:
         fail(f"the unmutated code does not build; see {logs / 'baseline-build.log'}")
     cov = coverage(src, build_dir)  # again: that build discovered the commit's own TEST_CASEs
     if not args.rerun_survivors:  # line numbers are the sampled commit's
-        cached = work / f"line-coverage-{commit}.json.gz"
+        # Kept beside the results too: a new checkout resumes without the half-hour measurement.
+        kept, cached = DATA / f"line-coverage-{commit}.json.gz", work / f"line-coverage-{commit}.json.gz"
+        if kept.exists() and not cached.exists():
+            shutil.copyfile(kept, cached)
         if args.line_coverage or cached.exists():
             cov.lines = line_coverage.measure(work, commit, cov.tests_of, args.jobs, lambda s: print(s, flush=True))
+            if not kept.exists():
+                shutil.copyfile(cached, kept)
     cov.check_reads = check_reads(cov, src, work, commit)
     baseline_tests = sorted({t for ts in cov.tests_of.values() for t in ts} | set(cov.compile_checks))
     junit = logs / f"baseline-{commit}.xml"  # once per commit: which tests pass there, and how long each takes

@@ -8,6 +8,7 @@ not depend on where a line sits, and that the score counts only what ran (equiva
 
 Usage: test_generated.py [unittest args]
 """
+import concurrent.futures
 import csv
 import os
 import sys
@@ -93,6 +94,35 @@ class CompileChecks(unittest.TestCase):
         self.assertEqual(generated.checks_reading(cov, "include/gradwire/c.hpp"), ["other"])
         cov.check_reads = None  # not measured: every check
         self.assertEqual(generated.checks_reading(cov, "include/gradwire/c.hpp"), cov.compile_checks)
+
+
+class DeviceCode(unittest.TestCase):
+    """A .cuh mutant cannot run here (its tests need a GPU), but whether it compiles can be
+    known: one that does not is invalid and fills no quota; one that does is "no device"."""
+
+    def test_a_cuh_mutant_that_does_not_compile_is_invalid_not_awaiting_a_device(self):
+        done = concurrent.futures.Future()
+        done.set_result(False)
+        m = Mutant("c", "cuda", "include/gradwire/cuda/f.cuh", 1, "int x;", "int+ x;")
+        self.assertEqual(generated.run_mutant(m, Path("/nonexistent"), Path("/nonexistent"), generated.Coverage(), 1,
+                                              Path("/nonexistent"), done, {}, 1)[0], "invalid")
+        done = concurrent.futures.Future()
+        done.set_result(True)
+        self.assertEqual(generated.run_mutant(m, Path("/nonexistent"), Path("/nonexistent"), generated.Coverage(), 1,
+                                              Path("/nonexistent"), done, {}, 1)[0], "no device")
+
+    @unittest.skipUnless(generated.nvcc(), "needs nvcc (the CUDA toolkit); CI has it")
+    def test_nvcc_decides_whether_a_cuh_mutant_compiles(self):
+        with tempfile.TemporaryDirectory() as d:
+            copy = Path(d)
+            header = copy / "include/gradwire/cuda/f.cuh"
+            header.parent.mkdir(parents=True)
+            header.write_text("#pragma once\n__global__ void scale(float* x, float a) { x[threadIdx.x] *= a; }\n")
+            screen = generated.Screen.__new__(generated.Screen)  # no scratch copies: only its nvcc check
+            m = Mutant("c", "cuda", "include/gradwire/cuda/f.cuh", 2, "", "")
+            self.assertTrue(screen._nvcc_parses(copy, m))
+            header.write_text("#pragma once\n__global__ void scale(float* x, float a) { x[threadIdx.x] *= a }\n")
+            self.assertFalse(screen._nvcc_parses(copy, m))
 
 
 class Report(unittest.TestCase):
