@@ -19,11 +19,20 @@
 //       the receive with a 60 s deadline and prints "rank 0: EXPECTED <errc>: <message>"
 //       and "rank 0: MPI says: <MPI_Error_string(MPI_ERR_TRUNCATE)>"; then both ranks run a
 //       checked all-reduce and print "PASS imrecv-fails".
+//   mpi_runtime_worker drop-arriving         (2 ranks; the test runs it over the TCP BTL)
+//       Rank 1 sends 16 MiB (bytes 0x5A) and then 8 bytes to rank 0, both on tag 4243.
+//       Rank 0 posts a receive for each and waits for the 8 bytes only: by MPI's
+//       non-overtaking rule the 16 MiB were matched first (its MPI_Imrecv is counted through
+//       the profiling interface), and are still arriving. Rank 0 then drops that receive,
+//       fills its buffer with 0x11, runs checked all-reduces (MPI progresses whatever is
+//       still in flight) and checks that no byte of the buffer changed: a dropped receive
+//       writes nothing into its buffer once dropped. Prints "rank R: PASS drop-arriving".
 // A worker, not a Catch2 test: it checks its all-reduces against references itself (exit 1
 // with "FAIL ..."), and test_mpi.py asserts the errc, the words and the times it prints.
 #include <gradwire/gradwire.hpp>
 #include <gradwire/mpi.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -40,6 +49,9 @@ namespace col = gradwire::collective;
 
 // Armed by imrecv-fails: the next MPI_Imrecv of 12345 bytes fails. Otherwise MPI's own.
 std::atomic<bool> fail_next_imrecv{false};
+// drop-arriving's large message: how many MPI_Imrecv calls received one.
+constexpr long long arriving_bytes = 16LL << 20;
+std::atomic<int> large_imrecvs{0};
 
 extern "C" int MPI_Imrecv(void* buf, int count, MPI_Datatype type, MPI_Message* message, MPI_Request* request) {
   int type_size = 0;
@@ -50,6 +62,7 @@ extern "C" int MPI_Imrecv(void* buf, int count, MPI_Datatype type, MPI_Message* 
     PMPI_Mrecv(buf, count, type, message, MPI_STATUS_IGNORE);
     return MPI_ERR_TRUNCATE;
   }
+  if (static_cast<long long>(count) * type_size == arriving_bytes) ++large_imrecvs;
   return PMPI_Imrecv(buf, count, type, message, request);
 }
 
@@ -190,6 +203,44 @@ int imrecv_fails() {
   return 0;
 }
 
+// A receive dropped while its message is arriving is let finish before the drop returns:
+// the buffer is the caller's again, and MPI writes nothing into it afterwards.
+int drop_arriving() {
+  gw::transport::mpi t;
+  my_rank = t.rank();
+  if (t.size() != 2) fail("drop-arriving needs 2 ranks");
+  col::communicator<gw::transport::mpi> comm(std::move(t));
+  checked_all_reduce(comm);
+  const auto within = [] { return gw::deadline_after(std::chrono::seconds(60)); };
+  std::vector<std::byte> large(static_cast<std::size_t>(arriving_bytes), std::byte{0x5A});
+  std::vector<std::byte> small(8, std::byte{0x5A});
+  if (my_rank == 1) {
+    auto first = comm.transport().async_send(0, 4243, large);
+    auto second = comm.transport().async_send(0, 4243, small);
+    comm.transport().wait(second, within());
+    comm.transport().wait(first, within());
+  } else {
+    std::fill(large.begin(), large.end(), std::byte{0});
+    {
+      auto first = comm.transport().async_recv(1, 4243, large);
+      auto second = comm.transport().async_recv(1, 4243, small);
+      comm.transport().wait(second, within());
+      if (large_imrecvs != 1) fail("the 16 MiB receive was not matched before the 8 bytes behind it arrived");
+    }  // `first` dropped here, its message still arriving
+    std::fill(large.begin(), large.end(), std::byte{0x11});
+  }
+  for (int i = 0; i < 3; ++i) {
+    checked_all_reduce(comm);  // MPI progresses what is in flight
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (my_rank == 0) {
+    const auto changed = std::count_if(large.begin(), large.end(), [](std::byte b) { return b != std::byte{0x11}; });
+    if (changed != 0) fail(std::to_string(changed) + " bytes of a dropped receive's buffer were written after the drop");
+  }
+  say("PASS drop-arriving");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,9 +250,10 @@ int main(int argc, char** argv) {
     if (mode == "thread-level") return thread_level(arg);
     if (mode == "recovery") return recovery(arg);
     if (mode == "imrecv-fails") return imrecv_fails();
+    if (mode == "drop-arriving") return drop_arriving();
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR | imrecv-fails\n");
+  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR | imrecv-fails | drop-arriving\n");
   return 2;
 }

@@ -6,7 +6,8 @@
 The same worker scenarios as test_multiprocess.py runs over TCP and UCX (mp_worker.cpp,
 ps_worker.cpp), each rank checking its results against float64 references, plus what MPI
 lets a rank see of failures, and (mpi_runtime_worker.cpp) the thread level a program
-initialised MPI at, a rank killed under --enable-recovery, and a failing MPI_Imrecv. Exits 77 (skipped) without
+initialised MPI at, a rank killed under --enable-recovery, a failing MPI_Imrecv, and a
+receive dropped while its message arrives. Exits 77 (skipped) without
 mpirun. Every run is bounded.
 """
 import os
@@ -230,6 +231,16 @@ class Runtime(unittest.TestCase):
         self.assertFalse(expected.startswith("EXPECTED timeout"), out)
         self.assertIn("rank 0: receive from rank 1 (tag 4242, 12345 bytes): " + mpi_text, expected, out)
         self.assertEqual(passed, "PASS imrecv-fails", out)
+
+    def test_a_receive_dropped_while_its_message_arrives_writes_nothing_after_the_drop(self):
+        # The receive's 16 MiB are matched and still arriving when rank 0 drops it (over
+        # OpenMPI's TCP, where a large message moves only as both ranks progress): the drop
+        # lets it finish, so the buffer the caller then reuses is never written again.
+        status, lines, _, out = run(2, RUNTIME_WORKER, "drop-arriving", mca=[("btl", "self,tcp")], bound=120)
+        self.assertEqual(status, 0, out)
+        self.assertNotIn("FAIL", out)
+        for r in (0, 1):
+            self.assertEqual(lines.get(r, []), ["PASS drop-arriving"], out)
 
     def test_killed_rank_under_enable_recovery_is_a_timeout_over_shared_memory(self):
         self.killed_under_recovery(mca=[])
