@@ -85,6 +85,26 @@ class Launcher(Base):
                     self.assertEqual(first.passed_ranks() | last.passed_ranks(), {0, 1, 2},
                                      first.output() + last.output())
 
+    def test_ranks_told_to_listen_on_every_interface_tell_their_peers_a_reachable_address(self):
+        # GRADWIRE_LISTEN_HOST=0.0.0.0: each rank listens on all its interfaces, and publishes
+        # the address it reaches the store from (a peer on another host sent to "0.0.0.0"
+        # would dial its own loopback). Hosts 0 and 1 wait for host 2 while their sockets show.
+        with cs.emulated_cluster(3, tag="ld") as c:
+            env = dict(os.environ, GRADWIRE_LISTEN_HOST="0.0.0.0")
+            commands = cs.launcher_commands(c, [1, 1, 1], [WORKER, "collectives"])
+            with cs.Job(c, commands[:2], env) as first:
+                seen = []
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not seen:
+                    time.sleep(0.1)
+                    seen = cs.listening(c, 1)
+                self.assertEqual([addr for addr, _ in seen], ["0.0.0.0"], f"host 1 listens on {seen}")
+                with cs.Job(c, commands[2:], env) as last:
+                    for job in (first, last):
+                        self.assertTrue(job.wait(BOUND_S), job.output())
+                    self.assertEqual(first.passed_ranks() | last.passed_ranks(), {0, 1, 2},
+                                     first.output() + last.output())
+
 
 class Mpirun(Base):
     """OpenMPI's mpirun inside host 0, its daemons started in the other hosts by scripts/cluster-rsh."""

@@ -285,6 +285,11 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   CHECK(ring.compute == Approx(step));
   CHECK(ring.communication == Approx(2 * (2 * o + a + n / 2 / bw)));
   CHECK(ring.samples_per_second == Approx(2 * 32 / ring.step));
+  // Bucketed (the gradient in 250 kB buckets): one all-reduce per bucket, one after another.
+  REQUIRE(costs.buckets(250'000) == std::vector<std::size_t>(4, p / 4));
+  const auto bucketed = costs.all_reduce(all_reduce_algorithm::ring, 250'000);
+  CHECK(bucketed.communication == Approx(4 * 2 * (2 * o + a + n / 4 / 2 / bw)));
+  CHECK_THAT(bucketed.note, Catch::Matchers::Contains("4 buckets"));
 
   // One server, rank 2 on a host of its own. At the close it posts the replies
   // ([40 B header][n]) to worker 0 then worker 1 (at 1 and 2 overheads), one after another
