@@ -49,6 +49,7 @@ GENERATOR = "universalmutator==1.14.1"
 RULES = ["universal.rules", "cpp.rules", "c_like.rules"]  # what `mutate FILE cpp` uses
 MIN_PER_FOLDER = 10
 DATA = ROOT / "tests/mutation/generated"
+LISTED = ROOT / "tests/mutation/mutants.toml"  # the listed set; its `generated` entries reproduce survivors
 COLUMNS = ["id", "folder", "file", "line", "before", "after", "outcome", "killed_by", "target", "seconds", "commit", "date",
            "first_outcome", "first_commit"]
 # Not run per mutant: they configure or build whole projects (minutes each) or need what the
@@ -504,6 +505,17 @@ def load_sanitizer_kills() -> dict[str, dict]:
         return {e["id"]: e for e in tomllib.load(f).get("killed", [])}
 
 
+def load_listed_kills() -> dict[str, dict]:
+    """Survivors that a listed mutant reproduces (tests/mutation/mutants.toml, `generated =
+    "<id>"`), by id: the test written for each, which `scripts/mutate -k NAME` checks kills
+    it. They count as killed after the tests were written; `--rerun-survivors` records the
+    same kill in the results."""
+    if not LISTED.exists():
+        return {}
+    with open(LISTED, "rb") as f:
+        return {e["generated"]: e for e in tomllib.load(f).get("mutant", []) if "generated" in e}
+
+
 # What fills a folder's quota: the mutants that ran, and the CUDA ones that would run on a GPU.
 COUNTED = ("killed", "survived", "no device")
 
@@ -511,6 +523,7 @@ COUNTED = ("killed", "survived", "no device")
 def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcome") -> str:
     rows = load_results(seed)
     equivalent, sanitized = load_equivalent(first_run=column == "first_outcome"), load_sanitizer_kills()
+    listed = load_listed_kills() if column == "outcome" else {}  # tests written since the first run
     table = defaultdict(lambda: defaultdict(int))
     for r in rows.values():
         outcome = r[column]
@@ -518,6 +531,8 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
             outcome = "equivalent"
         elif outcome == "survived" and r["id"] in sanitized:
             outcome = "killed"  # the sanitizer run existed at the sampled commit too
+        elif outcome == "survived" and r["id"] in listed:
+            outcome = "killed"
         table[r["folder"]][outcome] += 1
     folders = sorted(set(table) | set(quota or {}))
     head = "| folder | quota | run | killed | survived | equivalent | score | invalid | did not compile | no device |"
@@ -536,7 +551,8 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
     out.append(f"| **all** | {sum((quota or {}).values()) or ''} | {run} | {total['killed']} | {total['survived']} | "
                f"{total['equivalent']} | **{score}** | {total['invalid']} | {total['did not compile']} | {total['no device']} |")
     survivors = [r for r in rows.values()
-                 if r[column] == "survived" and r["id"] not in equivalent and r["id"] not in sanitized]
+                 if r[column] == "survived" and r["id"] not in equivalent and r["id"] not in sanitized
+                 and r["id"] not in listed]
     if survivors:
         out.append("\nSurvivors (not yet killed, not argued equivalent):\n")
         for r in sorted(survivors, key=lambda r: (r["file"], int(r["line"]))):
@@ -545,6 +561,13 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
         out.append("\nEquivalent (triaged by hand, see equivalent.toml):\n")
         for r in sorted((r for r in rows.values() if r["id"] in equivalent), key=lambda r: (r["file"], int(r["line"]))):
             out.append(f"- `{r['id']}` {r['file']}:{r['line']}: {equivalent[r['id']]}")
+    shown = sorted((r for r in rows.values() if r[column] == "survived" and r["id"] in listed),
+                   key=lambda r: (r["file"], int(r["line"])))
+    if shown:
+        out.append("\nSurvivors of their first run killed by a test written since (mutants.toml, `generated`):\n")
+        for r in shown:
+            e = listed[r["id"]]
+            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: `{e['name']}`, {', '.join(e['tests'])}")
     if sanitized:
         out.append("\nKilled by a sanitizer run of scripts/test (checked by hand, see sanitizer_kills.toml):\n")
         for r in sorted((r for r in rows.values() if r["id"] in sanitized), key=lambda r: (r["file"], int(r["line"]))):
@@ -562,10 +585,13 @@ def main(args) -> int:
         d.mkdir(parents=True, exist_ok=True)
     # One campaign per work folder: two would mutate and build one scratch copy under each other.
     lock = open(work / "lock", "w")
+    running = False
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        fail(f"another scripts/mutate --generated is running in {work} (wait for it, or stop it with Ctrl-C)")
+        running = True  # --report reads the running campaign's scratch copy as it is
+        if not args.report:
+            fail(f"another scripts/mutate --generated is running in {work} (wait for it, or stop it with Ctrl-C)")
     rows = load_results(args.seed)
     # The sample is drawn once, at the commit of its first run; a campaign resumes on that code.
     # --rerun-survivors runs the survivors against --commit's tests (HEAD: the tests written since).
@@ -573,17 +599,19 @@ def main(args) -> int:
     code = args.commit if args.rerun_survivors or not sampled else sampled
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", code], check=True,
                             capture_output=True, text=True).stdout.strip()
-    sync_scratch(src, commit=commit)
+    if not running:
+        sync_scratch(src, commit=commit)
+    if args.report:
+        quota = quotas(src, args.size)
+        print(report(args.seed, quota))
+        if any(r["first_outcome"] != r["outcome"] or r["id"] in load_listed_kills() for r in rows.values()):
+            print("\nBefore the tests written for the survivors (first run of each mutant):\n")
+            print(report(args.seed, quota, column="first_outcome"))
+        return 0
     if (work / "mutating").exists():  # a campaign stopped mid-mutant
         (src / (work / "mutating").read_text()).touch()
         (work / "mutating").unlink()
     quota = quotas(src, args.size)
-    if args.report:
-        print(report(args.seed, quota))
-        if any(r["first_outcome"] != r["outcome"] for r in rows.values()):
-            print("\nBefore the tests written for the survivors (first run of each mutant):\n")
-            print(report(args.seed, quota, column="first_outcome"))
-        return 0
 
     started = time.monotonic()
     if args.rerun_survivors:

@@ -178,6 +178,19 @@ class Report(unittest.TestCase):
         self.assertIn("| ps | 2 | 2 | 1 | 0 | 1 | 100% |", generated.report(7, {"ps": 2}))
         self.assertIn("| ps | 2 | 2 | 1 | 1 | 0 | 50% |", generated.report(7, {"ps": 2}, column="first_outcome"))
 
+    def test_a_survivor_a_listed_mutant_reproduces_is_killed_after_and_a_survivor_before(self):
+        self.write([self.row(1, "ps", "killed"), self.row(2, "ps", "survived"), self.row(3, "ps", "survived")])
+        listed = self.data / "mutants.toml"
+        listed.write_text('[[mutant]]\nname = "ps-x"\nfile = "f"\nfind = "a"\nreplace = "b"\ntarget = "t"\n'
+                          'tests = ["t: it"]\ngenerated = "m2"\nwhy = "w"\n')
+        with mock.patch.object(generated, "LISTED", listed):
+            after = generated.report(7, {"ps": 3})
+            before = generated.report(7, {"ps": 3}, column="first_outcome")
+        self.assertIn("| ps | 3 | 3 | 2 | 1 | 0 | 67% |", after)
+        self.assertIn("`m2` include/gradwire/ps/f.hpp:2: `ps-x`, t: it", after)
+        self.assertNotIn("`m2` include/gradwire/ps/f.hpp:2: `a` -> `b`", after)  # not among the survivors
+        self.assertIn("| ps | 3 | 3 | 1 | 2 | 0 | 33% |", before)
+
     def test_the_first_run_is_kept_for_the_before_table(self):
         self.write([self.row(1, "ps", "killed", first="survived"), self.row(2, "ps", "killed")])
         self.assertIn("| ps | 2 | 2 | 2 | 0 | 0 | 100% |", generated.report(7, {"ps": 2}))
