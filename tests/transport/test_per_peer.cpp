@@ -129,6 +129,16 @@ TEST_CASE("per_peer refuses an Intra that does not span this rank's host") {
   REQUIRE(kind == gw::errc::config);
   REQUIRE_THAT(what, Catch::Contains("per_peer: rank 0 is local rank 0 of 2 on its host, but its shared-memory "
                                      "transport is rank 0 of 3: join it among the host's ranks only"));
+  // The right size, numbered otherwise than by local rank, either way round: refused too.
+  gw::transport::inproc_group host0(2);
+  for (const auto [rank, intra_rank] : {std::pair{1, 0}, std::pair{0, 1}}) {
+    CAPTURE(rank, intra_rank);
+    const auto [k, w] = gw::testing::error_of([&] { pair_type(host0.endpoint(intra_rank), inter.endpoint(rank), hosts); });
+    REQUIRE(k == gw::errc::config);
+    REQUIRE_THAT(w, Catch::Contains("per_peer: rank " + std::to_string(rank) + " is local rank " + std::to_string(rank) +
+                                    " of 2 on its host, but its shared-memory transport is rank " +
+                                    std::to_string(intra_rank) + " of 2"));
+  }
 }
 
 // --- lost peers: named by the job's rank, whichever part lost them --------------------
