@@ -99,6 +99,20 @@ def is_code(line: str) -> bool:
     return bool(s) and not s.startswith(("//", "/*", "*", "#include", "#pragma"))
 
 
+# C++ tokens, closely enough to tell whether two lines are the same code: literals whole,
+# words and numbers, the multi-character operators by maximal munch, any other character.
+_OPERATORS = [">>=", "<<=", "<=>", "->*", "...", "->", "::", "++", "--", "<<", ">>", "<=", ">=", "==", "!=", "&&",
+              "||", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", ".*", "##"]
+_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|[A-Za-z_0-9.]+|' +
+                    "|".join(re.escape(o) for o in _OPERATORS) + r"|\S")
+
+
+def same_code(before: str, after: str) -> bool:
+    """Whether a mutant only moves whitespace between tokens (`{r, {} , x}`): the same program,
+    equivalent by construction (a few in 100,000 proposals), so it is not built."""
+    return _TOKEN.findall(before) == _TOKEN.findall(after)
+
+
 def generator_python(work: Path) -> Path:
     """A virtual environment with the pinned generator (PyPI), made once per work folder."""
     venv = work / "venv"
@@ -419,6 +433,8 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     A survivor of every covering target within `budget` seconds is reported as such: a score
     with budget-bound survivors is a lower bound (a target not run might have killed it)."""
     started = time.monotonic()
+    if same_code(m.before, m.after):
+        return "same code", "", ""
     if not parsed.result():
         return "invalid", "", ""
     if m.file.endswith(".cuh"):
@@ -517,7 +533,7 @@ def load_listed_kills() -> dict[str, dict]:
 
 
 # What fills a folder's quota: the mutants that ran, and the CUDA ones that would run on a GPU.
-COUNTED = ("killed", "survived", "no device")
+COUNTED = ("killed", "survived", "no device", "same code")
 
 
 def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcome") -> str:
@@ -527,7 +543,7 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
     table = defaultdict(lambda: defaultdict(int))
     for r in rows.values():
         outcome = r[column]
-        if outcome == "survived" and r["id"] in equivalent:
+        if outcome == "same code" or (outcome == "survived" and r["id"] in equivalent):
             outcome = "equivalent"
         elif outcome == "survived" and r["id"] in sanitized:
             outcome = "killed"  # the sanitizer run existed at the sampled commit too
@@ -561,6 +577,11 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
         out.append("\nEquivalent (triaged by hand, see equivalent.toml):\n")
         for r in sorted((r for r in rows.values() if r["id"] in equivalent), key=lambda r: (r["file"], int(r["line"]))):
             out.append(f"- `{r['id']}` {r['file']}:{r['line']}: {equivalent[r['id']]}")
+    same = sorted((r for r in rows.values() if r[column] == "same code"), key=lambda r: (r["file"], int(r["line"])))
+    if same:
+        out.append("\nEquivalent by construction (the same tokens, whitespace moved):\n")
+        for r in same:
+            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: `{r['before'].strip()}` -> `{r['after'].strip()}`")
     shown = sorted((r for r in rows.values() if r[column] == "survived" and r["id"] in listed),
                    key=lambda r: (r["file"], int(r["line"])))
     if shown:

@@ -96,6 +96,24 @@ class CompileChecks(unittest.TestCase):
         self.assertEqual(generated.checks_reading(cov, "include/gradwire/c.hpp"), cov.compile_checks)
 
 
+class SameCode(unittest.TestCase):
+    def test_whitespace_between_tokens_is_the_same_code(self):
+        self.assertTrue(generated.same_code("far_.push_back({r, {}, std::nullopt});", "far_.push_back({r, {} , std::nullopt});"))
+        self.assertTrue(generated.same_code("  if (a<b) return;", "if ( a < b )  return ;"))
+
+    def test_a_changed_token_literal_or_operator_is_not(self):
+        self.assertFalse(generated.same_code("x = a >> 1;", "x = a > > 1;"))  # >> is one token
+        self.assertFalse(generated.same_code('s = "a b";', 's = "ab";'))  # inside a literal, spaces count
+        self.assertFalse(generated.same_code("return x;", "/*return x;*/"))
+        self.assertFalse(generated.same_code("i += 1;", "i + = 1;"))
+
+    def test_it_is_not_built_and_counts_as_equivalent(self):
+        m = Mutant("s", "ps", "include/gradwire/ps/f.hpp", 1, "f(a, b);", "f(a , b);")
+        never = concurrent.futures.Future()  # the parse screen is not asked
+        self.assertEqual(generated.run_mutant(m, Path("/nonexistent"), Path("/nonexistent"), generated.Coverage(), 1,
+                                              Path("/nonexistent"), never, {}, 1)[0], "same code")
+
+
 class DeviceCode(unittest.TestCase):
     """A .cuh mutant cannot run here (its tests need a GPU), but whether it compiles can be
     known: one that does not is invalid and fills no quota; one that does is "no device"."""
@@ -190,6 +208,12 @@ class Report(unittest.TestCase):
         self.assertIn("`m2` include/gradwire/ps/f.hpp:2: `ps-x`, t: it", after)
         self.assertNotIn("`m2` include/gradwire/ps/f.hpp:2: `a` -> `b`", after)  # not among the survivors
         self.assertIn("| ps | 3 | 3 | 1 | 2 | 0 | 33% |", before)
+
+    def test_same_code_is_equivalent_and_listed(self):
+        self.write([self.row(1, "ps", "killed"), self.row(2, "ps", "same code")])
+        out = generated.report(7, {"ps": 2})
+        self.assertIn("| ps | 2 | 2 | 1 | 0 | 1 | 100% |", out)
+        self.assertIn("Equivalent by construction", out)
 
     def test_the_first_run_is_kept_for_the_before_table(self):
         self.write([self.row(1, "ps", "killed", first="survived"), self.row(2, "ps", "killed")])
