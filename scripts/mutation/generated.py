@@ -451,18 +451,29 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     path.write_text(mutated)
     try:
         targets = covering_targets(cov, m, kills)
+
+        def needed(target: str) -> list[str]:  # every executable its tests start: none runs stale code
+            return sorted({target}.union(*(cov.uses[t] for t in cov.tests_of[target])))
+        checks = checks_reading(cov, m.file)
+        if checks and cov.lines and cov.lines.targets_running(m.file, m.line) is None:
+            # No test runs any line of this file (concepts, constexpr code, aliases): the compile
+            # checks are what can see it, so they go first, before every target that includes it.
+            passed, _, failed = run_tests(build_dir, checks, 120, logs / f"{m.id}.checks.log")
+            if not passed:
+                # A kill only if the code builds: one that breaks the first target's build is invalid.
+                if targets and not build(build_dir, needed(targets[0]), jobs, logs / f"{m.id}.build.log"):
+                    return "invalid", "", targets[0]
+                return "killed", (failed[0] if failed else "compile checks"), "compile checks"
+            checks = []
         for i, target in enumerate(targets):
             if time.monotonic() - started > budget:
                 return "survived", "", f"{i} of {len(targets)} targets (budget)"
             tests = cov.tests_of[target]
-            # Every executable those tests start, so that none runs stale code from an earlier mutant.
-            needed = sorted({target}.union(*(cov.uses[t] for t in tests)))
-            if not build(build_dir, needed, jobs, logs / f"{m.id}.build.log"):
+            if not build(build_dir, needed(target), jobs, logs / f"{m.id}.build.log"):
                 return ("invalid" if i == 0 else "did not compile"), "", target
             passed, _, failed = run_tests(build_dir, tests, test_timeout(cov, tests), logs / f"{m.id}.test.log")
             if not passed:
                 return "killed", (failed[0] if failed else target), target
-        checks = checks_reading(cov, m.file)
         if checks:
             passed, _, failed = run_tests(build_dir, checks, 120, logs / f"{m.id}.checks.log")
             if not passed:

@@ -114,6 +114,50 @@ class SameCode(unittest.TestCase):
                                               Path("/nonexistent"), never, {}, 1)[0], "same code")
 
 
+class CompileTimeCode(unittest.TestCase):
+    """A file no test executes a line of (concepts, aliases, constexpr code) is seen by the
+    compile checks: they run before the targets that include it."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.src = Path(self.dir.name) / "src"  # the campaign's marker goes beside it
+        (self.src / "include/gradwire").mkdir(parents=True)
+        (self.src / "include/gradwire/aliases.hpp").write_text("using a = int;\n")
+        self.cov = generated.Coverage(compile_checks=["compile_fail: a"], tests_of={"t": ["t: it"]}, uses={"t: it": {"t"}},
+                                      objects_of={"include/gradwire/aliases.hpp": {"t": ["t.o"]}})
+        self.cov.check_reads = {"compile_fail: a": {"include/gradwire/aliases.hpp"}}
+        self.cov.lines = generated.line_coverage.LineCoverage({}, {})  # no line of the file runs
+        self.m = Mutant("a", "(top)", "include/gradwire/aliases.hpp", 1, "using a = int;", "using a = long;")
+
+    def run_it(self, checks_pass: bool, builds: bool) -> tuple[str, list]:
+        calls = []
+
+        def run_tests(build_dir, tests, timeout, log, jobs=1):
+            calls.append(tests)
+            return (checks_pass if tests == ["compile_fail: a"] else True), 1, ([] if checks_pass else tests)
+        parsed = concurrent.futures.Future()
+        parsed.set_result(True)
+        with mock.patch.object(generated, "run_tests", run_tests), \
+                mock.patch.object(generated, "build", lambda *a, **k: builds):
+            outcome = generated.run_mutant(self.m, self.src, self.src / "build", self.cov, 1, self.src, parsed, {}, 900)
+        return outcome, calls
+
+    def test_the_checks_run_first_and_a_kill_there_ends_it(self):
+        (outcome, by, _), calls = self.run_it(checks_pass=False, builds=True)
+        self.assertEqual((outcome, by), ("killed", "compile_fail: a"))
+        self.assertEqual(calls, [["compile_fail: a"]])  # no target ran
+
+    def test_a_check_kill_of_code_that_does_not_build_is_invalid(self):
+        (outcome, _, _), _ = self.run_it(checks_pass=False, builds=False)
+        self.assertEqual(outcome, "invalid")
+
+    def test_the_targets_follow_and_the_checks_do_not_run_twice(self):
+        (outcome, _, _), calls = self.run_it(checks_pass=True, builds=True)
+        self.assertEqual(outcome, "survived")
+        self.assertEqual(calls, [["compile_fail: a"], ["t: it"]])
+
+
 class DeviceCode(unittest.TestCase):
     """A .cuh mutant cannot run here (its tests need a GPU), but whether it compiles can be
     known: one that does not is invalid and fills no quota; one that does is "no device"."""
