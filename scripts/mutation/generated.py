@@ -636,7 +636,8 @@ def main(args) -> int:
     if args.report:
         quota = quotas(src, args.size)
         print(report(args.seed, quota))
-        if any(r["first_outcome"] != r["outcome"] or r["id"] in load_listed_kills() for r in rows.values()):
+        listed = load_listed_kills()  # once: not per row
+        if any(r["first_outcome"] != r["outcome"] or r["id"] in listed for r in rows.values()):
             print("\nBefore the tests written for the survivors (first run of each mutant):\n")
             print(report(args.seed, quota, column="first_outcome"))
         return 0

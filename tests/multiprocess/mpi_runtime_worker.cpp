@@ -171,13 +171,18 @@ int recovery(const std::filesystem::path& dir) {
   std::_Exit(0);
 }
 
+// The job of a 2-rank mode over transport::mpi (returned as a prvalue: no move needed).
+col::communicator<gw::transport::mpi> two_ranks(const std::string& mode) {
+  gw::transport::mpi t;
+  my_rank = t.rank();
+  if (t.size() != 2) fail(mode + " needs 2 ranks");
+  return col::communicator<gw::transport::mpi>(std::move(t));
+}
+
 // A receive whose MPI_Imrecv fails completes with that error (not a timeout at its
 // deadline, nor a success with nothing received).
 int imrecv_fails() {
-  gw::transport::mpi t;
-  my_rank = t.rank();
-  if (t.size() != 2) fail("imrecv-fails needs 2 ranks");
-  col::communicator<gw::transport::mpi> comm(std::move(t));
+  auto comm = two_ranks("imrecv-fails");
   checked_all_reduce(comm);
   std::vector<std::byte> data(12345, std::byte{7});
   if (my_rank == 1) {
@@ -206,10 +211,7 @@ int imrecv_fails() {
 // A receive dropped while its message is arriving is let finish before the drop returns:
 // the buffer is the caller's again, and MPI writes nothing into it afterwards.
 int drop_arriving() {
-  gw::transport::mpi t;
-  my_rank = t.rank();
-  if (t.size() != 2) fail("drop-arriving needs 2 ranks");
-  col::communicator<gw::transport::mpi> comm(std::move(t));
+  auto comm = two_ranks("drop-arriving");
   checked_all_reduce(comm);
   const auto within = [] { return gw::deadline_after(std::chrono::seconds(60)); };
   std::vector<std::byte> large(static_cast<std::size_t>(arriving_bytes), std::byte{0x5A});
