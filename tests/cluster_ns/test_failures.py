@@ -8,7 +8,9 @@ arrives) and every surviving rank must fail with peer_lost naming the ranks of t
 Ten trials: 3 hosts x 1 rank and 2 hosts x 2 ranks alternately, a different host cut off each
 time (the store's host too), small steps (links idle between them: keepalive probes) and 16 MiB
 steps (data in flight: retransmissions). Prints every trial's detection times and their
-min / median / max. Needs root and `ip netns`; otherwise exits 77 (skipped).
+min / median / max. One more trial, with a stall warning due before the loss: the warning
+says the cut host has not answered (network trouble), not that its rank is alive but idle.
+Needs root and `ip netns`; otherwise exits 77 (skipped).
 """
 import os
 import re
@@ -87,6 +89,33 @@ class Partition(unittest.TestCase):
             print(f"detection over {len(results)} trials ({len(times)} survivors): min {min(times):.2f} s, "
                   f"median {statistics.median(times):.2f} s, max {max(times):.2f} s", flush=True)
         self.assertEqual(len(results), TRIALS)
+
+    def test_stall_report_during_a_partition_says_the_cut_hosts_kernel_does_not_answer(self):
+        # GRADWIRE_HEARTBEAT=3: a peer whose kernel answered within 2 intervals (6 s) is "alive
+        # but not calling gradwire"; one silent longer "has not answered"; lost after 5 (15 s).
+        # The stall warning at 9 s falls between: the survivors' reports must blame the network.
+        cut_host, cut_rank = 1, 1
+        env = dict(base_env(), GW_TEST_ELEMENTS="4096", GRADWIRE_HEARTBEAT="3", GRADWIRE_STALL_WARN="9")
+        with cs.emulated_cluster(3, tag="gwfs3") as c:
+            with cs.start_launcher_job(c, [1, 1, 1], [WORKER, "partition", str(cut_rank)], env=env,
+                                       master_port=cs.MASTER_PORT + TRIALS) as job:
+                self.assertIsNotNone(job.wait_for(r"rank \d+: pid \d+ ready", bound=60, count=3), job.output())
+                time.sleep(1.0)
+                c.partition(cut_host)
+                try:
+                    lost = job.wait_for(_EXPECTED.pattern, bound=30, count=2)
+                    self.assertIsNotNone(lost, job.output())
+                    lines = job.rank_lines()
+                    for rank in (0, 2):
+                        warnings = [l for l in lines.get(rank, []) if "warning:" in l]
+                        self.assertEqual(len(warnings), 1, f"rank {rank} must warn once:\n{job.output()}")
+                        said = re.search(rf"rank {cut_rank} has said nothing: its host has not answered for (\d+) s "
+                                         r"\(network trouble\?\)", warnings[0])
+                        self.assertIsNotNone(said, f"rank {rank}: {warnings[0]}")
+                        self.assertTrue(6 <= int(said.group(1)) <= 15, warnings[0])
+                    self.assertTrue(job.wait(bound=30), job.output())
+                finally:
+                    c.heal(cut_host)
 
 
 if __name__ == "__main__":

@@ -693,7 +693,8 @@ void abort_heard(Transport& t, const std::string& how) {
 //   stream stays in step for the next message;
 // - large messages whose receives are posted long after they arrive (copied, and added);
 // - a message added into place whose first part, read with an earlier one, ends inside
-//   an element (asio_tcp reads up to 64 KiB at a time and splits the stream anywhere).
+//   an element (asio_tcp reads up to 64 KiB at a time and splits the stream anywhere);
+// - two messages of one size under adjacent tags, received in the other order.
 // "Arrived": rank 1 signals (sideband) once it has posted the sends, which hands their
 // first bytes to the wire at once; over asio_tcp rank 0 then also waits until its kernel
 // holds them unread (the header and more than the 16 KiB a frame is buffered up to), so
@@ -732,6 +733,14 @@ void point_to_point(transport_type& t) {
     side.signal("sent 7 and 8");
     t.wait(s7, until());
     t.wait(s8, until());
+    // Two messages of one size under adjacent tags (10 = 0b1010, 11 = 0b1011), received
+    // in the other order: each receive gets its own tag's message, whatever the transport
+    // does with tags underneath (MPI folds them: tags below tag_limit() must stay apart).
+    std::vector<std::byte> ten(8, std::byte{10}), eleven(8, std::byte{11});
+    auto s10 = t.async_send(0, 10, ten);
+    auto s11 = t.async_send(0, 11, eleven);
+    t.wait(s10, until());
+    t.wait(s11, until());
   } else if (t.rank() == 0) {
     auto r2 = t.async_recv(1, 2, small);
     t.wait(r2, until());  // waited first, though its message is behind the large one
@@ -795,6 +804,13 @@ void point_to_point(transport_type& t) {
     if (odd != std::vector<std::byte>(13, std::byte{5})) fail("13-byte message");
     for (std::size_t i = 0; i < sums.size(); ++i)
       if (sums[i] != double(i % 777) + 0.25) fail("doubles added after a 13-byte message, element " + std::to_string(i));
+    std::vector<std::byte> ten(8), eleven(8);
+    auto r11 = t.async_recv(1, 11, eleven);
+    t.wait(r11, until());  // posted and waited before tag 10's receive, which was sent first
+    auto r10 = t.async_recv(1, 10, ten);
+    t.wait(r10, until());
+    if (eleven != std::vector<std::byte>(8, std::byte{11}) || ten != std::vector<std::byte>(8, std::byte{10}))
+      fail("messages under adjacent tags 10 and 11, received in the other order, were swapped");
     side.remove();  // rank 1 signals nothing more
   }
   std::printf("rank %d: PASS point-to-point\n", t.rank());
