@@ -7,7 +7,9 @@
 #include <gradwire/collective/hierarchical_all_reduce.hpp>
 #include <gradwire/transport/inproc.hpp>
 #include <map>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "collective_support.hpp"
@@ -239,4 +241,37 @@ TEST_CASE("the communicator reports the transport's topology, and one host witho
     gw::test::expect(staged.host_count() == 1 && staged.local_rank() == me && staged.local_size() == 6,
                      "a transport without a topology is one host");
   }));
+}
+
+TEST_CASE("a hierarchical program keeps each segment inside its own tag steps, and every send meets one receive",
+          "[collective][hierarchical]") {
+  // Segments run side by side and the call check's frames sit at the top of the tag space,
+  // so a message under another segment's tag step could be taken by the wrong receive.
+  using step = gw::collective::detail::hierarchical_step<float>;
+  for (const auto& [name, hosts] : layouts()) {
+    CAPTURE(name);
+    const topology topo(hosts);
+    const int size = static_cast<int>(hosts.size()), segments = 3;
+    const auto per_segment = gw::collective::detail::hierarchical_steps(topo.max_local_size(), topo.host_count());
+    std::vector<std::vector<float>> data(static_cast<std::size_t>(size), std::vector<float>(999));
+    std::vector<std::vector<step>> programs(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      auto& buffer = data[static_cast<std::size_t>(r)];
+      for (int k = 0; k < segments; ++k)
+        gw::collective::detail::hierarchical_program(topo, r, std::span<float>(buffer).subspan(333 * k, 333), k, per_segment,
+                                                     programs[static_cast<std::size_t>(r)]);
+    }
+    // (from, to, tag step) -> size and round, for sends and receives.
+    std::map<std::tuple<int, int, std::uint32_t>, std::pair<std::size_t, std::uint32_t>> sends, receives;
+    for (int r = 0; r < size; ++r)
+      for (const step& s : programs[static_cast<std::size_t>(r)]) {
+        CAPTURE(r, s.segment, s.tag_step);
+        REQUIRE(s.tag_step >= per_segment * static_cast<std::uint32_t>(s.segment));
+        REQUIRE(s.tag_step < per_segment * static_cast<std::uint32_t>(s.segment + 1));
+        REQUIRE(sends.emplace(std::tuple{r, s.to, s.tag_step}, std::pair{s.out.size(), s.round}).second);
+        REQUIRE(receives.emplace(std::tuple{s.from, r, s.tag_step}, std::pair{s.in.size(), s.round}).second);
+      }
+    CHECK(sends == receives);
+    CHECK(per_segment * segments < gw::collective::detail::verify_from_left);
+  }
 }

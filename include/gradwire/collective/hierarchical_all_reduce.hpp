@@ -58,11 +58,14 @@ struct column_owners {
   }
 };
 
+// Tag steps of one inter-host run: a ring's reduce-scatter and all-gather over H hosts.
+inline long long inter_host_run_steps(int hosts) noexcept { return 2LL * (hosts - 1); }
+
 // Tag steps of one segment: the intra-host reduce-scatter from 0, run k's inter-host ring
 // from inter_base + 2(H-1)k (k < C), the intra-host all-gather after all of them; returns
 // that total, `segments` of which must fit below the call check's steps.
 inline std::uint32_t hierarchical_steps(int columns, int hosts, int segments = 1) {
-  const long long per_run = 2LL * (hosts - 1), total = 2LL * (columns - 1) + per_run * columns;
+  const long long per_run = inter_host_run_steps(hosts), total = 2LL * (columns - 1) + per_run * columns;
   if (total * segments >= verify_from_left)
     throw error(errc::invalid_argument,
                 "hierarchical all-reduce over " + std::to_string(hosts) + " hosts with up to " +
@@ -105,7 +108,7 @@ void hierarchical_program(const cluster::topology& topo, int me, std::span<V> da
   const int columns = topo.max_local_size(), local = topo.local_rank(me);
   const std::span<const int> host_ranks = topo.ranks_on(my_host);
   const int local_size = static_cast<int>(host_ranks.size());
-  const std::uint32_t per_run = 2u * static_cast<std::uint32_t>(hosts - 1);
+  const auto per_run = static_cast<std::uint32_t>(inter_host_run_steps(hosts));
   const std::uint32_t base = steps_per_segment * static_cast<std::uint32_t>(segment);
   const chunking cols{data.size(), static_cast<std::size_t>(columns)};
   auto span_of = [&](int c0, int c1) {
