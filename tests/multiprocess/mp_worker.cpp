@@ -933,6 +933,16 @@ void one_sided(comm_type& c) {
   refused(gw::errc::protocol, "malformed", [&] { t.attach(next, std::span<const std::byte>(next_key).first(3)); });
   refused(gw::errc::invalid_argument, "empty window", [&] { t.expose({}); });
   refused(gw::errc::invalid_argument, "not in the job", [&] { t.attach(n, next_key); });
+  {  // a window moved from is empty: using it is refused, naming what was tried
+    auto spare = t.attach(next, next_key);
+    const auto kept = std::move(spare);
+    refused(gw::errc::invalid_argument, "put to an empty remote window", [&] {
+      auto r = t.async_put(spare, 0, std::as_bytes(std::span<const float>(mine).first(1)));
+    });
+    refused(gw::errc::invalid_argument, "get from an empty remote window", [&] {
+      auto r = t.async_get(spare, 0, std::as_writable_bytes(std::span<float>(got).first(1)));
+    });
+  }
   col::barrier(c);  // nobody's window goes while a peer may still read it
   std::printf("rank %d: PASS one-sided\n", me);
 }
