@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <gradwire/asio.hpp>
@@ -686,6 +687,47 @@ void abort_heard(Transport& t, const std::string& how) {
   }
 }
 
+// A rank that fails on purpose while a 64 MiB send waits for a receive that never comes:
+// the send ends with the failure's own kind, after which the caller frees the buffer and
+// the request, and nothing in the transport touches either again, its destruction
+// included (the ASan run of this mode sees any such touch). Rank 1 stays out of the
+// transport (sideband) until rank 0 is done, so that the send cannot complete and no
+// answer of rank 1's races the failure; then its next wait fails. Only over UCX's shared
+// memory does it learn why: over a TCP stream rank 0's abort is queued behind the unsent
+// rest of the 64 MiB and dropped with the connection (asio_tcp: "its connection closed";
+// UCX over TCP: nothing, the wait runs to its deadline). The failure core (issue 36) is
+// to carry the reason past a send in flight.
+void fail_while_sending(transport_type& t) {
+  if constexpr (!requires { t.fail(gw::errc::mismatch, std::string()); }) {
+    throw std::runtime_error("fail-sending: this transport cannot fail a rank on purpose");
+  } else {
+    const std::string why = "rank 0 failed with a send in flight";
+    const sideband side(t);
+    if (t.rank() == 0) {
+      auto big = std::make_unique<std::vector<std::byte>>(std::size_t{64} << 20, std::byte{7});
+      auto send = std::make_unique<transport_type::request>(t.async_send(1, 1, *big));
+      t.fail(gw::errc::mismatch, why);
+      expect_error_no_exit(gw::errc::mismatch, {why}, [&] { t.wait(*send, gw::deadline_after(std::chrono::seconds(10))); });
+      send.reset();
+      big.reset();
+      side.signal("failed");
+      side.await("heard");
+      side.remove();
+    } else if (t.rank() == 1) {
+      side.await("failed");
+      std::vector<std::byte> never(4);
+      try {
+        auto r = t.async_recv(0, 2, never);
+        t.wait(r, gw::deadline_after(std::chrono::seconds(5)));
+        fail("a receive from a rank that failed completed");
+      } catch (const gw::error& e) {
+        std::printf("rank 1: EXPECTED %s\n", e.what());
+      }
+      side.signal("heard");
+    }
+  }
+}
+
 // Point-to-point corner cases of the TCP transport between ranks 0 and 1:
 // - a receive for a later, small message waited on before the receive of an earlier,
 //   large one (the large one is then taken into memory instead of blocking the stream);
@@ -1002,6 +1044,15 @@ int main(int argc, char** argv) {
       abort_heard(t, arg.empty() ? "answers" : arg);
       std::exit(0);  // the transport failed on purpose: no goodbye to say
     }
+    if (mode == "fail-sending") {
+      {
+        auto t = join();
+        fail_while_sending(t);
+      }  // the failed transport goes here, before the PASS
+      std::printf("rank %d: PASS fail-sending\n", spec.rank);
+      std::fflush(stdout);
+      std::exit(0);
+    }
     if (mode == "point-to-point") {
       auto t = join();
       point_to_point(t);
@@ -1028,7 +1079,7 @@ int main(int argc, char** argv) {
     else if (mode == "kill") kill_rank(comm, std::stoi(arg));
     else if (mode == "mismatch") mismatch(comm, arg);
     else {
-      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|absent K|join|timeout|point-to-point|abort-heard answers|silent|both|one-sided (UCX)\n");
+      std::fprintf(stderr, "usage: mp_worker collectives|bucketing|async|train sgd|momentum|adam|kill K|mismatch count|dtype|op|wrong-token K|absent K|join|timeout|point-to-point|fail-sending|abort-heard answers|silent|both|one-sided (UCX)\n");
       return 2;
     }
     col::barrier(comm);

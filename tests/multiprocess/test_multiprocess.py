@@ -97,6 +97,17 @@ class Failures(unittest.TestCase):
                     self.expect(lines, r, "mismatch", "rank 1", *values)
                 self.assertLess(took, 30)
 
+    def test_a_send_in_flight_when_its_rank_fails_ends_with_the_failure(self):
+        # mp_worker's fail-sending: rank 0 fails while 64 MiB wait for a receive rank 1 never
+        # posts; the send ends with rank 0's own failure, and rank 0 frees the buffer and the
+        # request and tears the transport down without a fault (under ASan: no touch of either).
+        status, lines, took, out = run(2, "fail-sending", keep_going=True, bound=90)
+        self.assertEqual(status, 0, out)
+        self.expect(lines, 0, "mismatch", "rank 0 failed with a send in flight")
+        self.assertIn("EXPECTED", " ".join(lines.get(1, [])), out)  # its next wait fails
+        for r in (0, 1):
+            self.assertIn(f"rank {r}: PASS fail-sending", "\n".join(lines.get(r, [])), out)
+
     def test_aborting_rank_waits_until_a_busy_peer_heard_why(self):
         # Rank 0 stays out of the transport until rank 1 has begun to abort ("answers") or
         # until rank 1's abort has returned ("silent"); see mp_worker's abort_heard. Either

@@ -291,6 +291,10 @@ class Failover(unittest.TestCase):
                     for w in range(self.WORKERS):
                         self.assertEqual(self.worker_field(lines, w, "failovers"), "1", out)
                 if standby["promoted"] == "1":
+                    # It says so, naming the lost server and the version it serves from.
+                    self.assertRegex(" ".join(lines[victim + 2]),
+                                     rf"server rank {victim} was lost \(.*\); serving its shard from version "
+                                     rf"{standby['promoted_at']} after \d+ updates", out)
                     # Every gradient applied exactly once: the standby's own and the replicated ones.
                     self.assertEqual(int(standby["applied"]), self.STEPS * self.WORKERS, out)
                     self.assertEqual(int(standby["version"]), self.STEPS, out)

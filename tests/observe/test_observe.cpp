@@ -359,3 +359,39 @@ TEST_CASE("GRADWIRE_LOG: levels, and lines prefixed by rank") {
   REQUIRE(count(debug, "debug: step 2: 1 step: sent ") == 2);
   REQUIRE(count(debug, "debug: all_reduce: 64 B in ") == 4);
 }
+
+namespace {
+// A virtual clock that moves 2 ms at every reading: a traced region lasts exactly that.
+struct stepping_clock final : gw::support::virtual_clock {
+  std::int64_t now = 0;
+  std::int64_t now_ns() override { return now += 2'000'000; }
+  std::int64_t run_in_background(void (*work)(void*), void* context) override {
+    work(context);
+    return now;
+  }
+  void advance_to(std::int64_t ns) override { now = std::max(now, ns); }
+  void step_began() override {}
+};
+}  // namespace
+
+TEST_CASE("GRADWIRE_LOG: a traced region's debug line gives its bytes, its duration in microseconds and its arguments") {
+  const auto path = std::filesystem::temp_directory_path() / ("gradwire-test-trace-log-" + std::to_string(::getpid()));
+  std::FILE* sink = std::fopen(path.c_str(), "w");
+  REQUIRE(sink);
+  gw::observe::set_log_sink(sink);
+  gw::observe::set_log_level(gw::observe::log_level::debug);
+  stepping_clock clock;
+  gw::support::this_thread_virtual_clock() = &clock;
+  {
+    gw::observe::trace_scope scope(1, 4, "push", "ps.worker", 4096);
+    scope.arg("server", 3);
+  }
+  gw::support::this_thread_virtual_clock() = nullptr;
+  gw::observe::set_log_level(gw::observe::log_level::off);
+  gw::observe::set_log_sink(nullptr);
+  std::fclose(sink);
+  const std::string text = read_file(path);
+  std::filesystem::remove(path);
+  // Begun at 2 ms, ended at 4 ms (virtual), logged at 6 ms.
+  REQUIRE(text == "[gradwire 1/4 +0.006s virtual] debug: push: 4096 B in 2000.000 us server=3\n");
+}
