@@ -522,14 +522,16 @@ def load_equivalent(first_run: bool = False) -> dict[str, str]:
         return {e["id"]: e["why"] for e in tomllib.load(f).get("equivalent", []) if not (first_run and "since" in e)}
 
 
-def load_sanitizer_kills() -> dict[str, dict]:
+def load_sanitizer_kills(first_run: bool = False) -> dict[str, dict]:
     """Survivors of the campaign's build that scripts/test's sanitizer runs kill (a read past a
-    buffer that changes no result): checked by hand, each with the test and the report."""
+    buffer that changes no result): checked by hand, each with the test and the report. An
+    entry with `since` (a commit) is killed by a sanitizer run added there: at the first run
+    it was a survivor."""
     p = DATA / "sanitizer_kills.toml"
     if not p.exists():
         return {}
     with open(p, "rb") as f:
-        return {e["id"]: e for e in tomllib.load(f).get("killed", [])}
+        return {e["id"]: e for e in tomllib.load(f).get("killed", []) if not (first_run and "since" in e)}
 
 
 def load_listed_kills() -> dict[str, dict]:
@@ -547,10 +549,9 @@ def load_listed_kills() -> dict[str, dict]:
 COUNTED = ("killed", "survived", "no device", "same code")
 
 
-def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcome") -> str:
-    rows = load_results(seed)
-    equivalent, sanitized = load_equivalent(first_run=column == "first_outcome"), load_sanitizer_kills()
-    listed = load_listed_kills() if column == "outcome" else {}  # tests written since the first run
+def tally(rows: dict, column: str, equivalent: dict, sanitized: dict, listed: dict) -> dict:
+    """{folder: {outcome: count}}, each mutant's `column` outcome read with the hand triage:
+    survivors argued equivalent or killed by a sanitizer run or by a listed test written since."""
     table = defaultdict(lambda: defaultdict(int))
     for r in rows.values():
         outcome = r[column]
@@ -561,6 +562,40 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
         elif outcome == "survived" and r["id"] in listed:
             outcome = "killed"
         table[r["folder"]][outcome] += 1
+    return table
+
+
+def _score(c) -> str:
+    return f"{100 * c['killed'] / (c['killed'] + c['survived']):.0f}%" if c["killed"] + c["survived"] else "-"
+
+
+def before_after(seed: int, quota: dict[str, int]) -> str:
+    """The per-folder table of docs/reliability.md: each mutant's first run ("before") beside its
+    outcome with the tests written since and the hand triage ("after")."""
+    rows = load_results(seed)
+    before = tally(rows, "first_outcome", load_equivalent(first_run=True), load_sanitizer_kills(first_run=True), {})
+    after = tally(rows, "outcome", load_equivalent(), load_sanitizer_kills(), load_listed_kills())
+    out = ["| folder | quota | run | killed before → after | survived before → after | "
+           "equivalent before → after | score before → after | invalid | no device |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in sorted(set(before) | set(after) | set(quota)) + [None]:
+        pick = (lambda t: t[f]) if f else (lambda t: {k: sum(c[k] for c in t.values()) for k in
+                                                       ("killed", "survived", "equivalent", "invalid", "no device")})
+        b, a = pick(before), pick(after)
+        bold = (lambda x: f"**{x}**") if f is None else (lambda x: x)
+        out.append(f"| {f or '**all**'} | {quota.get(f, '') if f else sum(quota.values())} | "
+                   f"{a['killed'] + a['survived'] + a['equivalent']} | {b['killed']} → {a['killed']} | "
+                   f"{b['survived']} → {a['survived']} | {b['equivalent']} → {a['equivalent']} | "
+                   f"{bold(_score(b))} → {bold(_score(a))} | {a['invalid']} | {a['no device']} |")
+    return "\n".join(out)
+
+
+def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcome") -> str:
+    rows = load_results(seed)
+    first = column == "first_outcome"
+    equivalent, sanitized = load_equivalent(first_run=first), load_sanitizer_kills(first_run=first)
+    listed = load_listed_kills() if column == "outcome" else {}  # tests written since the first run
+    table = tally(rows, column, equivalent, sanitized, listed)
     folders = sorted(set(table) | set(quota or {}))
     head = "| folder | quota | run | killed | survived | equivalent | score | invalid | did not compile | no device |"
     out = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -568,13 +603,13 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
     for f in folders:
         c = table[f]
         run = c["killed"] + c["survived"] + c["equivalent"]
-        score = f"{100 * c['killed'] / (c['killed'] + c['survived']):.0f}%" if c["killed"] + c["survived"] else "-"
+        score = _score(c)
         out.append(f"| {f} | {(quota or {}).get(f, '')} | {run} | {c['killed']} | {c['survived']} | {c['equivalent']} | "
                    f"{score} | {c['invalid']} | {c['did not compile']} | {c['no device']} |")
         for k in ("killed", "survived", "equivalent", "invalid", "did not compile", "no device"):
             total[k] += c[k]
     run = total["killed"] + total["survived"] + total["equivalent"]
-    score = f"{100 * total['killed'] / (total['killed'] + total['survived']):.0f}%" if total["killed"] + total["survived"] else "-"
+    score = _score(total)
     out.append(f"| **all** | {sum((quota or {}).values()) or ''} | {run} | {total['killed']} | {total['survived']} | "
                f"{total['equivalent']} | **{score}** | {total['invalid']} | {total['did not compile']} | {total['no device']} |")
     survivors = [r for r in rows.values()
@@ -635,6 +670,8 @@ def main(args) -> int:
         sync_scratch(src, commit=commit)
     if args.report:
         quota = quotas(src, args.size)
+        print("Before the tests written for the survivors (each mutant's first run) and after them:\n")
+        print(before_after(args.seed, quota) + "\n\nAfter, in detail:\n")
         print(report(args.seed, quota))
         listed = load_listed_kills()  # once: not per row
         if any(r["first_outcome"] != r["outcome"] or r["id"] in listed for r in rows.values()):

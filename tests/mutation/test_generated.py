@@ -233,6 +233,14 @@ class Report(unittest.TestCase):
         self.assertIn("ASan, `multiprocess: ParameterServer`: reads a byte before the buffer", text)
         self.assertNotIn("`m1` include/gradwire/ps/f.hpp:1: `a` -> `b`", text)  # not a survivor
 
+    def test_a_sanitizer_kill_since_a_new_sanitizer_run_is_a_survivor_of_the_first_run(self):
+        self.write([self.row(1, "ps", "killed"), self.row(2, "ps", "survived")])
+        (self.data / "sanitizer_kills.toml").write_text(
+            '[[killed]]\nid = "m2"\nsince = "test_x joined the ASan run"\nsanitizer = "ASan"\ntest = "test_x"\nwhy = "w"\n')
+        self.assertIn("| ps | 2 | 2 | 2 | 0 | 0 | 100% |", generated.report(7, {"ps": 2}))
+        self.assertIn("| ps | 2 | 2 | 1 | 1 | 0 | 50% |", generated.report(7, {"ps": 2}, column="first_outcome"))
+        self.assertIn("| ps | 2 | 2 | 1 → 2 | 1 → 0 | 0 → 0 | 50% → 100% |", generated.before_after(7, {"ps": 2}))
+
     def test_an_equivalent_since_a_fix_is_a_survivor_of_the_first_run(self):
         self.write([self.row(1, "ps", "killed"), self.row(2, "ps", "survived")])
         (self.data / "equivalent.toml").write_text(
@@ -263,6 +271,17 @@ class Report(unittest.TestCase):
         self.write([self.row(1, "ps", "killed", first="survived"), self.row(2, "ps", "killed")])
         self.assertIn("| ps | 2 | 2 | 2 | 0 | 0 | 100% |", generated.report(7, {"ps": 2}))
         self.assertIn("| ps | 2 | 2 | 1 | 1 | 0 | 50% |", generated.report(7, {"ps": 2}, column="first_outcome"))
+
+    def test_before_after_sets_each_folders_first_run_beside_its_outcome_now(self):
+        self.write([self.row(1, "ps", "killed", first="survived"), self.row(2, "ps", "killed"),
+                    self.row(3, "ps", "survived"), self.row(4, "ps", "invalid"), self.row(5, "cuda", "no device")])
+        (self.data / "equivalent.toml").write_text('[[equivalent]]\nid = "m3"\nwhy = "w"\n')
+        text = generated.before_after(7, {"ps": 3, "cuda": 1, "tensor": 1})
+        # m1 killed since its first run; m3 equivalent in both (no `since`: no fix made it so).
+        self.assertIn("| ps | 3 | 3 | 1 → 2 | 1 → 0 | 1 → 1 | 50% → 100% | 1 | 0 |", text)
+        self.assertIn("| cuda | 1 | 0 | 0 → 0 | 0 → 0 | 0 → 0 | - → - | 0 | 1 |", text)
+        self.assertIn("| tensor | 1 | 0 | 0 → 0 | 0 → 0 | 0 → 0 | - → - | 0 | 0 |", text)  # nothing run yet
+        self.assertIn("| **all** | 5 | 3 | 1 → 2 | 1 → 0 | 1 → 1 | **50%** → **100%** | 1 | 1 |", text)
 
 
 if __name__ == "__main__":
