@@ -31,6 +31,20 @@ struct aggregation_without_step {  // CASE 4: no step(...)
   void setup(gw::collective::communicator<Tr>&, std::span<const std::span<V>>) {}
 };
 
+// An aggregation whose step states the callback it takes, as careful user code does:
+// (i, grad, scale), what strategy<> hands over, fits; a callback of another shape (CASE 9)
+// does not. So the concept's stand-in for the callback must take exactly (i, grad, scale).
+template <int Arguments>
+struct aggregation_naming_its_callback {
+  template <class Tr, class V>
+  void setup(gw::collective::communicator<Tr>&, std::span<const std::span<V>>) {}
+  template <class Tr, class V, class Apply>
+    requires(Arguments == 3 ? std::invocable<Apply&, std::size_t, std::span<const V>, V>
+                            : std::invocable<Apply&, std::size_t, std::span<const V>>)
+  void step(gw::collective::communicator<Tr>&, std::span<const std::span<V>>, std::span<const std::span<const V>>,
+            Apply&&) {}
+};
+
 struct ps_mode_without_lead {  // CASE 5: a parameter-server mode without max_lead
   static constexpr const char* name = "mine";
   static constexpr bool on_arrival = true;
@@ -44,6 +58,8 @@ using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
 static_assert(gw::concepts::tensor<gw::host_tensor<float>> && !gw::concepts::tensor<tensor_without_shape>);
 static_assert(!gw::concepts::transport<transport_without_wait>);
 static_assert(gw::concepts::ps_mode<gw::ps::async> && !gw::concepts::ps_mode<ps_mode_without_lead>);
+using T = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_naming_its_callback<3>, gw::transport::local>;
+static_assert(sizeof(T) > 0);
 #elif CASE == 1
 using S = gw::strategy<tensor_without_shape, gw::optim::sgd, gw::aggregation::local, gw::transport::local>;
 #elif CASE == 2
@@ -61,6 +77,8 @@ using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::b
 using S = gw::local_sgd<gw::host_tensor<float>, gw::optim::sgd, 0>;
 #elif CASE == 8
 using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::backup_workers<0>>;
+#elif CASE == 9
+using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_naming_its_callback<2>, gw::transport::local>;
 #endif
 
 int main() { return sizeof(S) > 0 ? 0 : 1; }
