@@ -60,6 +60,11 @@ static_assert(!gw::concepts::transport<transport_without_wait>);
 static_assert(gw::concepts::ps_mode<gw::ps::async> && !gw::concepts::ps_mode<ps_mode_without_lead>);
 using T = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_naming_its_callback<3>, gw::transport::local>;
 static_assert(sizeof(T) > 0);
+// Every named strategy (strategies/) is a strategy<> whose policies fit their places.
+static_assert(sizeof(gw::mirrored<gw::host_tensor<float>, gw::optim::sgd>) > 0 &&
+              sizeof(gw::central_storage<gw::host_tensor<double>, gw::optim::momentum>) > 0 &&
+              sizeof(gw::local_sgd<gw::host_tensor<float>, gw::optim::sgd, 4>) > 0 &&
+              sizeof(gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync>) > 0);
 #elif CASE == 1
 using S = gw::strategy<tensor_without_shape, gw::optim::sgd, gw::aggregation::local, gw::transport::local>;
 #elif CASE == 2
