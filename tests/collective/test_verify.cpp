@@ -108,6 +108,19 @@ TEST_CASE("all-reduce with different dtypes or different operations is a mismatc
       REQUIRE_THAT(o.what, Catch::Contains("all_reduce(count=10") && Catch::Contains("broadcast(count=10"));
     }
   }
+  SECTION("barrier against all_reduce: each collective named") {
+    auto out = run_collect(2, [](auto& comm) {
+      std::vector<float> v(10);
+      if (comm.rank() == 0)
+        gw::collective::barrier(comm);
+      else
+        gw::collective::all_reduce(comm, std::span<float>(v));
+    });
+    for (auto& o : out) {
+      REQUIRE(o.kind == gw::errc::mismatch);
+      REQUIRE_THAT(o.what, Catch::Contains("rank 0 called barrier(") && Catch::Contains("all_reduce(count=10"));
+    }
+  }
   SECTION("sum against average") {
     auto out = run_collect(2, [](auto& comm) {
       std::vector<float> v(4);

@@ -508,3 +508,19 @@ TEST_CASE("plan --simulate: fashion_mnist's command lines, and what it reads bac
   CHECK(kind == gw::errc::config);
   CHECK(what.find("--fashion-mnist PATH") != std::string::npos);
 }
+
+TEST_CASE("a bucketed all-reduce of unequal buckets: the sum of its calls, and a note naming them and what else runs") {
+  const auto c = sim::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us overhead=1us");
+  const std::vector<std::size_t> buckets{1 << 20, 16, 1 << 20};  // auto_ runs one algorithm for 4 MiB, another for 64 B
+  const auto big = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, buckets[0]);
+  const auto small = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, buckets[1]);
+  REQUIRE(big.runs != small.runs);
+  const auto bucketed = sim::predict_bucketed_all_reduce(c, all_reduce_algorithm::auto_, buckets);
+  CHECK(bucketed.seconds == Approx(2 * big.seconds + small.seconds));
+  CHECK(bucketed.rounds == 2 * big.rounds + small.rounds);
+  CHECK(bucketed.runs == big.runs);  // the first bucket's
+  CHECK(bucketed.note == std::string("3 buckets; some buckets run ") + sim::name_of(small.runs));
+  // Of one algorithm: the count alone.
+  const auto ring = sim::predict_bucketed_all_reduce(c, all_reduce_algorithm::ring, buckets);
+  CHECK(ring.note == "3 buckets");
+}
