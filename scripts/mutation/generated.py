@@ -756,16 +756,16 @@ def main(args) -> int:
 
     screen = Screen(src, work, cov, workers=max(1, args.jobs))
     upcoming, ahead = iter(todo), collections.deque()
-    ran = 0
+    ran = [0]  # counted by _campaign as it goes, so that a stop still reports it
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        ran = _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, deadline, wanted, screen,
-                        upcoming, ahead)
+        _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, deadline, wanted, screen,
+                  upcoming, ahead, ran)
     except KeyboardInterrupt:
         print("stopped: the mutated file is restored; run again to resume", flush=True)
     finally:
         screen.pool.shutdown(wait=True, cancel_futures=True)
-    print(f"\n{ran} mutants run in {time.monotonic() - started:.0f} s\n")
+    print(f"\n{ran[0]} mutants run in {time.monotonic() - started:.0f} s\n")
     print(report(args.seed, quota))
     return 0
 
@@ -775,8 +775,7 @@ def _interrupt(signum, frame):
 
 
 def _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, deadline, wanted, screen, upcoming,
-              ahead) -> int:
-    ran = 0
+              ahead, ran: list[int]) -> None:
     while True:
         while len(ahead) < 8 * max(1, args.jobs):  # keep the screen busy while a mutant builds
             m = next(upcoming, None)
@@ -809,9 +808,8 @@ def _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, dea
         save_results(args.seed, rows)
         if outcome in COUNTED and not args.rerun_survivors:
             counted[m.folder] += 1
-        ran += 1
+        ran[0] += 1
         if outcome != "invalid":
             shown = m.after.strip()[:70].replace("\n", "\\n")
             print(f"[{sum(counted.values()):3}/{sum(quota.values())}] {m.id} {m.file}:{m.line}  {outcome:<15} "
                   f"{seconds:5.0f} s  {shown}{'  by ' + by if by else ''}", flush=True)
-    return ran
