@@ -22,7 +22,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <sstream>
 #include <gradwire/asio.hpp>
@@ -704,12 +703,12 @@ void fail_while_sending(transport_type& t) {
     const std::string why = "rank 0 failed with a send in flight";
     const sideband side(t);
     if (t.rank() == 0) {
-      auto big = std::make_unique<std::vector<std::byte>>(std::size_t{64} << 20, std::byte{7});
-      auto send = std::make_unique<transport_type::request>(t.async_send(1, 1, *big));
-      t.fail(gw::errc::mismatch, why);
-      expect_error_no_exit(gw::errc::mismatch, {why}, [&] { t.wait(*send, gw::deadline_after(std::chrono::seconds(10))); });
-      send.reset();
-      big.reset();
+      {  // the request and the buffer go at the end of this block, before rank 1 is told
+        std::vector<std::byte> big(std::size_t{64} << 20, std::byte{7});
+        auto send = t.async_send(1, 1, big);
+        t.fail(gw::errc::mismatch, why);
+        expect_error_no_exit(gw::errc::mismatch, {why}, [&] { t.wait(send, gw::deadline_after(std::chrono::seconds(10))); });
+      }
       side.signal("failed");
       side.await("heard");
       side.remove();
