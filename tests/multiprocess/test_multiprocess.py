@@ -324,7 +324,10 @@ class Stall(unittest.TestCase):
     def test_bad_settings_are_config_errors(self):
         integer, seconds = "is not an integer from 0 to 3600", "is not a number of seconds from 0.001 to 1e7"
         for name, value, says in (("GRADWIRE_HEARTBEAT", "-1", integer), ("GRADWIRE_STALL_WARN", "soon", seconds),
-                                  ("GRADWIRE_STALL_TIMEOUT", "0", seconds), ("GRADWIRE_HEARTBEAT", "1.5", integer)):
+                                  ("GRADWIRE_STALL_TIMEOUT", "0", seconds), ("GRADWIRE_HEARTBEAT", "1.5", integer),
+                                  # a unit the parser does not read is refused, not dropped (30 s for 30 us);
+                                  # a non-ASCII one too, whose first byte is negative as a signed char
+                                  ("GRADWIRE_STALL_WARN", "30\u00b5s", seconds)):
             if name == "GRADWIRE_STALL_TIMEOUT" and "ucx" in os.path.basename(WORKER):
                 continue  # read by asio_tcp only
             with self.subTest(name=name, value=value):
