@@ -606,6 +606,9 @@ TEST_CASE("the UCX transport's environment variables: a value that does not pars
   REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_BULK_BYTES", "0")).bulk_bytes == 0);
   REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_ONE_SIDED", "on")).one_sided == use::always);
   REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_ONE_SIDED", "off")).one_sided == use::never);
+  // 1 and 0, as the other switches (GRADWIRE_UCX_PEER_ERRORS) are written, read as on and off.
+  REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_ONE_SIDED", "1")).one_sided == use::always);
+  REQUIRE(gw::cluster::ucx_options(spec, with("GRADWIRE_UCX_ONE_SIDED", "0")).one_sided == use::never);
 }
 
 TEST_CASE("ucx refuses a tag at or above 2^48 - 1 with invalid_argument naming it, and delivers the largest tag below",
