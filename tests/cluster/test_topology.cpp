@@ -176,3 +176,38 @@ TEST_CASE("asio_tcp without GRADWIRE_HOST_ID puts threads of one process on one 
   });
   SUCCEED();
 }
+
+TEST_CASE("asio_tcp ranks listening on IPv6 reach each other through the bracketed addresses they publish",
+          "[cluster][topology]") {
+  {  // A kernel without IPv6 (disable_ipv6) cannot run this job at all.
+    boost::asio::io_context io;
+    boost::system::error_code ec;
+    boost::asio::ip::tcp::acceptor probe(io);
+    probe.open(boost::asio::ip::tcp::v6(), ec);
+    if (!ec) probe.bind({boost::asio::ip::make_address("::1"), 0}, ec);
+    if (ec) {
+      WARN("no IPv6 loopback here (" << ec.message() << "): not run");
+      return;
+    }
+  }
+  const auto port = free_port();
+  constexpr int n = 3;
+  std::vector<std::vector<float>> results(n);
+  on_threads(n, [&](int rank) {
+    gw::transport::asio_tcp_options o;
+    o.rank = rank;
+    o.size = n;
+    o.job_token = "topology-test-v6";
+    o.store_port = port;  // the store stays on 127.0.0.1; the ranks' own links are IPv6
+    o.connect_timeout = 30s;
+    o.listen_host = "::1";
+    gw::transport::asio_tcp t(o);
+    if (t.topology().host_name(0) != "::1")
+      throw std::runtime_error("rank " + std::to_string(rank) + " saw " + t.topology().to_string());
+    gw::collective::communicator comm(std::move(t), {.timeout = 30s});
+    std::vector<float> v(1000, float(rank + 1));
+    gw::collective::all_reduce<gw::collective::ring>(comm, std::span<float>(v));
+    results[static_cast<std::size_t>(rank)] = v;
+  });
+  for (const auto& v : results) REQUIRE(v == std::vector<float>(1000, 6.0f));
+}
