@@ -314,16 +314,6 @@ concept staleness_reporting_agent = requires(const G& g) {
   { g.last_staleness() } -> std::convertible_to<std::uint64_t>;
 };
 
-// Has a path that keeps gradients in device memory (aggregation/cuda_all_reduce.cuh):
-// found by argument-dependent lookup, as
-//   device_step(agent, comm, device_grads, apply_device, workspace, stream)
-template <class G, class V, class Transport, class ApplyDevice, class Workspace, class Stream>
-concept device_stepping_agent =
-    requires(G& g, collective::communicator<Transport>& comm, std::span<const std::span<const V>> grads,
-             ApplyDevice apply, Workspace& workspace, Stream stream) {
-      device_step(g, comm, grads, apply, workspace, stream);
-    };
-
 // A parameter server's consistency mode (gradwire/ps/modes.hpp has the library's four).
 //   static const char* name       for logs and reports
 //   static bool on_arrival        apply each gradient as it arrives (else a step applies the mean)
