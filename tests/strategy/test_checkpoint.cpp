@@ -11,11 +11,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <gradwire/checkpoint.hpp>
 #include <gradwire/gradwire.hpp>
 #include <iterator>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/errors.hpp"
@@ -309,6 +311,52 @@ TEST_CASE("load_checkpoint refuses bad files with a config error naming the file
   // The good file still loads after all that.
   write_file(file, good);
   REQUIRE(gw::load_checkpoint(file, target) == 2);
+  REQUIRE(image(target) == saved);
+}
+
+namespace {
+// An adam strategy whose checkpoint file is rewritten between load_checkpoint's two passes:
+// the checksum pass reads through the const accessors, the pass that reads into the model
+// through the mutable ones, so `rewrite` runs after the first pass and before the second.
+struct rewritten_during_load {
+  using value_type = adam_strategy::value_type;
+  using optimizer_type = adam_strategy::optimizer_type;
+  adam_strategy& model;
+  std::function<void()> rewrite;
+  auto parameters() {
+    if (rewrite) std::exchange(rewrite, nullptr)();
+    return model.parameters();
+  }
+  auto parameters() const { return std::as_const(model).parameters(); }
+  auto optimizer_states() { return model.optimizer_states(); }
+  auto optimizer_states() const { return std::as_const(model).optimizer_states(); }
+};
+}  // namespace
+
+TEST_CASE("a checkpoint rewritten while it loads is refused as changed, not loaded as it was") {
+  scratch_dir dir;
+  const auto file = dir.path / "model.ckpt";
+  const auto saved = image(saved_model(file, 5));
+  const auto good = read_file(file);
+  adam_strategy target(make_params<float>(1.0), gw::optim::adam());
+  // Sixteen data bytes (the trailing checksum left alone): whether a rewritten file's CRC is
+  // above or below the original's is a coin toss, so one flip would not tell '!=' from '<'.
+  for (std::size_t k = 0; k < 16; ++k) {
+    const std::size_t at = good.size() - 5 - 8 * k;
+    CAPTURE(at);
+    rewritten_during_load racing{target, [&] {
+                                   auto changed = good;
+                                   changed[at] ^= 0x20;
+                                   write_file(file, changed);  // same inode, same size: the open file sees it
+                                 }};
+    const auto e = error_of([&] { gw::load_checkpoint(file, racing); });
+    CAPTURE(e.second);
+    REQUIRE(e.first == gw::errc::config);
+    REQUIRE_THAT(e.second, Catch::Contains(file.string()) && Catch::Contains("the file changed while it was being loaded"));
+    write_file(file, good);
+  }
+  rewritten_during_load untouched{target, nullptr};
+  REQUIRE(gw::load_checkpoint(file, untouched) == 5);
   REQUIRE(image(target) == saved);
 }
 
