@@ -270,10 +270,6 @@ concept checkpoint_model = requires(M& m, const M& cm) {
 };
 }  // namespace concepts
 
-namespace detail::checkpoint {
-
-}  // namespace detail::checkpoint
-
 // Writes `strategy`'s parameters and optimizer state, and `step` (the caller's training
 // step, returned by load_checkpoint), to `path` atomically (see the top of this file).
 // Not collective: in a job of several ranks call it on rank 0 only.
