@@ -366,6 +366,14 @@ TEST_CASE("shards and buckets follow the library's sharding and bucket plans") {
   std::size_t total = 0;
   for (auto s : mlp.shards(4)) total += s;
   CHECK(total == 235146);
+  // By hand from the documented rule (docs/strategies/parameter_server.md): the default
+  // split_bytes, 256 KiB, is 65,536 floats; only the 200,704 weights are larger, cut into
+  // 4 pieces of 50,176; then largest first to the least loaded: 32,768 and 1,280, 256,
+  // 128 and 10 on servers 0, 1, 2 and 3 (twice).
+  CHECK(mlp.shards(4) == std::vector<std::size_t>{50176 + 32768, 50176 + 1280, 50176 + 256, 50176 + 128 + 10});
+  // Ten servers: the weights still go in 4 pieces (none under 256 KiB would be cut), so
+  // they reach only 4 servers (docs/planning.md), and the last server holds nothing.
+  CHECK(mlp.shards(10) == std::vector<std::size_t>{50176, 50176, 50176, 50176, 32768, 1280, 256, 128, 10, 0});
   CHECK(mlp.buckets() == std::vector<std::size_t>{235146});
   const auto [kind, what] = gw::testing::error_of([&] { sim::strategy_costs bad(c, {10, {4, 5}, 8, 1e-3}); });
   CHECK(kind == gw::errc::invalid_argument);
