@@ -9,9 +9,11 @@
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/barrier.hpp>
 #include <gradwire/collective/chunking.hpp>
+#include <gradwire/collective/halving_doubling_all_reduce.hpp>
 #include <gradwire/collective/broadcast.hpp>
 #include <gradwire/collective/hierarchical_all_reduce.hpp>
 #include <gradwire/collective/one_shot_all_reduce.hpp>
+#include <gradwire/collective/ring_all_reduce.hpp>
 #include <gradwire/collective/reduce.hpp>
 #include <gradwire/collective/reduce_scatter.hpp>
 #include <gradwire/support/topology.hpp>
@@ -24,6 +26,7 @@
 
 #include "collective_support.hpp"
 #include "support/call_probe.hpp"
+#include "support/errors.hpp"
 
 namespace gw = gradwire;
 using namespace std::chrono_literals;
@@ -132,6 +135,40 @@ TEST_CASE("all-reduce with different dtypes or different operations is a mismatc
       REQUIRE_THAT(o.what, Catch::Contains("op=average") && Catch::Contains("op=sum"));
     }
   }
+}
+
+TEST_CASE("a reduce_op outside the enum is refused by every reduction, before anything is sent") {
+  using gw::collective::reduce_op;
+  using call = std::function<void(gw::collective::communicator<gw::transport::inproc>&, std::span<float>, reduce_op)>;
+  const std::vector<std::pair<std::string, call>> reductions{
+      {"ring_all_reduce", [](auto& c, auto v, auto op) { gw::collective::ring_all_reduce(c, v, op); }},
+      {"halving_doubling_all_reduce", [](auto& c, auto v, auto op) { gw::collective::halving_doubling_all_reduce(c, v, op); }},
+      {"one_shot_all_reduce", [](auto& c, auto v, auto op) { gw::collective::one_shot_all_reduce(c, v, op); }},
+      {"hierarchical_all_reduce", [](auto& c, auto v, auto op) { gw::collective::hierarchical_all_reduce(c, v, op); }},
+      {"reduce_scatter", [](auto& c, auto v, auto op) { gw::collective::reduce_scatter(c, v, op); }},
+      {"reduce", [](auto& c, auto v, auto op) { gw::collective::reduce(c, v, 0, op); }},
+  };
+  for (const auto& [name, reduction] : reductions)
+    for (std::uint32_t bad : {0u, 3u, 0xffffffffu}) {
+      CAPTURE(name, bad);
+      std::vector<std::pair<gw::errc, std::string>> refused(3);
+      std::vector<std::vector<float>> after(3);
+      auto out = run_collect(3, [&](auto& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        std::vector<float> v(6, float(comm.rank() + 1));
+        refused[r] = gw::testing::error_of([&] { reduction(comm, v, static_cast<reduce_op>(bad)); });
+        // Refused before a sequence number or a byte went out: the next call pairs up as usual.
+        gw::collective::all_reduce(comm, std::span<float>(v), reduce_op::average);
+        after[r] = v;
+      });
+      for (int r = 0; r < 3; ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        REQUIRE(out[i].kind == gw::errc{});
+        REQUIRE(refused[i].first == gw::errc::invalid_argument);
+        REQUIRE_THAT(refused[i].second, Catch::StartsWith(name + ": unknown reduce_op " + std::to_string(bad)));
+        REQUIRE(after[i] == std::vector<float>(6, 2.0f));  // the average of 1, 2 and 3
+      }
+    }
 }
 
 TEST_CASE("a rank that skips a collective makes the others time out, within their timeout") {

@@ -31,6 +31,7 @@ namespace gradwire::collective {
 // ring's 2(N-1), moving 2(P-1)/P of the buffer per rank like the ring does.
 template <class Tr, class V>
 void halving_doubling_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
+  require_known(op, "halving_doubling_all_reduce");
   const std::uint64_t sequence = comm.begin_operation();
   // The call check rides beside the first data (verify.hpp): partners beyond the ring
   // neighbours (every halving and doubling partner for N >= 4) get far frames.

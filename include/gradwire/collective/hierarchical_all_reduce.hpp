@@ -249,6 +249,7 @@ bool has_hierarchy(const communicator<Tr>& comm) noexcept {
 // mismatch even where this one falls back to the flat ring.
 template <class Tr, class V>
 void hierarchical_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
+  require_known(op, "hierarchical_all_reduce");
   const std::uint64_t sequence = comm.begin_operation();
   const call_descriptor mine{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
                              algorithm_id::hierarchical};

@@ -56,6 +56,7 @@ bool takes_one_shot(const communicator<Tr>& comm, std::span<const V> data) {
 
 template <class Tr, class V>
 void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
+  require_known(op, "one_shot_all_reduce");
   static_assert(std::is_default_constructible_v<typename Tr::request>,
                 "one_shot_all_reduce keeps its requests in an array: Tr::request must be default-constructible");
   const std::uint64_t sequence = comm.begin_operation();

@@ -97,6 +97,7 @@ void scatter_gather_reduce(communicator<Tr>& comm, std::uint64_t sequence, std::
 // reduce-scatter + gather, N rounds but only 2(N-1)/N of the buffer into the root.
 template <class Tr, class V>
 void reduce(communicator<Tr>& comm, std::span<V> data, int root, reduce_op op = reduce_op::sum) {
+  require_known(op, "reduce");
   const int n = comm.size();
   if (root < 0 || root >= n)
     throw error(errc::invalid_argument, "reduce: root " + std::to_string(root) + " outside 0.." + std::to_string(n - 1));

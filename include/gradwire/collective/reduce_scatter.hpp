@@ -18,6 +18,7 @@ namespace gradwire::collective {
 // Each rank sends and receives (N-1)/N of the buffer.
 template <class Tr, class V>
 std::span<V> reduce_scatter(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
+  require_known(op, "reduce_scatter");
   auto trace = comm.trace("reduce_scatter", data.size_bytes());
   const std::uint64_t sequence = comm.begin_operation();
   std::optional<call_check<Tr>> check;  // settled beside the first data step (verify.hpp)

@@ -17,6 +17,7 @@ namespace gradwire::collective {
 // Each rank sends and receives 2(N-1)/N of the buffer: the ring's bandwidth optimum.
 template <class Tr, class V>
 void ring_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {
+  require_known(op, "ring_all_reduce");
   const std::uint64_t sequence = comm.begin_operation();
   detail::checked_ring_all_reduce(comm, sequence, data, op,
                                   {operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,

@@ -37,6 +37,15 @@ inline const char* name_of(operation op) noexcept {
 
 inline const char* name_of(reduce_op op) noexcept { return op == reduce_op::sum ? "sum" : "average"; }
 
+// Every reduction's entry: an op outside the enum (an integer cast from a config, say) is
+// refused, not run as a sum by one algorithm and an average by another.
+inline void require_known(reduce_op op, const char* collective) {
+  if (op != reduce_op::sum && op != reduce_op::average)
+    throw error(errc::invalid_argument, std::string(collective) + ": unknown reduce_op " +
+                                            std::to_string(static_cast<std::uint32_t>(op)) +
+                                            " (reduce_op::sum or reduce_op::average)");
+}
+
 inline const char* name_of(algorithm_id a) noexcept {
   switch (a) {
     case algorithm_id::none: return "none";
