@@ -141,6 +141,26 @@ TEMPLATE_TEST_CASE("the ring unpipelined, step by step, as over the network tran
   check_all_reduce<TestType, false, true>(ranks, n, reduce_op::average);
 }
 
+TEST_CASE("the ring's pipeline segments keep every message step inside an operation's tag space, up to 40000 ranks") {
+  using gw::collective::detail::ring_segments;
+  constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
+  // By hand: 2(N-1) message steps, each cut into the segments; a 64 MiB part in 256 KiB
+  // segments wants 64, halved while 2(N-1) x segments reaches verify_from_left (0xfff0 =
+  // 65520 tag steps): 513 ranks take 1024 x 64 = 65536 steps, too many, so 32.
+  CHECK(gw::collective::detail::verify_from_left == 65520);
+  CHECK(ring_segments(64 * MiB, 2, 256 * KiB) == 64);
+  CHECK(ring_segments(64 * MiB, 512, 256 * KiB) == 64);  // 1022 x 64 = 65408
+  CHECK(ring_segments(64 * MiB, 513, 256 * KiB) == 32);
+  CHECK(ring_segments(64 * MiB, 1000, 256 * KiB) == 32);   // 1998 x 32 = 63936
+  CHECK(ring_segments(64 * MiB, 4096, 256 * KiB) == 4);    // 8190 x 8 = 65520: one too many
+  CHECK(ring_segments(64 * MiB, 40000, 256 * KiB) == 1);   // not pipelined
+  CHECK(ring_segments(3 * 256 * KiB, 2, 256 * KiB) == 3);  // one per whole segment of the part
+  CHECK(ring_segments(3 * 256 * KiB, 20000, 256 * KiB) == 1);
+  CHECK(ring_segments(256 * KiB - 1, 2, 256 * KiB) == 1);
+  CHECK(ring_segments(1024 * MiB, 2, 256 * KiB) == gw::collective::detail::max_ring_segments);
+  CHECK(ring_segments(64 * MiB, 8, 0) == 1);  // a transport without segments
+}
+
 TEST_CASE("a communicator runs many all-reduces of changing sizes in sequence") {
   // auto_ with the default options on 4 ranks of one host: one-shot while the 3 copies a rank
   // sends fit one_shot_max_sent_bytes (64 KiB), halving-doubling below
