@@ -33,8 +33,11 @@ class LineCoverage:
         to every target that includes it)."""
         if line in self.executable.get(file, ()):
             return self.executed.get(file, {}).get(line, [])
-        anywhere = sorted({t for runs in self.executed.get(file, {}).values() for t in runs})
-        return anywhere or None
+        return self.targets_running_file(file) or None
+
+    def targets_running_file(self, file: str) -> list[str]:
+        """The targets whose tests execute any line of the file: they instantiate its code."""
+        return sorted({t for runs in self.executed.get(file, {}).values() for t in runs})
 
     def save(self, path: Path) -> None:
         data = {"executed": {f: {str(l): t for l, t in lines.items()} for f, lines in self.executed.items()},

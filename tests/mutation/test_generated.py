@@ -158,6 +158,53 @@ class CompileTimeCode(unittest.TestCase):
         self.assertEqual(calls, [["compile_fail: a"], ["t: it"]])
 
 
+class ALineNobodyRuns(unittest.TestCase):
+    """A line no test executes in a file whose other lines run: a target that runs the file
+    (and so instantiates its templates) is built, to tell a survivor from code that does not
+    compile, and none of its tests is run (e032b58071 compiled in a target that only
+    included its header)."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.src = Path(self.dir.name) / "src"
+        (self.src / "include/gradwire/ps").mkdir(parents=True)
+        (self.src / "include/gradwire/ps/server.hpp").write_text("void f() {\n  g(1);\n  h(2);\n}\n")
+        self.cov = generated.Coverage(
+            tests_of={"includes_only": ["a: it"], "runs_it": ["b: it"]}, uses={"a: it": {"includes_only"}, "b: it": {"runs_it"}},
+            objects_of={"include/gradwire/ps/server.hpp": {"includes_only": ["a.o"], "runs_it": ["b.o", "b2.o"]}})
+        # Line 2 runs in runs_it; line 3 is code nobody runs.
+        self.cov.lines = generated.line_coverage.LineCoverage({"include/gradwire/ps/server.hpp": {2: ["runs_it"]}},
+                                                              {"include/gradwire/ps/server.hpp": {2, 3}})
+        self.m = Mutant("n", "ps", "include/gradwire/ps/server.hpp", 3, "  h(2);", "  h(2, 3);")
+
+    def run_it(self, builds: bool):
+        built, ran = [], []
+
+        def build(build_dir, targets, jobs, log):
+            built.append(targets)
+            return builds
+        parsed = concurrent.futures.Future()
+        parsed.set_result(True)
+        with mock.patch.object(generated, "run_tests", lambda _b, tests, *a, **k: (ran.append(tests), (True, 1, []))[1]), \
+                mock.patch.object(generated, "build", build):
+            outcome = generated.run_mutant(self.m, self.src, self.src / "build", self.cov, 1, self.src, parsed, {}, 900)
+        return outcome, built, ran
+
+    def test_the_target_that_runs_the_file_is_built_not_the_one_that_includes_it(self):
+        self.assertEqual(generated.covering_targets(self.cov, self.m), ["runs_it"])
+
+    def test_code_that_compiles_survives_without_running_a_test(self):
+        (outcome, _, why), built, ran = self.run_it(builds=True)
+        self.assertEqual((outcome, why), ("survived", "no test executes the line"))
+        self.assertEqual(built, [["runs_it"]])
+        self.assertEqual(ran, [])
+
+    def test_code_that_does_not_compile_is_invalid(self):
+        (outcome, _, _), _, _ = self.run_it(builds=False)
+        self.assertEqual(outcome, "invalid")
+
+
 class DeviceCode(unittest.TestCase):
     """A .cuh mutant cannot run here (its tests need a GPU), but whether it compiles can be
     known: one that does not is invalid and fills no quota; one that does is "no device"."""
