@@ -76,6 +76,23 @@ TEST_CASE("nothing set: a one-process job") {
   CHECK(spec.task_addresses.empty());
 }
 
+TEST_CASE("a spec written by hand without roles: rank 0 is the chief, every other rank a worker") {
+  // A user may fill cluster_spec itself (tests, a launcher of its own) and leave roles empty;
+  // type() then follows the rule detect() writes into roles.
+  for (int world : {1, 2, 5}) {
+    for (int r = 0; r < world; ++r) {
+      gc::cluster_spec spec;
+      spec.rank = r;
+      spec.world_size = world;
+      REQUIRE(spec.roles.empty());
+      CHECK(spec.type() == (r == 0 ? gc::task_type::chief : gc::task_type::worker));
+      auto detected = detect({{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(world)}, {"MASTER_ADDR", "h"},
+                              {"MASTER_PORT", "1"}});
+      CHECK(detected.type() == spec.type());
+    }
+  }
+}
+
 TEST_CASE("torchrun variables") {
   auto spec = detect(with(torchrun_2, {{"GRADWIRE_JOB_TOKEN", "s3cret"}}));
   CHECK(spec.source == "torchrun");

@@ -27,6 +27,16 @@
 //       fills its buffer with 0x11, runs checked all-reduces (MPI progresses whatever is
 //       still in flight) and checks that no byte of the buffer changed: a dropped receive
 //       writes nothing into its buffer once dropped. Prints "rank R: PASS drop-arriving".
+//   mpi_runtime_worker comm-freed            (2 ranks)
+//       Builds transport::mpi three times in a row, each with a checked all-reduce, and
+//       records (the profiling interface again) every MPI_Comm_idup and MPI_Comm_free. Each
+//       transport must free the communicator it duplicated, and only that one, by the time
+//       it is destroyed. Prints "rank R: PASS comm-freed 3 of 3".
+//   mpi_runtime_worker large-message         (2 ranks)
+//       Rank 1 sends rank 0 one message of 2 GiB + 8 bytes (past MPI's int count of bytes)
+//       whose 32-bit words are a pattern of their index; rank 0 checks every word. Both
+//       ranks then check that a message of 2 GiB + 2 bytes (not a multiple of 4) is refused
+//       with invalid_argument before it is posted. Prints "rank R: PASS large-message".
 // A worker, not a Catch2 test: it checks its all-reduces against references itself (exit 1
 // with "FAIL ..."), and test_mpi.py asserts the errc, the words and the times it prints.
 #include <gradwire/gradwire.hpp>
@@ -39,6 +49,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +75,25 @@ extern "C" int MPI_Imrecv(void* buf, int count, MPI_Datatype type, MPI_Message* 
   }
   if (static_cast<long long>(count) * type_size == arriving_bytes) ++large_imrecvs;
   return PMPI_Imrecv(buf, count, type, message, request);
+}
+
+// comm-freed: the communicators the program duplicated and freed, in order.
+std::mutex comm_calls_mutex;
+std::vector<MPI_Comm> duplicated_comms, freed_comms;
+
+extern "C" int MPI_Comm_idup(MPI_Comm comm, MPI_Comm* newcomm, MPI_Request* request) {
+  const int rc = PMPI_Comm_idup(comm, newcomm, request);
+  std::lock_guard lock(comm_calls_mutex);
+  duplicated_comms.push_back(*newcomm);
+  return rc;
+}
+
+extern "C" int MPI_Comm_free(MPI_Comm* comm) {
+  {
+    std::lock_guard lock(comm_calls_mutex);
+    freed_comms.push_back(*comm);
+  }
+  return PMPI_Comm_free(comm);
 }
 
 namespace {
@@ -243,6 +273,65 @@ int drop_arriving() {
   return 0;
 }
 
+// Every transport frees the communicator it duplicated when it is destroyed: a program
+// that builds one per phase (or per test) does not leak MPI communicators.
+int comm_freed() {
+  constexpr int transports = 3;
+  for (int k = 0; k < transports; ++k) {
+    auto comm = two_ranks("comm-freed");
+    checked_all_reduce(comm);
+    std::lock_guard lock(comm_calls_mutex);
+    if (duplicated_comms.size() != static_cast<std::size_t>(k + 1) || freed_comms.size() != static_cast<std::size_t>(k))
+      fail("transport " + std::to_string(k) + " alive: " + std::to_string(duplicated_comms.size()) + " duplicated, " +
+           std::to_string(freed_comms.size()) + " freed");
+  }
+  std::lock_guard lock(comm_calls_mutex);
+  if (freed_comms.size() != duplicated_comms.size())
+    fail(std::to_string(duplicated_comms.size()) + " communicators duplicated, " + std::to_string(freed_comms.size()) +
+         " freed");
+  for (std::size_t i = 0; i < freed_comms.size(); ++i)
+    if (freed_comms[i] != duplicated_comms[i] || freed_comms[i] == MPI_COMM_WORLD)
+      fail("transport " + std::to_string(i) + " freed a communicator it did not duplicate");
+  say("PASS comm-freed " + std::to_string(freed_comms.size()) + " of " + std::to_string(transports));
+  return 0;
+}
+
+// A message above 2 GiB (MPI counts are ints) travels whole, in 4-byte units; one that
+// cannot be counted so is refused, not cut or sent short.
+int large_message() {
+  auto comm = two_ranks("large-message");
+  const std::size_t words = (std::size_t{1} << 29) + 2;  // 2 GiB + 8 bytes
+  const auto pattern = [](std::size_t i) { return static_cast<std::uint32_t>(i * 2654435761u + 12345u); };
+  std::vector<std::uint32_t> data(words);
+  const auto within = [] { return gw::deadline_after(std::chrono::seconds(120)); };
+  const auto bytes = std::as_writable_bytes(std::span<std::uint32_t>(data));
+  if (my_rank == 1) {
+    for (std::size_t i = 0; i < words; ++i) data[i] = pattern(i);
+    auto sent = comm.transport().async_send(0, 4244, bytes);
+    comm.transport().wait(sent, within());
+  } else {
+    auto received = comm.transport().async_recv(1, 4244, bytes);
+    comm.transport().wait(received, within());
+    for (std::size_t i = 0; i < words; ++i)
+      if (data[i] != pattern(i))
+        fail("word " + std::to_string(i) + " of the 2 GiB message is " + std::to_string(data[i]) + ", sent " +
+             std::to_string(pattern(i)));
+  }
+  const auto odd = bytes.first((std::size_t{1} << 31) + 2);
+  for (const bool send : {true, false}) {
+    try {
+      auto r = send ? comm.transport().async_send(1 - my_rank, 4245, odd) : comm.transport().async_recv(1 - my_rank, 4245, odd);
+      fail(std::string(send ? "a send" : "a receive") + " of 2 GiB + 2 bytes was posted");
+    } catch (const gw::error& e) {
+      if (e.kind() != gw::errc::invalid_argument || std::string(e.what()).find("2147483650 bytes") == std::string::npos)
+        fail(std::string("2 GiB + 2 bytes refused as ") + kind_name(e.kind()) + ": " + e.what());
+    }
+  }
+  checked_all_reduce(comm);  // the refusals left the transport usable
+  say("PASS large-message");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -253,9 +342,11 @@ int main(int argc, char** argv) {
     if (mode == "recovery") return recovery(arg);
     if (mode == "imrecv-fails") return imrecv_fails();
     if (mode == "drop-arriving") return drop_arriving();
+    if (mode == "comm-freed") return comm_freed();
+    if (mode == "large-message") return large_message();
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR | imrecv-fails | drop-arriving\n");
+  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR | imrecv-fails | drop-arriving | comm-freed | large-message\n");
   return 2;
 }

@@ -242,6 +242,26 @@ class Runtime(unittest.TestCase):
         for r in (0, 1):
             self.assertEqual(lines.get(r, []), ["PASS drop-arriving"], out)
 
+    def test_each_transport_frees_the_communicator_it_duplicated(self):
+        # A program that builds transport::mpi once per phase must not leak a communicator
+        # each time: the worker counts MPI_Comm_idup and MPI_Comm_free (profiling interface)
+        # over three transports, each destroyed before the next is built.
+        status, lines, _, out = run(2, RUNTIME_WORKER, "comm-freed", bound=120)
+        self.assertEqual(status, 0, out)
+        self.assertNotIn("FAIL", out)
+        for r in (0, 1):
+            self.assertEqual(lines.get(r, []), ["PASS comm-freed 3 of 3"], out)
+
+    def test_a_message_above_2_gib_arrives_whole_and_an_uncountable_one_is_refused(self):
+        # MPI counts are ints: above 2 GiB the transport sends in 4-byte units. Rank 0 checks
+        # every word of 2 GiB + 8 bytes against the pattern rank 1 wrote; 2 GiB + 2 bytes is
+        # refused with invalid_argument naming the size.
+        status, lines, _, out = run(2, RUNTIME_WORKER, "large-message", bound=240)
+        self.assertEqual(status, 0, out)
+        self.assertNotIn("FAIL", out)
+        for r in (0, 1):
+            self.assertEqual(lines.get(r, []), ["PASS large-message"], out)
+
     def test_killed_rank_under_enable_recovery_is_a_timeout_over_shared_memory(self):
         self.killed_under_recovery(mca=[])
 

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <gradwire/gradwire.hpp>
@@ -48,6 +50,25 @@ std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
+}
+// What `fn` writes to the process's stderr (file descriptor 2, where the library's
+// fprintf reports go), captured through a temporary file.
+template <class F>
+std::string stderr_of(F&& fn) {
+  std::fflush(stderr);
+  std::FILE* sink = std::tmpfile();
+  REQUIRE(sink != nullptr);
+  const int saved = ::dup(2);
+  ::dup2(::fileno(sink), 2);
+  fn();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::rewind(sink);
+  std::string out;
+  for (int c; (c = std::fgetc(sink)) != EOF;) out += static_cast<char>(c);
+  std::fclose(sink);
+  return out;
 }
 }  // namespace
 
@@ -255,6 +276,31 @@ TEST_CASE("timeline: steps, buckets, collectives and optimizer steps, with bytes
   REQUIRE(count(merged, "\"ph\":\"X\"") == events.size() + more);
   REQUIRE(count(merged, "]}") == 1);
   std::filesystem::remove(path);
+}
+
+TEST_CASE("timeline: a file gone by the time it is written is reported with the reason, and write returns false") {
+  // The trace's folder is removed between start (which checks the file opens) and write:
+  // write cannot open the file, says so with the system's reason, and drops the events.
+  auto& timeline = gw::observe::timeline::global();
+  const auto dir = std::filesystem::temp_directory_path() / ("gradwire-test-timeline-gone-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "trace.json";
+  timeline.start(path);
+  REQUIRE(timeline.enabled());
+  gw::observe::trace_event event;
+  event.name = "step";
+  event.begin_ns = timeline.now_ns();
+  event.duration_ns = 1000;
+  timeline.record(event);
+  timeline.stop();
+  std::filesystem::remove_all(dir);
+  bool written = true;
+  const std::string said = stderr_of([&] { written = timeline.write(); });
+  CHECK_FALSE(written);
+  CHECK_THAT(said, Catch::Contains("gradwire: timeline " + path.string() + ": cannot open and lock it (" +
+                                   std::strerror(ENOENT) + ")"));
+  CHECK(timeline.events().empty());
+  CHECK_FALSE(std::filesystem::exists(dir));
 }
 
 TEST_CASE("timeline: each step event carries its step number, 1 for the first step, in order") {

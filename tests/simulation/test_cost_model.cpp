@@ -356,6 +356,22 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   CHECK(slowed.ps_async(1).compute == Approx(2 * step));  // the mean of 1 and 3
 }
 
+TEST_CASE("a parameter server holding nothing of the model costs the step nothing") {
+  // One tensor of 50,000 floats (200 kB) is under the 256 KiB split: one piece, on server 0, so a second
+  // server holds nothing (as the library's sharding leaves it) and no worker sends it
+  // anything: the step costs what it costs with one server.
+  const auto c = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
+  const std::size_t p = 50'000;
+  const sim::strategy_costs costs(c, {p, {p}, 32, 2e-3}, unchecked());
+  REQUIRE(costs.shards(2) == std::vector<std::size_t>{p, 0});
+  const auto one = costs.ps_sync(1), two = costs.ps_sync(2);
+  // The same arithmetic either way: equal to rounding (three empty messages per worker
+  // would add their overheads, 6e-5 of the step).
+  CHECK(two.communication == Approx(one.communication).epsilon(1e-9));
+  CHECK(two.samples_per_second == Approx(one.samples_per_second).epsilon(1e-9));
+  CHECK(costs.ps_async(2).samples_per_second == Approx(costs.ps_async(1).samples_per_second).epsilon(1e-9));
+}
+
 TEST_CASE("shards and buckets follow the library's sharding and bucket plans") {
   const auto c = sim::parse_cluster_model("hosts=4");
   const sim::strategy_costs flat(c, {1000, {}, 8, 1e-3});
@@ -397,6 +413,26 @@ TEST_CASE("recommend: the most samples per second, and what an asynchronous choi
   CHECK(r.caveat.find("synchronous") == 0);
   const auto [kind, what] = gw::testing::error_of([] { (void)sim::recommend({}); });
   CHECK(kind == gw::errc::invalid_argument);
+}
+
+TEST_CASE("recommend: with one available strategy the reason names no runner-up, and nothing past the span is read") {
+  // The costs sit in a longer array; recommend gets only the first one or two. The entry
+  // past the span is a faster strategy a reading past the end would name as the runner-up.
+  std::vector<sim::strategy_cost> storage(3);
+  storage[0] = {"all_reduce<ring>", sim::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 1000, {}};
+  storage[1] = {"central_storage", sim::strategy_kind::central_storage, true, false, 0, 0, 0, 0, "refused"};
+  storage[2] = {"past the span", sim::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 4000, {}};
+  const std::string only_ring =
+      "all_reduce<ring>: 1000 samples/s, a step of 2.000 ms (compute 1.000 + communication 1.000); communication is "
+      "50% of its step";
+  for (std::size_t given : {1, 2}) {  // alone, and beside an unavailable one
+    CAPTURE(given);
+    const auto r = sim::recommend(std::span<const sim::strategy_cost>(storage).first(given));
+    CHECK(r.best == 0);
+    CHECK(r.best_synchronous == 0);
+    CHECK(r.any_synchronous);
+    CHECK(r.reason == only_ring);
+  }
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <gradwire/gradwire.hpp>
 #include <gradwire/ps/protocol.hpp>
 #include <mutex>
@@ -377,6 +378,62 @@ TEST_CASE("rendezvous: a get of a key nobody sets times out near its timeout, na
   // Another client still gets what was set: the store lives on.
   gw::rendezvous::store_client other("127.0.0.1", server.port(), store_token, patience);
   REQUIRE(other.get_string("gradwire/present") == "here");
+}
+
+namespace {
+// A listener that never answers a connection attempt: it never accepts, and one
+// connection (the filler) already waits in its accept queue of one (listen backlog 0).
+// Linux then drops every further SYN, so a connect to it is neither accepted nor refused:
+// it hangs, as one to a host behind a firewall that drops packets, or one that is gone.
+struct unanswering_listener {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor{io};
+  boost::asio::ip::tcp::socket filler{io};
+  unanswering_listener() {
+    namespace ip = boost::asio::ip;
+    acceptor.open(ip::tcp::v4());
+    acceptor.bind({ip::make_address("127.0.0.1"), 0});
+    acceptor.listen(0);
+    filler.connect(acceptor.local_endpoint());
+  }
+  std::uint16_t port() const { return acceptor.local_endpoint().port(); }
+};
+
+std::string unanswered_message(std::uint16_t port) {
+  return "could not connect to the rendezvous store (MASTER_ADDR:MASTER_PORT) at " +
+         gw::support::address_text("127.0.0.1", port) + " before the deadline: is it running, and is the address right?";
+}
+}  // namespace
+
+TEST_CASE("rendezvous: a store host that never answers the connection is a timeout at the deadline, naming it and what to check") {
+  const unanswering_listener store;
+  constexpr auto timeout = 300ms;
+  const auto began = std::chrono::steady_clock::now();
+  const outcome o = outcome_of([&] { gw::rendezvous::store_client client("127.0.0.1", store.port(), store_token, timeout); });
+  const auto took = std::chrono::steady_clock::now() - began;
+  CAPTURE(o.what);
+  REQUIRE(o.kind == errc::timeout);
+  REQUIRE_THAT(o.what, Catch::StartsWith(unanswered_message(store.port())));
+  REQUIRE(took >= timeout);
+  REQUIRE(took < timeout + patience);
+}
+
+// Run by tests/support/in_netns.py with net.ipv4.tcp_syn_retries=1 (hidden: the host's
+// 6 retries would take 2 minutes): the kernel gives up on a connection attempt after 3 s
+// (ETIMEDOUT), which is not the last word before the deadline: like a refusal, it is
+// retried, and the caller gets the timeout at its deadline, not a config error at 3 s.
+TEST_CASE("rendezvous: a connection attempt the kernel gives up on is retried until the deadline, then is a timeout", "[.netns]") {
+  std::ifstream retries_file("/proc/sys/net/ipv4/tcp_syn_retries");
+  int retries = -1;
+  retries_file >> retries;
+  INFO("run by tests/support/in_netns.py --sysctl net.ipv4.tcp_syn_retries=1");
+  REQUIRE(retries == 1);  // SYNs at 0 and 1 s, ETIMEDOUT at 3 s
+  const unanswering_listener store;
+  constexpr auto timeout = 5s;  // past the kernel's 3 s
+  const outcome o = outcome_of([&] { gw::rendezvous::store_client client("127.0.0.1", store.port(), store_token, timeout); });
+  CAPTURE(o.what);
+  REQUIRE(o.kind == errc::timeout);
+  REQUIRE_THAT(o.what, Catch::StartsWith(unanswered_message(store.port())));
 }
 
 TEST_CASE("rendezvous: a store request whose key length does not fit its payload is refused with protocol, naming the payload size") {
