@@ -12,6 +12,7 @@
 #include <gradwire/gradwire.hpp>
 #include <gradwire/simulation/transport.hpp>
 #include <numeric>
+#include <random>
 #include <span>
 #include <string>
 #include <tuple>
@@ -56,6 +57,30 @@ sim::time_point ping_pong(const sim::cluster_model& m, int round_trips, std::siz
 }
 
 }  // namespace
+
+TEST_CASE("a straggler draw is Box-Muller jitter from two uniforms, and the tail's two more only when a tail is set") {
+  // The draws are documented to be the same numbers on every platform from the same
+  // generator state: computed again here from mt19937_64's outputs, step by step. A draw
+  // that took a uniform it does not use would shift every later step's factor.
+  const auto uniform = [](std::mt19937_64& g) { return (double(g() >> 11) + 0.5) / 9007199254740992.0; };
+  for (const char* text : {"jitter=0.3 seed=5", "jitter=0.3 tail=0.25:1.5:4 seed=5", "tail=0.5:2 seed=5"}) {
+    CAPTURE(text);
+    const auto m = sim::parse_cluster_model(text);
+    std::mt19937_64 drawn(11), reference(11);
+    for (int step = 0; step < 200; ++step) {
+      CAPTURE(step);
+      double want = 1;
+      if (m.stragglers.jitter > 0) {
+        const double u1 = uniform(reference), u2 = uniform(reference);
+        want *= std::exp(m.stragglers.jitter * std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2));
+      }
+      if (m.stragglers.tail_probability > 0 && uniform(reference) < m.stragglers.tail_probability)
+        want *= std::min(m.stragglers.tail_cap, std::pow(uniform(reference), -1 / m.stragglers.tail_alpha));
+      REQUIRE(m.stragglers.draw(drawn) == Approx(want).epsilon(1e-12));
+    }
+    REQUIRE(drawn() == reference());  // both generators advanced alike
+  }
+}
 
 TEST_CASE("a cluster model written with tabs and Windows line ends reads as the same model") {
   // A file aligned with tabs, saved with CRLF line ends: tabs and carriage returns separate

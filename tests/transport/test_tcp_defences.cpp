@@ -873,6 +873,42 @@ void run_ranks(const std::vector<std::function<void(asio_tcp&)>>& fns,
 }
 }  // namespace
 
+namespace {
+// A status frame's payload as send_status writes it: step, count, the ranks, the activity.
+std::vector<std::byte> status_payload(std::uint64_t step, std::vector<std::uint32_t> waits_for, std::string_view activity) {
+  std::vector<std::byte> bytes(12 + 4 * waits_for.size() + activity.size());
+  gw::support::wire::detail::put<std::uint64_t>(bytes.data(), step);
+  gw::support::wire::detail::put<std::uint32_t>(bytes.data() + 8, static_cast<std::uint32_t>(waits_for.size()));
+  for (std::size_t i = 0; i < waits_for.size(); ++i)
+    gw::support::wire::detail::put<std::uint32_t>(bytes.data() + 12 + 4 * i, waits_for[i]);
+  std::memcpy(bytes.data() + 12 + 4 * waits_for.size(), activity.data(), activity.size());
+  return bytes;
+}
+}  // namespace
+
+TEST_CASE("a status frame naming a rank outside the job is refused as malformed, failing the rank with protocol",
+          "[tcp][stall]") {
+  // What a stall report follows comes from peers' frames: a rank number past the job (a
+  // corrupt frame that kept the job's token) must not index the report's table of ranks.
+  {
+    auto e = unjoined_engine(2, 6, {0, 1, 3, 4, 5});
+    REQUIRE(e->on_status(*e->links[5], status_payload(40, {0, 4, 2}, "all_reduce")));  // every rank of the job
+    REQUIRE(e->links[5]->status.has_value());
+    CHECK(e->links[5]->status->waits_for == std::vector<int>{0, 4, 2});
+    CHECK(e->links[5]->status->activity == "all_reduce");
+    CHECK_FALSE(e->failed.has_value());
+  }
+  for (const std::uint32_t outside : {6u, 7u, 0x80000000u, 0xffffffffu}) {
+    CAPTURE(outside);
+    auto e = unjoined_engine(2, 6, {0, 1, 3, 4, 5});
+    REQUIRE_FALSE(e->on_status(*e->links[5], status_payload(40, {0, outside}, "all_reduce")));
+    CHECK_FALSE(e->links[5]->status.has_value());
+    REQUIRE(e->failed.has_value());
+    CHECK(e->failed->first == errc::protocol);
+    CHECK_THAT(e->failed->second, Catch::Contains("rank 5 sent a malformed status frame"));
+  }
+}
+
 TEST_CASE("a waiting rank tells its peers what it waits for only near its stall warning: a shorter wait says nothing",
           "[tcp][stall]") {
   // Rank 1 waits for rank 2 with a 10 s warning (it would tell at 7.5 s); rank 0 waits for

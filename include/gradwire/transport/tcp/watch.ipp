@@ -211,9 +211,8 @@ GRADWIRE_DECL std::string tcp_engine::stall_report(std::chrono::milliseconds wai
       const auto& st = *link->status;
       text += "; rank " + std::to_string(p) + " waits for " + ranks(st.waits_for);
       if (!st.activity.empty()) text += " (in " + st.activity + ", operation #" + std::to_string(st.operation) + ")";
-      for (int q : st.waits_for)
-        if (q >= 0 && q < static_cast<int>(seen.size()) && !std::exchange(seen[static_cast<std::size_t>(q)], 1))
-          todo.push_back(q);
+      for (int q : st.waits_for)  // ranks of the job: on_status refused any other
+        if (!std::exchange(seen[static_cast<std::size_t>(q)], 1)) todo.push_back(q);
     } else {
       stalled.push_back(p);
     }
@@ -284,8 +283,11 @@ GRADWIRE_DECL bool tcp_engine::on_status(tcp_link& link, std::span<const std::by
   st.step = wire::detail::get<std::uint64_t>(payload.data());
   const auto count = wire::detail::get<std::uint32_t>(payload.data() + 8);
   if (count > links.size() || payload.size() < 12 + 4 * std::size_t{count}) return refuse("malformed");
-  for (std::uint32_t i = 0; i < count; ++i)
-    st.waits_for.push_back(static_cast<int>(wire::detail::get<std::uint32_t>(payload.data() + 12 + 4 * i)));
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto rank = wire::detail::get<std::uint32_t>(payload.data() + 12 + 4 * i);
+    if (rank >= links.size()) return refuse("malformed");  // a rank outside the job: stall_report trusts these
+    st.waits_for.push_back(static_cast<int>(rank));
+  }
   const auto name = payload.subspan(12 + 4 * std::size_t{count});
   st.activity.assign(reinterpret_cast<const char*>(name.data()), name.size());
   link.status = std::move(st);
