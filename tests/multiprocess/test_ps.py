@@ -86,6 +86,20 @@ class ParameterServer(unittest.TestCase):
                 for s in range(workers, workers + servers):
                     self.assertEqual(stats(lines, s)["max_staleness"], "0")
 
+    def test_more_servers_than_pieces_leave_the_last_server_empty_and_training_unchanged(self):
+        # ps_worker's model cuts into 5 pieces (its weights into 4 of 16 elements, the bias
+        # whole): of 6 servers the last holds nothing. It gets no push (and, over UCX, exposes
+        # no window, which no worker may wait for); the others serve every step, and the
+        # chief's check against the serial reference passes as with fewer servers.
+        workers, servers = 2, 6
+        lines, out = self.check_pass(workers, servers, "sync")
+        pushed = [int(re.search(r"pushes=(\d+)", " ".join(lines[w])).group(1)) for w in range(workers)]
+        for s in range(workers, workers + servers - 1):
+            self.assertEqual(counts(stats(lines, s)["pushes"]), pushed, out)
+        empty = stats(lines, workers + servers - 1)
+        self.assertEqual(counts(empty["pushes"]), [0] * workers, out)
+        self.assertEqual((empty["version"], empty["applied"], empty["one_sided"]), ("0", "0", "0"), out)
+
     def test_async_converges_and_applies_every_gradient(self):
         lines, _ = self.check_pass(3, 2, "async")
         self.pushes_match(lines, 3, 2)

@@ -246,6 +246,31 @@ TEST_CASE("any_transport: a staged receive-and-add adds once, into its own targe
   for (auto& e : outcomes) REQUIRE(what_of(e) == "");
 }
 
+TEST_CASE("any_transport lends the smallest staging buffer that fits, else grows the largest", "[any_transport]") {
+  // Spares of 100, 4000 and 1000 bytes (capacities), as steps of different sizes leave them.
+  const auto spares_of = [](std::initializer_list<std::size_t> capacities) {
+    std::vector<std::vector<std::byte>> spares;
+    for (std::size_t c : capacities) spares.emplace_back().reserve(c);
+    return spares;
+  };
+  auto spares = spares_of({100, 4000, 1000});
+  const auto lent = [&](std::size_t size) {
+    const auto it = gw::transport::detail::spare_to_lend(spares, size);
+    return it == spares.end() ? std::size_t{0} : it->capacity();
+  };
+  CHECK(lent(1) == 100);
+  CHECK(lent(100) == 100);    // exactly large enough
+  CHECK(lent(101) == 1000);   // the smallest that fits, not the largest
+  CHECK(lent(1000) == 1000);
+  CHECK(lent(1001) == 4000);
+  CHECK(lent(4000) == 4000);
+  CHECK(lent(5000) == 4000);  // none fits: the largest, whose growth touches the fewest fresh bytes
+  spares = spares_of({300, 200});
+  CHECK(lent(1000) == 300);
+  spares.clear();
+  CHECK(lent(8) == 0);        // none at all: a fresh buffer
+}
+
 TEST_CASE("any_transport: an async parameter server over a transport that cannot lose peers runs as over inproc",
           "[any_transport]") {
   // any_transport models loss_tolerant_transport, but inproc cannot survive a lost peer:

@@ -909,6 +909,60 @@ TEST_CASE("a status frame naming a rank outside the job is refused as malformed,
   }
 }
 
+// --- before a wait sleeps: the hot-poll window and parked messages ----------------------
+
+TEST_CASE("a hot-poll window that the answer missed closes the spin gate, and one it came in opens it again", "[tcp][wait]") {
+  // With a CPU per rank a wait polls hot for poll_before_sleep first, while the spin gate
+  // says that pays (support/waiting.hpp): the window's outcome is what the gate learns.
+  auto e = unjoined_engine(0, 2, {1});
+  e->dedicated = true;
+  e->options.poll_before_sleep = 2ms;
+  tcpd::tcp_op missed;
+  missed.peer = 1;
+  e->poll_briefly(missed);  // nothing arrives: the window runs out
+  CHECK(missed.state == tcpd::op_status::queued);
+  CHECK(e->spin.misses_in_a_row() == 1);
+  tcpd::tcp_op answered;
+  answered.peer = 1;
+  e->poll_briefly(answered);  // the closed gate skips this wait's window: nothing is learnt
+  CHECK(e->spin.misses_in_a_row() == 1);
+  boost::asio::post(e->io, [&] { answered.state = tcpd::op_status::done; });  // the answer, inside the window
+  e->poll_briefly(answered);
+  CHECK(answered.state == tcpd::op_status::done);
+  CHECK(e->spin.misses_in_a_row() == 0);
+}
+
+TEST_CASE("only a wait for another receive of that peer takes its parked message into memory, never a send's wait",
+          "[tcp][wait]") {
+  // A large message from rank 1 (tag 9) waits, parked, for its receive. A wait for a
+  // receive of another tag from rank 1 would wait behind it forever, so it takes the parked
+  // one into memory (here: marks the read-ahead in flight to do so when it lands). A send's
+  // wait, or a wait for the parked message's own receive, must leave it to go straight into
+  // place: taking it would cost a copy for nothing.
+  struct waiting_op {
+    bool is_send;
+    std::uint64_t tag;
+    bool evicts;
+  };
+  for (const auto [is_send, tag, evicts] : {waiting_op{true, 5, false}, waiting_op{true, 9, false},
+                                            waiting_op{false, 9, false}, waiting_op{false, 5, true}}) {
+    CAPTURE(is_send, tag);
+    auto e = unjoined_engine(0, 2, {1});
+    e->options.poll_before_sleep = 0ms;
+    auto& link = *e->links[1];
+    link.parked = true;
+    link.early_reading = true;
+    link.incoming.tag = 9;
+    tcpd::tcp_op op;
+    op.is_send = is_send;
+    op.peer = 1;
+    op.tag = tag;
+    { const auto wait = e->prepare_wait(op); }
+    CHECK(link.evict == evicts);
+    CHECK(link.parked);
+  }
+}
+
 TEST_CASE("a waiting rank tells its peers what it waits for only near its stall warning: a shorter wait says nothing",
           "[tcp][stall]") {
   // Rank 1 waits for rank 2 with a 10 s warning (it would tell at 7.5 s); rank 0 waits for

@@ -40,6 +40,23 @@
 
 namespace gradwire::transport {
 
+namespace detail {
+// Which spare buffer to lend for `size` bytes: the smallest that is large enough; else the
+// largest, to be grown (fresh memory is slow to touch: growing the largest touches the
+// fewest new bytes, and buffers are reused across steps). spares.end() if there is none.
+template <class Buffers>
+typename Buffers::iterator spare_to_lend(Buffers& spares, std::size_t size) {
+  const auto fits = [size](const auto& b) { return b.capacity() >= size; };
+  auto best = spares.end();
+  for (auto it = spares.begin(); it != spares.end(); ++it) {
+    const bool better = best == spares.end() || (fits(*it) ? !fits(*best) || it->capacity() < best->capacity()
+                                                           : !fits(*best) && it->capacity() > best->capacity());
+    if (better) best = it;
+  }
+  return best;
+}
+}  // namespace detail
+
 class any_transport {
   struct held_request_base {
     virtual ~held_request_base() = default;
@@ -152,17 +169,8 @@ class any_transport {
     // A staging buffer lent by the model: goes back to its spares when the request is done.
     struct lent_buffer {
       lent_buffer(std::shared_ptr<spare_buffers> pool, std::size_t size) : spares(std::move(pool)) {
-        // The smallest spare that is large enough; else the largest, grown (fresh memory
-        // is slow to touch, so buffers are reused across steps).
-        const auto fits = [size](const std::vector<std::byte>& b) { return b.capacity() >= size; };
-        auto best = spares->end();
-        for (auto it = spares->begin(); it != spares->end(); ++it) {
-          const bool better = best == spares->end() ||
-                              (fits(*it) ? !fits(*best) || it->capacity() < best->capacity()
-                                         : !fits(*best) && it->capacity() > best->capacity());
-          if (better) best = it;
-        }
-        if (best != spares->end()) bytes = std::move(*best), spares->erase(best);
+        if (auto best = detail::spare_to_lend(*spares, size); best != spares->end())
+          bytes = std::move(*best), spares->erase(best);
         bytes.resize(size);
       }
       lent_buffer(const lent_buffer&) = delete;
