@@ -44,6 +44,22 @@ class counting_inproc {
 static_assert(gw::concepts::multiplexing_transport<counting_inproc>);
 }  // namespace
 
+TEST_CASE("aggregation::parameter_server says how many servers it has and which ranks serve, standbys last") {
+  // What a program reads to split its ranks (examples/fashion_mnist: workers = size - servers()).
+  for (const bool standby : {false, true}) {
+    CAPTURE(standby);
+    gw::ps::options o;
+    o.servers = 3;
+    o.standby = standby;
+    const gw::aggregation::parameter_server<gw::ps::async> policy(o);
+    CHECK(policy.servers() == 3);
+    CHECK(policy.options().servers == 3);
+    const int size = 10, serving = standby ? 6 : 3;  // the servers, then as many standbys
+    CHECK(policy.first_server(size) == size - serving);
+    for (int r = 0; r < size; ++r) CHECK(policy.is_server(r, size) == (r >= size - serving));
+  }
+}
+
 TEST_CASE("parameter_server agent pushes a server's shard as soon as that shard's tensors are ready") {
   // One worker, two servers, two tensors that stay whole: each server holds one of them.
   using policy = gw::aggregation::parameter_server<gw::ps::sync>;

@@ -963,6 +963,23 @@ TEST_CASE("only a wait for another receive of that peer takes its parked message
   }
 }
 
+TEST_CASE("a link lost while the rank flushes its abort counts as dead at once: the flush does not wait for its write",
+          "[tcp][wait]") {
+  // abort_all lets writes in flight finish (up to 200 ms) so that the abort frame can follow
+  // them, and meanwhile closes nothing. A peer's bad frame read then loses that link: it
+  // must stop counting as a live link with a write in flight (the flush waits for those),
+  // though failing everything waits for the abort itself.
+  auto e = unjoined_engine(0, 3, {1, 2});
+  auto& link = *e->links[1];
+  link.writing = true;
+  e->aborting = true;
+  e->lose(link, errc::protocol, "rank 1 sent a malformed status frame");
+  CHECK_FALSE(link.alive);
+  CHECK(e->links[2]->alive);
+  CHECK_FALSE(e->failed.has_value());  // failing the rank is abort_all's, after the flush
+  e->aborting = false;
+}
+
 TEST_CASE("a waiting rank tells its peers what it waits for only near its stall warning: a shorter wait says nothing",
           "[tcp][stall]") {
   // Rank 1 waits for rank 2 with a 10 s warning (it would tell at 7.5 s); rank 0 waits for
