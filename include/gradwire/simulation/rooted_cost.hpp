@@ -70,13 +70,11 @@ inline schedule reduce_schedule(const cluster_model& c, std::size_t elements, in
   return tree ? tree_reduce_schedule(c, elements, root, o) : scatter_gather_reduce_schedule(c, elements, root, o);
 }
 
-// collective::reduce's time onto `root`.
+// collective::reduce's time onto `root`: its schedule's, message by message (pricing the
+// scatter-gather's ring steps apart, as a closed ring recursion, was 0.5% over the
+// simulator on 2 hosts of 4 ranks, where the schedule is within 0.02%).
 inline double reduce_seconds(const cluster_model& c, std::size_t elements, int root = 0, const cost_options& o = {}) {
-  const schedule s = reduce_schedule(c, elements, root, o);
-  const int n = c.size();
-  if (n <= 2 || elements * o.element_bytes < o.collective.small_all_reduce_bytes) return schedule_seconds(c, s);
-  const double part = longest_chunk_bytes(elements, static_cast<std::size_t>(n), o.element_bytes);
-  return ring_steps_seconds(c, n - 1, part, o) + round_seconds(c, s.runs.back().messages);
+  return schedule_seconds(c, reduce_schedule(c, elements, root, o));
 }
 
 // Binomial broadcast (broadcast.hpp): each rank, as soon as it has the buffer, sends it to
