@@ -37,6 +37,11 @@
 //       whose 32-bit words are a pattern of their index; rank 0 checks every word. Both
 //       ranks then check that a message of 2 GiB + 2 bytes (not a multiple of 4) is refused
 //       with invalid_argument before it is posted. Prints "rank R: PASS large-message".
+//   mpi_runtime_worker drop-send             (2 ranks)
+//       Rank 0 posts a 16 MiB send to rank 1 (tag 4246), which has posted no receive, and
+//       drops it: the drop must hand the send to MPI at once (MPI_Request_free), not test it
+//       until it completes (every MPI_Test is counted through the profiling interface).
+//       Rank 1 then receives the message whole. Prints "rank R: PASS drop-send".
 // A worker, not a Catch2 test: it checks its all-reduces against references itself (exit 1
 // with "FAIL ..."), and test_mpi.py asserts the errc, the words and the times it prints.
 #include <gradwire/gradwire.hpp>
@@ -50,6 +55,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +81,14 @@ extern "C" int MPI_Imrecv(void* buf, int count, MPI_Datatype type, MPI_Message* 
   }
   if (static_cast<long long>(count) * type_size == arriving_bytes) ++large_imrecvs;
   return PMPI_Imrecv(buf, count, type, message, request);
+}
+
+// drop-send: MPI_Test calls made by this process.
+std::atomic<long> mpi_tests{0};
+
+extern "C" int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
+  ++mpi_tests;
+  return PMPI_Test(request, flag, status);
 }
 
 // comm-freed: the communicators the program duplicated and freed, in order.
@@ -332,6 +346,34 @@ int large_message() {
   return 0;
 }
 
+// A dropped send never blocks the caller: MPI cannot cancel it, so it is handed to MPI,
+// which delivers it when the receiver comes (the caller keeps the buffer until then).
+int drop_send() {
+  auto comm = two_ranks("drop-send");
+  checked_all_reduce(comm);
+  const auto within = [] { return gw::deadline_after(std::chrono::seconds(60)); };
+  std::vector<std::byte> large(std::size_t{16} << 20, std::byte{0x5A});
+  if (my_rank == 0) {
+    std::optional<gw::transport::mpi::request> sent(comm.transport().async_send(1, 4246, large));
+    const long before = mpi_tests;
+    sent.reset();  // rank 1 has posted no receive: the send cannot have completed
+    if (const long tested = mpi_tests - before; tested != 0)
+      fail("dropping a send that had not completed tested it " + std::to_string(tested) +
+           " times, waiting for it, instead of handing it to MPI");
+  }
+  col::barrier(comm);  // only now does rank 1 receive
+  if (my_rank == 1) {
+    std::fill(large.begin(), large.end(), std::byte{0});
+    auto received = comm.transport().async_recv(0, 4246, large);
+    comm.transport().wait(received, within());
+    const auto wrong = std::count_if(large.begin(), large.end(), [](std::byte b) { return b != std::byte{0x5A}; });
+    if (wrong != 0) fail(std::to_string(wrong) + " bytes of the dropped send arrived wrong");
+  }
+  col::barrier(comm);  // rank 0 keeps its buffer until rank 1 has the message
+  say("PASS drop-send");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,9 +386,10 @@ int main(int argc, char** argv) {
     if (mode == "drop-arriving") return drop_arriving();
     if (mode == "comm-freed") return comm_freed();
     if (mode == "large-message") return large_message();
+    if (mode == "drop-send") return drop_send();
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR | imrecv-fails | drop-arriving | comm-freed | large-message\n");
+  std::fprintf(stderr, "usage: mpi_runtime_worker thread-level single|funneled|serialized|multiple | recovery DIR | imrecv-fails | drop-arriving | comm-freed | large-message | drop-send\n");
   return 2;
 }

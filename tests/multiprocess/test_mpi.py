@@ -262,6 +262,16 @@ class Runtime(unittest.TestCase):
         for r in (0, 1):
             self.assertEqual(lines.get(r, []), ["PASS large-message"], out)
 
+    def test_a_dropped_send_is_handed_to_mpi_at_once_and_still_delivered(self):
+        # MPI cannot cancel a send: dropping one that has not completed (16 MiB, no receive
+        # posted) frees its request at once, without waiting for it (no MPI_Test, counted
+        # through the profiling interface), and the receiver still gets it whole later.
+        status, lines, _, out = run(2, RUNTIME_WORKER, "drop-send", bound=120)
+        self.assertEqual(status, 0, out)
+        self.assertNotIn("FAIL", out)
+        for r in (0, 1):
+            self.assertEqual(lines.get(r, []), ["PASS drop-send"], out)
+
     def test_killed_rank_under_enable_recovery_is_a_timeout_over_shared_memory(self):
         self.killed_under_recovery(mca=[])
 
