@@ -9,10 +9,12 @@
 #include <gradwire/transport/any.hpp>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "parameter_server_support.hpp"
+#include "support/errors.hpp"
 
 using gradwire::test::is_error;
 using namespace gradwire::test::parameter_server_support;
@@ -58,6 +60,36 @@ TEST_CASE("aggregation::parameter_server says how many servers it has and which 
     CHECK(policy.first_server(size) == size - serving);
     for (int r = 0; r < size; ++r) CHECK(policy.is_server(r, size) == (r >= size - serving));
   }
+}
+
+TEST_CASE("a standby's acknowledgement is taken only for the next update sent, at the version it took the server to") {
+  // The server has sent 5 updates to its standby, which acknowledged 3: the next
+  // acknowledgement must be of update 4, at version 40 (what update 4 took the server to).
+  // A sync server answers pulls up to the version acknowledged, so taking any other would
+  // answer pulls for a version the standby does not have (a failover would lose it).
+  namespace ps = gw::ps::detail;
+  const auto decode = [](const ps::replica_ack& a, std::uint64_t acked, std::uint64_t replicated) {
+    return ps::decode_replica_ack(ps::bytes_of(a), 3, 7, acked, replicated, 40);
+  };
+  const ps::replica_ack next = decode({40, 4}, 3, 5);
+  CHECK((next.version == 40 && next.updates == 4));
+  for (const auto& [ack, acked, replicated] :
+       {std::tuple{ps::replica_ack{40, 5}, 3u, 5u},    // a later update than the next
+        std::tuple{ps::replica_ack{40, 3}, 3u, 5u},    // the one acknowledged already
+        std::tuple{ps::replica_ack{41, 4}, 3u, 5u},    // another version
+        std::tuple{ps::replica_ack{40, 4}, 3u, 3u},    // nothing sent is unacknowledged
+        std::tuple{ps::replica_ack{40, 4}, 4u, 3u}}) {  // more acknowledged than sent
+    CAPTURE(ack.version, ack.updates, acked, replicated);
+    const auto [kind, what] = gw::testing::error_of([&] { (void)decode(ack, acked, replicated); });
+    CHECK(kind == gw::errc::protocol);
+    CHECK_THAT(what, Catch::Contains("parameter server rank 3: standby rank 7 acknowledged update " +
+                                     std::to_string(ack.updates) + " at version " + std::to_string(ack.version)));
+    CHECK_THAT(what, Catch::Contains("expected update " + std::to_string(acked + 1) + " of " + std::to_string(replicated)));
+  }
+  const std::vector<std::byte> short_message(sizeof(ps::replica_ack) - 1);
+  const auto [kind, what] = gw::testing::error_of([&] { (void)ps::decode_replica_ack(short_message, 3, 7, 3, 5, 40); });
+  CHECK(kind == gw::errc::protocol);
+  CHECK_THAT(what, Catch::Contains("in a 15-byte message"));
 }
 
 TEST_CASE("parameter_server agent pushes a server's shard as soon as that shard's tensors are ready") {
