@@ -303,6 +303,28 @@ TEST_CASE("timeline: a file gone by the time it is written is reported with the 
   CHECK_FALSE(std::filesystem::exists(dir));
 }
 
+TEST_CASE("timeline: control characters in an event's texts are written as JSON escapes, quotes and backslashes escaped") {
+  // A text with a tab, a newline, a quote and a backslash must come back from the file as
+  // JSON that a trace viewer parses: \u0009, \u000a, \" and \\ (raw control characters are
+  // not allowed inside a JSON string).
+  auto& timeline = gw::observe::timeline::global();
+  const auto path =
+      std::filesystem::temp_directory_path() / ("gradwire-test-timeline-escapes-" + std::to_string(::getpid()) + ".json");
+  timeline.start(path);
+  gw::observe::trace_event event;
+  event.name = "step";
+  event.begin_ns = timeline.now_ns();
+  event.duration_ns = 1000;
+  event.args[0] = {"activity", "a\tb\nc\"d\\e", 0};
+  timeline.record(event);
+  timeline.stop();
+  REQUIRE(timeline.write());
+  const std::string written = read_file(path);
+  CHECK_THAT(written, Catch::Contains("\"activity\":\"a\\u0009b\\u000ac\\\"d\\\\e\""));
+  CHECK(written.find('\t') == std::string::npos);
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("timeline: each step event carries its step number, 1 for the first step, in order") {
   // Step numbers on the timeline are 1-based (the first step is step 1), as the step
   // counters and GRADWIRE_LOG count them: a trace viewer's "step 3" is the third step.
