@@ -154,6 +154,10 @@ TEST_CASE("cluster models parse from key=value text and refuse what they cannot 
   config_error("jitter=nan", "jitter=nan");
   config_error("bandwidth=infGB", "finite rate");
   config_error("latency=1e300s", "0 to 100 years");
+  // The tail's cap is a slowdown factor: below 1 it would speed a straggler up.
+  config_error("tail=0.1:1.5:0.5", "cap >= 1");
+  config_error("tail=0.1:1.5:0", "cap >= 1");
+  CHECK(sim::parse_cluster_model("tail=0.1:1.5:1").stragglers.tail_cap == 1);  // no slowdown at all: allowed
   REQUIRE_THROWS_AS(sim::compute(-5ms), gw::error);
 }
 
