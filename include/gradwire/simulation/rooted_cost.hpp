@@ -44,8 +44,8 @@ inline schedule tree_reduce_schedule(const cluster_model& c, std::size_t element
 }
 
 // Scatter-gather reduce (reduce.hpp, large buffers): the ring's reduce-scatter (N - 1
-// rounds of one part, priced as ring_steps_seconds prices them) and then every rank sends
-// its reduced part to the root, whose ingress takes (N - 1) / N of the buffer in one round.
+// rounds of one part, each rank to its right neighbour) and then every rank sends its
+// reduced part to the root, whose ingress takes (N - 1) / N of the buffer in one round.
 inline schedule scatter_gather_reduce_schedule(const cluster_model& c, std::size_t elements, int root = 0,
                                                const cost_options& o = {}) {
   const int n = c.size();
