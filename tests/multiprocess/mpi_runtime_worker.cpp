@@ -127,6 +127,9 @@ void say(const std::string& line) {
 
 std::string kind_name(gw::errc e) { return gw::make_error_code(e).message(); }
 
+// The deadline of a wait in these scenarios: long enough that only a hang reaches it.
+gw::deadline within(std::chrono::seconds patience = std::chrono::seconds(60)) { return gw::deadline_after(patience); }
+
 // All-reduce of rank-dependent values, compared with the sum computed here.
 void checked_all_reduce(col::communicator<gw::transport::mpi>& comm) {
   const int n = comm.size();
@@ -231,12 +234,12 @@ int imrecv_fails() {
   std::vector<std::byte> data(12345, std::byte{7});
   if (my_rank == 1) {
     auto sent = comm.transport().async_send(0, 4242, data);
-    comm.transport().wait(sent, gw::deadline_after(std::chrono::seconds(60)));
+    comm.transport().wait(sent, within());
   } else {
     fail_next_imrecv = true;
     auto received = comm.transport().async_recv(1, 4242, data);
     try {
-      comm.transport().wait(received, gw::deadline_after(std::chrono::seconds(60)));
+      comm.transport().wait(received, within());
       fail("the receive completed although its MPI_Imrecv failed");
     } catch (const gw::error& e) {
       say("EXPECTED " + kind_name(e.kind()) + ": " + e.what());
@@ -257,7 +260,6 @@ int imrecv_fails() {
 int drop_arriving() {
   auto comm = two_ranks("drop-arriving");
   checked_all_reduce(comm);
-  const auto within = [] { return gw::deadline_after(std::chrono::seconds(60)); };
   std::vector<std::byte> large(static_cast<std::size_t>(arriving_bytes), std::byte{0x5A});
   std::vector<std::byte> small(8, std::byte{0x5A});
   if (my_rank == 1) {
@@ -317,15 +319,14 @@ int large_message() {
   const std::size_t words = (std::size_t{1} << 29) + 2;  // 2 GiB + 8 bytes
   const auto pattern = [](std::size_t i) { return static_cast<std::uint32_t>(i * 2654435761u + 12345u); };
   std::vector<std::uint32_t> data(words);
-  const auto within = [] { return gw::deadline_after(std::chrono::seconds(120)); };
   const auto bytes = std::as_writable_bytes(std::span<std::uint32_t>(data));
   if (my_rank == 1) {
     for (std::size_t i = 0; i < words; ++i) data[i] = pattern(i);
     auto sent = comm.transport().async_send(0, 4244, bytes);
-    comm.transport().wait(sent, within());
+    comm.transport().wait(sent, within(std::chrono::seconds(120)));
   } else {
     auto received = comm.transport().async_recv(1, 4244, bytes);
-    comm.transport().wait(received, within());
+    comm.transport().wait(received, within(std::chrono::seconds(120)));
     for (std::size_t i = 0; i < words; ++i)
       if (data[i] != pattern(i))
         fail("word " + std::to_string(i) + " of the 2 GiB message is " + std::to_string(data[i]) + ", sent " +
@@ -351,7 +352,6 @@ int large_message() {
 int drop_send() {
   auto comm = two_ranks("drop-send");
   checked_all_reduce(comm);
-  const auto within = [] { return gw::deadline_after(std::chrono::seconds(60)); };
   std::vector<std::byte> large(std::size_t{16} << 20, std::byte{0x5A});
   if (my_rank == 0) {
     std::optional<gw::transport::mpi::request> sent(comm.transport().async_send(1, 4246, large));

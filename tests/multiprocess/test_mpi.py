@@ -144,6 +144,14 @@ class Runtime(unittest.TestCase):
             self.assertEqual(lines.get(r, [])[:1], [f"provided {self.LEVELS[level]}"], out)  # what MPI_Query_thread says
         return [lines[r][1:] for r in range(2)], out
 
+    def passes(self, mode, bound=120, mca=(), passed=None):
+        """Runs mpi_runtime_worker MODE on 2 ranks; each must print only its PASS line."""
+        status, lines, _, out = run(2, RUNTIME_WORKER, mode, mca=mca, bound=bound)
+        self.assertEqual(status, 0, out)
+        self.assertNotIn("FAIL", out)
+        for r in (0, 1):
+            self.assertEqual(lines.get(r, []), [passed or f"PASS {mode}"], out)
+
     def test_mpi_initialised_funneled_or_single_is_refused_naming_both_levels(self):
         # docs/transports.md: "an MPI initialised with FUNNELED or SINGLE is refused with a
         # config error that says what to call instead".
@@ -236,41 +244,25 @@ class Runtime(unittest.TestCase):
         # The receive's 16 MiB are matched and still arriving when rank 0 drops it (over
         # OpenMPI's TCP, where a large message moves only as both ranks progress): the drop
         # lets it finish, so the buffer the caller then reuses is never written again.
-        status, lines, _, out = run(2, RUNTIME_WORKER, "drop-arriving", mca=[("btl", "self,tcp")], bound=120)
-        self.assertEqual(status, 0, out)
-        self.assertNotIn("FAIL", out)
-        for r in (0, 1):
-            self.assertEqual(lines.get(r, []), ["PASS drop-arriving"], out)
+        self.passes("drop-arriving", mca=[("btl", "self,tcp")])
 
     def test_each_transport_frees_the_communicator_it_duplicated(self):
         # A program that builds transport::mpi once per phase must not leak a communicator
         # each time: the worker counts MPI_Comm_idup and MPI_Comm_free (profiling interface)
         # over three transports, each destroyed before the next is built.
-        status, lines, _, out = run(2, RUNTIME_WORKER, "comm-freed", bound=120)
-        self.assertEqual(status, 0, out)
-        self.assertNotIn("FAIL", out)
-        for r in (0, 1):
-            self.assertEqual(lines.get(r, []), ["PASS comm-freed 3 of 3"], out)
+        self.passes("comm-freed", passed="PASS comm-freed 3 of 3")
 
     def test_a_message_above_2_gib_arrives_whole_and_an_uncountable_one_is_refused(self):
         # MPI counts are ints: above 2 GiB the transport sends in 4-byte units. Rank 0 checks
         # every word of 2 GiB + 8 bytes against the pattern rank 1 wrote; 2 GiB + 2 bytes is
         # refused with invalid_argument naming the size.
-        status, lines, _, out = run(2, RUNTIME_WORKER, "large-message", bound=240)
-        self.assertEqual(status, 0, out)
-        self.assertNotIn("FAIL", out)
-        for r in (0, 1):
-            self.assertEqual(lines.get(r, []), ["PASS large-message"], out)
+        self.passes("large-message", bound=240)
 
     def test_a_dropped_send_is_handed_to_mpi_at_once_and_still_delivered(self):
         # MPI cannot cancel a send: dropping one that has not completed (16 MiB, no receive
         # posted) frees its request at once, without waiting for it (no MPI_Test, counted
         # through the profiling interface), and the receiver still gets it whole later.
-        status, lines, _, out = run(2, RUNTIME_WORKER, "drop-send", bound=120)
-        self.assertEqual(status, 0, out)
-        self.assertNotIn("FAIL", out)
-        for r in (0, 1):
-            self.assertEqual(lines.get(r, []), ["PASS drop-send"], out)
+        self.passes("drop-send")
 
     def test_killed_rank_under_enable_recovery_is_a_timeout_over_shared_memory(self):
         self.killed_under_recovery(mca=[])
