@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -639,5 +640,39 @@ TEST_CASE("ucx refuses a tag at or above 2^48 - 1 with invalid_argument naming i
   t.wait(s, until);
   t.wait(r, until);
   REQUIRE(in == out);
+}
+
+TEST_CASE("ucx: a rank that publishes its address but never answers the greeting is named by the join's timeout",
+          "[transport][bad_input][ucx]") {
+  // Rank 1 of 2 is played by the test: through the store it publishes, as its own, the address
+  // rank 0 published (a real UCX worker, so rank 0's endpoint and greeting go out) and a host
+  // identity, and never greets. Rank 0's greeting phase is then all that waits: its timeout
+  // names rank 1 (the list the user reads), not only the deadline. (UCX warns at exit that the
+  // greeting rank 0 sent to "rank 1", itself, was never matched.)
+  const std::string token = "publishes-never-greets";
+  gw::rendezvous::store_server store("127.0.0.1", 0, token);
+  gw::transport::ucx_options o;
+  o.rank = 0;
+  o.size = 2;
+  o.job_token = token;
+  o.store_port = store.port();
+  o.serve_store = false;
+  o.connect_timeout = std::chrono::milliseconds(1500);
+  std::optional<std::pair<gw::errc, std::string>> failure;  // read after the join below
+  std::jthread rank0([&] {  // joined below, or on the way out of a failed REQUIRE
+    try {
+      gw::transport::ucx t(o);
+    } catch (const gw::error& e) {
+      failure.emplace(e.kind(), e.what());
+    }
+  });
+  gw::rendezvous::store_client rank1("127.0.0.1", store.port(), token, std::chrono::seconds(10));
+  rank1.set(o.store_prefix + "1", rank1.get(o.store_prefix + "0"));
+  rank1.set(o.store_prefix + "host/1", std::string("elsewhere\nelsewhere"));
+  rank0.join();
+  REQUIRE(failure);
+  CAPTURE(failure->second);
+  REQUIRE(failure->first == gw::errc::timeout);
+  REQUIRE_THAT(failure->second, Contains("rank 0: ranks 1 did not connect within 1500 ms"));
 }
 #endif
