@@ -131,7 +131,7 @@ TEST_CASE("per_peer refuses an Intra that does not span this rank's host") {
                                      "transport is rank 0 of 3: join it among the host's ranks only"));
   // The right size, numbered otherwise than by local rank, either way round: refused too.
   gw::transport::inproc_group host0(2);
-  for (const auto [rank, intra_rank] : {std::pair{1, 0}, std::pair{0, 1}}) {
+  for (const auto& [rank, intra_rank] : {std::pair{1, 0}, std::pair{0, 1}}) {
     CAPTURE(rank, intra_rank);
     const auto [k, w] = gw::testing::error_of([&] { pair_type(host0.endpoint(intra_rank), inter.endpoint(rank), hosts); });
     REQUIRE(k == gw::errc::config);

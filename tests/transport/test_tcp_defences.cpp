@@ -909,6 +909,48 @@ TEST_CASE("a status frame naming a rank outside the job is refused as malformed,
   }
 }
 
+TEST_CASE("a replacement process whose peers never answer its hello is not linked to them: an operation with one "
+          "fails with peer_lost saying so",
+          "[tcp][rejoin]") {
+  // A job of 3 ranks; ranks 0 and 2 stay outside gradwire (as if stopped), so nobody answers
+  // the hello of rank 1's replacement (GRADWIRE_REJOIN=1), which dials both. Its join gives
+  // up on them at its deadline and goes on without them: a send to either is a clear
+  // peer_lost naming the unanswered hello, never a link nobody made.
+  event replaced;
+  std::optional<gw::error> to0, to2;
+  const std::vector<std::byte> word(4);
+  const std::uint16_t port = free_port();
+  auto stopped = [&](asio_tcp&) { replaced.await("the replacement's sends"); };
+  run_ranks({stopped,
+             [&](asio_tcp&) {
+               asio_tcp_options o;
+               o.rank = 1;
+               o.size = 3;
+               o.job_token = job_token;
+               o.store_port = port;
+               o.rejoin = true;
+               o.connect_timeout = 1500ms;  // the hello's wait ends here, well inside `patience`
+               try {
+                 asio_tcp replacement(o);
+                 to0 = failure_of([&] { auto s = replacement.async_send(0, 5, word); finish(replacement, s); });
+                 to2 = failure_of([&] { auto s = replacement.async_send(2, 5, word); finish(replacement, s); });
+               } catch (...) {
+                 replaced.raise();
+                 throw;
+               }
+               replaced.raise();
+             },
+             stopped},
+            [&](int, asio_tcp_options& o) { o.store_port = port; });
+  for (auto [peer, failure] : {std::pair{0, &to0}, std::pair{2, &to2}}) {
+    CAPTURE(peer);
+    REQUIRE(failure->has_value());
+    CHECK_THAT(**failure, is_error(errc::peer_lost, {"rank 1 (a replacement process, GRADWIRE_REJOIN=1) is not linked "
+                                                     "to rank " + std::to_string(peer) +
+                                                     ": it did not answer the hello in time"}));
+  }
+}
+
 // --- before a wait sleeps: the hot-poll window and parked messages ----------------------
 
 TEST_CASE("a hot-poll window that the answer missed closes the spin gate, and one it came in opens it again", "[tcp][wait]") {
