@@ -951,6 +951,40 @@ TEST_CASE("a replacement process whose peers never answer its hello is not linke
   }
 }
 
+TEST_CASE("an early_bytes below the 64 KiB frame buffer still gets a link's early buffer of 64 KiB: large messages "
+          "arrive whole, parked or not",
+          "[tcp][receive]") {
+  // A frame too large for the frame buffer leaves what one read took of it in the early
+  // buffer, whatever early_bytes says (0: no read-ahead): so that buffer is never smaller
+  // than the frame buffer. 300 KiB + 12 bytes (past eager_bytes) from rank 1, received by
+  // rank 0 after the sender is done (parked, its head read ahead; the kernel's socket
+  // buffers hold the rest), and the same received as it arrives.
+  for (const std::size_t early : {std::size_t{0}, std::size_t{16}, std::size_t{1} << 20}) {
+    CAPTURE(early);
+    std::vector<float> sent(300 * 1024 / 4 + 3);
+    for (std::size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<float>(i % 100003) + 0.25f;
+    std::vector<float> parked(sent.size()), posted(sent.size());
+    event sent_parked;
+    run_ranks({[&](asio_tcp& t) {
+                 auto p = t.async_recv(1, 8, std::as_writable_bytes(std::span(posted)));
+                 sent_parked.await("rank 1's send");
+                 auto r = t.async_recv(1, 7, std::as_writable_bytes(std::span(parked)));
+                 finish(t, r);
+                 finish(t, p);
+               },
+               [&](asio_tcp& t) {
+                 auto s = t.async_send(0, 7, std::as_bytes(std::span(sent)));
+                 finish(t, s);
+                 sent_parked.raise();
+                 auto q = t.async_send(0, 8, std::as_bytes(std::span(sent)));
+                 finish(t, q);
+               }},
+              [&](int, asio_tcp_options& o) { o.early_bytes = early; });
+    CHECK(parked == sent);
+    CHECK(posted == sent);
+  }
+}
+
 // --- before a wait sleeps: the hot-poll window and parked messages ----------------------
 
 TEST_CASE("a hot-poll window that the answer missed closes the spin gate, and one it came in opens it again", "[tcp][wait]") {
