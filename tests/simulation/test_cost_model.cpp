@@ -344,6 +344,13 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   CHECK(local.compute == Approx(step));
   CHECK_FALSE(local.synchronous);
   CHECK(costs.local_sgd(1).synchronous);
+  // A period below 1 step means nothing (it would divide by zero): refused, as averaging<> does.
+  for (const int bad : {0, -1}) {
+    CAPTURE(bad);
+    const auto [kind, what] = gw::testing::error_of([&] { (void)costs.local_sgd(bad); });
+    CHECK(kind == gw::errc::invalid_argument);
+    CHECK_THAT(what, Catch::Matchers::Contains("local SGD: the period must be >= 1 step, got " + std::to_string(bad)));
+  }
 
   // Central storage: on 2 ranks the tree reduce is one message, the broadcast one message.
   const auto central = costs.central_storage();
