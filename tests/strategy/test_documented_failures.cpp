@@ -7,6 +7,7 @@
 // message that name the rank, the operation and the sizes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -404,6 +405,47 @@ std::string unanswered_message(std::uint16_t port) {
          gw::support::address_text("127.0.0.1", port) + " before the deadline: is it running, and is the address right?";
 }
 }  // namespace
+
+TEST_CASE("rendezvous: add starts an unset key at 0 and returns each new total, every add of concurrent clients "
+          "counted once") {
+  gw::rendezvous::store_server server("127.0.0.1", 0, store_token);
+  gw::rendezvous::store_client client("127.0.0.1", server.port(), store_token, patience);
+  REQUIRE(client.add("gradwire/count", 5) == 5);
+  REQUIRE(client.add("gradwire/count", -7) == -2);
+  REQUIRE(client.add("gradwire/unset", 0) == 0);
+  // 4 clients on their own threads add 1, 2, ..., 50 each: the totals they are told are
+  // all different (each add is atomic) and the last is the serial sum.
+  constexpr int clients = 4, adds = 50;
+  std::vector<std::vector<std::int64_t>> told(clients);
+  std::vector<std::exception_ptr> errors(clients);
+  {
+    std::vector<std::jthread> threads;
+    for (int c = 0; c < clients; ++c)
+      threads.emplace_back([&, c] {
+        try {
+          gw::rendezvous::store_client mine("127.0.0.1", server.port(), store_token, patience);
+          for (int i = 1; i <= adds; ++i) told[c].push_back(mine.add("gradwire/count", i));
+        } catch (...) {
+          errors[c] = std::current_exception();
+        }
+      });
+  }
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  const std::int64_t total = -2 + clients * (adds * (adds + 1) / 2);
+  std::vector<std::int64_t> all;
+  for (const auto& t : told) all.insert(all.end(), t.begin(), t.end());
+  std::sort(all.begin(), all.end());
+  REQUIRE(std::adjacent_find(all.begin(), all.end()) == all.end());
+  REQUIRE(all.back() == total);
+  REQUIRE(client.add("gradwire/count", 0) == total);
+  // A get reads the total as the 8 bytes of an int64.
+  const auto bytes = client.get("gradwire/count");
+  REQUIRE(bytes.size() == 8);
+  std::int64_t read = 0;
+  std::memcpy(&read, bytes.data(), 8);
+  REQUIRE(read == total);
+}
 
 TEST_CASE("rendezvous: a store host that never answers the connection is a timeout at the deadline, naming it and what to check") {
   const unanswering_listener store;

@@ -372,17 +372,20 @@ std::size_t read_within_patience(int fd, std::span<std::byte> bytes) {
 // 2-rank job, with its own token's hash.
 class stranger {
  public:
-  explicit stranger(const std::pair<std::string, std::uint16_t>& address) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+  // Says hello as rank `source` of a job of 2 with `token`'s hash.
+  explicit stranger(const std::pair<std::string, std::uint16_t>& address, const std::string& token = foreign_token,
+                    std::uint32_t source = 1)
+      : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
     sockaddr_in to{};
     to.sin_family = AF_INET;
     to.sin_port = htons(address.second);
     ::inet_pton(AF_INET, address.first.c_str(), &to.sin_addr);
     if (fd_ < 0 || ::connect(fd_, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0)
-      throw std::runtime_error("the stranger could not connect to rank 0");
+      throw std::runtime_error("the stranger could not connect to " + address.first + ":" + std::to_string(address.second));
     wire::frame_header hello;
     hello.kind = wire::frame_kind::hello;
-    hello.token_hash = wire::token_hash(foreign_token);
-    hello.source = 1;
+    hello.token_hash = wire::token_hash(token);
+    hello.source = source;
     hello.tag = 2;  // the world size
     const auto bytes = wire::encode(hello);
     if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))
@@ -450,6 +453,52 @@ TEST_CASE("a stranger with another job's token is refused during the join and it
     wrong += (results[0][i] != want) + (results[1][i] != want);
   }
   CHECK(wrong == 0);
+}
+
+TEST_CASE("a process of the job that dials a rank it may not (itself, a lower rank, a rank outside the job) is "
+          "refused naming both ranks, and the job still joins and all-reduces correctly",
+          "[tcp][defences][join]") {
+  // Only a higher rank dials a lower one. Rank 1 listens while it joins (its dial to rank 0
+  // is held at the proxy); hellos with the job's token claiming to come from rank 1 itself,
+  // rank 0 and rank 2 of 2 must each be refused, and the job then joins as if none came.
+  const std::size_t count = 4099;
+  std::vector<std::vector<float>> results(2);
+  auto reduce = [&](int rank) {
+    return [&, rank](asio_tcp& t) {
+      gw::collective::communicator comm(std::move(t), {.timeout = patience});
+      results[rank].assign(count, 0.0f);
+      for (std::size_t i = 0; i < count; ++i) results[rank][i] = static_cast<float>((rank + 1) * (i % 1000));
+      gw::collective::all_reduce(comm, std::span(results[rank]));
+    };
+  };
+  two_ranks job;
+  std::vector<std::pair<std::uint32_t, std::string>> refused;
+  job.run_through_proxy({}, reduce(0), reduce(1), true, [&] {
+    gw::rendezvous::store_client store("127.0.0.1", job.options(0).store_port, job_token, patience);
+    const auto rank1 = gw::support::split_address(store.get_string("gradwire/tcp/1"), "rank 1's address");
+    for (const std::uint32_t claimed : {1u, 0u, 2u}) {
+      stranger s(rank1, job_token, claimed);
+      wire::header_bytes reply;
+      REQUIRE(read_within_patience(s.fd(), reply) == reply.size());
+      const auto answer = wire::decode(reply, wire::token_hash(job_token), "rank 1");
+      REQUIRE(answer.kind == wire::frame_kind::refuse);
+      REQUIRE(answer.length < 4096);
+      std::string reason(static_cast<std::size_t>(answer.length), '\0');
+      REQUIRE(read_within_patience(s.fd(), std::as_writable_bytes(std::span(reason.data(), reason.size()))) ==
+              reason.size());
+      refused.emplace_back(claimed, reason);
+    }
+  });
+  REQUIRE(refused.size() == 3);
+  for (const auto& [claimed, reason] : refused) {
+    CAPTURE(claimed);
+    CHECK(reason == "rank " + std::to_string(claimed) + " cannot dial rank 1 (out of range or already connected)");
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    CAPTURE(i);
+    REQUIRE(results[0][i] == static_cast<float>(3 * (i % 1000)));
+    REQUIRE(results[1][i] == results[0][i]);
+  }
 }
 
 TEST_CASE("a data frame with another job's token, injected into an established link, fails the receive with auth "
