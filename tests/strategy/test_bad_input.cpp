@@ -145,6 +145,13 @@ TEST_CASE("ranks that build different models all get a mismatch at construction,
       {"same element count, other shape", {{2, 3}, {7}}, {{3, 2}, {7}},
        {"tensor 0 is [2, 3] on rank 0, [3, 2] on rank 1"}},
       {"another order", {{7}, {2, 3}}, {{2, 3}, {7}}, {"tensor 0 is [7] on rank 0, [2, 3] on rank 1"}},
+      // Past 8 tensors a model is named by its first 8 shapes and how many more it has.
+      {"11 tensors, the last differs",
+       {{1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}},
+       {{1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {12}},
+       {"rank 0 has 11 tensors of f32, 66 elements: [1], [2], [3], [4], [5], [6], [7], [8], ... (3 more)",
+        "rank 1 has 11 tensors of f32, 67 elements: [1], [2], [3], [4], [5], [6], [7], [8], ... (3 more)",
+        "tensor 10 is [11] on rank 0, [12] on rank 1"}},
   };
   for (const auto kind : every_aggregation)
     for (const auto& c : cases) {
@@ -640,6 +647,37 @@ TEST_CASE("ucx refuses a tag at or above 2^48 - 1 with invalid_argument naming i
   t.wait(s, until);
   t.wait(r, until);
   REQUIRE(in == out);
+}
+
+TEST_CASE("ucx: a receive from a peer that said goodbye stays open for a grace, for a message still on the way, "
+          "then fails naming the finished peer",
+          "[transport][ucx]") {
+  // An engine read by hand: one rank, its own peer. The peer's goodbye comes after it
+  // flushed what it sent, but a message in the middle of a rendezvous cannot be told from
+  // one that never comes, so the receive waits out a grace (1 s) before it fails.
+  namespace ud = gw::transport::detail;
+  gw::transport::ucx_options o;
+  o.rank = 0;
+  o.size = 1;
+  ud::ucx_engine e(o);
+  e.join();
+  std::vector<std::byte> in(8);
+  auto receive = e.make_op(false, 0, 5, in.data(), in.size());
+  e.post_recv(*receive);
+  const auto said = std::chrono::steady_clock::now();
+  e.on_goodbye(0);
+  REQUIRE(e.peers[0].drained_at);
+  CHECK(*e.peers[0].drained_at > said);
+  CHECK(*e.peers[0].drained_at <= std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  e.peers[0].drained_at = gw::deadline_after(std::chrono::seconds(60));  // the grace, without a clock race
+  e.handle_events();
+  CHECK(receive->state == ud::op_status::active);
+  e.peers[0].drained_at = gw::deadline_after(std::chrono::milliseconds(0));  // it has run out
+  e.handle_events();
+  REQUIRE(receive->state == ud::op_status::done);
+  CHECK(receive->failure == gw::errc::peer_lost);
+  CHECK_THAT(receive->message, Contains("rank 0: rank 0 has finished (said goodbye) and will send nothing more"));
+  e.forget(*receive);
 }
 
 TEST_CASE("ucx: a rank that publishes its address but never answers the greeting is named by the join's timeout",
