@@ -680,6 +680,28 @@ TEST_CASE("ucx: a receive from a peer that said goodbye stays open for a grace, 
   e.forget(*receive);
 }
 
+TEST_CASE("ucx: an operation UCX failed without a reason is described by the rank's failure once the rank has "
+          "failed, else by its peer's loss, else as itself",
+          "[transport][ucx]") {
+  // A send UCX completes with an error status gets no text of its own (send.ipp): its wait
+  // describes it. Engine read by hand: one rank, its own peer, the op finished as UCX's
+  // callback finishes it.
+  namespace ud = gw::transport::detail;
+  gw::transport::ucx_options o;
+  o.rank = 0;
+  o.size = 1;
+  ud::ucx_engine e(o);
+  e.join();
+  std::vector<std::byte> out(8);
+  auto send = e.make_op(true, 0, 5, out.data(), out.size());
+  send->finish(gw::errc::peer_lost, "");
+  CHECK_THAT(e.failure_text(*send), Contains("rank 0: ") && Contains("failed"));
+  e.peers[0].lost_reason = "rank 0: lost rank 0: its endpoint failed";
+  CHECK(e.failure_text(*send) == "rank 0: lost rank 0: its endpoint failed");
+  e.fail_everything(gw::errc::config, "rank 0: rank 3 failed: the job's setting is bad");
+  CHECK(e.failure_text(*send) == "rank 0: rank 3 failed: the job's setting is bad");  // the root cause first
+}
+
 TEST_CASE("ucx: a rank that publishes its address but never answers the greeting is named by the join's timeout",
           "[transport][bad_input][ucx]") {
   // Rank 1 of 2 is played by the test: through the store it publishes, as its own, the address
