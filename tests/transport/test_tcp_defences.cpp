@@ -935,6 +935,35 @@ std::vector<std::byte> status_payload(std::uint64_t step, std::vector<std::uint3
 }
 }  // namespace
 
+TEST_CASE("asio_tcp's options: each bound is accepted at its edge and refused one step past it, with a config error "
+          "naming the bounds",
+          "[tcp][options]") {
+  struct edge {
+    const char* name;
+    std::function<void(asio_tcp_options&)> at, past;
+  };
+  const std::vector<edge> edges{
+      {"heartbeat_interval", [](auto& o) { o.heartbeat_interval = 0s; }, [](auto& o) { o.heartbeat_interval = -1s; }},
+      {"heartbeat_misses", [](auto& o) { o.heartbeat_misses = 1; }, [](auto& o) { o.heartbeat_misses = 0; }},
+      {"stall_warn", [](auto& o) { o.stall_warn = 1ms; }, [](auto& o) { o.stall_warn = 0ms; }},
+      {"stall_timeout", [](auto& o) { o.stall_timeout = 0ms; }, [](auto& o) { o.stall_timeout = -1ms; }},
+      {"chunk_bytes", [](auto& o) { o.chunk_bytes = 16; }, [](auto& o) { o.chunk_bytes = 8; }},
+      {"early_bytes", [](auto& o) { o.early_bytes = 0; }, [](auto& o) { o.early_bytes = 8; }},
+  };
+  for (const auto& e : edges) {
+    CAPTURE(e.name);
+    auto at = unjoined_options(0, 2);
+    e.at(at);
+    CHECK_NOTHROW(tcpd::tcp_engine(at));
+    auto past = unjoined_options(0, 2);
+    e.past(past);
+    const auto failure = failure_of([&] { tcpd::tcp_engine refused(past); });
+    REQUIRE(failure.has_value());
+    CHECK(failure->kind() == errc::config);
+    CHECK_THAT(failure->what(), Catch::Contains(e.name));
+  }
+}
+
 TEST_CASE("a status frame naming a rank outside the job is refused as malformed, failing the rank with protocol",
           "[tcp][stall]") {
   // What a stall report follows comes from peers' frames: a rank number past the job (a
