@@ -38,6 +38,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -961,6 +962,16 @@ TEST_CASE("asio_tcp's options: each bound is accepted at its edge and refused on
     REQUIRE(failure.has_value());
     CHECK(failure->kind() == errc::config);
     CHECK_THAT(failure->what(), Catch::Contains(e.name));
+  }
+  // A rank outside the job, and a job of no rank: named with the range they miss.
+  for (const auto [rank, size, says] : {std::tuple{2, 2, "asio_tcp: rank 2 is outside 0..1 (world size 2)"},
+                                        std::tuple{-1, 3, "asio_tcp: rank -1 is outside 0..2 (world size 3)"},
+                                        std::tuple{0, 0, "asio_tcp: world size must be >= 1, got 0"}}) {
+    CAPTURE(rank, size);
+    const auto failure = failure_of([&] { tcpd::tcp_engine refused(unjoined_options(rank, size)); });
+    REQUIRE(failure.has_value());
+    CHECK(failure->kind() == errc::config);
+    CHECK_THAT(failure->what(), Catch::Contains(says));
   }
 }
 
