@@ -381,3 +381,33 @@ TEST_CASE("optim::one_of refuses a state made for another optimizer and passes o
   any_optimizer scheduled(optim::momentum{});
   REQUIRE_THROWS_MATCHES(scheduled.set_lr(-1.0), gradwire::error, rejects("momentum", "lr"));
 }
+
+namespace {
+
+// Three steps of `opt` on the same parameters and gradients, once without grad_scale and
+// once with grad_scale = 1 written out: the default is 1 (no scaling), to the bit.
+template <class T, class Opt>
+void check_default_scale_is_one(const Opt& opt) {
+  GRADWIRE_TEST_RNG(rng);
+  constexpr std::size_t n = 1000;
+  auto implicit_state = opt.template init<T>(n), explicit_state = opt.template init<T>(n);
+  auto implicit_params = rng.vector<T>(n);
+  auto explicit_params = implicit_params;
+  for (int t = 1; t <= 3; ++t) {
+    CAPTURE(t);
+    const auto grads = rng.vector<T>(n);
+    opt.step(implicit_state, std::span<T>(implicit_params), std::span<const T>(grads));
+    opt.step(explicit_state, std::span<T>(explicit_params), std::span<const T>(grads), T(1));
+    REQUIRE(implicit_params == explicit_params);
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("every optimizer's step without grad_scale scales the gradient by 1", "[optim]", float, double) {
+  check_default_scale_is_one<TestType>(optim::sgd({.lr = 0.1, .weight_decay = 0.01}));
+  check_default_scale_is_one<TestType>(optim::momentum({.lr = 0.05, .momentum = 0.9, .nesterov = true}));
+  check_default_scale_is_one<TestType>(optim::adam({.lr = 0.01, .weight_decay = 0.1}));
+  check_default_scale_is_one<TestType>(optim::adamw({.lr = 0.01}));
+  check_default_scale_is_one<TestType>(any_optimizer(optim::momentum({.lr = 0.05, .momentum = 0.9})));
+}
