@@ -1045,30 +1045,38 @@ TEST_CASE("an early_bytes below the 64 KiB frame buffer still gets a link's earl
           "[tcp][receive]") {
   // A frame too large for the frame buffer leaves what one read took of it in the early
   // buffer, whatever early_bytes says (0: no read-ahead): so that buffer is never smaller
-  // than the frame buffer. 300 KiB + 12 bytes (past eager_bytes) from rank 1, received by
-  // rank 0 after the sender is done (parked, its head read ahead; the kernel's socket
-  // buffers hold the rest), and the same received as it arrives.
+  // than the frame buffer. Rank 1 sends 300 KiB + 12 bytes (past eager_bytes) on tag 7, a
+  // word on tag 9, and the 300 KiB again on tag 8. Rank 0 waits for tag 9 first: the tag-7
+  // message parks (its head read ahead) and that wait takes it into memory; the tag-8
+  // receive is posted before its message comes.
   for (const std::size_t early : {std::size_t{0}, std::size_t{16}, std::size_t{1} << 20}) {
     CAPTURE(early);
     std::vector<float> sent(300 * 1024 / 4 + 3);
     for (std::size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<float>(i % 100003) + 0.25f;
     std::vector<float> parked(sent.size()), posted(sent.size());
-    event sent_parked;
+    float word = 0;
+    event receive_posted;
     run_ranks({[&](asio_tcp& t) {
+                 auto w = t.async_recv(1, 9, std::as_writable_bytes(std::span(&word, 1)));
+                 finish(t, w);
                  auto p = t.async_recv(1, 8, std::as_writable_bytes(std::span(posted)));
-                 sent_parked.await("rank 1's send");
+                 receive_posted.raise();
                  auto r = t.async_recv(1, 7, std::as_writable_bytes(std::span(parked)));
                  finish(t, r);
                  finish(t, p);
                },
                [&](asio_tcp& t) {
-                 auto s = t.async_send(0, 7, std::as_bytes(std::span(sent)));
-                 finish(t, s);
-                 sent_parked.raise();
-                 auto q = t.async_send(0, 8, std::as_bytes(std::span(sent)));
-                 finish(t, q);
+                 const float one = 1;
+                 auto s7 = t.async_send(0, 7, std::as_bytes(std::span(sent)));
+                 auto s9 = t.async_send(0, 9, std::as_bytes(std::span(&one, 1)));
+                 finish(t, s7);
+                 finish(t, s9);
+                 receive_posted.await("rank 0's tag-8 receive");
+                 auto s8 = t.async_send(0, 8, std::as_bytes(std::span(sent)));
+                 finish(t, s8);
                }},
               [&](int, asio_tcp_options& o) { o.early_bytes = early; });
+    CHECK(word == 1);
     CHECK(parked == sent);
     CHECK(posted == sent);
   }
