@@ -369,11 +369,10 @@ std::size_t read_within_patience(int fd, std::span<std::byte> bytes) {
   return got;
 }
 
-// A process of another job: it connects to `address` and says hello as rank 1 of a
-// 2-rank job, with its own token's hash.
+// A process that connects to `address` and says hello as rank `source` of a 2-rank job
+// with `token`'s hash: by default a process of another job, as rank 1.
 class stranger {
  public:
-  // Says hello as rank `source` of a job of 2 with `token`'s hash.
   explicit stranger(const std::pair<std::string, std::uint16_t>& address, const std::string& token = foreign_token,
                     std::uint32_t source = 1)
       : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
@@ -398,6 +397,23 @@ class stranger {
  private:
   int fd_;
 };
+
+// A rank's answer to a hello: the header's bytes, the header read with the job's token, and
+// the text after it (a refusal's reason).
+struct hello_answer {
+  wire::header_bytes raw;
+  wire::frame_header header;
+  std::string text;
+};
+hello_answer read_answer(int fd, const std::string& from) {
+  hello_answer a;
+  REQUIRE(read_within_patience(fd, a.raw) == a.raw.size());
+  a.header = wire::decode(a.raw, wire::token_hash(job_token), from);
+  REQUIRE(a.header.length < 4096);
+  a.text.resize(static_cast<std::size_t>(a.header.length));
+  REQUIRE(read_within_patience(fd, std::as_writable_bytes(std::span(a.text.data(), a.text.size()))) == a.text.size());
+  return a;
+}
 
 }  // namespace
 
@@ -425,15 +441,11 @@ TEST_CASE("a stranger with another job's token is refused during the join and it
   job.run_through_proxy(
       {}, reduce(0), reduce(1), true, [&] {
         stranger s(job.rank0_address);
-        wire::header_bytes reply;
-        REQUIRE(read_within_patience(s.fd(), reply) == reply.size());
+        const auto answer = read_answer(s.fd(), "rank 0");
         // A rank of the other job reads rank 0's answer with its own token, as asio_tcp does.
-        as_stranger_sees_it = failure_of([&] { wire::decode(reply, wire::token_hash(foreign_token), "rank 0"); });
-        refusal = wire::decode(reply, wire::token_hash(job_token), "rank 0");
-        REQUIRE(refusal.length < 4096);
-        reason.resize(static_cast<std::size_t>(refusal.length));
-        REQUIRE(read_within_patience(s.fd(), std::as_writable_bytes(std::span(reason.data(), reason.size()))) ==
-                reason.size());
+        as_stranger_sees_it = failure_of([&] { wire::decode(answer.raw, wire::token_hash(foreign_token), "rank 0"); });
+        refusal = answer.header;
+        reason = answer.text;
         std::byte more[16];
         after_refusal = read_within_patience(s.fd(), more);  // 0: rank 0 closed the stranger's socket
       });
@@ -479,15 +491,9 @@ TEST_CASE("a process of the job that dials a rank it may not (itself, a lower ra
     const auto rank1 = gw::support::split_address(store.get_string("gradwire/tcp/1"), "rank 1's address");
     for (const std::uint32_t claimed : {1u, 0u, 2u}) {
       stranger s(rank1, job_token, claimed);
-      wire::header_bytes reply;
-      REQUIRE(read_within_patience(s.fd(), reply) == reply.size());
-      const auto answer = wire::decode(reply, wire::token_hash(job_token), "rank 1");
-      REQUIRE(answer.kind == wire::frame_kind::refuse);
-      REQUIRE(answer.length < 4096);
-      std::string reason(static_cast<std::size_t>(answer.length), '\0');
-      REQUIRE(read_within_patience(s.fd(), std::as_writable_bytes(std::span(reason.data(), reason.size()))) ==
-              reason.size());
-      refused.emplace_back(claimed, reason);
+      const auto answer = read_answer(s.fd(), "rank 1");
+      REQUIRE(answer.header.kind == wire::frame_kind::refuse);
+      refused.emplace_back(claimed, answer.text);
     }
   });
   REQUIRE(refused.size() == 3);
@@ -949,6 +955,7 @@ TEST_CASE("asio_tcp's options: each bound is accepted at its edge and refused on
       {"stall_warn", [](auto& o) { o.stall_warn = 1ms; }, [](auto& o) { o.stall_warn = 0ms; }},
       {"stall_timeout", [](auto& o) { o.stall_timeout = 0ms; }, [](auto& o) { o.stall_timeout = -1ms; }},
       {"chunk_bytes", [](auto& o) { o.chunk_bytes = 16; }, [](auto& o) { o.chunk_bytes = 8; }},
+      {"chunk_bytes", [](auto& o) { o.chunk_bytes = 16; }, [](auto& o) { o.chunk_bytes = 0; }},
       {"early_bytes", [](auto& o) { o.early_bytes = 0; }, [](auto& o) { o.early_bytes = 8; }},
   };
   for (const auto& e : edges) {
@@ -964,9 +971,9 @@ TEST_CASE("asio_tcp's options: each bound is accepted at its edge and refused on
     CHECK_THAT(failure->what(), Catch::Contains(e.name));
   }
   // A rank outside the job, and a job of no rank: named with the range they miss.
-  for (const auto [rank, size, says] : {std::tuple{2, 2, "asio_tcp: rank 2 is outside 0..1 (world size 2)"},
-                                        std::tuple{-1, 3, "asio_tcp: rank -1 is outside 0..2 (world size 3)"},
-                                        std::tuple{0, 0, "asio_tcp: world size must be >= 1, got 0"}}) {
+  for (const auto& [rank, size, says] : {std::tuple{2, 2, "asio_tcp: rank 2 is outside 0..1 (world size 2)"},
+                                         std::tuple{-1, 3, "asio_tcp: rank -1 is outside 0..2 (world size 3)"},
+                                         std::tuple{0, 0, "asio_tcp: world size must be >= 1, got 0"}}) {
     CAPTURE(rank, size);
     const auto failure = failure_of([&] { tcpd::tcp_engine refused(unjoined_options(rank, size)); });
     REQUIRE(failure.has_value());
@@ -1005,13 +1012,20 @@ TEST_CASE("a replacement process whose peers never answer its hello is not linke
   // the hello of rank 1's replacement (GRADWIRE_REJOIN=1), which dials both. Its join gives
   // up on them at its deadline and goes on without them: a send to either is a clear
   // peer_lost naming the unanswered hello, never a link nobody made.
-  event replaced;
+  event joined0, joined2, replaced;
   std::optional<gw::error> to0, to2;
   const std::vector<std::byte> word(4);
   const std::uint16_t port = free_port();
-  auto stopped = [&](asio_tcp&) { replaced.await("the replacement's sends"); };
-  run_ranks({stopped,
+  auto stopped = [&](event& joined) {
+    return [&](asio_tcp&) {
+      joined.raise();  // its join is over: a hello now waits for it in vain
+      replaced.await("the replacement's sends");
+    };
+  };
+  run_ranks({stopped(joined0),
              [&](asio_tcp&) {
+               joined0.await("rank 0's join");
+               joined2.await("rank 2's join");
                asio_tcp_options o;
                o.rank = 1;
                o.size = 3;
@@ -1029,7 +1043,7 @@ TEST_CASE("a replacement process whose peers never answer its hello is not linke
                }
                replaced.raise();
              },
-             stopped},
+             stopped(joined2)},
             [&](int, asio_tcp_options& o) { o.store_port = port; });
   for (auto [peer, failure] : {std::pair{0, &to0}, std::pair{2, &to2}}) {
     CAPTURE(peer);
