@@ -11,6 +11,7 @@
 #include <functional>
 #include <gradwire/gradwire.hpp>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -649,18 +650,30 @@ TEST_CASE("ucx refuses a tag at or above 2^48 - 1 with invalid_argument naming i
   REQUIRE(in == out);
 }
 
+namespace {
+
+namespace ud = gw::transport::detail;
+
+// A UCX engine read by hand: one rank, its own peer (a real UCP worker, no store).
+std::unique_ptr<ud::ucx_engine> joined_engine_of_one_rank() {
+  gw::transport::ucx_options o;
+  o.rank = 0;
+  o.size = 1;
+  auto e = std::make_unique<ud::ucx_engine>(o);
+  e->join();
+  return e;
+}
+
+}  // namespace
+
 TEST_CASE("ucx: a receive from a peer that said goodbye stays open for a grace, for a message still on the way, "
           "then fails naming the finished peer",
           "[transport][ucx]") {
   // An engine read by hand: one rank, its own peer. The peer's goodbye comes after it
   // flushed what it sent, but a message in the middle of a rendezvous cannot be told from
   // one that never comes, so the receive waits out a grace (1 s) before it fails.
-  namespace ud = gw::transport::detail;
-  gw::transport::ucx_options o;
-  o.rank = 0;
-  o.size = 1;
-  ud::ucx_engine e(o);
-  e.join();
+  auto engine = joined_engine_of_one_rank();
+  auto& e = *engine;
   std::vector<std::byte> in(8);
   auto receive = e.make_op(false, 0, 5, in.data(), in.size());
   e.post_recv(*receive);
@@ -686,12 +699,8 @@ TEST_CASE("ucx: an operation UCX failed without a reason is described by the ran
   // A send UCX completes with an error status gets no text of its own (send.ipp): its wait
   // describes it. Engine read by hand: one rank, its own peer, the op finished as UCX's
   // callback finishes it.
-  namespace ud = gw::transport::detail;
-  gw::transport::ucx_options o;
-  o.rank = 0;
-  o.size = 1;
-  ud::ucx_engine e(o);
-  e.join();
+  auto engine = joined_engine_of_one_rank();
+  auto& e = *engine;
   std::vector<std::byte> out(8);
   auto send = e.make_op(true, 0, 5, out.data(), out.size());
   send->finish(gw::errc::peer_lost, "");
