@@ -18,7 +18,9 @@ X comes from one free /24 of 198.18.0.0/15 (RFC 2544's benchmarking range), so s
 clusters coexist and none is bridged to the machine's own network. A rate shapes both
 directions of a host's link with tbf: host egress on eth0, and the switch port pI's egress
 (which is traffic into the host). A partition takes eth0 down inside the host: sockets stay
-open and packets vanish, as when a cable is pulled. State (subnet, hosts, rates) lives in
+open and packets vanish, as when a cable is pulled. A cut between two hosts makes each resolve
+the other's address to a MAC no host has (a permanent neighbour entry): the bridge floods those
+frames and nobody takes them, so only that pair loses touch. State (subnet, hosts, rates) lives in
 /run/gradwire-cluster/NAME.json; every operation holds a lock so that concurrent calls (ctest
 -j) do not pick the same subnet.
 """
@@ -36,6 +38,7 @@ STATE_DIR = "/run/gradwire-cluster"
 DEFAULT_NAME = "gw"
 SPACE = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544: benchmarking, never routed
 MAX_HOSTS = 250
+NOWHERE_MAC = "02:00:00:00:00:00"  # locally administered; a cut pair resolves each other to it
 NAME_RE = re.compile(r"^[A-Za-z0-9_.]{1,32}$")
 # tc's rate units (tc(8)): bits and bytes per second, SI and IEC prefixes.
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
@@ -230,6 +233,12 @@ class Cluster:
             for h in range(hosts, max(s["hosts"], hosts) + 1):  # shrinking: the extra hosts go
                 self._remove_host(h)
                 s["rates"].pop(str(h), None)
+            for pair in list(s.get("cuts", [])):  # a cut to a removed host goes with it
+                a, b = (int(x) for x in pair.split("-"))
+                if b >= hosts:
+                    _run("ip", "-n", self.host_ns(a), "neigh", "del", str(self._subnet(s).network_address + b + 1),
+                         "dev", "eth0", check=False)
+                    s["cuts"].remove(pair)
             subnet = self._subnet(s)
             for h in range(hosts):
                 self._make_host(h, f"{subnet.network_address + h + 1}/{subnet.prefixlen}")
@@ -342,6 +351,38 @@ class Cluster:
             s["partitioned"] = sorted(set(s.get("partitioned", [])) - {str(host)})
             self._save(s)
 
+    def cut(self, a, b):
+        """Cuts the path between hosts `a` and `b` only: each resolves the other's address to a
+        MAC no host has, so their packets vanish both ways (sockets stay open) while both still
+        reach every other host, as when one route between two racks fails."""
+        self._set_cut(a, b, True)
+
+    def mend(self, a, b):
+        """Undoes cut(a, b): both resolve each other's address again."""
+        self._set_cut(a, b, False)
+
+    def _set_cut(self, a, b, on):
+        check_root()
+        with _locked():
+            s = self._require()
+            a, b = sorted((self._check_host(s, a), self._check_host(s, b)))
+            if a == b:
+                raise ClusterError(f"cut {a} {b}: give two different hosts (`partition {a}` cuts one host off all)")
+            for here, there in ((a, b), (b, a)):
+                if on:
+                    _run("ip", "-n", self.host_ns(here), "neigh", "replace", self.addr(there), "lladdr", NOWHERE_MAC,
+                         "nud", "permanent", "dev", "eth0")
+                else:
+                    _run("ip", "-n", self.host_ns(here), "neigh", "del", self.addr(there), "dev", "eth0", check=False)
+            cuts = set(s.get("cuts", [])) - {f"{a}-{b}"}
+            s["cuts"] = sorted(cuts | ({f"{a}-{b}"} if on else set()))
+            self._save(s)
+
+    def _cut_from(self, h):
+        s = self.state() or {}
+        pairs = [tuple(int(x) for x in c.split("-")) for c in s.get("cuts", [])]
+        return sorted({y if x == h else x for x, y in pairs if h in (x, y)})
+
     # --- running things -------------------------------------------------------------
     def exec_args(self, host, cmd):
         """The argv that runs `cmd` (a list) inside host `host` (for subprocess).
@@ -395,6 +436,9 @@ class Cluster:
             state = link[1] if len(link) > 1 else "missing"
             if self._partitioned(h):
                 state += " (partitioned)"
+            cut = self._cut_from(h)
+            if cut:
+                state += f" (cut from host{'s' if len(cut) > 1 else ''} {', '.join(map(str, cut))})"
             rate = s["rates"].get(str(h)) or "unshaped"
             lines.append(f"  host {h}: {ns} {self.addr(h)} eth0 {state}, {rate}")
         return "\n".join(lines)

@@ -72,14 +72,21 @@ class Mutant:
     def apply(self, text: str) -> str | None:
         """The file's text with this mutant applied; None where its line is no longer there."""
         lines = text.split("\n")
+        at = self.index_in(lines)
+        if at is None:
+            return None
+        lines[at] = self.after
+        return "\n".join(lines)
+
+    def index_in(self, lines: list[str]) -> int | None:
+        """Where its line is in `lines` (0-based); None where it is no longer there."""
         at = self.line - 1
         if not (0 <= at < len(lines) and lines[at] == self.before):
             matches = [i for i, l in enumerate(lines) if l == self.before]
             if not matches:
                 return None
             at = min(matches, key=lambda i: abs(i - at))  # the file moved under it: the nearest copy
-        lines[at] = self.after
-        return "\n".join(lines)
+        return at
 
 
 def folder_of(rel: str) -> str:
@@ -299,8 +306,33 @@ def checks_reading(cov: Coverage, file: str) -> list[str]:
     return [c for c in cov.compile_checks if c not in cov.check_reads or file in cov.check_reads[c]]
 
 
-def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None) -> list[str]:
-    """The test targets built from the mutant's file, closest first."""
+# The end of a control statement's head whose body has no braces (`if (lost)`, `else`).
+_UNBRACED_HEAD = re.compile(r"(\)|\belse|\bdo)$")
+
+
+def reach_line(m: Mutant, text: str | None) -> int:
+    """The line whose execution tells whether the mutant can change what runs: its own, or,
+    where it removes a statement (deleted, commented out) or adds one (a rule's `break;`) right
+    under the head of a control statement without braces, that head's. The next statement then
+    becomes the body or leaves it: `if (lost)\n  return lose(w);\nslot.control = post(w);` with
+    the return commented out posts only when lost (3cf801c25d: every server stopped hearing its
+    workers, while the line's own coverage said no test ran it)."""
+    def statements(line: str) -> int:
+        return re.sub(r"/\*.*?\*/|//.*", "", line, flags=re.S).count(";")
+    if text is None or statements(m.after) == statements(m.before):
+        return m.line
+    lines = text.split("\n")
+    at = m.index_in(lines)
+    for i in range(-1 if at is None else at - 1, -1, -1):
+        head = re.sub(r"//.*", "", lines[i]).strip()
+        if head:
+            return m.line - (at - i) if _UNBRACED_HEAD.search(head) else m.line
+    return m.line
+
+
+def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None, text: str | None = None) -> list[str]:
+    """The test targets built from the mutant's file, closest first (`text`: the file, to
+    find the line whose execution matters, reach_line)."""
     words = set(re.split(r"[/_.]+", m.file.removeprefix("include/gradwire/").rsplit(".", 1)[0])) - {"detail"}
     kills = kills or {}
     found = cov.objects_of.get(m.file, {})
@@ -313,7 +345,7 @@ def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None) -> lis
         for t in cov.linking.get(lib, ()):
             if t in cov.tests_of:
                 targets.setdefault(t, [])
-    running = cov.lines.targets_running(m.file, m.line) if cov.lines else None
+    running = cov.lines.targets_running(m.file, reach_line(m, text)) if cov.lines else None
     if running is not None:  # only the targets whose tests execute the line can see it change
         if not running:
             # Nobody runs the line: one target still builds it, to tell a survivor from code that
@@ -396,7 +428,7 @@ class Screen:
             try:
                 if m.file.endswith(".cuh"):
                     return self._nvcc_parses(copy, m)
-                targets = covering_targets(self.cov, m)
+                targets = covering_targets(self.cov, m, text=original)
                 command = self.cov.command_of.get(targets[0]) if targets else None
                 probe = copy / "probe.cpp"
                 probe.write_text(f"#include <{includer(self.src, m.file).removeprefix('include/')}>\n")
@@ -458,12 +490,13 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     marker.write_text(m.file)
     path.write_text(mutated)
     try:
-        targets = covering_targets(cov, m, kills)
+        line = reach_line(m, original)
+        targets = covering_targets(cov, m, kills, original)
 
         def needed(target: str) -> list[str]:  # every executable its tests start: none runs stale code
             return sorted({target}.union(*(cov.uses[t] for t in cov.tests_of[target])))
         checks = checks_reading(cov, m.file)
-        if checks and cov.lines and cov.lines.targets_running(m.file, m.line) is None:
+        if checks and cov.lines and cov.lines.targets_running(m.file, line) is None:
             # No test runs any line of this file (concepts, constexpr code, aliases): the compile
             # checks are what can see it, so they go first, before every target that includes it.
             passed, _, failed = run_tests(build_dir, checks, 120, logs / f"{m.id}.checks.log")
@@ -473,7 +506,7 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
                     return "invalid", "", targets[0]
                 return "killed", (failed[0] if failed else "compile checks"), "compile checks"
             checks = []
-        nobody_runs = cov.lines is not None and cov.lines.targets_running(m.file, m.line) == []
+        nobody_runs = cov.lines is not None and cov.lines.targets_running(m.file, line) == []
         for i, target in enumerate(targets):
             if time.monotonic() - started > budget:
                 return "survived", "", f"{i} of {len(targets)} targets (budget)"
@@ -489,7 +522,7 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
             passed, _, failed = run_tests(build_dir, checks, 120, logs / f"{m.id}.checks.log")
             if not passed:
                 return "killed", (failed[0] if failed else "compile checks"), "compile checks"
-        if cov.lines and cov.lines.targets_running(m.file, m.line) == []:
+        if nobody_runs:
             return "survived", "", "no test executes the line"
         return "survived", "", f"{len(targets)} of {len(targets)} targets"
     finally:

@@ -154,6 +154,30 @@ class ThreeHosts(unittest.TestCase):
             c.heal(1)
             s.close()
 
+    def test_cut_parts_one_pair_only_and_mend_restores(self):
+        c = self.c
+        servers = [Server(c, h, c.addr(h), 5003) for h in (0, 1)]
+        try:
+            code, _, err = cli("cut", "0", "1", "--name", c.name)
+            self.assertEqual(code, 0, err)
+            status = cli("status", "--name", c.name)[1]
+            self.assertRegex(status, r"host 0: .* \(cut from host 1\)", status)
+            self.assertRegex(status, r"host 1: .* \(cut from host 0\)", status)
+            self.assertNotRegex(status, r"host 2: .*cut", status)
+            code, out = connect(c, 0, c.addr(1), 5003, 1.5)
+            self.assertEqual(code, 3, out)  # vanished, as in a partition: only the deadline ends it
+            self.assertIn("timed out", out)
+            self.assertEqual(connect(c, 2, c.addr(1), 5003, 5)[0], 0, "the cut host still reaches the others")
+            self.assertEqual(connect(c, 1, c.addr(0), 5003, 1.0)[0], 3, "both ways")
+            code, _, err = cli("mend", "1", "0", "--name", c.name)  # either order names the pair
+            self.assertEqual(code, 0, err)
+            self.assertEqual(connect(c, 0, c.addr(1), 5003, 5)[0], 0)
+            self.assertNotIn("cut from", cli("status", "--name", c.name)[1])
+        finally:
+            c.mend(0, 1)
+            for s in servers:
+                s.close()
+
     def test_errors(self):
         c = self.c
         cases = [
@@ -161,6 +185,8 @@ class ThreeHosts(unittest.TestCase):
             (("exec", "7", "--name", c.name, "--", "true"), 1, "unknown host 7"),
             (("shape", "0", "fast", "--name", c.name), 1, "bad rate 'fast'"),
             (("partition", "x", "--name", c.name), 1, "bad host 'x'"),
+            (("cut", "1", "1", "--name", c.name), 1, "give two different hosts"),
+            (("cut", "0", "5", "--name", c.name), 1, "unknown host 5"),
             (("addr", "0", "--name", "nosuch"), 1, "cluster 'nosuch' is not up"),
             (("up", "--hosts", "2", "--name", "bad-name"), 1, "bad cluster name"),
             (("up", "--hosts", "0", "--name", "zero"), 1, "--hosts 0"),
@@ -211,7 +237,11 @@ class Lifecycle(unittest.TestCase):
             # Growing and shrinking.
             self.assertEqual(cli("up", "--hosts", "3", "--name", a.name)[0], 0)
             self.assertIn(a.host_ns(2), gwcluster.namespaces())
+            self.assertEqual(cli("cut", "0", "2", "--name", a.name)[0], 0)
             self.assertEqual(cli("up", "--hosts", "1", "--name", a.name)[0], 0)
+            self.assertEqual(a.state().get("cuts"), [], "a cut to a removed host goes with it")
+            self.assertNotIn("PERMANENT", subprocess.run(["ip", "-n", a.host_ns(0), "neigh", "show"], capture_output=True,
+                                                         text=True).stdout)
             self.assertNotIn(a.host_ns(1), gwcluster.namespaces())
             self.assertEqual(a.hosts, 1)
             # down stops what still runs inside, removes everything, and may be repeated.

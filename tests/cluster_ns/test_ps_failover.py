@@ -8,9 +8,14 @@ parameters, bit for bit, as an uninterrupted run on the same hosts.
 
 Hosts: 0 the two workers, 1 and 2 one server each, 3 their standbys (ps::sync, 2 workers: a
 step's sum is the same in either order). Needs root and `ip netns`; otherwise exits 77 (skipped).
+
+And the failover the workers refuse: a standby cut off from its server alone (`cluster cut`,
+ps::async) falls more than ps::options::standby_lag updates behind while the server goes on;
+when the server then dies, its workers fail with that reason instead of rolling back.
 """
 import os
 import re
+import signal
 import sys
 import time
 import unittest
@@ -72,6 +77,37 @@ class Failover(unittest.TestCase):
             self.assertLess(took, BOUND_S, out)
             self.assertEqual(got, reference, out)
             self.assertRegex(out, r"\[4\] rank 4: STATS .*role=standby promoted=1", out)
+
+    def test_an_async_standby_cut_off_from_its_server_earlier_is_refused_at_failover(self):
+        # Hosts: 0 the workers, 1 server 2, 2 server 3, 3 standby 4, 4 standby 5. Only server 2 and
+        # its standby lose touch: the server goes on alone (it says so), the standby takes the
+        # shard over with the updates it had. When server 2 then dies, the workers must not fail
+        # over to a standby that far behind (training on it would roll back what they pushed).
+        with cs.emulated_cluster(5, tag="gwpsl") as c:
+            argv = [WORKER, "failover", "async", "-1", "none", "100000"]  # paced 10 ms: ended by the test
+            with cs.start_launcher_job(c, [2, 1, 1, 1, 1], argv, env=dict(base_env(), GRADWIRE_NUM_PS="4"),
+                                       launcher_args=("--keep-going",)) as job:
+                self.assertIsNotNone(job.wait_for(r"rank [01]: training", bound=60, count=2), job.output())
+                time.sleep(1.0)
+                c.cut(1, 3)
+                try:
+                    self.assertIsNotNone(job.wait_for(r"^\[2\] .*lost its standby rank 4", bound=BOUND_S + 5),
+                                         job.output())
+                    time.sleep(2.0)  # server 2 applies updates alone: hundreds, far more than standby_lag (4)
+                    server = job.procs[1]  # host 1's gradwire-run and rank 2 below it
+                    for pid in [server.pid] + cs.descendants([server.pid]):
+                        os.kill(pid, signal.SIGKILL)
+                    refusals = job.wait_for(r"^\[[01]\] rank [01]: FAIL errc=peer_lost: .*standby rank 4 has (\d+) "
+                                            r"updates, its lost server had (\d+) .*cut off from its server earlier",
+                                            bound=60, count=2)
+                finally:
+                    c.mend(1, 3)
+                out = job.output()
+                self.assertIsNotNone(refusals, out)
+                print(f"refusals (standby's updates, its lost server's): {refusals}", flush=True)
+                for had, lost_server_had in refusals:
+                    self.assertGreater(int(lost_server_had) - int(had), 4, out)  # more than standby_lag apart
+                self.assertFalse(job.passed_ranks() & {0, 1}, out)
 
 
 if __name__ == "__main__":

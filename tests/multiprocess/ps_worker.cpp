@@ -10,6 +10,9 @@
 //                                  replacement (GRADWIRE_REJOIN=1), which the servers take back
 //   ps_worker server-loss DIR [async]
 //                                  sync (or async) with checkpoints in DIR; the last server is killed at version 12
+//   ps_worker rejoin-mid-push K    as rejoin, but the servers hold right after worker K's 10th gradient
+//                                  (held_tcp: asio_tcp only) until the test has killed K and they have
+//                                  seen the loss: a worker lost mid-push, at a chosen point
 //   ps_worker lose-worker sync|backup K
 //                                  sync or backup_workers<1>; worker K raises SIGKILL at its step 5; every
 //                                  other rank expects peer_lost
@@ -40,6 +43,7 @@
 // Ranks print "rank R: PASS ..." (or "EXPECTED <errc>: ...") and exit 0, or "FAIL ..." and
 // exit 1; servers also print "rank R: STATS k=v ..." for test_ps.py to cross-check, and
 // the lagging worker "rank R: LAGGED k=v ...".
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -257,15 +261,64 @@ constexpr float lr = 0.05f;
 std::uint64_t calls = 0;  // updates a server is about to make (failover: the victim's count)
 int kill_after_ms = -1;   // failover ms:D: a server or standby raises SIGKILL D ms into serving
 
-template <class Mode>
+#if !GRADWIRE_TEST_UCX && !GRADWIRE_TEST_MPI
+// asio_tcp that holds a server at one chosen point: right after it received worker
+// `victim`'s gradient number `at`, it says so ("HOLDING ...", the test then kills that
+// worker) and waits, on a receive nobody sends, until its engine has seen the loss. The
+// server then goes on with a push whose worker it knows is lost: a point a plain run
+// reaches only by luck (over TCP a loss is seen only inside a wait).
+class held_tcp : public gw::transport::asio_tcp {
+ public:
+  explicit held_tcp(gw::transport::asio_tcp&& t, int victim = -1, int at = 0)
+      : asio_tcp(std::move(t)), victim_(victim), at_(at) {}
+
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
+    auto r = asio_tcp::async_recv(peer, tag, bytes);
+    if (peer == victim_ && tag == gw::ps::detail::gradient_tag && ++gradients_ == at_) held_ = r.peek();
+    return r;
+  }
+  void wait(request& r, gw::deadline until) {
+    const bool hold = held_ != nullptr && r.peek() == held_;
+    asio_tcp::wait(r, until);
+    if (hold) hold_until_lost();
+  }
+
+ private:
+  void hold_until_lost() {
+    held_ = nullptr;
+    std::printf("rank %d: HOLDING after worker %d's gradient %d\n", rank(), victim_, at_);
+    std::fflush(stdout);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto lost = [&] { return std::ranges::count(lost_peers(), victim_) > 0; };
+    while (!lost()) {
+      if (std::chrono::steady_clock::now() > give_up) ::fail("held a minute: worker " + std::to_string(victim_) + " never lost");
+      std::byte none{};
+      auto probe = asio_tcp::async_recv(victim_, probe_tag, {&none, 1});
+      try {
+        asio_tcp::wait(probe, gw::deadline_after(std::chrono::milliseconds(20)));  // the engine reads meanwhile
+      } catch (const gw::error&) {  // a timeout (withdrawn), or the loss itself
+      }
+    }
+    std::printf("rank %d: HELD until its transport lost worker %d\n", rank(), victim_);
+    std::fflush(stdout);
+  }
+
+  static constexpr std::uint64_t probe_tag = 1ull << 40;  // used by nobody
+  int victim_, at_, gradients_ = 0;
+  const void* held_ = nullptr;
+};
+static_assert(gw::concepts::rejoinable_transport<held_tcp> && gw::concepts::multiplexing_transport<held_tcp>);
+#endif
+
+template <class Mode, class Transport = transport_type>
 void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const plan& p,
-         void (*check_server)(const gw::ps::server_stats&, int workers) = nullptr) {
-  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, transport_type>;
+         void (*check_server)(const gw::ps::server_stats&, int workers) = nullptr, Transport (*join_as)() = join_job) {
+  using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, Mode, Transport>;
   options.servers = spec.count(gw::cluster::task_type::ps) / (options.standby ? 2 : 1);
   options.split_bytes = 64;  // split the weight matrix over the servers
   options.timeout = ps_timeout;
   const int workers = spec.world_size - options.serving_ranks();
-  S s(join_job(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
+  S s(join_as(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
   if (s.is_server()) {
     if (kill_after_ms >= 0)  // timed from the start of serving, not of the process: setup may be slow
       std::thread([] {
@@ -500,6 +553,19 @@ int main(int argc, char** argv) {
                            if (st.lost_workers.size() != 1 || st.rejoined_workers != st.lost_workers)
                              fail("expected the killed worker lost once and taken back once");
                          });
+#if !GRADWIRE_TEST_UCX && !GRADWIRE_TEST_MPI
+    } else if (mode == "rejoin-mid-push") {
+      // As `rejoin`, but no worker kills itself: the servers hold after worker K's 10th
+      // gradient (held_tcp) until the test has killed it and their transports have seen it.
+      static int victim = std::stoi(arg);
+      run<gw::ps::async, held_tcp>(
+          spec, options, {.steps = 240, .pace_ms = 25, .until_applied = true},
+          [](const gw::ps::server_stats& st, int) {
+            if (st.lost_workers.size() != 1 || st.rejoined_workers != st.lost_workers)
+              fail("expected the killed worker lost once and taken back once");
+          },
+          +[] { return held_tcp(join_job(), is_replacement() ? -1 : victim, 10); });
+#endif
     } else if (mode == "lose-worker" && argc > 3) {
       // The survivors would train on for long (100000 steps): only the loss ends them.
       const plan p{.steps = 100000, .pace_ms = 2, .kill_rank = std::stoi(argv[3])};

@@ -6,6 +6,8 @@
 A worker's replacement is a process started with the same rank and GRADWIRE_REJOIN=1:
 the servers take it back, it pulls the current parameters and pushes on. Every case
 bounds its own time; ranks are started one by one (elastic_job.py), not by gradwire-run.
+Classes: ElasticWorkers and Chaos (one ctest test), WorkerLostMidPush (another: it needs no
+Fashion-MNIST).
 """
 import os
 import random
@@ -28,6 +30,10 @@ def stats(job, rank):
             if "STATS" in line:
                 return dict(kv.split("=", 1) for kv in line.split("STATS", 1)[1].split())
     return {}
+
+
+def counts(text):
+    return [int(x) for x in text.split(",") if x]
 
 
 def wait_until(predicate, timeout, step=0.05):
@@ -258,6 +264,40 @@ class Chaos(unittest.TestCase):
             gradients, applied, dropped = (int(re.search(rf"{k} (\d+)", line).group(1))
                                            for k in ("gradients", "applied", "dropped"))
             self.assertEqual(applied + dropped, gradients, out)
+
+
+class WorkerLostMidPush(unittest.TestCase):
+    """Its own ctest test: it needs neither Fashion-MNIST nor the examples (FASHION_MNIST and DATA_DIR unused)."""
+
+    def test_a_worker_lost_while_a_server_takes_its_push_is_dropped_then_taken_back(self):
+        # Each server holds right after worker 2's 10th gradient (ps_worker rejoin-mid-push) until
+        # its transport has seen worker 2 die: the server learns of the loss between taking the
+        # push and asking for the worker's next request. It must drop the worker there (and take
+        # its replacement back), not wait on for a request the dead process will never send.
+        job = ElasticJob([PS_WORKER, "rejoin-mid-push", "2"], workers=3, servers=2, env={"GRADWIRE_TIMEOUT": "60"})
+        job.start()
+        try:
+            holding = lambda: sum("HOLDING after worker 2's gradient 10" in job.current(s).text() for s in (3, 4))
+            self.assertTrue(wait_until(lambda: holding() == 2, 60), "the servers never held:\n" + job.output())
+            job.kill(2)
+            self.assertTrue(wait_until(lambda: all("HELD until its transport lost worker 2" in job.current(s).text()
+                                                   for s in (3, 4)), 30), job.output())
+            job.replace(2)
+            self.assertTrue(job.wait(90), "the job did not finish:\n" + job.output())
+        finally:
+            job.stop()
+        out = job.output()
+        self.assertEqual(job.incarnations[2][0].proc.returncode, -9, out)
+        for r in range(job.size):
+            self.assertEqual(job.current(r).proc.returncode, 0, out)
+            self.assertIn("PASS", job.current(r).text(), out)
+        for s in (3, 4):
+            st = stats(job, s)
+            self.assertEqual(st["lost"], "2", out)
+            self.assertEqual(st["rejoined"], "2", out)
+            # The held push was applied: the first incarnation's 10 and the replacement's.
+            replacement = int(re.search(r"PASS pushes=(\d+)", job.current(2).text()).group(1))
+            self.assertEqual(counts(st["pushes"])[2], 10 + replacement, out)
 
 
 if __name__ == "__main__":

@@ -158,11 +158,8 @@ class CompileTimeCode(unittest.TestCase):
         self.assertEqual(calls, [["compile_fail: a"], ["t: it"]])
 
 
-class ALineNobodyRuns(unittest.TestCase):
-    """A line no test executes in a file whose other lines run: a target that runs the file
-    (and so instantiates its templates) is built, to tell a survivor from code that does not
-    compile, and none of its tests is run (e032b58071 compiled in a target that only
-    included its header)."""
+class OneMutantRun:
+    """A file of ps/ built by two targets (one only includes it, one runs it) and a run of one mutant there."""
 
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
@@ -191,6 +188,17 @@ class ALineNobodyRuns(unittest.TestCase):
             outcome = generated.run_mutant(self.m, self.src, self.src / "build", self.cov, 1, self.src, parsed, {}, 900)
         return outcome, built, ran
 
+    def test_code_that_does_not_compile_is_invalid(self):
+        (outcome, _, _), _, _ = self.run_it(builds=False)
+        self.assertEqual(outcome, "invalid")
+
+
+class ALineNobodyRuns(OneMutantRun, unittest.TestCase):
+    """A line no test executes in a file whose other lines run: a target that runs the file
+    (and so instantiates its templates) is built, to tell a survivor from code that does not
+    compile, and none of its tests is run (e032b58071 compiled in a target that only
+    included its header)."""
+
     def test_the_target_that_runs_the_file_is_built_not_the_one_that_includes_it(self):
         self.assertEqual(generated.covering_targets(self.cov, self.m), ["runs_it"])
 
@@ -200,9 +208,42 @@ class ALineNobodyRuns(unittest.TestCase):
         self.assertEqual(built, [["runs_it"]])
         self.assertEqual(ran, [])
 
-    def test_code_that_does_not_compile_is_invalid(self):
-        (outcome, _, _), _, _ = self.run_it(builds=False)
-        self.assertEqual(outcome, "invalid")
+
+class ABodyWithoutBraces(OneMutantRun, unittest.TestCase):
+    """A statement removed from, or added to, the body of a control statement without braces
+    changes what the next statement is: its line's coverage does not bound the mutant, its
+    head's does (3cf801c25d, a commented-out `return` under an `if`, was called untested while
+    it stopped every parameter server hearing its workers)."""
+
+    TEXT = "void f() {\n  g(1);\n  if (lost)  // gone\n\n    return h(2);\n  post();\n  for (;;)\n    k();\n}\n"
+
+    def setUp(self):
+        super().setUp()
+        (self.src / "include/gradwire/ps/server.hpp").write_text(self.TEXT)
+        self.cov.lines = generated.line_coverage.LineCoverage(
+            {"include/gradwire/ps/server.hpp": {2: ["runs_it"], 3: ["runs_it"], 6: ["runs_it"]}},
+            {"include/gradwire/ps/server.hpp": {2, 3, 5, 6}})
+        self.m = Mutant("n", "ps", "include/gradwire/ps/server.hpp", 5, "    return h(2);", "    /*return h(2);*/")
+
+    def reach(self, line, before, after):
+        return generated.reach_line(Mutant("r", "ps", "f.hpp", line, before, after), self.TEXT)
+
+    def test_the_head_decides_for_a_statement_removed_or_added(self):
+        self.assertEqual(self.reach(5, "    return h(2);", "    /*return h(2);*/"), 3)
+        self.assertEqual(self.reach(5, "    return h(2);", ""), 3)
+        self.assertEqual(self.reach(8, "    k();", "    k();\n  break;"), 7)
+
+    def test_its_own_line_decides_otherwise(self):
+        self.assertEqual(self.reach(5, "    return h(2);", "    return h(3);"), 5, "the same statements")
+        self.assertEqual(self.reach(6, "  post();", "  /*post();*/"), 6, "under a statement, not a head")
+        self.assertEqual(self.reach(2, "  g(1);", ""), 2, "under a brace")
+        self.assertEqual(generated.reach_line(self.m, None), 5, "no text: its own line")
+
+    def test_the_tests_of_whoever_runs_the_head_are_run(self):
+        self.assertEqual(generated.covering_targets(self.cov, self.m, text=self.TEXT), ["runs_it"])
+        (outcome, _, why), built, ran = self.run_it(builds=True)
+        self.assertEqual((outcome, why), ("survived", "1 of 1 targets"))
+        self.assertEqual(ran, [["b: it"]])
 
 
 class DeviceCode(unittest.TestCase):
