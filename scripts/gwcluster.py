@@ -19,9 +19,10 @@ clusters coexist and none is bridged to the machine's own network. A rate shapes
 directions of a host's link with tbf: host egress on eth0, and the switch port pI's egress
 (which is traffic into the host). A partition takes eth0 down inside the host: sockets stay
 open and packets vanish, as when a cable is pulled. A cut between two hosts makes each resolve
-the other's address to a MAC no host has (a permanent neighbour entry): the bridge floods those
-frames and nobody takes them, so only that pair loses touch. State (subnet, hosts, rates) lives in
-/run/gradwire-cluster/NAME.json; every operation holds a lock so that concurrent calls (ctest
+the other's address to a MAC no host has (a permanent neighbour entry, made again when a
+partition heals, as a link going down drops it): the bridge delivers those frames to itself,
+which has no address, so only that pair loses touch. State (subnet, hosts, rates, partitions,
+cuts) lives in /run/gradwire-cluster/NAME.json; every operation holds a lock so that concurrent calls (ctest
 -j) do not pick the same subnet.
 """
 import contextlib
@@ -230,6 +231,9 @@ class Cluster:
                 # No STP: a star of veths has no loops; forward_delay 0 forwards at once.
                 _run("ip", "-n", sw, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0")
             _run("ip", "-n", sw, "link", "set", "br0", "up")
+            # Frames to a cut pair's MAC end at the bridge itself (no address there: dropped)
+            # instead of flooding every port, where they would take from the hosts' shaped rates.
+            _run("bridge", "-n", sw, "fdb", "replace", NOWHERE_MAC, "dev", "br0", "self", "local")
             for h in range(hosts, max(s["hosts"], hosts) + 1):  # shrinking: the extra hosts go
                 self._remove_host(h)
                 s["rates"].pop(str(h), None)
@@ -246,6 +250,7 @@ class Cluster:
             for h in range(hosts):
                 s["rates"][str(h)] = bandwidth if parse_rate(bandwidth or "none") else None
                 self._apply_rate(h, s["rates"][str(h)])
+                self._apply_cuts(s, h)  # a host made again has no neighbour entries
             self._save(s)
         return s
 
@@ -348,6 +353,7 @@ class Cluster:
             rate = s["rates"].get(str(host))
             if rate and "tbf" not in self._qdisc(host):
                 self._apply_rate(host, rate)
+            self._apply_cuts(s, host)  # a link taken down drops its neighbour entries, permanent ones too
             s["partitioned"] = sorted(set(s.get("partitioned", [])) - {str(host)})
             self._save(s)
 
@@ -370,16 +376,26 @@ class Cluster:
                 raise ClusterError(f"cut {a} {b}: give two different hosts (`partition {a}` cuts one host off all)")
             for here, there in ((a, b), (b, a)):
                 if on:
-                    _run("ip", "-n", self.host_ns(here), "neigh", "replace", self.addr(there), "lladdr", NOWHERE_MAC,
-                         "nud", "permanent", "dev", "eth0")
+                    self._resolve_nowhere(s, here, there)
                 else:
                     _run("ip", "-n", self.host_ns(here), "neigh", "del", self.addr(there), "dev", "eth0", check=False)
             cuts = set(s.get("cuts", [])) - {f"{a}-{b}"}
             s["cuts"] = sorted(cuts | ({f"{a}-{b}"} if on else set()))
             self._save(s)
 
-    def _cut_from(self, h):
-        s = self.state() or {}
+    def _resolve_nowhere(self, s, here, there):
+        address = str(self._subnet(s).network_address + there + 1)
+        _run("ip", "-n", self.host_ns(here), "neigh", "replace", address, "lladdr", NOWHERE_MAC, "nud", "permanent",
+             "dev", "eth0")
+
+    def _apply_cuts(self, s, h):
+        """Makes host `h`'s side of every cut of it in state `s` hold (again)."""
+        for other in self._cut_from(h, s):
+            if other < s["hosts"]:
+                self._resolve_nowhere(s, h, other)
+
+    def _cut_from(self, h, s=None):
+        s = s if s is not None else (self.state() or {})
         pairs = [tuple(int(x) for x in c.split("-")) for c in s.get("cuts", [])]
         return sorted({y if x == h else x for x, y in pairs if h in (x, y)})
 

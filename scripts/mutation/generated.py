@@ -306,33 +306,80 @@ def checks_reading(cov: Coverage, file: str) -> list[str]:
     return [c for c in cov.compile_checks if c not in cov.check_reads or file in cov.check_reads[c]]
 
 
-# The end of a control statement's head whose body has no braces (`if (lost)`, `else`).
-_UNBRACED_HEAD = re.compile(r"(\)|\belse|\bdo)$")
+def _code(line: str) -> str:
+    """A line's code: string and character literals emptied, comments and attributes gone."""
+    line = re.sub(r'"(?:\\.|[^"\\])*"', '""', line)
+    line = re.sub(r"'(?:\\.|[^'\\])*'", "''", line)
+    line = re.sub(r"/\*.*?\*/", " ", line, flags=re.S)
+    line = re.sub(r"//.*", "", line)
+    return re.sub(r"\[\[.*?\]\]", " ", line).strip()
 
 
-def reach_line(m: Mutant, text: str | None) -> int:
-    """The line whose execution tells whether the mutant can change what runs: its own, or,
-    where it removes a statement (deleted, commented out) or adds one (a rule's `break;`) right
-    under the head of a control statement without braces, that head's. The next statement then
-    becomes the body or leaves it: `if (lost)\n  return lose(w);\nslot.control = post(w);` with
-    the return commented out posts only when lost (3cf801c25d: every server stopped hearing its
-    workers, while the line's own coverage said no test ran it)."""
-    def statements(line: str) -> int:
-        return re.sub(r"/\*.*?\*/|//.*", "", line, flags=re.S).count(";")
-    if text is None or statements(m.after) == statements(m.before):
-        return m.line
+_HEAD_KEYWORD = re.compile(r"(?:^|\W)(?:if|for|while|switch)\s*(?:constexpr\s*)?$")
+
+
+def _unbraced_head(codes: list[str], i: int) -> tuple[int, bool] | None:
+    """Where the control statement whose head ends on line i begins, and whether it is an
+    `else` (whose `if` is further up); None where line i ends no such head (a statement, a
+    brace, a call continued over lines)."""
+    code = codes[i]
+    if re.search(r"(?:^|\W)(?:else|do)$", code):
+        return i, code.endswith("else")
+    if not code.endswith(")"):
+        return None
+    depth = 0
+    for j in range(i, -1, -1):  # back to the parenthesis that opens the head's condition
+        for k in range(len(codes[j]) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(codes[j][k], 0)
+            if depth == 0:
+                return (j, False) if _HEAD_KEYWORD.search(codes[j][:k]) else None
+    return None
+
+
+def reach_lines(m: Mutant, text: str | None) -> tuple[list[int], bool]:
+    """The lines whose execution tells whether the mutant can change what runs, and whether
+    only the whole file's can tell. Its own line; and where it removes a statement (deleted,
+    commented out) or adds one (a rule's `break;`) right under the head of a control statement
+    without braces, every such head above it too (nested ones, each where its keyword is):
+    the next statement becomes the body, or leaves it, and runs where the mutant's line did
+    not. `if (lost)\n  return lose(w);\nslot.control = post(w);` with the return commented out
+    posts only when lost (3cf801c25d: every server stopped hearing its workers, while the
+    line's own coverage said no test ran it). Under an `else`, the whole file's."""
+    if text is None or _code(m.after).count(";") == _code(m.before).count(";"):
+        return [m.line], False
     lines = text.split("\n")
     at = m.index_in(lines)
-    for i in range(-1 if at is None else at - 1, -1, -1):
-        head = re.sub(r"//.*", "", lines[i]).strip()
-        if head:
-            return m.line - (at - i) if _UNBRACED_HEAD.search(head) else m.line
-    return m.line
+    if at is None:
+        return [m.line], False
+    codes = [_code(l) for l in lines]
+    found, i = [m.line], at - 1
+    while True:
+        while i >= 0 and not codes[i]:
+            i -= 1
+        head = _unbraced_head(codes, i) if i >= 0 else None
+        if head is None:
+            return found, False
+        if head[1]:
+            return found, True
+        found.append(m.line - (at - head[0]))
+        i = head[0] - 1
+
+
+def targets_reaching(cov: Coverage, m: Mutant, text: str | None) -> list[str] | None:
+    """The targets whose tests execute a line that reach_lines names (None: no test runs any
+    line of the file, as LineCoverage.targets_running says)."""
+    lines, whole_file = reach_lines(m, text)
+    if whole_file:
+        return cov.lines.targets_running_file(m.file) or None
+    found = [cov.lines.targets_running(m.file, line) for line in lines]
+    if all(f is None for f in found):
+        return None
+    return sorted(set().union(*(f or [] for f in found)))
 
 
 def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None, text: str | None = None) -> list[str]:
     """The test targets built from the mutant's file, closest first (`text`: the file, to
-    find the line whose execution matters, reach_line)."""
+    find the lines whose execution matters, reach_lines)."""
     words = set(re.split(r"[/_.]+", m.file.removeprefix("include/gradwire/").rsplit(".", 1)[0])) - {"detail"}
     kills = kills or {}
     found = cov.objects_of.get(m.file, {})
@@ -345,7 +392,7 @@ def covering_targets(cov: Coverage, m: Mutant, kills: dict | None = None, text: 
         for t in cov.linking.get(lib, ()):
             if t in cov.tests_of:
                 targets.setdefault(t, [])
-    running = cov.lines.targets_running(m.file, reach_line(m, text)) if cov.lines else None
+    running = targets_reaching(cov, m, text) if cov.lines else None
     if running is not None:  # only the targets whose tests execute the line can see it change
         if not running:
             # Nobody runs the line: one target still builds it, to tell a survivor from code that
@@ -490,13 +537,13 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
     marker.write_text(m.file)
     path.write_text(mutated)
     try:
-        line = reach_line(m, original)
+        reaching = targets_reaching(cov, m, original) if cov.lines else None
         targets = covering_targets(cov, m, kills, original)
 
         def needed(target: str) -> list[str]:  # every executable its tests start: none runs stale code
             return sorted({target}.union(*(cov.uses[t] for t in cov.tests_of[target])))
         checks = checks_reading(cov, m.file)
-        if checks and cov.lines and cov.lines.targets_running(m.file, line) is None:
+        if checks and cov.lines and reaching is None:
             # No test runs any line of this file (concepts, constexpr code, aliases): the compile
             # checks are what can see it, so they go first, before every target that includes it.
             passed, _, failed = run_tests(build_dir, checks, 120, logs / f"{m.id}.checks.log")
@@ -506,7 +553,7 @@ def run_mutant(m: Mutant, src: Path, build_dir: Path, cov: Coverage, jobs: int, 
                     return "invalid", "", targets[0]
                 return "killed", (failed[0] if failed else "compile checks"), "compile checks"
             checks = []
-        nobody_runs = cov.lines is not None and cov.lines.targets_running(m.file, line) == []
+        nobody_runs = cov.lines is not None and reaching == []
         for i, target in enumerate(targets):
             if time.monotonic() - started > budget:
                 return "survived", "", f"{i} of {len(targets)} targets (budget)"

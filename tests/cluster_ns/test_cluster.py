@@ -45,6 +45,25 @@ def connect(c, host, addr, port, timeout):
     return p.returncode, p.stdout
 
 
+_UDP_RECEIVE = "import socket,sys; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.bind((sys.argv[1],5004)); " \
+               "print('bound',flush=True); s.settimeout(1.5)\ntry: print(s.recv(16).decode())\nexcept OSError: print('none')"
+
+
+def one_way(c, src, dst):
+    """Whether a UDP datagram from host `src` reaches host `dst` (no answer needed: one direction only)."""
+    rx = c.popen(dst, [sys.executable, "-c", _UDP_RECEIVE, c.addr(dst)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout.readline().strip() == "bound"
+        send = "import socket,sys,time\nfor _ in range(5): socket.socket(socket.AF_INET,socket.SOCK_DGRAM)" \
+               ".sendto(b'here',(sys.argv[1],5004)); time.sleep(0.1)"
+        c.run(src, [sys.executable, "-c", send, c.addr(dst)], check=True, timeout=10)
+        return rx.stdout.readline().strip() == "here"
+    finally:
+        rx.kill()
+        rx.wait()
+        rx.stdout.close()
+
+
 def qdiscs(ns, dev):
     return subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
 
@@ -169,11 +188,20 @@ class ThreeHosts(unittest.TestCase):
             self.assertIn("timed out", out)
             self.assertEqual(connect(c, 2, c.addr(1), 5003, 5)[0], 0, "the cut host still reaches the others")
             self.assertEqual(connect(c, 1, c.addr(0), 5003, 1.0)[0], 3, "both ways")
+            # A partition and its healing keep the cut (a link going down drops neighbour entries).
+            self.assertEqual(cli("partition", "0", "--name", c.name)[0], 0)
+            self.assertEqual(cli("heal", "0", "--name", c.name)[0], 0)
+            self.assertEqual(connect(c, 2, c.addr(0), 5003, 5)[0], 0, "healed")
+            self.assertFalse(one_way(c, 0, 1), "still cut from host 0 to host 1")
+            self.assertFalse(one_way(c, 1, 0), "and from host 1 to host 0")
+            self.assertTrue(one_way(c, 2, 0), "the probe itself works")
             code, _, err = cli("mend", "1", "0", "--name", c.name)  # either order names the pair
             self.assertEqual(code, 0, err)
             self.assertEqual(connect(c, 0, c.addr(1), 5003, 5)[0], 0)
+            self.assertEqual(connect(c, 1, c.addr(0), 5003, 5)[0], 0)
             self.assertNotIn("cut from", cli("status", "--name", c.name)[1])
         finally:
+            c.heal(0)
             c.mend(0, 1)
             for s in servers:
                 s.close()
@@ -238,6 +266,10 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual(cli("up", "--hosts", "3", "--name", a.name)[0], 0)
             self.assertIn(a.host_ns(2), gwcluster.namespaces())
             self.assertEqual(cli("cut", "0", "2", "--name", a.name)[0], 0)
+            subprocess.run(["ip", "netns", "del", a.host_ns(2)], check=True)  # a host lost: `up` repairs it, cut
+            self.assertEqual(cli("up", "--hosts", "3", "--name", a.name)[0], 0)
+            self.assertFalse(one_way(a, 2, 0), "a host made again keeps its cuts")
+            self.assertTrue(one_way(a, 2, 1))
             self.assertEqual(cli("up", "--hosts", "1", "--name", a.name)[0], 0)
             self.assertEqual(a.state().get("cuts"), [], "a cut to a removed host goes with it")
             self.assertNotIn("PERMANENT", subprocess.run(["ip", "-n", a.host_ns(0), "neigh", "show"], capture_output=True,

@@ -279,19 +279,20 @@ class held_tcp : public gw::transport::asio_tcp {
   }
   void wait(request& r, gw::deadline until) {
     const bool hold = held_ != nullptr && r.peek() == held_;
+    if (hold) held_ = nullptr;  // once, even if this wait throws
     asio_tcp::wait(r, until);
     if (hold) hold_until_lost();
   }
 
  private:
   void hold_until_lost() {
-    held_ = nullptr;
     std::printf("rank %d: HOLDING after worker %d's gradient %d\n", rank(), victim_, at_);
     std::fflush(stdout);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     auto lost = [&] { return std::ranges::count(lost_peers(), victim_) > 0; };
     while (!lost()) {
-      if (std::chrono::steady_clock::now() > give_up) ::fail("held a minute: worker " + std::to_string(victim_) + " never lost");
+      if (std::chrono::steady_clock::now() > give_up)
+        ::fail("held a minute: worker " + std::to_string(victim_) + " was never lost");
       std::byte none{};
       auto probe = asio_tcp::async_recv(victim_, probe_tag, {&none, 1});
       try {
@@ -303,7 +304,9 @@ class held_tcp : public gw::transport::asio_tcp {
     std::fflush(stdout);
   }
 
-  static constexpr std::uint64_t probe_tag = 1ull << 40;  // used by nobody
+  // Below the parameter server's tags (ps::detail::tag_base), above any collective's of a
+  // job this short (sequence << 16), within the 48 bits every transport carries.
+  static constexpr std::uint64_t probe_tag = 1ull << 40;
   int victim_, at_, gradients_ = 0;
   const void* held_ = nullptr;
 };
@@ -634,7 +637,7 @@ int main(int argc, char** argv) {
       else fail("failover: sync or async");
     } else {
       std::fprintf(stderr, "usage: ps_worker sync|async|bounded S|backup|kill K|rejoin K|server-loss DIR [async]|"
-                           "resume DIR|"
+                           "resume DIR|rejoin-mid-push K|"
                            "lose-worker sync|backup K|bounded-kill K|sync-rejoin K|finish-early K|servers-finish K|"
                            "failover sync|async VICTIM update:K|ms:D\n");
       return 2;

@@ -211,11 +211,31 @@ class ALineNobodyRuns(OneMutantRun, unittest.TestCase):
 
 class ABodyWithoutBraces(OneMutantRun, unittest.TestCase):
     """A statement removed from, or added to, the body of a control statement without braces
-    changes what the next statement is: its line's coverage does not bound the mutant, its
-    head's does (3cf801c25d, a commented-out `return` under an `if`, was called untested while
-    it stopped every parameter server hearing its workers)."""
+    changes what the next statement is: its line's coverage does not bound the mutant; every
+    unbraced head above it counts too (3cf801c25d, a commented-out `return` under an `if`, was
+    called untested while it stopped every parameter server hearing its workers)."""
 
-    TEXT = "void f() {\n  g(1);\n  if (lost)  // gone\n\n    return h(2);\n  post();\n  for (;;)\n    k();\n}\n"
+    TEXT = "\n".join([
+        "void f() {",                          # 1
+        "  g(1);",                             # 2
+        "  if (lost)  // gone",                # 3
+        "",                                    # 4
+        "    return h(2);",                    # 5
+        "  post();",                           # 6
+        "  for (;;)",                          # 7
+        "    k();",                            # 8
+        "  if (a &&",                          # 9
+        "      b(1))",                         # 10
+        "    for (int i = 0; i < n; ++i)",     # 11
+        "      m(i);",                         # 12
+        "  if (x) [[unlikely]]",               # 13
+        "    throw e(\"http://x; y\");",       # 14
+        "  else",                              # 15
+        "    z();",                            # 16
+        "  call(a,",                           # 17
+        "       b)",                           # 18
+        "  ;",                                 # 19
+        "}", ""])
 
     def setUp(self):
         super().setUp()
@@ -225,21 +245,26 @@ class ABodyWithoutBraces(OneMutantRun, unittest.TestCase):
             {"include/gradwire/ps/server.hpp": {2, 3, 5, 6}})
         self.m = Mutant("n", "ps", "include/gradwire/ps/server.hpp", 5, "    return h(2);", "    /*return h(2);*/")
 
-    def reach(self, line, before, after):
-        return generated.reach_line(Mutant("r", "ps", "f.hpp", line, before, after), self.TEXT)
+    def reach(self, line, after):
+        before = self.TEXT.split("\n")[line - 1]
+        return generated.reach_lines(Mutant("r", "ps", "f.hpp", line, before, after), self.TEXT)
 
-    def test_the_head_decides_for_a_statement_removed_or_added(self):
-        self.assertEqual(self.reach(5, "    return h(2);", "    /*return h(2);*/"), 3)
-        self.assertEqual(self.reach(5, "    return h(2);", ""), 3)
-        self.assertEqual(self.reach(8, "    k();", "    k();\n  break;"), 7)
+    def test_the_heads_count_for_a_statement_removed_or_added(self):
+        self.assertEqual(self.reach(5, "    /*return h(2);*/"), ([5, 3], False))
+        self.assertEqual(self.reach(5, ""), ([5, 3], False))
+        self.assertEqual(self.reach(8, "    k();\n  break;"), ([8, 7], False))
+        self.assertEqual(self.reach(12, ""), ([12, 11, 9], False), "nested heads, each where its keyword is")
+        self.assertEqual(self.reach(14, ""), ([14, 13], False), "an attribute after the head; a string's // and ;")
+        self.assertEqual(self.reach(16, ""), ([16], True), "under an else: the whole file's")
 
     def test_its_own_line_decides_otherwise(self):
-        self.assertEqual(self.reach(5, "    return h(2);", "    return h(3);"), 5, "the same statements")
-        self.assertEqual(self.reach(6, "  post();", "  /*post();*/"), 6, "under a statement, not a head")
-        self.assertEqual(self.reach(2, "  g(1);", ""), 2, "under a brace")
-        self.assertEqual(generated.reach_line(self.m, None), 5, "no text: its own line")
+        self.assertEqual(self.reach(5, "    return h(3);"), ([5], False), "the same statements")
+        self.assertEqual(self.reach(6, "  /*post();*/"), ([6], False), "under a statement, not a head")
+        self.assertEqual(self.reach(2, ""), ([2], False), "under a brace")
+        self.assertEqual(self.reach(19, ""), ([19], False), "under a call continued over lines")
+        self.assertEqual(generated.reach_lines(self.m, None), ([5], False), "no text: its own line")
 
-    def test_the_tests_of_whoever_runs_the_head_are_run(self):
+    def test_the_tests_of_whoever_runs_a_head_are_run(self):
         self.assertEqual(generated.covering_targets(self.cov, self.m, text=self.TEXT), ["runs_it"])
         (outcome, _, why), built, ran = self.run_it(builds=True)
         self.assertEqual((outcome, why), ("survived", "1 of 1 targets"))
