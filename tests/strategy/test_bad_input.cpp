@@ -711,6 +711,24 @@ TEST_CASE("ucx: an operation UCX failed without a reason is described by the ran
   CHECK(e.failure_text(*send) == "rank 0: rank 3 failed: the job's setting is bad");  // the root cause first
 }
 
+TEST_CASE("ucx: when a peer that said goodbye breaks, only the sends to it are settled", "[transport][ucx]") {
+  // Settling a send waits (up to 2 s) until UCX lets go of it: right for the sends to the
+  // peer that broke (its endpoint closes), a stall for a send to a live peer that has not
+  // posted its receive. Engine read by hand: one rank, its own peer; one send stands for a
+  // send to another rank.
+  auto engine = joined_engine_of_one_rank();
+  auto& e = *engine;
+  std::vector<std::byte> a(8), b(8), c(8);
+  auto to_it = e.make_op(true, 0, 5, a.data(), a.size());
+  auto to_another = e.make_op(true, 0, 6, b.data(), b.size());
+  to_another->peer = 1;
+  auto from_it = e.make_op(false, 0, 7, c.data(), c.size());
+  e.in_flight = {to_another.get(), from_it.get(), to_it.get()};
+  CHECK(e.sends_to(0) == std::vector<ud::ucx_op*>{to_it.get()});
+  CHECK(e.sends_to(1) == std::vector<ud::ucx_op*>{to_another.get()});
+  e.in_flight.clear();  // nothing of these is in UCX
+}
+
 TEST_CASE("ucx: a rank that publishes its address but never answers the greeting is named by the join's timeout",
           "[transport][bad_input][ucx]") {
   // Rank 1 of 2 is played by the test: through the store it publishes, as its own, the address

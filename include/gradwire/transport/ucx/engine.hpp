@@ -136,6 +136,8 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void cancel(ucx_op& op) noexcept;
   void withdraw(ucx_op& op, errc cause, const std::string& why) noexcept;
   void forget(ucx_op& op) noexcept;
+  // The sends (and puts) in flight to `peer`: what a finished peer's break settles.
+  std::vector<ucx_op*> sends_to(int peer) const;
   void on_broken(int peer, ucs_status_t s);
   void isolate(int peer, const std::string& why);
   void fail_everything(errc cause, const std::string& why);

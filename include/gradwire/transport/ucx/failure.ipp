@@ -45,6 +45,15 @@ GRADWIRE_DECL void ucx_engine::withdraw(ucx_op& op, errc cause, const std::strin
 
 GRADWIRE_DECL void ucx_engine::forget(ucx_op& op) noexcept { std::erase(in_flight, &op); }
 
+// Only these: settling a send to a live peer that has not posted its receive would spin
+// for settle's 2 s, inside whoever's wait saw the other peer break.
+GRADWIRE_DECL std::vector<ucx_op*> ucx_engine::sends_to(int peer) const {
+  std::vector<ucx_op*> sends;
+  for (auto* op : in_flight)
+    if (op->is_send && op->peer == peer) sends.push_back(op);
+  return sends;
+}
+
 GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
   auto& p = peers[peer];
   if (!p.lost_reason.empty() || failed) return;
@@ -55,11 +64,11 @@ GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
     // It said goodbye and left. Sends to it still in flight carried what it wanted
     // (it would not have finished without them); UCX fails them as the endpoint
     // closes, so they are settled first. Receives from it drain (on_goodbye).
-    for (auto* op : in_flight)
-      if (op->is_send && !op->one_sided && op->peer == peer) op->finish();
+    const std::vector<ucx_op*> sends = sends_to(peer);
+    for (auto* op : sends)
+      if (!op->one_sided) op->finish();
     close_endpoint(p);
-    for (auto* op : in_flight)
-      if (op->is_send && op->peer == peer) settle(*op);  // UCX lets go before anyone frees it
+    for (auto* op : sends) settle(*op);  // UCX lets go before anyone frees it
     return;
   }
   if (p.tolerated) return isolate(peer, why);
