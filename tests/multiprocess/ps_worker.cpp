@@ -30,8 +30,10 @@
 //   ps_worker failover sync|async VICTIM WHEN [STEPS [DIR]]
 //                                  servers with standbys (the launcher's ps ranks: the servers, then
 //                                  as many standbys); rank VICTIM (-1: none) is killed with SIGKILL,
-//                                  WHEN = update:K just before its K-th update (a deterministic point)
-//                                  or ms:D D ms into serving; STEPS (default 60) of 10 ms. Workers
+//                                  WHEN = update:K just before its K-th update (a deterministic point),
+//                                  ms:D D ms into serving, or (sync, asio_tcp only) request:1 once it
+//                                  received its first request, a worker's first pull, before any push
+//                                  (held_tcp); STEPS (default 60) of 10 ms. Workers
 //                                  print "training" once set up, and a hash of their final
 //                                  parameters (params=), to compare with an uninterrupted run's.
 //                                  DIR: checkpoints there, the standbys' in DIR/standby (a
@@ -201,6 +203,23 @@ void hold_until_released(const char* why) {
   }
 }
 
+// $GW_TEST_SYNC_DIR/serving<R>: serving rank R has begun serving (run() writes it).
+void say_serving(int rank) {
+  if (const char* dir = std::getenv("GW_TEST_SYNC_DIR"); dir && *dir)
+    std::ofstream(std::string(dir) + "/serving" + std::to_string(rank)) << "1\n";
+}
+// Polls until every rank in [first, size) has begun serving; FAIL after a minute.
+void serving_everywhere(int first, int size) {
+  const char* dir = std::getenv("GW_TEST_SYNC_DIR");
+  if (!dir || !*dir) fail("this mode needs GW_TEST_SYNC_DIR (test_ps.py sets it)");
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = first; r < size; ++r)
+    while (!std::filesystem::exists(std::string(dir) + "/serving" + std::to_string(r))) {
+      if (std::chrono::steady_clock::now() > give_up) fail("rank " + std::to_string(r) + " never began serving");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a bounded poll of the others' files
+    }
+}
+
 bool is_replacement() {
   const char* r = std::getenv("GRADWIRE_REJOIN");
   return r && std::string(r) == "1";
@@ -262,25 +281,38 @@ std::uint64_t calls = 0;  // updates a server is about to make (failover: the vi
 int kill_after_ms = -1;   // failover ms:D: a server or standby raises SIGKILL D ms into serving
 
 #if !GRADWIRE_TEST_UCX && !GRADWIRE_TEST_MPI
-// asio_tcp that holds a server at one chosen point: right after it received worker
-// `victim`'s gradient number `at`, it says so ("HOLDING ...", the test then kills that
-// worker) and waits, on a receive nobody sends, until its engine has seen the loss. The
-// server then goes on with a push whose worker it knows is lost: a point a plain run
-// reaches only by luck (over TCP a loss is seen only inside a wait).
+// asio_tcp that stops a server at one chosen point, a point a plain run reaches only by
+// luck (over TCP a loss is seen only inside a wait):
+// - held_tcp(t, victim, at): right after it received worker `victim`'s gradient number
+//   `at`, it says so ("HOLDING ...", the test then kills that worker) and waits, on a
+//   receive nobody sends, until its engine has seen the loss; the server then goes on with
+//   a push whose worker it knows is lost;
+// - held_tcp(t, dies_at_first_request): it raises SIGKILL once the server has received its
+//   first request (a worker's first pull, from strategy<>'s constructor): after its standby
+//   confirmed the shard, before any worker has pushed, and once every serving rank serves
+//   (past the setup in which a peer's loss is still fatal to it: serving_everywhere).
 class held_tcp : public gw::transport::asio_tcp {
  public:
   explicit held_tcp(gw::transport::asio_tcp&& t, int victim = -1, int at = 0)
       : asio_tcp(std::move(t)), victim_(victim), at_(at) {}
+  held_tcp(gw::transport::asio_tcp&& t, bool dies_at_first_request, int first_server = 0)
+      : asio_tcp(std::move(t)), dies_(dies_at_first_request), first_server_(first_server) {}
 
   request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) {
     auto r = asio_tcp::async_recv(peer, tag, bytes);
     if (peer == victim_ && tag == gw::ps::detail::gradient_tag && ++gradients_ == at_) held_ = r.peek();
+    if (dies_ && tag == gw::ps::detail::request_tag) requests_.push_back(r.peek());
     return r;
   }
   void wait(request& r, gw::deadline until) {
     const bool hold = held_ != nullptr && r.peek() == held_;
     if (hold) held_ = nullptr;  // once, even if this wait throws
+    const bool dies = std::ranges::count(requests_, r.peek()) > 0;  // the first waited for: none died before
     asio_tcp::wait(r, until);
+    if (dies) {
+      serving_everywhere(first_server_, size());
+      std::raise(SIGKILL);
+    }
     if (hold) hold_until_lost();
   }
 
@@ -307,8 +339,11 @@ class held_tcp : public gw::transport::asio_tcp {
   // Below the parameter server's tags (ps::detail::tag_base), above any collective's of a
   // job this short (sequence << 16), within the 48 bits every transport carries.
   static constexpr std::uint64_t probe_tag = 1ull << 40;
-  int victim_, at_, gradients_ = 0;
+  int victim_ = -1, at_ = 0, gradients_ = 0;
   const void* held_ = nullptr;
+  bool dies_ = false;
+  int first_server_ = 0;
+  std::vector<const void*> requests_;  // request receives posted (dies_)
 };
 static_assert(gw::concepts::rejoinable_transport<held_tcp> && gw::concepts::multiplexing_transport<held_tcp>);
 #endif
@@ -323,6 +358,7 @@ void run(const gw::cluster::cluster_spec& spec, gw::ps::options options, const p
   const int workers = spec.world_size - options.serving_ranks();
   S s(join_as(), start_params(spec.rank), gw::optim::sgd({.lr = lr}), typename S::aggregation_type(options));
   if (s.is_server()) {
+    say_serving(spec.rank);
     if (kill_after_ms >= 0)  // timed from the start of serving, not of the process: setup may be slow
       std::thread([] {
         std::this_thread::sleep_for(std::chrono::milliseconds(kill_after_ms));
@@ -632,6 +668,15 @@ int main(int argc, char** argv) {
         options.checkpoint_dir = std::string(argv[6]) + (spec.rank >= spec.world_size - servers ? "/standby" : "");
       }
       const plan p{.steps = argc > 5 ? std::stoi(argv[5]) : 60, .pace_ms = 10};
+#if !GRADWIRE_TEST_UCX && !GRADWIRE_TEST_MPI
+      if (arg == "sync" && when == "request:1") {  // asio_tcp only: the victim dies in held_tcp
+        static const bool dies = spec.rank == victim;
+        static const int first_server = spec.world_size - spec.count(gw::cluster::task_type::ps);
+        run<gw::ps::sync, held_tcp>(spec, options, p, nullptr,
+                                    +[] { return held_tcp(join_job(), dies, first_server); });
+        return 0;
+      }
+#endif
       if (arg == "sync") run<gw::ps::sync>(spec, options, p);
       else if (arg == "async") run<gw::ps::async>(spec, options, p);
       else fail("failover: sync or async");

@@ -285,7 +285,10 @@ class Failover(unittest.TestCase):
 
     def test_sync_failover_loses_no_update_and_ends_bit_identical(self):
         reference = self.uninterrupted()
-        for victim, when in ((2, "update:20"), (3, "update:45"), (2, "ms:400")):
+        cases = [(2, "update:20"), (3, "update:45"), (2, "ms:400")]
+        if os.path.basename(WORKER) == "ps_worker":  # over asio_tcp, which ps_worker's held_tcp builds on
+            cases.append((2, "request:1"))
+        for victim, when in cases:
             with self.subTest(victim=victim, when=when):
                 lines, out = self.job("sync", victim, when)
                 for w in range(self.WORKERS):
@@ -302,6 +305,14 @@ class Failover(unittest.TestCase):
                     self.assertEqual(int(standby["resent"]), self.WORKERS if int(standby["promoted_at"]) == at else 0,
                                      out)
                     self.assertEqual(standby["dropped"], "0", out)
+                    for w in range(self.WORKERS):
+                        self.assertEqual(self.worker_field(lines, w, "failovers"), "1", out)
+                if when == "request:1":
+                    # Dead once it received the first of the workers' first pulls (strategy<>'s
+                    # constructor), its standby confirmed: they fail over with nothing pushed, so
+                    # nothing to resend, and pull from the standby.
+                    self.assertEqual((standby["promoted"], standby["promoted_at"]), ("1", "0"), out)
+                    self.assertEqual((standby["resent"], standby["dropped"]), ("0", "0"), out)
                     for w in range(self.WORKERS):
                         self.assertEqual(self.worker_field(lines, w, "failovers"), "1", out)
                 if standby["promoted"] == "1":
