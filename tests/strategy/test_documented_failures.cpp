@@ -460,6 +460,28 @@ TEST_CASE("rendezvous: a store host that never answers the connection is a timeo
   REQUIRE(took < timeout + patience);
 }
 
+TEST_CASE("rendezvous: a store that hangs up while a request is sent is a lost connection while sending, naming the "
+          "store and the reason") {
+  // The "store" accepts and closes at once. 32 MiB (under the store's 64 MiB limit) cannot
+  // all go into the kernel's buffers before the closed socket answers the first bytes with a
+  // reset, so the write itself fails, not the read of the reply after it.
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  const auto port = acceptor.local_endpoint().port();
+  gw::rendezvous::store_client client("127.0.0.1", port, store_token, patience);
+  acceptor.accept().close();  // the client's connection, waiting in the backlog
+  const std::string value(32u << 20, 'v');
+  const outcome o = outcome_of([&] { client.set("k", value); });
+  CAPTURE(o.what);
+  REQUIRE(o.kind == errc::peer_lost);
+  const std::string store = "the rendezvous store at 127\\.0\\.0\\.1:" + std::to_string(port);
+  REQUIRE_THAT(o.what, Catch::Matches("lost the connection to " + store + " while sending: [A-Za-z].*"));  // a reason
+  // The stream is unusable after a half-sent frame: the next call says so at once.
+  const outcome next = outcome_of([&] { client.set("k", "v"); });
+  REQUIRE(next.kind == errc::peer_lost);
+  REQUIRE_THAT(next.what, Catch::Matches(store + ": the connection was closed by an earlier error.*"));
+}
+
 // Run by tests/support/in_netns.py with net.ipv4.tcp_syn_retries=1 (hidden: the host's
 // 6 retries would take 2 minutes): the kernel gives up on a connection attempt after 3 s
 // (ETIMEDOUT), which is not the last word before the deadline: like a refusal, it is
