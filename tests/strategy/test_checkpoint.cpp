@@ -389,6 +389,18 @@ TEST_CASE("saving replaces a checkpoint atomically: a failed or interrupted save
     REQUIRE(gw::load_checkpoint(file, target) == 10);
     REQUIRE(image(target) == first);
   }
+  SECTION("a save that cannot rename its file into place fails naming both, and removes its temporary file") {
+    const auto occupied = dir.path / "taken.ckpt";
+    fs::create_directory(occupied);  // rename() of a file over a directory fails (EISDIR)
+    const auto its_tmp = fs::path(occupied.string() + ".tmp." + std::to_string(::getpid()));
+    const auto e = error_of([&] { gw::save_checkpoint(occupied, target, 12); });
+    CAPTURE(e.second);
+    REQUIRE(e.first == gw::errc::config);
+    REQUIRE_THAT(e.second, Catch::Contains(occupied.string()) && Catch::Contains("cannot rename") &&
+                               Catch::Contains(its_tmp.string()));
+    REQUIRE_FALSE(fs::exists(its_tmp));
+    REQUIRE(fs::is_directory(occupied));
+  }
   SECTION("a save into a missing directory says so") {
     const auto nowhere = dir.path / "missing" / "model.ckpt";
     const auto e = error_of([&] { gw::save_checkpoint(nowhere, target); });
