@@ -1,6 +1,7 @@
 // host_tensor, tensor_view and aligned_buffer: alignment, zeroing, shapes, ownership and the tensor concept.
 #include <gradwire/concepts.hpp>
 #include <gradwire/tensor/aligned_buffer.hpp>
+#include <gradwire/tensor/flat_layout.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
 #include <gradwire/tensor/shape.hpp>
 
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -353,4 +355,50 @@ TEMPLATE_TEST_CASE("aligned_buffer::reserve_discard only grows", "[tensor][align
   empty.reserve_discard(3);
   REQUIRE(empty.size() >= 3);
   REQUIRE(empty.data() != nullptr);
+}
+
+// flat_layout: the library's one pack/unpack (buckets, central storage, accumulation).
+TEST_CASE("flat_layout places tensors back to back in the given order, and refuses an order that is not a "
+          "permutation of them, naming the counts or the tensor",
+          "[tensor][flat_layout]") {
+  const std::vector<std::size_t> sizes{3, 0, 2, 4};
+  const std::vector<std::size_t> order{2, 0, 3, 1};  // 2 first, then 0, 3, and the empty 1
+  const gradwire::flat_layout layout(sizes, order);
+  CHECK(layout.tensor_count() == 4);
+  CHECK(layout.total() == 9);
+  // Offsets by hand: tensor 2 at 0, tensor 0 at 2, tensor 3 at 5, tensor 1 (empty) at 9.
+  CHECK(std::vector<std::size_t>{layout.offset(0), layout.offset(1), layout.offset(2), layout.offset(3)} ==
+        std::vector<std::size_t>{2, 9, 0, 5});
+  CHECK(std::vector<std::size_t>{layout.position(0), layout.position(1), layout.position(2), layout.position(3)} ==
+        std::vector<std::size_t>{1, 3, 0, 2});
+  CHECK(std::ranges::equal(layout.order(), order));
+  // Gather then scatter: every element lands at its offset and comes back.
+  const std::vector<std::vector<float>> tensors{{1, 2, 3}, {}, {4, 5}, {6, 7, 8, 9}};
+  std::vector<float> flat(9, -1.0f);
+  layout.gather(tensors, std::span<float>(flat));
+  CHECK(flat == std::vector<float>{4, 5, 1, 2, 3, 6, 7, 8, 9});
+  std::vector<std::vector<float>> back{std::vector<float>(3), {}, std::vector<float>(2), std::vector<float>(4)};
+  std::vector<std::span<float>> into(back.begin(), back.end());  // what the library scatters into: views
+  layout.scatter(std::span<const float>(flat), into);
+  CHECK(back == tensors);
+  CHECK(layout.fits(tensors));
+  CHECK_FALSE(layout.fits(std::vector<std::vector<float>>{{1, 2, 3}, {}, {4, 5}}));
+  // Index order when none is given.
+  CHECK(gradwire::flat_layout(sizes).offset(3) == 5);
+
+  auto refusal = [&](std::vector<std::size_t> bad) {
+    try {
+      gradwire::flat_layout(sizes, bad);
+    } catch (const gradwire::error& e) {
+      CHECK(e.kind() == gradwire::errc::invalid_argument);
+      return std::string(e.what());
+    }
+    FAIL("accepted an order that is not a permutation");
+    return std::string();
+  };
+  CHECK_THAT(refusal({2, 0, 3}), Catch::StartsWith("flat_layout: an order of 3 tensors for 4"));
+  CHECK_THAT(refusal({2, 0, 2, 1}),
+             Catch::StartsWith("flat_layout: the order is not a permutation of 0..3 (tensor 2 at position 2)"));
+  CHECK_THAT(refusal({2, 0, 4, 1}),
+             Catch::StartsWith("flat_layout: the order is not a permutation of 0..3 (tensor 4 at position 2)"));
 }
