@@ -186,6 +186,10 @@ class Cluster:
         """Host `host`'s IPv4 address (a string)."""
         s = self._require()
         host = self._check_host(s, host)
+        return self._address(s, host)
+
+    def _address(self, s, host):
+        """Host `host`'s address in state `s` (no state read: for callers holding the lock)."""
         return str(self._subnet(s).network_address + host + 1)
 
     def addresses(self):
@@ -240,8 +244,7 @@ class Cluster:
             for pair in list(s.get("cuts", [])):  # a cut to a removed host goes with it
                 a, b = (int(x) for x in pair.split("-"))
                 if b >= hosts:
-                    _run("ip", "-n", self.host_ns(a), "neigh", "del", str(self._subnet(s).network_address + b + 1),
-                         "dev", "eth0", check=False)
+                    _run("ip", "-n", self.host_ns(a), "neigh", "del", self._address(s, b), "dev", "eth0", check=False)
                     s["cuts"].remove(pair)
             subnet = self._subnet(s)
             for h in range(hosts):
@@ -378,15 +381,15 @@ class Cluster:
                 if on:
                     self._resolve_nowhere(s, here, there)
                 else:
-                    _run("ip", "-n", self.host_ns(here), "neigh", "del", self.addr(there), "dev", "eth0", check=False)
+                    _run("ip", "-n", self.host_ns(here), "neigh", "del", self._address(s, there), "dev", "eth0",
+                         check=False)
             cuts = set(s.get("cuts", [])) - {f"{a}-{b}"}
             s["cuts"] = sorted(cuts | ({f"{a}-{b}"} if on else set()))
             self._save(s)
 
     def _resolve_nowhere(self, s, here, there):
-        address = str(self._subnet(s).network_address + there + 1)
-        _run("ip", "-n", self.host_ns(here), "neigh", "replace", address, "lladdr", NOWHERE_MAC, "nud", "permanent",
-             "dev", "eth0")
+        _run("ip", "-n", self.host_ns(here), "neigh", "replace", self._address(s, there), "lladdr", NOWHERE_MAC,
+             "nud", "permanent", "dev", "eth0")
 
     def _apply_cuts(self, s, h):
         """Makes host `h`'s side of every cut of it in state `s` hold (again)."""

@@ -36,6 +36,20 @@ def counts(text):
     return [int(x) for x in text.split(",") if x]
 
 
+def assert_replaced_and_taken_back(test, job, victim):
+    """Checks that `victim`'s first incarnation died by SIGKILL, every rank's current one passed,
+    and every server lost it once and took its replacement back; returns the replacement's pushes."""
+    out = job.output()
+    test.assertEqual(job.incarnations[victim][0].proc.returncode, -9, out)
+    for r in range(job.size):
+        test.assertEqual(job.current(r).proc.returncode, 0, out)
+        test.assertIn("PASS", job.current(r).text(), out)
+    for s in range(job.workers, job.size):
+        test.assertEqual(stats(job, s)["lost"], str(victim), out)
+        test.assertEqual(stats(job, s)["rejoined"], str(victim), out)
+    return int(re.search(r"PASS pushes=(\d+)", job.current(victim).text()).group(1))
+
+
 def wait_until(predicate, timeout, step=0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -55,17 +69,9 @@ class ElasticWorkers(unittest.TestCase):
             self.assertTrue(job.wait(90), "the job did not finish:\n" + job.output())
         finally:
             job.stop()
-        out = job.output()
-        self.assertEqual(job.incarnations[2][0].proc.returncode, -9, out)
-        for r in range(job.size):
-            self.assertEqual(job.current(r).proc.returncode, 0, out)
-            self.assertIn("PASS", job.current(r).text(), out)
-        for s in (3, 4):
-            self.assertEqual(stats(job, s)["lost"], "2", out)
-            self.assertEqual(stats(job, s)["rejoined"], "2", out)
+        pushes = assert_replaced_and_taken_back(self, job, 2)
         # The replacement pushed (it took part), from the servers' current parameters.
-        pushes = int(re.search(r"PASS pushes=(\d+)", job.current(2).text()).group(1))
-        self.assertGreater(pushes, 0, out)
+        self.assertGreater(pushes, 0, job.output())
 
     def test_replacements_that_cannot_rejoin_are_refused_and_the_job_goes_on(self):
         # Worker 1 kills itself at its 10th step (25 ms a step); then two bad replacements and a good one.
@@ -286,18 +292,9 @@ class WorkerLostMidPush(unittest.TestCase):
             self.assertTrue(job.wait(90), "the job did not finish:\n" + job.output())
         finally:
             job.stop()
-        out = job.output()
-        self.assertEqual(job.incarnations[2][0].proc.returncode, -9, out)
-        for r in range(job.size):
-            self.assertEqual(job.current(r).proc.returncode, 0, out)
-            self.assertIn("PASS", job.current(r).text(), out)
-        for s in (3, 4):
-            st = stats(job, s)
-            self.assertEqual(st["lost"], "2", out)
-            self.assertEqual(st["rejoined"], "2", out)
-            # The held push was applied: the first incarnation's 10 and the replacement's.
-            replacement = int(re.search(r"PASS pushes=(\d+)", job.current(2).text()).group(1))
-            self.assertEqual(counts(st["pushes"])[2], 10 + replacement, out)
+        replacement = assert_replaced_and_taken_back(self, job, 2)
+        for s in (3, 4):  # the held push was received: the first incarnation's 10 and the replacement's
+            self.assertEqual(counts(stats(job, s)["pushes"])[2], 10 + replacement, job.output())
 
 
 if __name__ == "__main__":
