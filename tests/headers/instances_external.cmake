@@ -6,14 +6,18 @@ execute_process(COMMAND ${NM} -C ${OBJECT} RESULT_VARIABLE result OUTPUT_VARIABL
 if(NOT result EQUAL 0)
   message(FATAL_ERROR "${NM} ${OBJECT} failed: ${err}")
 endif()
-set(names "ring_all_reduce<" "halving_doubling_all_reduce<" "one_shot_all_reduce<" "hierarchical_all_reduce<"
-          "all_reduce<gradwire::collective::auto_," "broadcast<" "check_same_model<")
+set(tr "gradwire::transport::${TRANSPORT}")
+set(names "collective::ring_all_reduce<${tr}," "collective::halving_doubling_all_reduce<${tr},"
+          "collective::one_shot_all_reduce<${tr}," "collective::hierarchical_all_reduce<${tr},"
+          "collective::all_reduce<gradwire::collective::auto_, ${tr}," "collective::broadcast<${tr},"
+          "collective::check_same_model<${tr}>" "collective::communicator<${tr}>::async"
+          "aggregation::all_reduce_agent<gradwire::collective::auto_, float, ${tr}>::setup"
+          "aggregation::all_reduce_agent<gradwire::collective::auto_, double, ${tr}>::setup")
 set(defined "")
 set(missing "")
 foreach(name IN LISTS names)
-  # nm -C: "<address> W void gradwire::collective::NAME<gradwire::transport::TRANSPORT, float>(...)"
-  string(REGEX MATCHALL "[^\n]* [A-Za-z] [^\n]*gradwire::collective::${name}[^\n]*gradwire::transport::${TRANSPORT}[,>][^\n]*"
-         lines "${symbols}")
+  # nm -C: "<address or blanks> <type letter> [void ]gradwire::NAME..."; U: undefined here.
+  string(REGEX MATCHALL "[^\n]* [A-Za-z] (void )?gradwire::${name}[^\n]*" lines "${symbols}")
   if(NOT lines)
     list(APPEND missing "${name}")
   endif()
@@ -24,7 +28,8 @@ foreach(name IN LISTS names)
   endforeach()
 endforeach()
 if(missing)
-  message(FATAL_ERROR "${OBJECT} does not refer to the collectives ${missing} over ${TRANSPORT} (the test no longer uses them)")
+  list(JOIN missing "\n" missing)
+  message(FATAL_ERROR "${OBJECT} does not refer to these instances over ${TRANSPORT} (the test no longer uses them):\n${missing}")
 endif()
 if(defined)
   list(JOIN defined "\n" defined)
