@@ -7,12 +7,13 @@ if(NOT result EQUAL 0)
   message(FATAL_ERROR "${NM} ${OBJECT} failed: ${err}")
 endif()
 set(tr "gradwire::transport::${TRANSPORT}")
-set(names "collective::ring_all_reduce<${tr}," "collective::halving_doubling_all_reduce<${tr},"
-          "collective::one_shot_all_reduce<${tr}," "collective::hierarchical_all_reduce<${tr},"
-          "collective::all_reduce<gradwire::collective::auto_, ${tr}," "collective::broadcast<${tr},"
-          "collective::check_same_model<${tr}>" "collective::communicator<${tr}>::async"
-          "aggregation::all_reduce_agent<gradwire::collective::auto_, float, ${tr}>::setup"
-          "aggregation::all_reduce_agent<gradwire::collective::auto_, double, ${tr}>::setup")
+set(names "collective::check_same_model<${tr}>" "collective::communicator<${tr}>::async")
+foreach(v float double)
+  list(APPEND names "collective::ring_all_reduce<${tr}, ${v}>" "collective::halving_doubling_all_reduce<${tr}, ${v}>"
+       "collective::one_shot_all_reduce<${tr}, ${v}>" "collective::hierarchical_all_reduce<${tr}, ${v}>"
+       "collective::all_reduce<gradwire::collective::auto_, ${tr}, ${v}>" "collective::broadcast<${tr}, ${v}>"
+       "aggregation::all_reduce_agent<gradwire::collective::auto_, ${v}, ${tr}>::setup")
+endforeach()
 set(defined "")
 set(missing "")
 foreach(name IN LISTS names)

@@ -4,7 +4,12 @@
 // static_assert below or in strategy<>'s own checks.
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/strategies.hpp>
+#if GRADWIRE_TEST_ASIO
 #include <gradwire/strategies/multi_worker_mirrored.hpp>
+#endif
+#if GRADWIRE_TEST_MPI
+#include <gradwire/mpi.hpp>
+#endif
 #if GRADWIRE_TEST_UCX
 #include <gradwire/ucx.hpp>
 #endif
@@ -24,7 +29,12 @@ static_assert(is_strategy_of<gw::central_storage<T, O>, gw::aggregation::central
 static_assert(is_strategy_of<gw::local_sgd<T, O, 4>, gw::aggregation::averaging<4>, gw::transport::inproc>);
 static_assert(is_strategy_of<gw::parameter_server<T, O, gw::ps::sync>, gw::aggregation::parameter_server<gw::ps::sync>,
                              gw::transport::inproc>);
+#if GRADWIRE_TEST_ASIO
 static_assert(is_strategy_of<gw::multi_worker_mirrored<T, O>, gw::aggregation::all_reduce, gw::transport::asio_tcp>);
+#endif
+#if GRADWIRE_TEST_MPI
+static_assert(is_strategy_of<gw::multi_worker_mirrored_mpi<T, O>, gw::aggregation::all_reduce, gw::transport::mpi>);
+#endif
 #if GRADWIRE_TEST_UCX
 static_assert(is_strategy_of<gw::multi_worker_mirrored_ucx<T, O>, gw::aggregation::all_reduce, gw::transport::ucx>);
 #endif

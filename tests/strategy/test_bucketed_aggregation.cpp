@@ -1,6 +1,8 @@
 // aggregation::all_reduce with many buckets (async, overlapped): the mean-gradient step, bit-identical replicas.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <gradwire/aggregation/detail/bucket_schedule.hpp>
 #include <gradwire/gradwire.hpp>
 #include <random>
 #include <vector>
@@ -58,4 +60,36 @@ TEST_CASE("all_reduce aggregation with small buckets takes the mean-gradient ste
         REQUIRE(results[r][k][i] == results[0][k][i]);  // bit-identical replicas
       }
     }
+}
+
+// The rebuild after the first step adopts rank 0's order, and only rank 0's: a rank 0 that
+// saw no whole first step (a gradient's hand-over failed, and the caller went on) keeps the
+// reverse-index plan on every rank; another rank's partial step changes nothing.
+TEST_CASE("bucket plan: the rebuild takes rank 0's first-step order, and keeps the plan when rank 0 saw no whole step") {
+  const int partial_rank = GENERATE(0, 1);
+  CAPTURE(partial_rank);
+  const std::vector<std::size_t> sizes{3, 4, 5};
+  const std::vector<std::size_t> seen_order{0, 2, 1};  // the order gradients arrive in, first step
+  std::vector<std::vector<std::size_t>> plan_after(2);
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    using namespace std::chrono_literals;
+    gw::collective::communicator comm(t, {.timeout = 60s});
+    gw::aggregation::detail::bucket_schedule<double> schedule(8);  // a bucket per tensor
+    schedule.plan(sizes);
+    REQUIRE(std::vector<std::size_t>(schedule.layout().order().begin(), schedule.layout().order().end()) ==
+            std::vector<std::size_t>{2, 1, 0});
+    schedule.begin_step();
+    const std::size_t arriving = comm.rank() == partial_rank ? 2 : 3;
+    for (std::size_t k = 0; k < arriving; ++k) {
+      const std::vector<double> grad(sizes[seen_order[k]], 1.0);
+      schedule.ready(seen_order[k], std::span<const double>(grad), [](std::size_t) {});
+    }
+    schedule.rebuild_once(comm);
+    CHECK(schedule.rebuilt());
+    plan_after[static_cast<std::size_t>(comm.rank())].assign(schedule.layout().order().begin(),
+                                                             schedule.layout().order().end());
+  });
+  const std::vector<std::size_t> expected = partial_rank == 0 ? std::vector<std::size_t>{2, 1, 0} : seen_order;
+  CHECK(plan_after[0] == expected);
+  CHECK(plan_after[1] == expected);
 }
