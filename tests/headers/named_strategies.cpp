@@ -1,6 +1,6 @@
 // Every named strategy is the strategy<> its header documents (tensor, optimizer,
 // aggregation, transport in that order), and a type a user can instantiate: compiled by
-// the ctest "headers: every named strategy ..." (compiles.cmake), which fails on any
+// the ctest "headers: every named strategy ..." (includes_only.cmake), which fails on any
 // static_assert below or in strategy<>'s own checks.
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/strategies.hpp>

@@ -70,14 +70,15 @@ TEST_CASE("bucket plan: the rebuild takes rank 0's first-step order, and keeps t
   CAPTURE(partial_rank);
   const std::vector<std::size_t> sizes{3, 4, 5};
   const std::vector<std::size_t> seen_order{0, 2, 1};  // the order gradients arrive in, first step
-  std::vector<std::vector<std::size_t>> plan_after(2);
+  std::vector<std::vector<std::size_t>> plan_before(2), plan_after(2);
+  std::vector<int> rebuilt(2, 0);
   gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
     using namespace std::chrono_literals;
     gw::collective::communicator comm(t, {.timeout = 60s});
     gw::aggregation::detail::bucket_schedule<double> schedule(8);  // a bucket per tensor
     schedule.plan(sizes);
-    REQUIRE(std::vector<std::size_t>(schedule.layout().order().begin(), schedule.layout().order().end()) ==
-            std::vector<std::size_t>{2, 1, 0});
+    const auto me = static_cast<std::size_t>(comm.rank());
+    plan_before[me].assign(schedule.layout().order().begin(), schedule.layout().order().end());
     schedule.begin_step();
     const std::size_t arriving = comm.rank() == partial_rank ? 2 : 3;
     for (std::size_t k = 0; k < arriving; ++k) {
@@ -85,11 +86,15 @@ TEST_CASE("bucket plan: the rebuild takes rank 0's first-step order, and keeps t
       schedule.ready(seen_order[k], std::span<const double>(grad), [](std::size_t) {});
     }
     schedule.rebuild_once(comm);
-    CHECK(schedule.rebuilt());
-    plan_after[static_cast<std::size_t>(comm.rank())].assign(schedule.layout().order().begin(),
-                                                             schedule.layout().order().end());
+    rebuilt[me] = schedule.rebuilt();
+    plan_after[me].assign(schedule.layout().order().begin(), schedule.layout().order().end());
   });
-  const std::vector<std::size_t> expected = partial_rank == 0 ? std::vector<std::size_t>{2, 1, 0} : seen_order;
+  // Asserted here, on the test's thread (Catch2's assertions are not thread-safe).
+  const std::vector<std::size_t> reverse_index{2, 1, 0};
+  REQUIRE(plan_before[0] == reverse_index);
+  REQUIRE(plan_before[1] == reverse_index);
+  CHECK(rebuilt == std::vector<int>{1, 1});
+  const std::vector<std::size_t> expected = partial_rank == 0 ? reverse_index : seen_order;
   CHECK(plan_after[0] == expected);
   CHECK(plan_after[1] == expected);
 }
