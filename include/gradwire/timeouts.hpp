@@ -5,13 +5,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "clock.hpp"
 #include "error.hpp"
 #include "support/virtual_clock.hpp"
 
 namespace gradwire {
-
-using clock = std::chrono::steady_clock;
-using deadline = clock::time_point;
 
 // Default for every blocking collective / transport call: long enough for a slow
 // step on an oversubscribed machine, short enough that a lost peer is noticed.

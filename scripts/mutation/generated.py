@@ -18,7 +18,9 @@ Outcomes: killed (by which test), survived (with how many targets ran), did not 
 target failed to build: not a change that could ship), invalid, no device (CUDA code: its tests
 need a GPU). Results go to tests/mutation/generated/results-seed<S>.csv, one row per mutant, so
 that the campaign can be committed, resumed and rerun; tests/mutation/generated/equivalent.toml
-and sanitizer_kills.toml hold the hand triage. docs/reliability.md, "Generated mutants", is the user's guide.
+and sanitizer_kills.toml hold the hand triage, and moved.toml where the code of a file that moved
+since the sample may now be (locate: the one rule that finds a mutant's line in a later commit).
+docs/reliability.md, "Generated mutants", is the user's guide.
 """
 import collections
 import concurrent.futures
@@ -39,7 +41,7 @@ import time
 import tomllib
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import line_coverage
@@ -50,8 +52,10 @@ RULES = ["universal.rules", "cpp.rules", "c_like.rules"]  # what `mutate FILE cp
 MIN_PER_FOLDER = 10
 DATA = ROOT / "tests/mutation/generated"
 LISTED = ROOT / "tests/mutation/mutants.toml"  # the listed set; its `generated` entries reproduce survivors
+# folder, file and line are the sample's (the report groups by that folder); `applied` is
+# FILE:LINE where the last run applied it when that is elsewhere (code moved since: locate).
 COLUMNS = ["id", "folder", "file", "line", "before", "after", "outcome", "killed_by", "target", "seconds", "commit", "date",
-           "first_outcome", "first_commit"]
+           "first_outcome", "first_commit", "applied"]
 # Not run per mutant: they configure or build whole projects (minutes each) or need what the
 # scratch build leaves out (examples, Torch); the targets they exercise are run directly.
 SKIPPED_TESTS = re.compile(r"^(package|docs|fuzz|examples|snippet|torch|gpu):")
@@ -87,6 +91,59 @@ class Mutant:
                 return None
             at = min(matches, key=lambda i: abs(i - at))  # the file moved under it: the nearest copy
         return at
+
+
+def load_moved() -> dict[str, list[str]]:
+    """moved.toml: a file that moved since the sample (its path there) -> the files its code may
+    now be in."""
+    p = DATA / "moved.toml"
+    if not p.exists():
+        return {}
+    with open(p, "rb") as f:
+        entries = tomllib.load(f)
+    moved = {}
+    for old, e in entries.items():
+        now = e.get("now") if isinstance(e, dict) else None
+        if not (isinstance(now, list) and now and all(isinstance(n, str) for n in now)):
+            raise ValueError(f'{p}: ["{old}"] needs now = [the files its code may now be in]')
+        moved[old] = now
+    return moved
+
+
+def locate(m: Mutant, root: Path, moved: dict[str, list[str]]) -> tuple[Mutant | None, str]:
+    """Where the mutant's line is in the tree at root: (the mutant there, "") or (None, why it
+    is no longer there). The one rule for code that moved since the sample:
+
+      1. its own file, where that still exists and holds the line: the copy nearest its line;
+      2. else the files moved.toml names for its file (and, in turn, for theirs): the line's
+         one copy among them. Two or more copies are refused, not guessed: a file the code
+         moved into numbers its lines afresh, so nearness says nothing there, and a wrong
+         pick would run (and score) another mutant under this one's id.
+
+    The mutant returned has the file and line where it now is, for everything that applies,
+    builds or covers it; its id, folder (the report's grouping) and text stay the sample's."""
+    def lines_of(rel: str) -> list[str] | None:
+        path = root / rel
+        return path.read_text().split("\n") if path.is_file() else None
+
+    own = lines_of(m.file)
+    at = m.index_in(own) if own is not None else None
+    if at is not None:
+        return replace(m, line=at + 1), ""
+    seen, todo, found = {m.file}, list(moved.get(m.file, [])), []
+    while todo:  # breadth first: a file its code moved into may have moved on since
+        rel = todo.pop(0)
+        if rel in seen:
+            continue
+        seen.add(rel)
+        todo += moved.get(rel, [])
+        found += [(rel, i) for i, line in enumerate(lines_of(rel) or []) if line == m.before]
+    if len(found) == 1:
+        return replace(m, file=found[0][0], line=found[0][1] + 1), ""
+    if found:
+        places = ", ".join(sorted({rel for rel, _ in found}))
+        return None, f"{len(found)} copies of its line where {m.file} moved ({places})"
+    return None, f"not in {m.file}" + (" nor where it moved (moved.toml)" if m.file in moved else "")
 
 
 def folder_of(rel: str) -> str:
@@ -709,7 +766,13 @@ def report(seed: int, quota: dict[str, int] | None = None, column: str = "outcom
     if survivors:
         out.append("\nSurvivors (not yet killed, not argued equivalent):\n")
         for r in sorted(survivors, key=lambda r: (r["file"], int(r["line"]))):
-            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: `{r['before'].strip()}` -> `{r['after'].strip()}`")
+            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: `{r['before'].strip()}` -> `{r['after'].strip()}`" +
+                       (f" (run at {r['applied']})" if r.get("applied") else ""))
+    gone = sorted((r for r in rows.values() if r[column] == "gone"), key=lambda r: (r["file"], int(r["line"])))
+    if gone:  # out of the score like an invalid mutant: named, so that a score is not read as like for like
+        out.append("\nNo longer there (its line is in neither its file nor where moved.toml says it moved):\n")
+        for r in gone:
+            out.append(f"- `{r['id']}` {r['file']}:{r['line']}: `{r['before'].strip()}`: {r['target']}")
     if equivalent:
         out.append("\nEquivalent (triaged by hand, see equivalent.toml):\n")
         for r in sorted((r for r in rows.values() if r["id"] in equivalent), key=lambda r: (r["file"], int(r["line"]))):
@@ -770,7 +833,9 @@ def main(args) -> int:
             print(report(args.seed, quota, column="first_outcome"))
         return 0
     if (work / "mutating").exists():  # a campaign stopped mid-mutant
-        (src / (work / "mutating").read_text()).touch()
+        stopped = src / (work / "mutating").read_text()
+        if stopped.exists():  # not a file that moved away since: touch() would make an empty one
+            stopped.touch()
         (work / "mutating").unlink()
     quota = quotas(src, args.size)
 
@@ -867,34 +932,45 @@ def _interrupt(signum, frame):
 
 def _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, deadline, wanted, screen, upcoming,
               ahead, ran: list[int]) -> None:
+    moved = load_moved()
     while True:
         while len(ahead) < 8 * max(1, args.jobs):  # keep the screen busy while a mutant builds
             m = next(upcoming, None)
             if m is None:
                 break
             if wanted(m):
-                ahead.append((m, screen.submit(m)))
+                # Located here, between mutants (src holds no mutant now): screen and run see it
+                # where it is; None where its line is no longer there.
+                here, why = locate(m, src, moved)
+                ahead.append((m, here, why, screen.submit(here) if here else None))
         if not ahead:
             break
         if deadline and time.monotonic() > deadline:
             print(f"stopping: --hours {args.hours} reached", flush=True)
             break
-        m, parsed = ahead.popleft()
+        m, here, why, parsed = ahead.popleft()
         if not wanted(m):  # its folder filled while it waited
-            parsed.cancel()
+            if parsed:
+                parsed.cancel()
             continue
         t0 = time.monotonic()
         kills = collections.Counter()
         for r in rows.values():
             if r["outcome"] == "killed" and r.get("target") in cov.tests_of:
-                kills[(r["file"], r["target"])] += 1
+                for f in {r["file"], *moved.get(r["file"], [])}:  # credited where its file's code went too
+                    kills[(f, r["target"])] += 1
                 kills[(r["folder"], r["target"])] += 1
-        outcome, by, target = run_mutant(m, src, build_dir, cov, args.jobs, logs, parsed, kills, args.mutant_budget)
+        if here is None:
+            outcome, by, target = "gone", "", why
+        else:
+            outcome, by, target = run_mutant(here, src, build_dir, cov, args.jobs, logs, parsed, kills,
+                                             args.mutant_budget)
+        applied = f"{here.file}:{here.line}" if here and (here.file, here.line) != (m.file, m.line) else ""
         seconds = time.monotonic() - t0
         row = rows.get(m.id) or {"id": m.id, "folder": m.folder, "file": m.file, "line": m.line, "before": m.before,
                                  "after": m.after, "first_outcome": outcome, "first_commit": commit}
         row.update(outcome=outcome, killed_by=by, target=target, seconds=f"{seconds:.0f}", commit=commit,
-                   date=datetime.date.today().isoformat())
+                   date=datetime.date.today().isoformat(), applied=applied)
         rows[m.id] = row
         save_results(args.seed, rows)
         if outcome in COUNTED and not args.rerun_survivors:
@@ -902,5 +978,7 @@ def _campaign(args, src, build_dir, cov, logs, commit, quota, rows, counted, dea
         ran[0] += 1
         if outcome != "invalid":
             shown = m.after.strip()[:70].replace("\n", "\\n")
-            print(f"[{sum(counted.values()):3}/{sum(quota.values())}] {m.id} {m.file}:{m.line}  {outcome:<15} "
-                  f"{seconds:5.0f} s  {shown}{'  by ' + by if by else ''}", flush=True)
+            print(f"[{sum(counted.values()):3}/{sum(quota.values())}] {m.id} {m.file}:{m.line}"
+                  f"{' (at ' + applied + ')' if applied else ''}  {outcome:<15} "
+                  f"{seconds:5.0f} s  {shown}{'  by ' + by if by else ''}"
+                  f"{'  (' + target + ')' if outcome == 'gone' else ''}", flush=True)

@@ -328,8 +328,6 @@ class Stall(unittest.TestCase):
                                   # a unit the parser does not read is refused, not dropped (30 s for 30 us);
                                   # a non-ASCII one too, whose first byte is negative as a signed char
                                   ("GRADWIRE_STALL_WARN", "30\u00b5s", seconds)):
-            if name == "GRADWIRE_STALL_TIMEOUT" and "ucx" in os.path.basename(WORKER):
-                continue  # read by asio_tcp only
             with self.subTest(name=name, value=value):
                 status, lines, _, out = run(2, "join", keep_going=True, env={name: value}, bound=60)
                 self.assertNotEqual(status, 0, out)

@@ -2,14 +2,18 @@
 """scripts/mutate --generated: the parts that decide what is run and what is reported.
 
 A campaign takes hours and runs outside CI; these checks take a second: that a mutant lands on
-its line (or on the nearest copy of it when the file moved), that comments are never mutated,
-that the sample keeps every folder in proportion at any point where it stops, that the ids do
-not depend on where a line sits, and that the score counts only what ran (equivalents apart).
+its line (or on the nearest copy of it when the file moved), and one whose code moved to another
+file lands where moved.toml says it went (or is gone, never guessed), that comments are never
+mutated, that the sample keeps every folder in proportion at any point where it stops, that the
+ids do not depend on where a line sits, and that the score counts only what ran (equivalents apart).
 
 Usage: test_generated.py [unittest args]
 """
+import collections
 import concurrent.futures
+import contextlib
 import csv
+import io
 import os
 import sys
 import tempfile
@@ -43,6 +47,118 @@ class Apply(unittest.TestCase):
 
     def test_a_rule_that_adds_a_line(self):
         self.assertEqual(Mutant("i", "f", "p", 1, "f();", "f();\nbreak;").apply("f();\ng();"), "f();\nbreak;\ng();")
+
+
+class Moved(unittest.TestCase):
+    """A sampled mutant at a later commit where its file's code moved (issue 36 splits and
+    renames headers): found in its own file first, else in the files moved.toml names, where
+    its line has one copy; anything else is "gone", never a guess."""
+
+    OLD = "include/gradwire/transport/detail/root_cause.hpp"
+    NEW = "include/gradwire/transport/detail/failure.hpp"
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.root = Path(self.dir.name)
+        self.m = Mutant("r", "transport", self.OLD, 3, "  return first;", "  return last;")
+
+    def write(self, rel: str, text: str) -> None:
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (self.root / rel).write_text(text)
+
+    def test_a_line_whose_file_moved_is_found_where_it_moved(self):
+        self.write(self.NEW, "// a new header\n\nint f() {\n  int first = 1;\n  return first;\n}\n")
+        here, why = generated.locate(self.m, self.root, {self.OLD: [self.NEW]})
+        self.assertEqual((here.file, here.line, why), (self.NEW, 5, ""))
+        # What the sample says stays: the report groups by its folder, the results by its id.
+        self.assertEqual((here.id, here.folder, here.before, here.after), ("r", "transport", "  return first;", "  return last;"))
+        self.assertEqual(here.apply((self.root / self.NEW).read_text()).split("\n")[4], "  return last;")
+
+    def test_a_line_in_neither_is_gone_with_the_reason(self):
+        self.write(self.NEW, "int f() { return 0; }\n")
+        self.assertEqual(generated.locate(self.m, self.root, {self.OLD: [self.NEW]}),
+                         (None, f"not in {self.OLD} nor where it moved (moved.toml)"))
+        self.assertEqual(generated.locate(self.m, self.root, {}), (None, f"not in {self.OLD}"))
+
+    def test_its_own_file_holding_the_line_wins_at_the_nearest_copy(self):
+        self.write(self.OLD, "  return first;\nnew\nnew\n  return first;\n")
+        self.write(self.NEW, "  return first;\n")
+        here, _ = generated.locate(self.m, self.root, {self.OLD: [self.NEW]})
+        self.assertEqual((here.file, here.line), (self.OLD, 4))  # line 4 is nearer its line 3 than line 1
+
+    def test_its_own_file_without_the_line_sends_it_where_the_code_went(self):
+        self.write(self.OLD, "#include \"failure.hpp\"\n")  # kept, as a forwarding header
+        self.write(self.NEW, "  return first;\n")
+        here, _ = generated.locate(self.m, self.root, {self.OLD: [self.OLD, self.NEW]})
+        self.assertEqual((here.file, here.line), (self.NEW, 1))
+
+    def test_two_copies_where_it_moved_are_refused_not_guessed(self):
+        # A file the code moved into numbers its lines afresh: nearness to line 3 means nothing there.
+        other = "include/gradwire/transport/detail/join.hpp"
+        self.write(self.NEW, "  return first;\n")
+        self.write(other, "x\n  return first;\n")
+        here, why = generated.locate(self.m, self.root, {self.OLD: [self.NEW, other]})
+        self.assertIsNone(here)
+        self.assertEqual(why, f"2 copies of its line where {self.OLD} moved ({self.NEW}, {other})")
+        self.write(other, "x\n")
+        self.write(self.NEW, "  return first;\n}\n  return first;\n")  # or twice in one file
+        self.assertIsNone(generated.locate(self.m, self.root, {self.OLD: [self.NEW, other]})[0])
+
+    def test_a_file_it_moved_into_that_moved_on_is_followed(self):
+        later = "include/gradwire/transport/failure.hpp"
+        self.write(later, "  return first;\n")
+        moved = {self.OLD: [self.NEW], self.NEW: [later, self.NEW]}
+        self.assertEqual(generated.locate(self.m, self.root, moved)[0].file, later)
+
+    def test_an_entry_without_now_is_refused(self):
+        with tempfile.TemporaryDirectory() as d, mock.patch.object(generated, "DATA", Path(d)):
+            self.assertEqual(generated.load_moved(), {})
+            (Path(d) / "moved.toml").write_text(f'["{self.OLD}"]\nwhy = "w"\n')
+            with self.assertRaises(ValueError):
+                generated.load_moved()
+
+    def test_the_repositorys_map_names_files_that_exist(self):
+        moved = generated.load_moved()  # tests/mutation/generated/moved.toml
+        self.assertIn(self.OLD, moved)
+        for old, now in moved.items():
+            self.assertTrue(old.startswith("include/gradwire/"), old)
+            for rel in now:
+                self.assertTrue((generated.ROOT / rel).is_file(), f"moved.toml: {old} -> {rel}: no such file")
+
+    def test_the_campaign_runs_it_where_it_is_and_records_it_under_the_sample(self):
+        src, data = self.root / "src", self.root / "data"
+        data.mkdir()
+        (data / "moved.toml").write_text(f'["{self.OLD}"]\nnow = ["{self.NEW}"]\nwhy = "w"\n')
+        (src / self.NEW).parent.mkdir(parents=True)
+        (src / self.NEW).write_text("a\n  return first;\n")
+        gone = Mutant("g", "transport", self.OLD, 7, "  gone();", "  went();")
+        ran_at = []
+
+        def run_mutant(m, *rest):
+            ran_at.append((m.file, m.line))
+            return "killed", "t: it", "t"
+
+        class Screen:  # parses everything; asked only for a mutant that is somewhere
+            def submit(self, m):
+                ran_at.append(("screened", m.file))
+                done = concurrent.futures.Future()
+                done.set_result(True)
+                return done
+        args = mock.Mock(jobs=1, hours=0, mutant_budget=900, seed=7, rerun_survivors=False)
+        rows, counted = {}, Counter()
+        with mock.patch.object(generated, "DATA", data), mock.patch.object(generated, "run_mutant", run_mutant), \
+                contextlib.redirect_stdout(io.StringIO()):
+            generated._campaign(args, src, src / "build", generated.Coverage(), src, "abc", {"transport": 2}, rows,
+                                counted, None, lambda m: True, Screen(), iter([self.m, gone]), collections.deque(), [0])
+            text = generated.report(7, {"transport": 2})
+        self.assertEqual(ran_at, [("screened", self.NEW), (self.NEW, 2)])  # the gone one is neither screened nor run
+        self.assertEqual({k: rows["r"][k] for k in ("folder", "file", "line", "outcome", "applied")},
+                         {"folder": "transport", "file": self.OLD, "line": 3, "outcome": "killed", "applied": f"{self.NEW}:2"})
+        self.assertEqual((rows["g"]["outcome"], rows["g"]["target"], rows["g"]["applied"]),
+                         ("gone", f"not in {self.OLD} nor where it moved (moved.toml)", ""))
+        self.assertIn("| transport | 2 | 1 | 1 | 0 | 0 | 100% |", text)  # by the sample's folder; gone is out of the score
+        self.assertIn(f"- `g` {self.OLD}:7: `gone();`: not in {self.OLD} nor where it moved (moved.toml)", text)
 
 
 class Code(unittest.TestCase):

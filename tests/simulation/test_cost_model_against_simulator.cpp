@@ -245,6 +245,50 @@ TEST_CASE("the planner's auto_ takes the algorithm all_reduce<auto_> runs, at ev
   }
 }
 
+TEST_CASE("the planner's reduce takes the algorithm reduce runs, on both sides of small_all_reduce_bytes") {
+  // As for all-reduce above: reduce's log line (algorithm=tree or scatter_gather) on rank 0
+  // of a simulated cluster, against what the planner prices, for floats and doubles (the
+  // limit is in bytes) one below, at and above the limit, on 2 ranks (always the tree) and on
+  // more, on one host and across hosts.
+  const std::size_t limit = gw::collective::communicator_options{}.small_all_reduce_bytes;
+  for (const auto& [hosts, per_host] : {std::pair{1, 2}, std::pair{1, 3}, std::pair{2, 2}, std::pair{4, 1}}) {
+    const auto c = layout(hosts, per_host);
+    const int n = c.size();
+    debug_log_capture log;
+    std::vector<std::pair<std::size_t, std::size_t>> calls;  // elements, bytes per element
+    sim::run(c, [&](gw::transport::simulated t) {
+      simulated_communicator comm(std::move(t));
+      auto reduce_each = [&](auto element) {
+        using V = decltype(element);
+        for (const std::size_t elements : {std::size_t{1}, limit / sizeof(V) - 1, limit / sizeof(V), limit / sizeof(V) + 1}) {
+          std::vector<V> x(elements, V(1));
+          gw::collective::reduce(comm, std::span<V>(x), 0);
+          if (comm.rank() == 0) calls.emplace_back(elements, sizeof(V));
+        }
+      };
+      reduce_each(float{});
+      reduce_each(double{});
+    });
+    // Rank 0's lines "[gradwire 0/N ...] debug: reduce: BYTES B in T us algorithm=NAME root=0", in call order.
+    const std::string mine = "[gradwire 0/" + std::to_string(n) + " ", what = "] debug: reduce: ", key = " algorithm=";
+    std::vector<std::string> ran;
+    for (const auto& line : log.lines()) {
+      const auto at = line.find(what), named = line.find(key);
+      if (line.rfind(mine, 0) != 0 || at == std::string::npos || named == std::string::npos) continue;
+      const std::string rest = line.substr(named + key.size());
+      ran.push_back(rest.substr(0, rest.find(' ')));
+    }
+    CAPTURE(sim::describe(c));
+    REQUIRE(ran.size() == calls.size());
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      const auto [elements, element_bytes] = calls[i];
+      CAPTURE(elements, element_bytes);
+      const bool tree = sim::reduce_takes_tree(c, elements, {.element_bytes = element_bytes});
+      CHECK((tree ? "tree" : "scatter_gather") == ran[i]);
+    }
+  }
+}
+
 TEST_CASE("ring all-reduce predictions against the simulator where a rank's send to the next host is its slowest link") {
   // 2 and 3 hosts of 2 and 3 ranks, a network ten times slower than memory, 50 us of CPU per
   // message: the last rank of a host finishes a step when its own send has crossed the

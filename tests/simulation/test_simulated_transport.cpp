@@ -12,10 +12,12 @@
 #include <gradwire/gradwire.hpp>
 #include <gradwire/simulation/transport.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/errors.hpp"
@@ -285,6 +287,36 @@ TEST_CASE("virtual times of simple patterns equal their closed forms") {
   }
 }
 
+// transport/detail/failure.hpp's rule, as over tcp and ucx (isolate): a tolerated peer's
+// failure fails only the operations with it, and as a lost peer whatever its own kind; the
+// rank goes on.
+TEST_CASE("a tolerated peer that fails with a config error fails the operations with it as a lost peer, and the rank "
+          "goes on") {
+  const auto m = sim::parse_cluster_model("hosts=2 compute=modelled");
+  sim::job job(m);
+  std::optional<std::pair<gw::errc, std::string>> heard;
+  bool went_on = false;
+  const auto outcomes = job.run([&](gw::transport::simulated t) {
+    if (t.rank() == 1) throw gw::error(gw::errc::config, "the job's setting is bad");
+    t.tolerate_loss(1);
+    std::byte b[4];
+    auto r = t.async_recv(1, 9, b);
+    try {
+      t.wait(r, gw::deadline_after(2s));
+    } catch (const gw::error& e) {
+      heard.emplace(e.kind(), e.what());
+    }
+    went_on = true;
+  });
+  REQUIRE(heard.has_value());
+  CHECK(heard->first == gw::errc::peer_lost);
+  CHECK_THAT(heard->second, Catch::Contains("rank 0: lost rank 1: it failed: ") &&
+                                Catch::Contains("the job's setting is bad"));
+  CHECK(went_on);
+  CHECK_FALSE(outcomes[0]);
+  CHECK(outcomes[1]);
+}
+
 TEST_CASE("a receive nobody sends times out in virtual time, and a job where every rank waits forever is a deadlock") {
   const auto m = sim::parse_cluster_model("hosts=2 compute=modelled");
   sim::time_point timed_out_at{};
@@ -303,7 +335,9 @@ TEST_CASE("a receive nobody sends times out in virtual time, and a job where eve
                          gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
                            // Rank 1 returned: its endpoint closed, so the receive fails
                            // as a lost peer at once instead of waiting for the deadline.
-                           return e.kind() == gw::errc::peer_lost && std::string(e.what()).find("rank 0: rank 1 finished") != std::string::npos;
+                           return e.kind() == gw::errc::peer_lost &&
+                                  std::string(e.what()).find("rank 0: rank 1 has finished (said goodbye at virtual "
+                                                             "time") != std::string::npos;
                          }));
   CHECK(timed_out_at < 1ms);
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -12,6 +13,7 @@
 #include <gradwire/gradwire.hpp>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -727,6 +729,73 @@ TEST_CASE("ucx: when a peer that said goodbye breaks, only the sends to it are s
   CHECK(e.sends_to(0) == std::vector<ud::ucx_op*>{to_it.get()});
   CHECK(e.sends_to(1) == std::vector<ud::ucx_op*>{to_another.get()});
   e.in_flight.clear();  // nothing of these is in UCX
+}
+
+TEST_CASE("ucx: a wait past the stall timeout fails with timeout naming the rank it waits for, and that rank hears why",
+          "[transport][bad_input][ucx]") {
+  // Rank 1 is alive but does not call gradwire until rank 0 has given up: rank 0's receive
+  // fails after stall_timeout (0.3 s), long before its 60 s deadline; rank 1's next wait
+  // then fails with rank 0's reason, as a timeout (peer_failure_kind).
+  const std::string token = "stall-timeout-over-ucx";
+  gw::rendezvous::store_server store("127.0.0.1", 0, token);
+  std::optional<std::pair<gw::errc, std::string>> at0, at1;
+  std::chrono::steady_clock::duration waited0{};
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool gave_up = false;
+  std::exception_ptr other;  // a rank's unexpected failure (the join's), rethrown below
+  auto rank = [&](int r) {
+    try {
+      gw::transport::ucx_options o;
+      o.rank = r;
+      o.size = 2;
+      o.job_token = token;
+      o.store_port = store.port();
+      o.serve_store = false;
+      o.connect_timeout = std::chrono::seconds(60);
+      o.stall_timeout = std::chrono::milliseconds(300);
+      gw::transport::ucx t(o);
+      std::byte one{};
+      if (r == 1) {
+        std::unique_lock lock(mutex);
+        changed.wait_for(lock, std::chrono::seconds(60), [&] { return gave_up; });
+      }
+      auto receive = t.async_recv(1 - r, 5, {&one, 1});
+      const auto began = std::chrono::steady_clock::now();
+      try {
+        t.wait(receive, gw::deadline_after(std::chrono::seconds(60)));
+      } catch (const gw::error& e) {
+        (r == 0 ? at0 : at1).emplace(e.kind(), e.what());
+      }
+      if (r == 0) {
+        waited0 = std::chrono::steady_clock::now() - began;
+        std::lock_guard lock(mutex);
+        gave_up = true;
+        changed.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard lock(mutex);
+      other = std::current_exception();
+      gave_up = true;
+      changed.notify_all();
+    }
+  };
+  {
+    std::jthread rank1(rank, 1);
+    rank(0);
+  }
+  if (other) std::rethrow_exception(other);
+  REQUIRE(at0);
+  CAPTURE(at0->second);
+  CHECK(at0->first == gw::errc::timeout);
+  CHECK_THAT(at0->second, Contains("rank 1 stalled (gave up after GRADWIRE_STALL_TIMEOUT=0.3 s): rank 0: waited ") &&
+                              Contains(" s in a transport wait (operation #0, step 0) for rank 1: it is alive as far "
+                                       "as UCX can tell but has not answered"));
+  CHECK(waited0 < std::chrono::seconds(20));
+  REQUIRE(at1);
+  CAPTURE(at1->second);
+  CHECK(at1->first == gw::errc::timeout);
+  CHECK_THAT(at1->second, Contains("rank 1: rank 0 failed: rank 1 stalled (gave up after GRADWIRE_STALL_TIMEOUT"));
 }
 
 TEST_CASE("ucx: a rank that publishes its address but never answers the greeting is named by the join's timeout",

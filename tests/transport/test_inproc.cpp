@@ -155,14 +155,6 @@ TEST_CASE("run_inproc rethrows the root cause, not its peer_lost echoes") {
                       "the real problem");
 }
 
-TEST_CASE("peer_failure_kind: a peer's mismatch, timeout or config error keeps its kind, anything else is a lost peer") {
-  using gw::errc;
-  using gw::transport::detail::peer_failure_kind;
-  for (const errc kept : {errc::mismatch, errc::timeout, errc::config}) REQUIRE(peer_failure_kind(kept) == kept);
-  for (const errc lost : {errc::peer_lost, errc::protocol, errc::auth, errc::invalid_argument, errc::device, errc{}})
-    REQUIRE(peer_failure_kind(lost) == errc::peer_lost);
-}
-
 // The race of test_bad_input's "bad options ... on every rank": ranks given the same bad
 // setting check it after a collective; the first through throws, and a rank still waiting
 // on a third rank in that collective heard of the failure before reaching its own check.

@@ -636,7 +636,7 @@ TEST_CASE("a peer that finishes in good order fails a receive waiting on it with
   };  // the transport goes here, in good order: a goodbye frame
   job.run(rank0, rank1);
   const std::string finished =
-      "rank 0: rank 1 has finished (closed its connection in good order) and will send nothing more";
+      "rank 0: rank 1 has finished (said goodbye) and will send nothing more";
   REQUIRE(waited.has_value());
   CHECK_THAT(*waited, is_error(errc::peer_lost, {finished}));
   CHECK(waited->details() == finished);
@@ -709,8 +709,10 @@ TEST_CASE("a peer's config, timeout or mismatch error reaches a waiting rank wit
   }
 }
 
-// Ranks 0, 1 and 2 of one job on three threads; rank r runs fns[r] on its transport.
-void run_three_ranks(const std::function<void(asio_tcp&)> (&fns)[3]) {
+// Ranks 0, 1 and 2 of one job on three threads; rank r runs fns[r] on its transport (an
+// asio_tcp, or a type derived from it that exposes its engine).
+template <class Transport = asio_tcp>
+void run_three_ranks(const std::function<void(Transport&)> (&fns)[3]) {
   const std::uint16_t port = free_port();
   std::exception_ptr errors[3];
   std::vector<std::thread> threads;
@@ -723,7 +725,7 @@ void run_three_ranks(const std::function<void(asio_tcp&)> (&fns)[3]) {
         o.job_token = job_token;
         o.store_port = port;
         o.connect_timeout = patience;
-        asio_tcp t(o);
+        Transport t(o);
         fns[r](t);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -769,6 +771,51 @@ TEST_CASE("a rank that fails on a peer's abort relays the reason before its conn
   REQUIRE(at2.has_value());
   CHECK_THAT(*at2, is_error(errc::config, {"rank 2: rank 1 failed: rank 1: rank 0 failed: parameter_server: the job's "
                                            "setting is bad"}));
+}
+
+// asio_tcp with its engine in reach: a test breaks one connection by hand.
+struct exposed_tcp : asio_tcp {
+  using asio_tcp::asio_tcp;
+  gw::transport::detail::tcp_engine& engine() { return *engine_; }
+};
+
+TEST_CASE("a rank that fails from a lost peer says which, so a rank that has not noticed the loss reports it, not the "
+          "closed connections of the rank that did",
+          "[tcp][defences][abort]") {
+  // Rank 1 closes its connection to rank 0 only (what shared memory shows of a killed
+  // process: one peer notices at once, another only at its next keepalive). Rank 0 fails
+  // from the loss after its grace and closes its connections; rank 2, whose link to rank 1
+  // is still up, would otherwise report "lost rank 0".
+  std::optional<gw::error> at0, at2;
+  event posted0, posted2, done;
+  const std::function<void(exposed_tcp&)> fns[3] = {
+      [&](exposed_tcp& t) {
+        std::byte one{};
+        auto r = t.async_recv(1, 5, {&one, 1});
+        posted0.raise();
+        at0 = failure_of([&] { finish(t, r); });
+      },
+      [&](exposed_tcp& t) {
+        t.tolerate_loss(0);  // rank 1 itself goes on past its end of the cut: only rank 0 reports it
+        posted0.await("rank 0's receive");
+        posted2.await("rank 2's receive");
+        boost::system::error_code ignored;
+        t.engine().links[0]->socket.shutdown(gw::support::tcp::socket::shutdown_both, ignored);
+        done.await("rank 2's failure");
+      },
+      [&](exposed_tcp& t) {
+        std::byte one{};
+        auto r = t.async_recv(0, 5, {&one, 1});
+        posted2.raise();
+        at2 = failure_of([&] { finish(t, r); });
+        done.raise();
+      }};
+  run_three_ranks(fns);
+  const std::string why = "its connection closed (the process exited or was killed)";
+  REQUIRE(at0.has_value());
+  CHECK_THAT(*at0, is_error(errc::peer_lost, {"rank 0: lost rank 1: " + why}));
+  REQUIRE(at2.has_value());
+  CHECK_THAT(*at2, is_error(errc::peer_lost, {"rank 2: lost rank 1: rank 0 reports: " + why}));
 }
 
 // --- stall reports: the chain of waits, every link of it --------------------------------

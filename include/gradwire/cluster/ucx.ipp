@@ -21,6 +21,7 @@ GRADWIRE_DECL transport::ucx_options ucx_options(const cluster_spec& spec, const
   o.peer_error_handling = integer_from(env, "GRADWIRE_UCX_PEER_ERRORS", 1, 1) == 1;  // "off" is refused, not read as 1
   o.heartbeat_interval = std::chrono::seconds(integer_from(env, "GRADWIRE_HEARTBEAT", o.heartbeat_interval.count(), 3600));
   if (auto t = seconds_from(env, "GRADWIRE_STALL_WARN")) o.stall_warn = *t;
+  if (auto t = seconds_from(env, "GRADWIRE_STALL_TIMEOUT")) o.stall_timeout = *t;
   o.bulk_bytes = static_cast<std::size_t>(integer_from(env, "GRADWIRE_UCX_BULK_BYTES", static_cast<long long>(o.bulk_bytes), 1LL << 40));
   if (const auto one_sided = env("GRADWIRE_UCX_ONE_SIDED")) {
     using use = transport::ucx_options::one_sided_use;

@@ -38,6 +38,7 @@
 
 #include "../support/topology.hpp"
 #include "../error.hpp"
+#include "choice.hpp"
 #include "chunking.hpp"
 #include "communicator.hpp"
 #include "detail/exchange.hpp"
@@ -254,7 +255,8 @@ void hierarchical_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_o
   const call_descriptor mine{operation::all_reduce, static_cast<std::uint32_t>(op), data.size(), dtype_of_v<V>,
                              algorithm_id::hierarchical};
   if (comm.size() == 1) return;
-  if (data.empty() || !has_hierarchy(comm)) return detail::checked_ring_all_reduce(comm, sequence, data, op, mine);
+  if (hierarchical_runs_flat_ring(has_hierarchy(comm), data.size()))
+    return detail::checked_ring_all_reduce(comm, sequence, data, op, mine);
   detail::hierarchical_phases(comm, sequence, data, op, mine);
 }
 

@@ -14,6 +14,7 @@
 
 #include "../concepts.hpp"
 #include "../kernels/host.hpp"
+#include "choice.hpp"
 #include "communicator.hpp"
 #include "verify.hpp"
 
@@ -29,30 +30,12 @@ namespace gradwire::collective {
 // way, checked or not; larger data goes as plain messages posted beside the frames (no
 // round of their own). The check is waited for first, so ranks that disagree (another
 // count, dtype, algorithm or collective) get the check's mismatch naming both calls.
-// Every rank adds the N buffers in rank order, so all get the same bits.
-inline constexpr int one_shot_max_ranks = 8;
+// Every rank adds the N buffers in rank order, so all get the same bits. At most
+// one_shot_max_ranks ranks; when auto_ takes it: choose_all_reduce (choice.hpp).
 
 namespace detail {
 inline constexpr std::uint32_t one_shot_step = 0;
 }  // namespace detail
-
-// Whether all_reduce<auto_> takes the one-shot path: at most one_shot_max_ranks ranks,
-// the N - 1 copies this rank sends within communicator_options::one_shot_max_sent_bytes
-// when all ranks share a host (across hosts only what fits in the check frame: there the
-// copies cross the slow links, and hierarchical or halving-doubling send fewer), and a
-// transport whose requests can wait in an array. Every rank decides the same way from
-// the same (count, dtype) and options; ranks that differ get the call check's mismatch.
-template <class Tr, class V>
-bool takes_one_shot(const communicator<Tr>& comm, std::span<const V> data) {
-  if constexpr (!std::is_default_constructible_v<typename Tr::request>) {
-    return false;
-  } else {
-    const int n = comm.size();
-    if (n < 2 || n > one_shot_max_ranks) return false;
-    if (comm.topology().host_count() > 1) return data.size_bytes() <= check_inline_bytes;
-    return data.size_bytes() * static_cast<std::size_t>(n - 1) <= comm.options().one_shot_max_sent_bytes;
-  }
-}
 
 template <class Tr, class V>
 void one_shot_all_reduce(communicator<Tr>& comm, std::span<V> data, reduce_op op = reduce_op::sum) {

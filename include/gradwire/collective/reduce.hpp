@@ -11,6 +11,7 @@
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../kernels/host.hpp"
+#include "choice.hpp"
 #include "chunking.hpp"
 #include "communicator.hpp"
 #include "detail/binomial_tree.hpp"
@@ -94,14 +95,15 @@ void scatter_gather_reduce(communicator<Tr>& comm, std::uint64_t sequence, std::
 // depends on the algorithm): treat it as unspecified.
 // Below communicator_options::small_all_reduce_bytes (and for N <= 2, where the tree
 // moves no more) a binomial tree, ceil(log2 N) rounds; from there on, ring
-// reduce-scatter + gather, N rounds but only 2(N-1)/N of the buffer into the root.
+// reduce-scatter + gather, N rounds but only 2(N-1)/N of the buffer into the root
+// (reduce_takes_tree, choice.hpp).
 template <class Tr, class V>
 void reduce(communicator<Tr>& comm, std::span<V> data, int root, reduce_op op = reduce_op::sum) {
   require_known(op, "reduce");
   const int n = comm.size();
   if (root < 0 || root >= n)
     throw error(errc::invalid_argument, "reduce: root " + std::to_string(root) + " outside 0.." + std::to_string(n - 1));
-  const bool tree = n <= 2 || data.size_bytes() < comm.options().small_all_reduce_bytes;
+  const bool tree = reduce_takes_tree(n, data.size_bytes(), comm.options().small_all_reduce_bytes);
   auto trace = comm.trace("reduce", data.size_bytes());
   trace.arg("algorithm", tree ? "tree" : "scatter_gather").arg("root", root);
   const std::uint64_t sequence = comm.begin_operation();

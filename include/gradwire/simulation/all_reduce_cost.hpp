@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../collective/all_reduce.hpp"
+#include "../collective/choice.hpp"
 #include "../error.hpp"
 #include "cluster_model.hpp"
 #include "schedule.hpp"
@@ -48,7 +49,9 @@ inline const char* name_of(all_reduce_algorithm a) noexcept {
 
 // Whether hierarchical_all_reduce has a hierarchy here (collective::has_hierarchy): two or
 // more hosts with two or more ranks each; else it runs the flat ring.
-inline bool has_hierarchy(const cluster_model& c) noexcept { return c.hosts >= 2 && c.ranks_per_host >= 2; }
+inline bool has_hierarchy(const cluster_model& c) noexcept {
+  return cluster::topology::spans_hosts_with_shared_host(c.hosts, c.ranks_per_host);
+}
 
 // Ring (ring_all_reduce.hpp, detail/ring.hpp): 2(N-1) steps, in each of which rank r sends
 // one ring part (elements / N, rounded up) to rank r + 1 and receives one from r - 1, the
@@ -260,9 +263,10 @@ inline std::vector<message> hierarchical_round(const hierarchical_shape& h, int 
 // local rank over a 1/H of its column (the R rings of a host share its network link: R
 // messages per round), and a ring all-gather inside the host (R - 1 rounds); segment k
 // runs its rounds k rounds after segment 0, so one segment's network rounds overlap
-// another's local ones. Without a hierarchy, the flat ring.
+// another's local ones. Without a hierarchy (or data), the flat ring
+// (collective::hierarchical_runs_flat_ring).
 inline schedule hierarchical_schedule(const cluster_model& c, std::size_t elements, const cost_options& o = {}) {
-  if (!has_hierarchy(c) || elements == 0) return ring_schedule(c, elements, o);
+  if (collective::hierarchical_runs_flat_ring(has_hierarchy(c), elements)) return ring_schedule(c, elements, o);
   const detail::hierarchical_shape h = detail::hierarchical_shape_of(c, elements, o);
   const int n = c.size(), per_host = h.per_host, hosts = h.hosts;
   schedule s;
@@ -289,7 +293,7 @@ inline schedule hierarchical_schedule(const cluster_model& c, std::size_t elemen
 //   max(k (b overhead + latency + b m / bandwidth + overhead),   (one ring's chain)
 //       b overhead + latency + k R b m / bandwidth + overhead)    (the shared link's bytes)
 inline double hierarchical_seconds(const cluster_model& c, std::size_t elements, const cost_options& o = {}) {
-  if (!has_hierarchy(c) || elements == 0) return ring_seconds(c, elements, o);
+  if (collective::hierarchical_runs_flat_ring(has_hierarchy(c), elements)) return ring_seconds(c, elements, o);
   const detail::hierarchical_shape h = detail::hierarchical_shape_of(c, elements, o);
   const double ov = seconds_of(c.overhead), lat = seconds_of(c.network.latency), bw = c.network.bandwidth;
   const schedule s = hierarchical_schedule(c, elements, o);
@@ -349,21 +353,21 @@ inline schedule one_shot_schedule(const cluster_model& c, std::size_t elements, 
   return s;
 }
 
-// What all_reduce<auto_> runs for `elements` here (collective/all_reduce.hpp, in its
-// order): one-shot on at most one_shot_max_ranks ranks while the N - 1 copies stay within
-// one_shot_max_sent_bytes on one host (across hosts: within the check frame); then
-// hierarchical from hierarchical_min_bytes when there is a hierarchy; then
-// halving-doubling below small_all_reduce_bytes; else the ring.
+// What all_reduce<auto_> runs for `elements` here: collective::choose_all_reduce, the rule
+// the collective itself calls, on this cluster's layout (transport::simulated, like every
+// shipped transport, can run one-shot).
 inline all_reduce_algorithm auto_choice(const cluster_model& c, std::size_t elements, const cost_options& o = {}) {
-  const int n = c.size();
-  const std::size_t bytes = elements * o.element_bytes;
-  const auto& t = o.collective;
-  if (n >= 2 && n <= collective::one_shot_max_ranks &&
-      (c.hosts > 1 ? bytes <= collective::check_inline_bytes
-                   : bytes * static_cast<std::size_t>(n - 1) <= t.one_shot_max_sent_bytes))
-    return all_reduce_algorithm::one_shot;
-  if (bytes >= t.hierarchical_min_bytes && has_hierarchy(c)) return all_reduce_algorithm::hierarchical;
-  return bytes < t.small_all_reduce_bytes ? all_reduce_algorithm::halving_doubling : all_reduce_algorithm::ring;
+  const collective::algorithm_id chosen = collective::choose_all_reduce(
+      {.ranks = c.size(), .hosts = c.hosts, .most_ranks_on_a_host = c.ranks_per_host, .bytes = elements * o.element_bytes},
+      o.collective);
+  switch (chosen) {
+    case collective::algorithm_id::one_shot: return all_reduce_algorithm::one_shot;
+    case collective::algorithm_id::hierarchical: return all_reduce_algorithm::hierarchical;
+    case collective::algorithm_id::halving_doubling: return all_reduce_algorithm::halving_doubling;
+    case collective::algorithm_id::ring:
+    case collective::algorithm_id::none: break;  // (none: never chosen)
+  }
+  return all_reduce_algorithm::ring;
 }
 
 // One algorithm's prediction. `runs` is what actually runs: auto_'s choice, or the flat

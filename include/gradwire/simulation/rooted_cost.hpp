@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../collective/broadcast.hpp"
+#include "../collective/choice.hpp"
 #include "../collective/detail/binomial_tree.hpp"
 #include "../collective/reduce.hpp"
 #include "all_reduce_cost.hpp"
@@ -63,11 +64,16 @@ inline schedule scatter_gather_reduce_schedule(const cluster_model& c, std::size
   return s;
 }
 
-// What collective::reduce runs: the tree on two ranks or below small_all_reduce_bytes,
-// else scatter-gather.
+// Whether collective::reduce takes the tree here (else scatter-gather): the rule it calls,
+// collective::reduce_takes_tree (on two ranks or below small_all_reduce_bytes).
+inline bool reduce_takes_tree(const cluster_model& c, std::size_t elements, const cost_options& o = {}) noexcept {
+  return collective::reduce_takes_tree(c.size(), elements * o.element_bytes, o.collective.small_all_reduce_bytes);
+}
+
+// What collective::reduce runs.
 inline schedule reduce_schedule(const cluster_model& c, std::size_t elements, int root = 0, const cost_options& o = {}) {
-  const bool tree = c.size() <= 2 || elements * o.element_bytes < o.collective.small_all_reduce_bytes;
-  return tree ? tree_reduce_schedule(c, elements, root, o) : scatter_gather_reduce_schedule(c, elements, root, o);
+  return reduce_takes_tree(c, elements, o) ? tree_reduce_schedule(c, elements, root, o)
+                                           : scatter_gather_reduce_schedule(c, elements, root, o);
 }
 
 // collective::reduce's time onto `root`: its schedule's, message by message (pricing the

@@ -49,7 +49,7 @@
 #include "../support/virtual_clock.hpp"
 #include "../timeouts.hpp"
 #include "../transport/detail/messages.hpp"
-#include "../transport/detail/root_cause.hpp"
+#include "../transport/detail/failure.hpp"
 #include "cluster_model.hpp"
 #include "mailbox.hpp"
 #include "network.hpp"
@@ -168,7 +168,7 @@ class scheduler {
 
   // Rank r's function returned (failure: it threw, with that cause and reason). Returns
   // whether the rank died as the model said (now, or before it returned).
-  GRADWIRE_DECL bool leave(int r, std::optional<std::pair<errc, std::string>> failure);
+  GRADWIRE_DECL bool leave(int r, std::optional<transport::detail::rank_failure> failure);
 
   // Blocks the caller (not a rank) until every rank has left.
   void join_all() { all_done_.acquire(); }

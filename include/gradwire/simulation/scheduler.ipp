@@ -52,7 +52,7 @@ GRADWIRE_DECL void scheduler::start() {
   pass_baton();
 }
 
-GRADWIRE_DECL bool scheduler::leave(int r, std::optional<std::pair<errc, std::string>> failure) {
+GRADWIRE_DECL bool scheduler::leave(int r, std::optional<transport::detail::rank_failure> failure) {
   auto& s = state(r);
   if (!s.died) {
     s.charge_compute();
@@ -60,9 +60,9 @@ GRADWIRE_DECL bool scheduler::leave(int r, std::optional<std::pair<errc, std::st
   }
   if (!s.died) {
     if (failure)
-      lose(r, s.clock, transport::detail::peer_failure_kind(failure->first), failure->second, true);
+      lose(r, s.clock, transport::detail::peer_failure_kind(failure->cause), failure->reason, true);
     else
-      lose(r, s.clock, errc::peer_lost, "finished and closed its endpoint at virtual time " + seconds(s.clock), false);
+      lose(r, s.clock, errc::peer_lost, "said goodbye at virtual time " + seconds(s.clock), false);
   }
   mailbox_.drop_receives_of(r);  // requests it kept past its return: their buffers may be gone
   s.state = rank_state::status::finished;
@@ -281,10 +281,12 @@ GRADWIRE_DECL std::optional<scheduler::doom_info> scheduler::doom(const rank_sta
   if (!first) return std::nullopt;
   const bool tolerated = s.tolerated[static_cast<std::size_t>(first->peer)];
   std::string message =
-      !first->failed ? "rank " + std::to_string(s.rank) + ": rank " + std::to_string(first->peer) + " " + first->reason
+      !first->failed ? transport::detail::finished_message(s.rank, first->peer, first->reason)
       : tolerated    ? transport::detail::tolerated_peer_failed_message(s.rank, first->peer, first->reason)
                      : transport::detail::peer_failed_message(s.rank, first->peer, first->reason);
-  return doom_info{first->known_at, first->failed ? first->cause : errc::peer_lost, std::move(message)};
+  // A tolerated peer's failure fails only the operations with it, with peer_lost, as over
+  // tcp and ucx (isolate); an untolerated one's kind follows peer_failure_kind (lose()).
+  return doom_info{first->known_at, first->failed && !tolerated ? first->cause : errc::peer_lost, std::move(message)};
 }
 
 GRADWIRE_DECL void scheduler::lose(int r, time_point at, errc cause, const std::string& reason, bool failed) {

@@ -33,7 +33,7 @@
 #include "../timeouts.hpp"
 #include "../transport/detail/messages.hpp"
 #include "../transport/detail/pending_request.hpp"
-#include "../transport/detail/root_cause.hpp"
+#include "../transport/detail/failure.hpp"
 #include "cluster_model.hpp"
 #include "scheduler.hpp"
 
@@ -152,20 +152,14 @@ class job {
           detail::scheduler& s = *scheduler_;
           if (!s.enter(r)) return;
           detail::this_thread_rank() = &s.state(r);
-          std::optional<std::pair<errc, std::string>> failure;
+          std::optional<transport::detail::rank_failure> failure;
           try {
             fn(endpoint(scheduler_, r));
           } catch (const rank_died&) {
             died[static_cast<std::size_t>(r)] = 1;
-          } catch (const error& e) {
-            outcomes[static_cast<std::size_t>(r)] = std::current_exception();
-            failure.emplace(e.kind(), e.what());
-          } catch (const std::exception& e) {
-            outcomes[static_cast<std::size_t>(r)] = std::current_exception();
-            failure.emplace(errc::peer_lost, e.what());
           } catch (...) {
             outcomes[static_cast<std::size_t>(r)] = std::current_exception();
-            failure.emplace(errc::peer_lost, "unknown exception");
+            failure = transport::detail::failure_of(outcomes[static_cast<std::size_t>(r)]);
           }
           detail::this_thread_rank() = nullptr;
           if (s.leave(r, std::move(failure))) died[static_cast<std::size_t>(r)] = 1;

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "../clock.hpp"
 #include "../error.hpp"
-#include "../timeouts.hpp"
 
 namespace gradwire::support {
 

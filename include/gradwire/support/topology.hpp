@@ -59,8 +59,12 @@ class topology {
   }
 
   // Ranks span two or more hosts and some host has two or more: a hierarchy to exploit
-  // (one host, or one rank per host, is a flat ring's case).
-  bool spans_hosts_with_shared_host() const noexcept { return host_count() >= 2 && max_local_size() >= 2; }
+  // (one host, or one rank per host, is a flat ring's case). The static form takes the
+  // counts, for a layout known only by them (the cost models' cluster_model).
+  bool spans_hosts_with_shared_host() const noexcept { return spans_hosts_with_shared_host(host_count(), max_local_size()); }
+  static constexpr bool spans_hosts_with_shared_host(int hosts, int most_ranks_on_a_host) noexcept {
+    return hosts >= 2 && most_ranks_on_a_host >= 2;
+  }
 
   // "2 hosts: 0 (a) ranks 0,2; 1 (b) ranks 1,3"
   GRADWIRE_DECL std::string to_string() const;

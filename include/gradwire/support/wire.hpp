@@ -43,7 +43,7 @@ enum class frame_kind : std::uint8_t {
   welcome,        // acceptor -> connector: accepted
   refuse,         // acceptor -> connector: refused (payload: the reason, text)
   data,           // a tagged message of the transport
-  abort,          // the sender failed or saw a failure; tag = errc, payload = the reason
+  abort,          // the sender failed or saw a failure; tag = errc | (1 + the rank it lost) << 32, payload = the reason
   store_request,  // rendezvous store: tag = request kind, payload = key/value
   store_reply,    // rendezvous store: tag = status
   goodbye,        // the sender closes its end in good order: no more frames follow

@@ -64,7 +64,7 @@
 #include "detail/deliver.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
-#include "detail/root_cause.hpp"
+#include "detail/failure.hpp"
 #include "traffic.hpp"
 
 namespace gradwire::transport {
@@ -212,8 +212,7 @@ class inproc_hub {
     for (;;) {
       if (auto i = find()) return *i;
       if (failed_rank_ >= 0)
-        throw error(failure_cause_, "rank " + std::to_string(me) + ": rank " + std::to_string(failed_rank_) +
-                                        " failed: " + failure_reason_);
+        throw error(failure_cause_, peer_failed_message(me, failed_rank_, failure_reason_));
       if (wakeups_[me].wait_until(lock, until) == std::cv_status::timeout && !find())
         throw error(errc::timeout, wait_any_timeout_message(me, count));
     }
@@ -336,8 +335,7 @@ class inproc_hub {
 
   void throw_if_failed(int me, const inproc_op& op) const {
     if (failed_rank_ < 0) return;
-    throw error(failure_cause_, "rank " + std::to_string(me) + ": " + describe(op) + " abandoned: rank " +
-                                    std::to_string(failed_rank_) + " failed: " + failure_reason_);
+    throw error(failure_cause_, abandoned_by_message(me, describe(op), failed_rank_, failure_reason_));
   }
 
   const int size_;
@@ -475,26 +473,14 @@ class inproc_group {
         threads.emplace_back([&, r] {
           try {
             fn(endpoint(r));
-          } catch (const error& e) {
-            outcomes[r] = std::current_exception();
-            hub_->fail(r, e.kind(), e.what());
           } catch (...) {
             outcomes[r] = std::current_exception();
-            hub_->fail(r, errc::peer_lost, what(outcomes[r]));
+            const detail::rank_failure f = detail::failure_of(outcomes[r]);
+            hub_->fail(r, f.cause, f.reason);
           }
         });
     }
     return outcomes;
-  }
-
-  static std::string what(const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      return x.what();
-    } catch (...) {
-      return "unknown exception";
-    }
   }
 
  private:

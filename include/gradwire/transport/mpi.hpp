@@ -55,7 +55,7 @@
 #include "../timeouts.hpp"
 #include "detail/messages.hpp"
 #include "detail/pending_request.hpp"
-#include "detail/root_cause.hpp"
+#include "detail/failure.hpp"
 #include "mpi/runtime.hpp"
 #include "mpi/tags.hpp"
 #include "traffic.hpp"
@@ -148,7 +148,7 @@ class mpi {
   mpi& operator=(mpi&&) noexcept = default;
   // While an exception unwinds, tells every rank why this one fails (as ucx does).
   ~mpi() {
-    if (state_ && std::uncaught_exceptions() > 0) state_->fail(errc::peer_lost, "it is unwinding an exception");
+    if (state_ && std::uncaught_exceptions() > 0) state_->fail(errc::peer_lost, detail::unwinding_reason);
   }
 
   int rank() const noexcept { return state_->rank; }
@@ -409,8 +409,7 @@ class mpi {
         live = 0;
         if (i % 64 == 0 || backoff.sleeping()) poll_control();
         if (failed_rank >= 0)
-          throw error(failure_cause, "rank " + std::to_string(rank) + ": rank " + std::to_string(failed_rank) +
-                                         " failed: " + failure_reason);
+          throw error(failure_cause, detail::peer_failed_message(rank, failed_rank, failure_reason));
         if (clock::now() > until) throw error(errc::timeout, detail::wait_any_timeout_message(rank, requests.size()));
         backoff.pause();
       }
@@ -466,8 +465,7 @@ class mpi {
 
     void throw_if_failed(const detail::mpi_op& op) const {
       if (failed_rank < 0) return;
-      throw error(failure_cause, "rank " + std::to_string(rank) + ": " + detail::describe(op) + " abandoned: rank " +
-                                     std::to_string(failed_rank) + " failed: " + failure_reason);
+      throw error(failure_cause, detail::abandoned_by_message(rank, detail::describe(op), failed_rank, failure_reason));
     }
 
     // An abort message from a failed rank: [u32 cause][reason].

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "../../error.hpp"
 
@@ -69,6 +70,44 @@ inline std::string tolerated_peer_failed_message(int rank, int peer, const std::
 // "rank 0 failed: REASON": this rank's own failure (fail(), or an exception that unwinds).
 inline std::string rank_failed_message(int rank, const std::string& reason) {
   return "rank " + std::to_string(rank) + " failed: " + reason;
+}
+
+// "ranks 2, 3 stalled (gave up after ...)": why waiting ranks gave up (a stall timeout),
+// naming the ranks the chains of waits end at.
+inline std::string stalled_message(const std::vector<int>& stalled, const std::string& gave_up) {
+  if (stalled.empty()) return "no rank is stalled but the ranks wait for each other " + gave_up;
+  std::string names;
+  for (std::size_t i = 0; i < stalled.size(); ++i) names += (i ? ", " : "") + std::to_string(stalled[i]);
+  return std::string(stalled.size() > 1 ? "ranks " : "rank ") + names + " stalled " + gave_up;
+}
+
+// "rank 0: receive from rank 1 (tag 7, 64 bytes) abandoned: rank 2 failed: REASON": an
+// operation that a peer's failure ended before it completed.
+inline std::string abandoned_by_message(int rank, const std::string& operation, int peer, const std::string& reason) {
+  return "rank " + std::to_string(rank) + ": " + operation + " abandoned: rank " + std::to_string(peer) +
+         " failed: " + reason;
+}
+
+// "rank 0: lost rank 2: WHY": a peer lost without a word from it (its connection or
+// endpoint broke, it died); WHY says how this rank noticed.
+inline std::string lost_peer_message(int rank, int peer, const std::string& why) {
+  return "rank " + std::to_string(rank) + ": lost rank " + std::to_string(peer) + ": " + why;
+}
+
+// "rank 0: lost rank 2: rank 1 reports: WHY": the same, as rank 1 told this rank (it
+// failed from that loss before this rank noticed it).
+inline std::string relayed_by(int peer, const std::string& why) {
+  return "rank " + std::to_string(peer) + " reports: " + why;
+}
+inline std::string relayed_loss_message(int rank, int lost, int peer, const std::string& why) {
+  return lost_peer_message(rank, lost, relayed_by(peer, why));
+}
+
+// "rank 0: rank 2 has finished (said goodbye) and will send nothing more": a peer that left
+// in good order; operations that still needed it fail with peer_lost.
+inline std::string finished_message(int rank, int peer, const std::string& how = "said goodbye") {
+  return "rank " + std::to_string(rank) + ": rank " + std::to_string(peer) + " has finished (" + how +
+         ") and will send nothing more";
 }
 
 // Why an operation withdrawn while its bytes were on the wire fails the rank.

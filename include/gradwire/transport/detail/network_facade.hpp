@@ -18,6 +18,7 @@
 #include "../../support/topology.hpp"
 #include "../../timeouts.hpp"
 #include "../traffic.hpp"
+#include "failure.hpp"
 #include "pending_request.hpp"
 
 namespace gradwire::transport::detail {
@@ -109,7 +110,7 @@ class network_facade {
   ~network_facade() {
     if (!engine_) return;
     if (std::uncaught_exceptions() > 0)
-      engine_->abort_all(errc::peer_lost, "it is unwinding an exception");
+      engine_->abort_all(errc::peer_lost, unwinding_reason);
     else
       engine_->say_goodbye();
   }

@@ -31,6 +31,7 @@
 #include "../detail/join.hpp"
 #include "../detail/messages.hpp"
 #include "../detail/network_engine.hpp"
+#include "../detail/stall_watch.hpp"
 #include "../wire.hpp"
 #include "link.hpp"
 #include "options.hpp"
@@ -142,18 +143,18 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
 
   // --- failure.ipp: peer loss and failure -------------------------------------
   void on_goodbye(tcp_link& link);
-  std::string finished_message(int peer) const;
   void say_goodbye();
   void send_to_all_now(const wire::frame_header& h, std::span<const std::byte> payload);
   void on_abort(tcp_link& link, const std::string& reason);
   void broken(tcp_link& link, const boost::system::error_code& ec);
-  void await_loss_reason(std::string why, int extensions);
+  void await_loss_reason(int extensions);
+  void fail_from_loss();
   void isolate(tcp_link& link, const std::string& why);
   static void fail_operations(tcp_link& link, errc cause, const std::string& why);
   void lose(tcp_link& link, errc cause, const std::string& why);
   void fail_everything(errc cause, const std::string& why);
   void abort_all(errc cause, const std::string& reason);
-  void send_abort(errc cause, const std::string& reason);
+  void send_abort(errc cause, const std::string& reason, int lost_rank = -1);
 
   // --- watch.ipp: heartbeats, stalls, status frames ---------------------------
   void watch_link(tcp::socket& socket);
@@ -164,6 +165,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   static long long silence_ms(tcp::socket& socket);
   void check_heartbeats();
   std::string lost_message(const std::vector<std::pair<int, std::chrono::milliseconds>>& peers, bool by_kernel) const;
+  std::string heartbeat_loss_reason(std::chrono::milliseconds silent, bool by_kernel) const;
   void begin_wait(int peer, bool add = false);
   void end_wait() noexcept;
   void check_stall(clock::time_point now);
@@ -196,15 +198,16 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   std::deque<arrived_message> self_arrived;
   std::vector<std::vector<std::byte>> spare_buffers;
   std::optional<boost::asio::steady_timer> loss_grace;  // running once a connection broke
+  int loss_peer = -1;         // the first peer whose connection broke (loss_grace)
+  std::string loss_reason;    // why, as its abort_notice relays it
+  std::string loss_message;   // and as this rank reports it
   bool aborting = false;
   // The watch (heartbeats, stalls): a timer that runs while a thread waits.
   std::optional<boost::asio::steady_timer> watch_timer;
   // The wait in progress past its polling (begin_wait): whom for and since when.
   bool waiting = false;
-  clock::time_point wait_began{};
+  stall_watch stall{options.stall_warn, options.stall_timeout};
   std::vector<int> waiting_for;
-  bool status_said = false;  // this wait told the peers what it waits for
-  bool warned = false;       // this wait logged its stall warning
   // While joining.
   bool joining = false;
   int join_pending = 0;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "../../support/asio.hpp"
-#include "../detail/root_cause.hpp"
+#include "../detail/failure.hpp"
 #include "engine.hpp"
 
 namespace gradwire::transport::detail {
@@ -22,14 +22,9 @@ GRADWIRE_DECL void tcp_engine::tolerate(int peer) {
 // the job goes on (it may not need this peer any more).
 GRADWIRE_DECL void tcp_engine::on_goodbye(tcp_link& link) {
   link.finished = true;
-  const std::string why = finished_message(link.peer);
+  const std::string why = finished_message(options.rank, link.peer);
   for (auto* op : link.receives) op->finish(errc::peer_lost, why);
   link.receives.clear();
-}
-
-GRADWIRE_DECL std::string tcp_engine::finished_message(int peer) const {
-  return "rank " + std::to_string(options.rank) + ": rank " + std::to_string(peer) +
-         " has finished (closed its connection in good order) and will send nothing more";
 }
 
 GRADWIRE_DECL void tcp_engine::say_goodbye() {
@@ -60,25 +55,30 @@ GRADWIRE_DECL void tcp_engine::send_to_all_now(const wire::frame_header& h, std:
 }
 
 GRADWIRE_DECL void tcp_engine::on_abort(tcp_link& link, const std::string& reason) {
-  const auto cause = static_cast<errc>(link.incoming.tag);
+  // tag: the cause (errc) in the low 32 bits, 1 + the rank whose loss made the peer fail above.
+  const auto relayed = static_cast<std::int64_t>(link.incoming.tag >> 32) - 1;
+  const abort_notice notice{static_cast<errc>(link.incoming.tag & 0xffffffffu),
+                            relayed >= 0 && relayed < options.size && relayed != link.peer ? static_cast<int>(relayed) : -1,
+                            reason};
   if (link.tolerated)
-    return isolate(link, tolerated_peer_failed_message(options.rank, link.peer, reason));
-  // Its kind on this rank: every transport's rule (a mismatch, timeout or config error
-  // stays one; anything else is a lost peer).
-  const errc kind = peer_failure_kind(cause);
-  const std::string why = peer_failed_message(options.rank, link.peer, reason);
+    return isolate(link, tolerated_peer_failed_message(options.rank, link.peer, abort_reason(link.peer, notice)));
+  // A loss this rank has seen itself, and waits out the grace of (await_loss_reason), is
+  // reported as it saw it.
+  if (notice.lost >= 0 && loss_grace && notice.lost == loss_peer) return fail_from_loss();
+  const bool tolerates_lost = notice.lost >= 0 && links[notice.lost] && links[notice.lost]->tolerated;
+  const peer_failure_outcome f = peer_failure(options.rank, link.peer, notice, tolerates_lost);
   // Passed on before this rank's connections close, so that a peer which sees one of them
   // close reads why on that same stream first, instead of racing the first rank's abort
   // (which may come later, or never: it goes out only on idle links).
-  if (!failed && !aborting) send_abort(kind, why);
-  fail_everything(kind, why);
+  if (!failed && !aborting) send_abort(f.pass_on.cause, f.pass_on.reason, f.pass_on.lost);
+  fail_everything(f.report.cause, f.report.reason);
 }
 
 GRADWIRE_DECL void tcp_engine::broken(tcp_link& link, const boost::system::error_code& ec) {
   if (!link.alive || ec == boost::asio::error::operation_aborted) return;
   if (link.finished) {  // it said goodbye and left: only what was still meant for it fails
     link.alive = false;
-    for (auto* op : link.sends) op->finish(errc::peer_lost, finished_message(link.peer));
+    for (auto* op : link.sends) op->finish(errc::peer_lost, finished_message(options.rank, link.peer));
     link.sends.clear();
     return;
   }
@@ -86,19 +86,22 @@ GRADWIRE_DECL void tcp_engine::broken(tcp_link& link, const boost::system::error
                       ec == boost::asio::error::broken_pipe;
   link.alive = false;
   // The kernel's keepalive gave up (no answer to its probes): a partition or a dead host.
-  const std::string why =
-      ec == boost::asio::error::timed_out
-          ? lost_message({{link.peer, heartbeat_limit()}}, true)
-          : "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(link.peer) + ": " +
-                (closed ? "its connection closed (the process exited or was killed)"
-                        : "connection error: " + ec.message());
+  const bool silent = ec == boost::asio::error::timed_out;
+  const std::string reason = silent   ? heartbeat_loss_reason(heartbeat_limit(), true)
+                             : closed ? "its connection closed (the process exited or was killed)"
+                                      : "connection error: " + ec.message();
+  std::string why = silent ? lost_message({{link.peer, heartbeat_limit()}}, true)
+                           : lost_peer_message(options.rank, link.peer, reason);
   if (link.tolerated) return isolate(link, why);
   // A rank that failed for a reason sends abort frames before it exits, but they may
   // arrive on other connections after this one closed: give them a moment, so the
   // rank reports the root cause rather than the echo.
   if (!loss_grace) {
     loss_grace.emplace(io);
-    await_loss_reason(why, 0);
+    loss_peer = link.peer;
+    loss_reason = reason;
+    loss_message = std::move(why);
+    await_loss_reason(0);
   }
 }
 
@@ -108,16 +111,24 @@ GRADWIRE_DECL void tcp_engine::broken(tcp_link& link, const boost::system::error
 // passed, with an abort frame already in a socket's buffer: the frame is read first (its
 // handlers run before the timer's next expiry), so the rank reports that reason, not the
 // bare closed connection, however late its thread ran.
-GRADWIRE_DECL void tcp_engine::await_loss_reason(std::string why, int extensions) {
+GRADWIRE_DECL void tcp_engine::await_loss_reason(int extensions) {
   loss_grace->expires_after(extensions == 0 ? std::chrono::milliseconds(200) : std::chrono::milliseconds(10));
-  loss_grace->async_wait([this, why = std::move(why), extensions](const boost::system::error_code& ec) mutable {
+  loss_grace->async_wait([this, extensions](const boost::system::error_code& ec) {
     if (!ec && !failed && extensions < 50 && std::any_of(links.begin(), links.end(), [](const auto& l) {
           boost::system::error_code ignored;
           return l && l->alive && !l->parked && l->socket.available(ignored) > 0;  // parked: nothing is read
         }))
-      return await_loss_reason(std::move(why), extensions + 1);
-    fail_everything(errc::peer_lost, why);
+      return await_loss_reason(extensions + 1);
+    fail_from_loss();
   });
+}
+
+// The grace is over and no reason came: this rank fails from the loss of loss_peer, and
+// tells the others so (abort_notice::lost), before its connections close.
+GRADWIRE_DECL void tcp_engine::fail_from_loss() {
+  if (failed || aborting) return;
+  send_abort(errc::peer_lost, loss_reason, loss_peer);
+  fail_everything(errc::peer_lost, loss_message);
 }
 
 // A tolerated peer is gone: its operations fail, the rest of the rank goes on.
@@ -183,11 +194,11 @@ GRADWIRE_DECL void tcp_engine::abort_all(errc cause, const std::string& reason) 
 }
 
 // An abort frame with the reason on every idle connection (see send_to_all_now).
-GRADWIRE_DECL void tcp_engine::send_abort(errc cause, const std::string& reason) {
+GRADWIRE_DECL void tcp_engine::send_abort(errc cause, const std::string& reason, int lost_rank) {
   wire::frame_header h;
   h.kind = wire::frame_kind::abort;
   h.token_hash = token;
-  h.tag = static_cast<std::uint64_t>(cause);
+  h.tag = static_cast<std::uint32_t>(cause) | (static_cast<std::uint64_t>(lost_rank + 1) << 32);
   h.source = static_cast<std::uint32_t>(options.rank);
   const std::string text = reason.substr(0, max_abort_bytes);
   h.length = text.size();

@@ -32,7 +32,7 @@ GRADWIRE_DECL void tcp_engine::post_recv(tcp_op& op) {
     link.reading = &op;
     return;
   }
-  if (link.finished) return op.finish(errc::peer_lost, finished_message(op.peer));
+  if (link.finished) return op.finish(errc::peer_lost, finished_message(options.rank, op.peer));
   // A lost peer that may come back (allow_rejoin): the receive waits for its replacement.
   if (!link.lost_reason.empty() && !link.rejoinable) return op.finish(errc::peer_lost, link.lost_reason);
   link.receives.push_back(&op);

@@ -123,9 +123,14 @@ GRADWIRE_DECL std::string tcp_engine::lost_message(const std::vector<std::pair<i
     for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
     text += " (host " + (hosts[h].first.empty() ? std::string("unknown") : hosts[h].first) + ")";
   }
+  return text + ": " + heartbeat_loss_reason(longest, by_kernel);
+}
+
+// "no answer to heartbeats for 5.1 s; a network partition or a dead host (...)"
+GRADWIRE_DECL std::string tcp_engine::heartbeat_loss_reason(std::chrono::milliseconds silent, bool by_kernel) const {
   char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%.1f s", static_cast<double>(longest.count()) / 1000);
-  return text + ": no answer to heartbeats " + (by_kernel ? "(the connection timed out)" : "for " + std::string(seconds)) +
+  std::snprintf(seconds, sizeof seconds, "%.1f s", static_cast<double>(silent.count()) / 1000);
+  return std::string("no answer to heartbeats ") + (by_kernel ? "(the connection timed out)" : "for " + std::string(seconds)) +
          "; a network partition or a dead host (GRADWIRE_HEARTBEAT=" +
          std::to_string(options.heartbeat_interval.count()) + " s, lost after " +
          std::to_string(options.heartbeat_misses) + " silent intervals)";
@@ -135,15 +140,14 @@ GRADWIRE_DECL std::string tcp_engine::lost_message(const std::vector<std::pair<i
 GRADWIRE_DECL void tcp_engine::begin_wait(int peer, bool add) {
   if (!add) {
     waiting = true;
-    wait_began = clock::now();
+    stall.begin(clock::now());
     waiting_for.clear();
-    status_said = warned = false;
   }
   if (std::find(waiting_for.begin(), waiting_for.end(), peer) == waiting_for.end()) waiting_for.push_back(peer);
 }
 
 GRADWIRE_DECL void tcp_engine::end_wait() noexcept {
-  if (!std::exchange(waiting, false) || !status_said || failed) return;
+  if (!std::exchange(waiting, false) || !stall.told() || failed) return;
   try {
     send_status(false);  // no longer waiting: the peers forget what this rank said
   } catch (...) {
@@ -154,29 +158,17 @@ GRADWIRE_DECL void tcp_engine::end_wait() noexcept {
 // each can follow the chain of waits to the rank that has said nothing; it warns
 // once; and with a stall timeout it gives up, telling the peers why.
 GRADWIRE_DECL void tcp_engine::check_stall(clock::time_point now) {
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - wait_began);
-  const auto give_up = options.stall_timeout;
-  const auto first_word = give_up.count() > 0 ? std::min(options.stall_warn, give_up) : options.stall_warn;
-  if (!status_said && waited >= first_word * 3 / 4) {
-    status_said = true;
-    send_status(true);
-  }
-  if (!warned && waited >= options.stall_warn && (give_up.count() == 0 || waited < give_up)) {
-    warned = true;
+  const auto waited = stall.waited(now);
+  const stall_watch::due due = stall.check(now);
+  if (due.tell) send_status(true);
+  if (due.warn) {
     std::vector<int> stalled;
     observe::log_warning(options.rank, options.size, stall_report(waited, stalled));
   }
-  if (give_up.count() > 0 && waited >= give_up) {
+  if (due.give_up) {
     std::vector<int> stalled;
     const std::string report = stall_report(waited, stalled);
-    std::string names;
-    for (std::size_t i = 0; i < stalled.size(); ++i) names += (i ? ", " : "") + std::to_string(stalled[i]);
-    char limit[32];
-    std::snprintf(limit, sizeof limit, "%g", static_cast<double>(give_up.count()) / 1000);
-    const std::string why =
-        (stalled.empty() ? "no rank is stalled but the ranks wait for each other"
-                         : std::string(stalled.size() > 1 ? "ranks " : "rank ") + names + " stalled") +
-        " (gave up after GRADWIRE_STALL_TIMEOUT=" + limit + " s): " + report;
+    const std::string why = stalled_message(stalled, stall.gave_up_text()) + ": " + report;
     send_abort(errc::timeout, why);
     fail_everything(errc::timeout, why);
   }

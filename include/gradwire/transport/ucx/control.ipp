@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "../detail/root_cause.hpp"
+#include "../detail/failure.hpp"
 #include "engine.hpp"
 
 namespace gradwire::transport::detail {
@@ -34,13 +34,18 @@ GRADWIRE_DECL void ucx_engine::post_control_receive() {
 }
 
 GRADWIRE_DECL void ucx_engine::on_control() {
-  // Payload: u32 sender, u32 kind, u32 cause (errc), then the reason as text.
-  if (control_length < 12) return post_control_receive();
-  std::uint32_t header[3];
+  // Payload: u32 sender, u32 kind, u32 cause (errc), u32 1 + the rank whose loss made the
+  // sender fail (0: none), then the reason as text.
+  if (control_length < control_header_bytes) return post_control_receive();
+  std::uint32_t header[4];
   std::memcpy(header, control_buffer.data(), sizeof header);
   const int peer = static_cast<int>(header[0]);
   const auto kind = static_cast<ucx_control>(header[1]);
   const auto cause = static_cast<errc>(header[2]);
+  // 1 + the rank whose loss made the sender fail: a rank of the job other than the sender.
+  const int lost_rank = header[3] >= 1 && header[3] <= static_cast<std::uint32_t>(options.size) && header[3] - 1 != header[0]
+                            ? static_cast<int>(header[3]) - 1
+                            : -1;
   const std::string reason(reinterpret_cast<const char*>(control_buffer.data()) + sizeof header,
                            control_length - sizeof header);
   post_control_receive();
@@ -53,9 +58,15 @@ GRADWIRE_DECL void ucx_engine::on_control() {
   if (kind == ucx_control::abort) {
     // Answered before anything here closes an endpoint (see ucx_control).
     send_control(ucx_control::abort_seen, errc{}, {}, deadline_after(std::chrono::milliseconds(200)), peer);
-    if (peers[peer].tolerated) return isolate(peer, tolerated_peer_failed_message(options.rank, peer, reason));
+    const abort_notice notice{cause, lost_rank, reason};
+    if (peers[peer].tolerated)
+      return isolate(peer, tolerated_peer_failed_message(options.rank, peer, abort_reason(peer, notice)));
     if (aborting) return;  // abort_all fails this rank with its own reason
-    fail_everything(peer_failure_kind(cause), peer_failed_message(options.rank, peer, reason));  // every transport's rule
+    // A loss this rank has seen itself, and waits out the grace of, is reported as it saw it.
+    if (lost_rank >= 0 && peers[lost_rank].loss_pending) return fail_from_loss(lost_rank);
+    const bool tolerates_lost = lost_rank >= 0 && peers[lost_rank].tolerated;
+    const peer_failure_outcome f = peer_failure(options.rank, peer, notice, tolerates_lost);  // every transport's rule
+    fail_everything(f.report.cause, f.report.reason);
   }
 }
 
@@ -72,7 +83,7 @@ GRADWIRE_DECL void ucx_engine::on_goodbye(int peer) {
 GRADWIRE_DECL void ucx_engine::fail_receives_from(int peer) {
   for (auto* op : std::vector<ucx_op*>(in_flight))
     if (!op->is_send && op->peer == peer && op->state == status::active)
-      withdraw(*op, errc::peer_lost, finished_message(peer));
+      withdraw(*op, errc::peer_lost, finished_message(options.rank, peer));
 }
 
 // A peer that control messages can still reach: connected, not lost, not finished.
@@ -83,10 +94,11 @@ GRADWIRE_DECL bool ucx_engine::listening(int r) const {
 
 // Sends one control message to every live peer (or only to `only`) and waits, until
 // `until`, for the sends to complete and reach the peers.
-GRADWIRE_DECL void ucx_engine::send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only) {
+GRADWIRE_DECL void ucx_engine::send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only,
+                                            int lost_rank) {
   std::vector<ucx_op> sends(peers.size());
-  const std::uint32_t header[3] = {static_cast<std::uint32_t>(options.rank), static_cast<std::uint32_t>(kind),
-                                   static_cast<std::uint32_t>(cause)};
+  const std::uint32_t header[4] = {static_cast<std::uint32_t>(options.rank), static_cast<std::uint32_t>(kind),
+                                   static_cast<std::uint32_t>(cause), static_cast<std::uint32_t>(lost_rank + 1)};
   std::vector<std::byte> payload(sizeof header + text.size());
   std::memcpy(payload.data(), header, sizeof header);
   std::memcpy(payload.data() + sizeof header, text.data(), text.size());
@@ -135,13 +147,19 @@ GRADWIRE_DECL void ucx_engine::say_goodbye() {
 
 GRADWIRE_DECL void ucx_engine::abort_all(errc cause, const std::string& reason) {
   if (failed) return;
-  // Within a second: the peers hear why before this rank goes on (and perhaps exits).
+  abort_with(cause, reason, -1, rank_failed_message(options.rank, reason));
+}
+
+// Tells every live peer why this rank fails (`told`; `lost`: the peer whose loss it is,
+// abort_notice::lost), within a second, so they hear it before this rank goes on (and
+// perhaps exits); then fails the rank with `report`.
+GRADWIRE_DECL void ucx_engine::abort_with(errc cause, const std::string& told, int lost_rank, const std::string& report) {
   const auto until = deadline_after(std::chrono::seconds(1));
   aborting = true;
-  send_control(ucx_control::abort, cause, reason.substr(0, max_control_bytes - 12), until);
+  send_control(ucx_control::abort, cause, told.substr(0, max_control_bytes - control_header_bytes), until, -1, lost_rank);
   await_abort_seen(until);
   aborting = false;
-  fail_everything(cause, rank_failed_message(options.rank, reason));
+  fail_everything(cause, report);
 }
 
 }  // namespace gradwire::transport::detail

@@ -26,6 +26,7 @@
 #include "../../timeouts.hpp"
 #include "../detail/messages.hpp"
 #include "../detail/network_engine.hpp"
+#include "../detail/stall_watch.hpp"
 #include "../detail/ucx_support.hpp"
 #include "options.hpp"
 #include "peer.hpp"
@@ -51,6 +52,8 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
                                     std::to_string(o.size));
     if (o.rank < 0 || o.rank >= o.size)
       throw error(errc::config, "ucx: rank " + std::to_string(o.rank) + " is outside 0.." + std::to_string(o.size - 1));
+    if (o.stall_warn.count() <= 0 || o.stall_timeout.count() < 0)
+      throw error(errc::config, "ucx: stall_warn must be > 0 and stall_timeout >= 0 (0: off)");
     peers.resize(static_cast<std::size_t>(o.size));
     topology = cluster::topology::one_host(o.size);  // until join() learns better
     open_worker();
@@ -94,6 +97,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   std::vector<std::byte> worker_address();
   void settle(ucx_op& op) noexcept;
   void warn_stall(clock::duration waited, int peer) const;
+  std::string stall_text(clock::duration waited, int peer) const;
   unsigned progress_once();
   template <class Done>
   bool progress_until(Done&& done, deadline until, int peer = -1);
@@ -125,11 +129,15 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void on_control();
   void on_goodbye(int peer);
   void fail_receives_from(int peer);
-  void send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only = -1);
+  void send_control(ucx_control kind, errc cause, const std::string& text, deadline until, int only = -1,
+                    int lost_rank = -1);
+  void fail_from_loss(int peer);
   bool listening(int peer) const;
   void await_abort_seen(deadline until);
   void say_goodbye();
   void abort_all(errc cause, const std::string& reason);
+  void abort_with(errc cause, const std::string& told, int lost_rank, const std::string& report);
+  void give_up_stall(clock::duration waited, int peer);
 
   // --- failure.ipp: peer loss, failure, withdrawing ---------------------------
   void complete_failure(ucx_op& op, errc cause, const std::string& why);
@@ -142,7 +150,6 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void isolate(int peer, const std::string& why);
   void fail_everything(errc cause, const std::string& why);
   std::string why_failed(const ucx_op& op) const;
-  std::string finished_message(int peer) const;
 
   static std::string describe(const ucx_op& op) {
     if (op.one_sided) return std::string(op.what) + " rank " + std::to_string(op.peer) + " (" + std::to_string(op.bytes) + " bytes)";
@@ -150,6 +157,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   }
 
   static constexpr std::size_t max_control_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t control_header_bytes = 16;  // sender, kind, cause, 1 + lost rank (control.ipp)
   static constexpr std::size_t address_header = sizeof(std::uint32_t) + sizeof(std::uint64_t);
   ucx_options options;
   bool dedicated;
@@ -166,6 +174,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   std::vector<ucx_op*> in_flight;  // ops UCX holds a request for
   bool said_goodbye = false;
   bool aborting = false;  // abort_all waits for the peers' abort_seen
+  stall_watch stall{options.stall_warn, options.stall_timeout};  // the wait in progress past its polling
   bool joining = true;  // only the join may use ucx_tag::join_tag
   // The standing receive for control messages, and what its callback saw.
   std::vector<std::byte> control_buffer;
@@ -183,7 +192,7 @@ bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
   const auto poll_stop = began + support::poll_window(options.poll_before_sleep, dedicated);
   // Hot polling (no yield) while the spin gate says it pays.
   const bool hot = dedicated && spin.open();
-  bool warned = false, missed = false;
+  bool sleeping = false, missed = false;
   for (;;) {
     progress_once();
     if (done()) {
@@ -197,9 +206,14 @@ bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
       continue;
     }
     if (hot && !std::exchange(missed, true)) spin.spun(false);
-    if (!warned && now - began >= options.stall_warn) {  // sleeping waits wake every keepalive_wake
-      warned = true;
-      warn_stall(now - began, peer);
+    if (!std::exchange(sleeping, true)) stall.begin(began);
+    // Sleeping waits wake every keepalive_wake; the join has its own timeout naming the
+    // ranks that did not connect.
+    const stall_watch::due due = joining ? stall_watch::due{} : stall.check(now);
+    if (due.warn) warn_stall(now - began, peer);
+    if (due.give_up && !failed) {
+      give_up_stall(now - began, peer);
+      return done();
     }
     const ucs_status_t armed = ucp_worker_arm(worker.get());
     if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress them
@@ -207,6 +221,9 @@ bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
     auto sleep = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(until - now) +
                               std::chrono::milliseconds(1),
                           options.keepalive_wake);
+    if (options.stall_timeout.count() > 0 && !joining)
+      sleep = std::min(sleep, std::max(options.stall_timeout - stall.waited(now), std::chrono::milliseconds(0)) +
+                                  std::chrono::milliseconds(1));
     for (const auto& p : peers)
       if (p.loss_pending)
         sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(*p.loss_pending - now) +

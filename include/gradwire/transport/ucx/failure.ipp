@@ -57,9 +57,9 @@ GRADWIRE_DECL std::vector<ucx_op*> ucx_engine::sends_to(int peer) const {
 GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
   auto& p = peers[peer];
   if (!p.lost_reason.empty() || failed) return;
-  const std::string why = "rank " + std::to_string(options.rank) + ": lost rank " + std::to_string(peer) +
-                          ": its endpoint failed (" + ucx_status_text(s) +
-                          "; the process exited or was killed)";
+  const std::string reason =
+      "its endpoint failed (" + std::string(ucx_status_text(s)) + "; the process exited or was killed)";
+  const std::string why = lost_peer_message(options.rank, peer, reason);
   if (p.finished) {
     // It said goodbye and left. Sends to it still in flight carried what it wanted
     // (it would not have finished without them); UCX fails them as the endpoint
@@ -75,8 +75,21 @@ GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
   // Its goodbye or abort may still be on the way (another lane): give it a moment.
   if (!p.loss_pending) {
     p.loss_pending = deadline_after(std::chrono::milliseconds(200));
+    p.loss_reason = reason;
     p.loss_why = why;
   }
+}
+
+// The grace is over and no goodbye or reason came: this rank fails from the loss of
+// `peer`, and tells the others so first (abort_notice::lost): a peer on shared memory
+// notices a killed process only at its next keepalive, and would otherwise see this
+// rank's endpoints close first and blame this rank.
+GRADWIRE_DECL void ucx_engine::fail_from_loss(int peer) {
+  auto& p = peers[peer];
+  p.loss_pending.reset();
+  if (failed || aborting) return;
+  p.lost_reason = p.loss_why;  // not listening any more: nothing is sent to it
+  abort_with(errc::peer_lost, p.loss_reason, peer, p.loss_why);
 }
 
 // A peer is gone: its operations fail, the rest of the rank goes on.
@@ -102,11 +115,6 @@ GRADWIRE_DECL std::string ucx_engine::why_failed(const ucx_op& op) const {
   const auto& p = peers[op.peer];
   if (!p.lost_reason.empty()) return p.lost_reason;
   return "rank " + std::to_string(options.rank) + ": " + describe(op) + " failed";
-}
-
-GRADWIRE_DECL std::string ucx_engine::finished_message(int peer) const {
-  return "rank " + std::to_string(options.rank) + ": rank " + std::to_string(peer) +
-         " has finished (said goodbye) and will send nothing more";
 }
 
 }  // namespace gradwire::transport::detail

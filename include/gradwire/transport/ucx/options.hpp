@@ -45,9 +45,12 @@ struct ucx_options {
   // (GRADWIRE_STEP_TIMEOUT); asio_tcp reads TCP_INFO itself and finds it in 5 s.
   std::chrono::seconds heartbeat_interval = default_heartbeat_interval;
   int heartbeat_misses = default_heartbeat_misses;
-  // A wait that lasts this long logs once which rank it waits for (GRADWIRE_STALL_WARN;
-  // unlike asio_tcp, without the chain of waits behind it, and without a stall timeout).
+  // A wait that lasts stall_warn logs once which rank it waits for (GRADWIRE_STALL_WARN;
+  // unlike asio_tcp, without the chain of waits behind it); with stall_timeout > 0 the
+  // wait fails with timeout after that long, naming that rank, and tells the peers why
+  // (GRADWIRE_STALL_TIMEOUT).
   std::chrono::milliseconds stall_warn = default_stall_warn;
+  std::chrono::milliseconds stall_timeout = default_stall_timeout;
   // Endpoints with UCX's peer error handling: a dead peer becomes peer_lost within about
   // a second. Off: a dead peer is noticed only through deadlines (timeout).
   bool peer_error_handling = true;

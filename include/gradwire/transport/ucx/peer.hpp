@@ -51,7 +51,8 @@ struct ucx_peer {
   std::string lost_reason;  // set once it is lost
   std::optional<deadline> loss_pending;  // broke without a goodbye: fails the rank at this time
   std::optional<deadline> drained_at;    // said goodbye: its receives still open then fail
-  std::string loss_why;
+  std::string loss_reason;  // why it broke, as an abort_notice relays it
+  std::string loss_why;     // and as this rank reports it
 };
 
 }  // namespace gradwire::transport::detail

@@ -37,7 +37,7 @@ GRADWIRE_DECL void ucx_engine::post_recv(ucx_op& op) {
     // It finished: only a message already here can match.
     ucp_tag_recv_info_t info;
     if (!ucp_tag_probe_nb(worker.get(), ucx_tag::data(op.peer, op.tag), ucx_tag::full_mask, 0, &info))
-      return op.finish(errc::peer_lost, finished_message(op.peer));
+      return op.finish(errc::peer_lost, finished_message(options.rank, op.peer));
   }
   ucp_request_param_t p{};
   // Always through the callback, which reports the length that arrived. (Only the

@@ -13,7 +13,7 @@ namespace gradwire::transport::detail {
 GRADWIRE_DECL bool ucx_engine::peer_unavailable(ucx_op& op) {
   const auto& p = peers[op.peer];
   if (!p.lost_reason.empty()) return op.finish(errc::peer_lost, p.lost_reason), true;
-  if (p.finished && op.is_send) return op.finish(errc::peer_lost, finished_message(op.peer)), true;
+  if (p.finished && op.is_send) return op.finish(errc::peer_lost, finished_message(options.rank, op.peer)), true;
   return false;
 }
 

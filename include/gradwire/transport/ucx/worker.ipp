@@ -82,7 +82,8 @@ GRADWIRE_DECL void ucx_engine::settle(ucx_op& op) noexcept {
     if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
 }
 
-GRADWIRE_DECL void ucx_engine::warn_stall(clock::duration waited, int peer) const {
+// "rank 0: waited 60.0 s in all_reduce (operation #12, step 40) for rank 1"
+GRADWIRE_DECL std::string ucx_engine::stall_text(clock::duration waited, int peer) const {
   const observe::activity& doing = observe::current_activity();
   char text[256];
   std::snprintf(text, sizeof text, "rank %d: waited %.1f s in %s (operation #%llu, step %llu) for %s%s", options.rank,
@@ -90,9 +91,26 @@ GRADWIRE_DECL void ucx_engine::warn_stall(clock::duration waited, int peer) cons
                 static_cast<unsigned long long>(doing.operation),
                 static_cast<unsigned long long>(observe::current_step().load(std::memory_order_relaxed)),
                 peer >= 0 ? "rank " : "its peers", peer >= 0 ? std::to_string(peer).c_str() : "");
-  observe::log_warning(options.rank, options.size, text,
-                       ": it is alive as far as UCX can tell but has not answered (stopped, hung, in a long "
-                       "computation, or waiting for another rank: look at its own warning)");
+  return text;
+}
+
+namespace ucx_stall {
+inline constexpr const char* alive =
+    ": it is alive as far as UCX can tell but has not answered (stopped, hung, in a long computation, or waiting for "
+    "another rank: look at its own warning)";
+}  // namespace ucx_stall
+
+GRADWIRE_DECL void ucx_engine::warn_stall(clock::duration waited, int peer) const {
+  observe::log_warning(options.rank, options.size, stall_text(waited, peer).c_str(), ucx_stall::alive);
+}
+
+// The stall timeout: this rank fails with timeout naming the rank it waited for (over UCX,
+// without the chain of waits behind it), and tells its peers why.
+GRADWIRE_DECL void ucx_engine::give_up_stall(clock::duration waited, int peer) {
+  const std::string who = peer >= 0 ? stalled_message({peer}, stall.gave_up_text())
+                                    : "the peers it waits for stalled " + stall.gave_up_text();
+  const std::string why = who + ": " + stall_text(waited, peer) + ucx_stall::alive;
+  abort_with(errc::timeout, why, -1, why);
 }
 
 GRADWIRE_DECL unsigned ucx_engine::progress_once() {
@@ -121,11 +139,9 @@ GRADWIRE_DECL void ucx_engine::handle_events() {
       peers[r].drained_at.reset();
       fail_receives_from(static_cast<int>(r));
     }
-  for (std::size_t r = 0; r < peers.size(); ++r)
-    if (peers[r].loss_pending && now >= *peers[r].loss_pending) {
-      peers[r].loss_pending.reset();
-      fail_everything(errc::peer_lost, peers[r].loss_why);
-    }
+  // Not while this rank aborts: its own reason is the one it reports and sends.
+  for (std::size_t r = 0; r < peers.size() && !aborting; ++r)
+    if (peers[r].loss_pending && now >= *peers[r].loss_pending) fail_from_loss(static_cast<int>(r));
 }
 
 // Waits (bounded) until what this rank sent has reached its peers.

@@ -1,0 +1,81 @@
+// The failure core (transport/detail/failure.hpp): the kind and the words a rank reports for a peer's failure, for a
+// loss a peer relays, and for its own exception; every transport reports through it.
+#include <catch2/catch.hpp>
+
+#include <exception>
+#include <gradwire/transport/detail/failure.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace gw = gradwire;
+using gw::errc;
+namespace core = gw::transport::detail;
+
+TEST_CASE("peer_failure_kind: a peer's mismatch, timeout or config error keeps its kind, anything else is a lost peer") {
+  using core::peer_failure_kind;
+  for (const errc kept : {errc::mismatch, errc::timeout, errc::config}) REQUIRE(peer_failure_kind(kept) == kept);
+  for (const errc lost : {errc::peer_lost, errc::protocol, errc::auth, errc::invalid_argument, errc::device, errc{}})
+    REQUIRE(peer_failure_kind(lost) == errc::peer_lost);
+}
+
+TEST_CASE("failure_of: a gradwire error keeps its kind and message, any other exception is a lost peer with what()") {
+  const auto of = [](auto thrown) { return core::failure_of(std::make_exception_ptr(thrown)); };
+  const core::rank_failure config = of(gw::error(errc::config, "the job's setting is bad"));
+  CHECK(config.cause == errc::config);
+  CHECK(config.reason == gw::error(errc::config, "the job's setting is bad").what());
+  const core::rank_failure logic = of(std::logic_error("the real problem"));
+  CHECK(logic.cause == errc::peer_lost);
+  CHECK(logic.reason == "the real problem");
+  const core::rank_failure other = of(42);
+  CHECK(other.cause == errc::peer_lost);
+  CHECK(other.reason == "unknown exception");
+}
+
+TEST_CASE("a peer's abort: its reason quoted under its kind's rule, and passed on as this rank's report") {
+  for (const errc cause : {errc::config, errc::timeout, errc::mismatch, errc::protocol, errc::peer_lost}) {
+    CAPTURE(cause);
+    const auto f = core::peer_failure(2, 0, {cause, -1, "rank 0 failed: the job's setting is bad"}, false);
+    CHECK(f.report.cause == core::peer_failure_kind(cause));
+    CHECK(f.report.reason == "rank 2: rank 0 failed: rank 0 failed: the job's setting is bad");
+    CHECK(f.pass_on.cause == f.report.cause);
+    CHECK(f.pass_on.lost == -1);
+    CHECK(f.pass_on.reason == f.report.reason);
+  }
+}
+
+TEST_CASE("a loss a peer relays reads as this rank's own loss of that rank, and is passed on as that loss") {
+  const std::string why = "its endpoint failed (Endpoint timeout; the process exited or was killed)";
+  const auto f = core::peer_failure(2, 0, {errc::peer_lost, 1, why}, false);
+  CHECK(f.report.cause == errc::peer_lost);
+  CHECK(f.report.reason == "rank 2: lost rank 1: rank 0 reports: " + why);
+  CHECK(f.pass_on.cause == errc::peer_lost);
+  CHECK(f.pass_on.lost == 1);
+  CHECK(f.pass_on.reason == "rank 0 reports: " + why);
+}
+
+TEST_CASE("a relayed loss of a rank this rank tolerates, or of this rank itself, is the relaying peer's failure") {
+  const std::string why = "its connection closed (the process exited or was killed)";
+  for (const bool tolerated : {true, false}) {
+    CAPTURE(tolerated);
+    const int lost = tolerated ? 1 : 2;  // untolerated: the loss relayed is this rank's own
+    const auto f = core::peer_failure(2, 0, {errc::peer_lost, lost, why}, tolerated);
+    CHECK(f.report.cause == errc::peer_lost);
+    CHECK(f.report.reason == "rank 2: rank 0 failed: rank 0: lost rank " + std::to_string(lost) + ": " + why);
+    CHECK(f.pass_on.lost == -1);
+  }
+  CHECK(core::abort_reason(0, {errc::peer_lost, 1, why}) == "rank 0: lost rank 1: " + why);
+  CHECK(core::abort_reason(0, {errc::config, -1, "bad"}) == "bad");
+}
+
+TEST_CASE("the words of a failure: finished, lost, relayed, abandoned, tolerated, own") {
+  CHECK(core::finished_message(0, 2) == "rank 0: rank 2 has finished (said goodbye) and will send nothing more");
+  CHECK(core::finished_message(0, 2, "said goodbye at virtual time 1.5 s") ==
+        "rank 0: rank 2 has finished (said goodbye at virtual time 1.5 s) and will send nothing more");
+  CHECK(core::lost_peer_message(0, 2, "it died") == "rank 0: lost rank 2: it died");
+  CHECK(core::relayed_loss_message(0, 2, 1, "it died") == "rank 0: lost rank 2: rank 1 reports: it died");
+  CHECK(core::abandoned_by_message(0, "receive from rank 1 (tag 7, 64 bytes)", 2, "why") ==
+        "rank 0: receive from rank 1 (tag 7, 64 bytes) abandoned: rank 2 failed: why");
+  CHECK(core::tolerated_peer_failed_message(0, 2, "why") == "rank 0: lost rank 2: it failed: why");
+  CHECK(core::peer_failed_message(0, 2, "why") == "rank 0: rank 2 failed: why");
+  CHECK(core::rank_failed_message(0, "why") == "rank 0 failed: why");
+}
