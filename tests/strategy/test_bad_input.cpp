@@ -707,7 +707,7 @@ TEST_CASE("ucx: an operation UCX failed without a reason is described by the ran
   auto send = e.make_op(true, 0, 5, out.data(), out.size());
   send->finish(gw::errc::peer_lost, "");
   CHECK_THAT(e.failure_text(*send), Contains("rank 0: ") && Contains("failed"));
-  e.peers[0].lost_reason = "rank 0: lost rank 0: its endpoint failed";
+  e.peers[0].state.lost_reason = "rank 0: lost rank 0: its endpoint failed";
   CHECK(e.failure_text(*send) == "rank 0: lost rank 0: its endpoint failed");
   e.fail_everything(gw::errc::config, "rank 0: rank 3 failed: the job's setting is bad");
   CHECK(e.failure_text(*send) == "rank 0: rank 3 failed: the job's setting is bad");  // the root cause first

@@ -1,9 +1,13 @@
-// The failure core (transport/detail/failure.hpp): the kind and the words a rank reports for a peer's failure, for a
-// loss a peer relays, and for its own exception; every transport reports through it.
+// The failure core (transport/detail/failure.hpp, peer_state.hpp, stall_watch.hpp): the kind and the words a rank
+// reports for a peer's failure, for a loss a peer relays and for its own exception, what it knows of each peer, and
+// when a waiting rank speaks up; every transport reports through it.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <exception>
 #include <gradwire/transport/detail/failure.hpp>
+#include <gradwire/transport/detail/peer_state.hpp>
+#include <gradwire/transport/detail/stall_watch.hpp>
 #include <stdexcept>
 #include <string>
 
@@ -78,4 +82,68 @@ TEST_CASE("the words of a failure: finished, lost, relayed, abandoned, tolerated
   CHECK(core::tolerated_peer_failed_message(0, 2, "why") == "rank 0: lost rank 2: it failed: why");
   CHECK(core::peer_failed_message(0, 2, "why") == "rank 0: rank 2 failed: why");
   CHECK(core::rank_failed_message(0, "why") == "rank 0 failed: why");
+}
+
+TEST_CASE("a peer's state: a goodbye or a loss ends its grace, and only a peer neither finished nor lost is live") {
+  core::peer_state s;
+  CHECK(s.live());
+  s.suspect(gw::clock::now(), "its connection closed", "rank 0: lost rank 1: its connection closed");
+  CHECK(s.suspected());
+  CHECK(s.live());  // suspected, not yet lost: its goodbye or its reason may still come
+  core::peer_state finished = s;
+  finished.say_goodbye();
+  CHECK_FALSE(finished.suspected());
+  CHECK(finished.finished);
+  CHECK_FALSE(finished.live());
+  CHECK_FALSE(finished.lost());
+  s.lose(s.suspected_message);
+  CHECK_FALSE(s.suspected());
+  CHECK(s.lost());
+  CHECK_FALSE(s.live());
+  CHECK(s.lost_reason == "rank 0: lost rank 1: its connection closed");
+  CHECK(s.suspected_reason == "its connection closed");  // what the rank relays when it fails from the loss
+}
+
+TEST_CASE("the stall watch tells the peers at 3/4 of its first word, warns once, and gives up from the stall timeout "
+          "on") {
+  using namespace std::chrono_literals;
+  const gw::clock::time_point t0{};
+  SECTION("warning only") {
+    core::stall_watch w(60s, 0s);
+    w.begin(t0);
+    CHECK_FALSE(w.check(t0 + 44s).tell);
+    CHECK(w.check(t0 + 45s).tell);
+    CHECK_FALSE(w.check(t0 + 46s).tell);  // once per wait
+    CHECK(w.told());
+    CHECK_FALSE(w.check(t0 + 59s).warn);
+    CHECK(w.check(t0 + 60s).warn);
+    CHECK_FALSE(w.check(t0 + 61s).warn);
+    CHECK_FALSE(w.check(t0 + 3600s).give_up);
+    w.begin(t0 + 100s);  // a new wait starts over
+    CHECK_FALSE(w.told());
+    CHECK(w.check(t0 + 145s).tell);
+  }
+  SECTION("a stall timeout below the warning: told at 3/4 of it, no warning, given up at it and after") {
+    core::stall_watch w(60s, 4s);
+    w.begin(t0);
+    CHECK_FALSE(w.check(t0 + 2999ms).tell);
+    CHECK(w.check(t0 + 3s).tell);
+    const auto at = w.check(t0 + 4s);
+    CHECK(at.give_up);
+    CHECK_FALSE(at.warn);
+    CHECK(w.check(t0 + 5s).give_up);
+    CHECK(w.waited(t0 + 5s) == 5s);
+    CHECK(w.gave_up_text() == "(gave up after GRADWIRE_STALL_TIMEOUT=4 s)");
+  }
+  SECTION("a stall timeout above the warning: warned at the warning, given up at the timeout") {
+    core::stall_watch w(2s, 10s);
+    w.begin(t0);
+    CHECK(w.check(t0 + 1500ms).tell);
+    CHECK(w.check(t0 + 2s).warn);
+    CHECK_FALSE(w.check(t0 + 9s).give_up);
+    CHECK(w.check(t0 + 10s).give_up);
+  }
+  CHECK(core::stalled_message({1}, "(x)") == "rank 1 stalled (x)");
+  CHECK(core::stalled_message({2, 3}, "(x)") == "ranks 2, 3 stalled (x)");
+  CHECK(core::stalled_message({}, "(x)") == "no rank is stalled but the ranks wait for each other (x)");
 }

@@ -198,9 +198,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   std::deque<arrived_message> self_arrived;
   std::vector<std::vector<std::byte>> spare_buffers;
   std::optional<boost::asio::steady_timer> loss_grace;  // running once a connection broke
-  int loss_peer = -1;         // the first peer whose connection broke (loss_grace)
-  std::string loss_reason;    // why, as its abort_notice relays it
-  std::string loss_message;   // and as this rank reports it
+  int loss_peer = -1;  // the first peer whose connection broke: suspected (its link's state) while loss_grace runs
   bool aborting = false;
   // The watch (heartbeats, stalls): a timer that runs while a thread waits.
   std::optional<boost::asio::steady_timer> watch_timer;

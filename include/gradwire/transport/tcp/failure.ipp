@@ -14,14 +14,14 @@
 namespace gradwire::transport::detail {
 
 GRADWIRE_DECL void tcp_engine::tolerate(int peer) {
-  if (auto& link = links[peer]) link->tolerated = true;
+  if (auto& link = links[peer]) link->state.tolerated = true;
 }
 
 // The peer finished in good order: what it sent has arrived; what it did not send
 // never will. Receives that nothing arrived for fail, now and later; the rest of
 // the job goes on (it may not need this peer any more).
 GRADWIRE_DECL void tcp_engine::on_goodbye(tcp_link& link) {
-  link.finished = true;
+  link.state.say_goodbye();
   const std::string why = finished_message(options.rank, link.peer);
   for (auto* op : link.receives) op->finish(errc::peer_lost, why);
   link.receives.clear();
@@ -60,12 +60,12 @@ GRADWIRE_DECL void tcp_engine::on_abort(tcp_link& link, const std::string& reaso
   const abort_notice notice{static_cast<errc>(link.incoming.tag & 0xffffffffu),
                             relayed >= 0 && relayed < options.size && relayed != link.peer ? static_cast<int>(relayed) : -1,
                             reason};
-  if (link.tolerated)
+  if (link.state.tolerated)
     return isolate(link, tolerated_peer_failed_message(options.rank, link.peer, abort_reason(link.peer, notice)));
   // A loss this rank has seen itself, and waits out the grace of (await_loss_reason), is
   // reported as it saw it.
   if (notice.lost >= 0 && loss_grace && notice.lost == loss_peer) return fail_from_loss();
-  const bool tolerates_lost = notice.lost >= 0 && links[notice.lost] && links[notice.lost]->tolerated;
+  const bool tolerates_lost = notice.lost >= 0 && links[notice.lost] && links[notice.lost]->state.tolerated;
   const peer_failure_outcome f = peer_failure(options.rank, link.peer, notice, tolerates_lost);
   // Passed on before this rank's connections close, so that a peer which sees one of them
   // close reads why on that same stream first, instead of racing the first rank's abort
@@ -76,7 +76,7 @@ GRADWIRE_DECL void tcp_engine::on_abort(tcp_link& link, const std::string& reaso
 
 GRADWIRE_DECL void tcp_engine::broken(tcp_link& link, const boost::system::error_code& ec) {
   if (!link.alive || ec == boost::asio::error::operation_aborted) return;
-  if (link.finished) {  // it said goodbye and left: only what was still meant for it fails
+  if (link.state.finished) {  // it said goodbye and left: only what was still meant for it fails
     link.alive = false;
     for (auto* op : link.sends) op->finish(errc::peer_lost, finished_message(options.rank, link.peer));
     link.sends.clear();
@@ -92,15 +92,14 @@ GRADWIRE_DECL void tcp_engine::broken(tcp_link& link, const boost::system::error
                                       : "connection error: " + ec.message();
   std::string why = silent ? lost_message({{link.peer, heartbeat_limit()}}, true)
                            : lost_peer_message(options.rank, link.peer, reason);
-  if (link.tolerated) return isolate(link, why);
+  if (link.state.tolerated) return isolate(link, why);
   // A rank that failed for a reason sends abort frames before it exits, but they may
   // arrive on other connections after this one closed: give them a moment, so the
   // rank reports the root cause rather than the echo.
   if (!loss_grace) {
     loss_grace.emplace(io);
     loss_peer = link.peer;
-    loss_reason = reason;
-    loss_message = std::move(why);
+    link.state.suspect(clock::now() + std::chrono::milliseconds(200), reason, std::move(why));
     await_loss_reason(0);
   }
 }
@@ -127,14 +126,15 @@ GRADWIRE_DECL void tcp_engine::await_loss_reason(int extensions) {
 // tells the others so (abort_notice::lost), before its connections close.
 GRADWIRE_DECL void tcp_engine::fail_from_loss() {
   if (failed || aborting) return;
-  send_abort(errc::peer_lost, loss_reason, loss_peer);
-  fail_everything(errc::peer_lost, loss_message);
+  const peer_state& s = links[loss_peer]->state;
+  send_abort(errc::peer_lost, s.suspected_reason, loss_peer);
+  fail_everything(errc::peer_lost, s.suspected_message);
 }
 
 // A tolerated peer is gone: its operations fail, the rest of the rank goes on.
 GRADWIRE_DECL void tcp_engine::isolate(tcp_link& link, const std::string& why) {
   link.alive = false;
-  link.lost_reason = why;
+  link.state.lose(why);
   lost.push_back(link.peer);
   boost::system::error_code ignored;
   link.socket.close(ignored);  // after this, Asio touches none of this link's buffers

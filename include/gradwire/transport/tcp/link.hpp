@@ -13,6 +13,7 @@
 #include "../../support/asio.hpp"
 #include "../detail/deliver.hpp"
 #include "../detail/network_op.hpp"
+#include "../detail/peer_state.hpp"
 #include "../wire.hpp"
 
 namespace gradwire::transport::detail {
@@ -52,10 +53,8 @@ struct tcp_link {
   tcp::socket socket;
   int peer;
   bool alive = true;
-  bool finished = false;  // the peer said goodbye: nothing more will arrive
-  bool tolerated = false;  // losing this peer fails only its own operations (tolerate_loss)
+  peer_state state;         // finished, suspected, lost (tolerated or not)
   bool rejoinable = false;  // once lost, a process that replaces the peer may link again (allow_rejoin)
-  std::string lost_reason;  // why a tolerated peer was lost
   // Reading side: frames are read through rx; bytes [rx_begin, rx_end) are not yet handled.
   std::vector<std::byte> rx;
   std::size_t rx_begin = 0, rx_end = 0;

@@ -32,9 +32,9 @@ GRADWIRE_DECL void tcp_engine::post_recv(tcp_op& op) {
     link.reading = &op;
     return;
   }
-  if (link.finished) return op.finish(errc::peer_lost, finished_message(options.rank, op.peer));
+  if (link.state.finished) return op.finish(errc::peer_lost, finished_message(options.rank, op.peer));
   // A lost peer that may come back (allow_rejoin): the receive waits for its replacement.
-  if (!link.lost_reason.empty() && !link.rejoinable) return op.finish(errc::peer_lost, link.lost_reason);
+  if (link.state.lost() && !link.rejoinable) return op.finish(errc::peer_lost, link.state.lost_reason);
   link.receives.push_back(&op);
 }
 

@@ -27,7 +27,7 @@
 namespace gradwire::transport::detail {
 
 GRADWIRE_DECL void tcp_engine::allow_rejoin(int peer) {
-  if (auto& link = links[peer]) link->tolerated = link->rejoinable = true;
+  if (auto& link = links[peer]) link->state.tolerated = link->rejoinable = true;
 }
 
 GRADWIRE_DECL void tcp_engine::keep_listening(tcp::acceptor acceptor) {
@@ -96,7 +96,7 @@ GRADWIRE_DECL void tcp_engine::take_back(tcp::socket socket, const wire::header_
     if (!link || !link->rejoinable)
       throw error(errc::config, me + " does not take " + who + " back after the job started (only an asynchronous "
                                      "parameter server's servers take lost workers back)");
-    if (link->finished)
+    if (link->state.finished)
       throw error(errc::config, who + " has finished (it said goodbye): it cannot rejoin");
     if (link->alive && tcp_rejoin::closed_by_peer(link->socket))
       broken(*link, boost::asio::error::eof);  // isolates it: it is tolerated
@@ -116,7 +116,7 @@ GRADWIRE_DECL void tcp_engine::relink(int peer, tcp::socket socket) {
   std::unique_ptr<tcp_link> old = std::move(links[peer]);
   add_link(peer, std::move(socket));
   tcp_link& link = *links[peer];
-  link.tolerated = link.rejoinable = true;
+  link.state.tolerated = link.rejoinable = true;
   link.receives = std::move(old->receives);
   old->receives.clear();
   replaced_links.push_back(std::move(old));
@@ -178,9 +178,9 @@ GRADWIRE_DECL void tcp_engine::mark_absent(int peer, const std::string& why) {
   links[peer] = std::make_unique<tcp_link>(tcp::socket(io), peer);
   tcp_link& link = *links[peer];
   link.alive = false;
-  link.tolerated = true;
-  link.lost_reason = "rank " + std::to_string(options.rank) + " (a replacement process, GRADWIRE_REJOIN=1) is not linked to rank " +
-                     std::to_string(peer) + ": " + why;
+  link.state.tolerated = true;
+  link.state.lose("rank " + std::to_string(options.rank) + " (a replacement process, GRADWIRE_REJOIN=1) is not linked to rank " +
+                  std::to_string(peer) + ": " + why);
   link.status_out.state = status::done;
   lost.push_back(peer);
 }

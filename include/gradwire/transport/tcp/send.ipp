@@ -15,8 +15,8 @@ namespace gradwire::transport::detail {
 GRADWIRE_DECL void tcp_engine::post_send(tcp_op& op) {
   if (op.peer == options.rank) return send_to_self(op);
   tcp_link& link = *links[op.peer];
-  if (link.finished) return op.finish(errc::peer_lost, finished_message(options.rank, op.peer));
-  if (!link.lost_reason.empty()) return op.finish(errc::peer_lost, link.lost_reason);
+  if (link.state.finished) return op.finish(errc::peer_lost, finished_message(options.rank, op.peer));
+  if (link.state.lost()) return op.finish(errc::peer_lost, link.state.lost_reason);
   wire::frame_header h;
   h.kind = wire::frame_kind::data;
   h.token_hash = token;

@@ -86,7 +86,7 @@ GRADWIRE_DECL void tcp_engine::check_heartbeats() {
   std::vector<std::pair<int, std::chrono::milliseconds>> silent;
   bool over = false;
   for (auto& l : links)
-    if (l && l->alive && !l->finished)
+    if (l && l->alive && !l->state.finished)
       if (const long long ms = silence_ms(l->socket); ms > limit / 2) {
         silent.emplace_back(l->peer, std::chrono::milliseconds(ms));
         over = over || ms > limit;
@@ -96,7 +96,7 @@ GRADWIRE_DECL void tcp_engine::check_heartbeats() {
   bool all_tolerated = true;
   for (const auto& [peer, ms] : silent) {
     auto& link = *links[peer];
-    if (link.tolerated) isolate(link, why);
+    if (link.state.tolerated) isolate(link, why);
     else all_tolerated = false;
   }
   if (all_tolerated) return;
@@ -235,7 +235,7 @@ GRADWIRE_DECL void tcp_engine::send_status(bool still_waiting) {
   const std::string_view name = doing.name ? doing.name : "";
   const std::uint32_t count = still_waiting ? static_cast<std::uint32_t>(waiting_for.size()) : 0;
   for (auto& l : links) {
-    if (!l || !l->alive || l->finished || l->status_out.state != status::done) continue;
+    if (!l || !l->alive || l->state.finished || l->status_out.state != status::done) continue;
     auto& bytes = l->status_bytes;
     bytes.assign(12 + 4 * count + name.size(), std::byte{0});
     wire::detail::put<std::uint64_t>(bytes.data(), step);

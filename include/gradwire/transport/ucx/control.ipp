@@ -59,12 +59,12 @@ GRADWIRE_DECL void ucx_engine::on_control() {
     // Answered before anything here closes an endpoint (see ucx_control).
     send_control(ucx_control::abort_seen, errc{}, {}, deadline_after(std::chrono::milliseconds(200)), peer);
     const abort_notice notice{cause, lost_rank, reason};
-    if (peers[peer].tolerated)
+    if (peers[peer].state.tolerated)
       return isolate(peer, tolerated_peer_failed_message(options.rank, peer, abort_reason(peer, notice)));
     if (aborting) return;  // abort_all fails this rank with its own reason
     // A loss this rank has seen itself, and waits out the grace of, is reported as it saw it.
-    if (lost_rank >= 0 && peers[lost_rank].loss_pending) return fail_from_loss(lost_rank);
-    const bool tolerates_lost = lost_rank >= 0 && peers[lost_rank].tolerated;
+    if (lost_rank >= 0 && peers[lost_rank].state.suspected()) return fail_from_loss(lost_rank);
+    const bool tolerates_lost = lost_rank >= 0 && peers[lost_rank].state.tolerated;
     const peer_failure_outcome f = peer_failure(options.rank, peer, notice, tolerates_lost);  // every transport's rule
     fail_everything(f.report.cause, f.report.reason);
   }
@@ -72,8 +72,7 @@ GRADWIRE_DECL void ucx_engine::on_control() {
 
 GRADWIRE_DECL void ucx_engine::on_goodbye(int peer) {
   auto& p = peers[peer];
-  p.finished = true;
-  p.loss_pending.reset();
+  p.state.say_goodbye();
   // It flushed everything it sent before saying goodbye, so its messages are here or
   // being received (a rendezvous in progress cannot be told from a receive that
   // waits in vain): receives from it still open a moment from now never complete.
@@ -89,7 +88,7 @@ GRADWIRE_DECL void ucx_engine::fail_receives_from(int peer) {
 // A peer that control messages can still reach: connected, not lost, not finished.
 GRADWIRE_DECL bool ucx_engine::listening(int r) const {
   const auto& p = peers[r];
-  return r != options.rank && p.ep && p.lost_reason.empty() && !p.finished;
+  return r != options.rank && p.ep && p.state.live();
 }
 
 // Sends one control message to every live peer (or only to `only`) and waits, until
@@ -129,7 +128,7 @@ GRADWIRE_DECL void ucx_engine::await_abort_seen(deadline until) {
     if (failed) return true;
     for (int r = 0; r < options.size; ++r) {
       const auto& p = peers[r];
-      if (listening(r) && !p.saw_our_abort && !p.loss_pending) return false;
+      if (listening(r) && !p.saw_our_abort && !p.state.suspected()) return false;
     }
     return true;
   };

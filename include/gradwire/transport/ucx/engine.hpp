@@ -81,7 +81,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void check_tag(std::uint64_t tag) const {
     if (!(joining && tag == ucx_tag::join_tag)) detail::check_tag(name, tag);
   }
-  void tolerate(int peer) { peers[peer].tolerated = true; }
+  void tolerate(int peer) { peers[peer].state.tolerated = true; }
 
   // --- endpoints.ipp: joining, endpoints --------------------------------------
   void join();
@@ -225,8 +225,8 @@ bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {
       sleep = std::min(sleep, std::max(options.stall_timeout - stall.waited(now), std::chrono::milliseconds(0)) +
                                   std::chrono::milliseconds(1));
     for (const auto& p : peers)
-      if (p.loss_pending)
-        sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(*p.loss_pending - now) +
+      if (p.state.suspected())
+        sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::milliseconds>(*p.state.suspected_until - now) +
                                     std::chrono::milliseconds(1));
     wait_for_event(event_fd, sleep);
   }

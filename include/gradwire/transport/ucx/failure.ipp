@@ -56,11 +56,11 @@ GRADWIRE_DECL std::vector<ucx_op*> ucx_engine::sends_to(int peer) const {
 
 GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
   auto& p = peers[peer];
-  if (!p.lost_reason.empty() || failed) return;
+  if (p.state.lost() || failed) return;
   const std::string reason =
       "its endpoint failed (" + std::string(ucx_status_text(s)) + "; the process exited or was killed)";
   const std::string why = lost_peer_message(options.rank, peer, reason);
-  if (p.finished) {
+  if (p.state.finished) {
     // It said goodbye and left. Sends to it still in flight carried what it wanted
     // (it would not have finished without them); UCX fails them as the endpoint
     // closes, so they are settled first. Receives from it drain (on_goodbye).
@@ -71,13 +71,9 @@ GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
     for (auto* op : sends) settle(*op);  // UCX lets go before anyone frees it
     return;
   }
-  if (p.tolerated) return isolate(peer, why);
+  if (p.state.tolerated) return isolate(peer, why);
   // Its goodbye or abort may still be on the way (another lane): give it a moment.
-  if (!p.loss_pending) {
-    p.loss_pending = deadline_after(std::chrono::milliseconds(200));
-    p.loss_reason = reason;
-    p.loss_why = why;
-  }
+  if (!p.state.suspected()) p.state.suspect(deadline_after(std::chrono::milliseconds(200)), reason, why);
 }
 
 // The grace is over and no goodbye or reason came: this rank fails from the loss of
@@ -86,18 +82,18 @@ GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
 // rank's endpoints close first and blame this rank.
 GRADWIRE_DECL void ucx_engine::fail_from_loss(int peer) {
   auto& p = peers[peer];
-  p.loss_pending.reset();
+  p.state.suspected_until.reset();
   if (failed || aborting) return;
-  p.lost_reason = p.loss_why;  // not listening any more: nothing is sent to it
-  abort_with(errc::peer_lost, p.loss_reason, peer, p.loss_why);
+  p.state.lose(p.state.suspected_message);  // not listening any more: nothing is sent to it
+  abort_with(errc::peer_lost, p.state.suspected_reason, peer, p.state.suspected_message);
 }
 
 // A peer is gone: its operations fail, the rest of the rank goes on.
 GRADWIRE_DECL void ucx_engine::isolate(int peer, const std::string& why) {
   auto& p = peers[peer];
-  if (!p.lost_reason.empty()) return;
-  p.lost_reason = why;
-  if (!p.finished) lost.push_back(peer);
+  if (p.state.lost()) return;
+  p.state.lose(why);
+  if (!p.state.finished) lost.push_back(peer);
   close_endpoint(p);  // first: releases the sends to it
   for (auto* op : std::vector<ucx_op*>(in_flight))
     if (op->peer == peer) withdraw(*op, errc::peer_lost, why);
@@ -113,7 +109,7 @@ GRADWIRE_DECL void ucx_engine::fail_everything(errc cause, const std::string& wh
 GRADWIRE_DECL std::string ucx_engine::why_failed(const ucx_op& op) const {
   if (failed) return failed->second;
   const auto& p = peers[op.peer];
-  if (!p.lost_reason.empty()) return p.lost_reason;
+  if (p.state.lost()) return p.state.lost_reason;
   return "rank " + std::to_string(options.rank) + ": " + describe(op) + " failed";
 }
 

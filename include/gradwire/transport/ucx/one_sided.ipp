@@ -46,7 +46,7 @@ GRADWIRE_DECL ucx_remote_window ucx_engine::attach(const std::shared_ptr<ucx_eng
                                     std::to_string(key.size()) + " bytes)");
   throw_if_failed();
   auto& p = peers[peer];
-  if (!p.lost_reason.empty()) throw error(errc::peer_lost, p.lost_reason);
+  if (p.state.lost()) throw error(errc::peer_lost, p.state.lost_reason);
   if (!p.bulk_ep) throw error(errc::peer_lost, finished_message(options.rank, peer));
   std::memcpy(header, key.data(), sizeof header);
   auto unpack = [&](ucp_ep_h ep) {

@@ -10,6 +10,7 @@
 #include "../../error.hpp"
 #include "../../timeouts.hpp"
 #include "../detail/network_op.hpp"
+#include "../detail/peer_state.hpp"
 #include "../detail/ucx_support.hpp"
 
 namespace gradwire::transport::detail {
@@ -45,14 +46,9 @@ struct ucx_peer {
   // more keep the single-copy rendezvous (CMA) of the bulk endpoint. Only over shared
   // memory: over TCP (UCX's own threshold about 20 KiB) it was not measured.
   bool eager_below_bulk = false;
-  bool finished = false;   // said goodbye: nothing more will arrive from it
-  bool tolerated = false;  // losing it fails only its own operations
   bool saw_our_abort = false;  // answered this rank's abort (abort_seen)
-  std::string lost_reason;  // set once it is lost
-  std::optional<deadline> loss_pending;  // broke without a goodbye: fails the rank at this time
-  std::optional<deadline> drained_at;    // said goodbye: its receives still open then fail
-  std::string loss_reason;  // why it broke, as an abort_notice relays it
-  std::string loss_why;     // and as this rank reports it
+  peer_state state;             // live, finished, suspected, lost (tolerated or not)
+  std::optional<deadline> drained_at;  // said goodbye: its receives still open then fail
 };
 
 }  // namespace gradwire::transport::detail

@@ -33,7 +33,7 @@ GRADWIRE_DECL void ucx_engine::finish_receive(ucx_op* op, ucs_status_t status, s
 
 GRADWIRE_DECL void ucx_engine::post_recv(ucx_op& op) {
   if (peer_unavailable(op)) return;
-  if (peers[op.peer].finished) {
+  if (peers[op.peer].state.finished) {
     // It finished: only a message already here can match.
     ucp_tag_recv_info_t info;
     if (!ucp_tag_probe_nb(worker.get(), ucx_tag::data(op.peer, op.tag), ucx_tag::full_mask, 0, &info))

@@ -141,7 +141,7 @@ GRADWIRE_DECL void ucx_engine::handle_events() {
     }
   // Not while this rank aborts: its own reason is the one it reports and sends.
   for (std::size_t r = 0; r < peers.size() && !aborting; ++r)
-    if (peers[r].loss_pending && now >= *peers[r].loss_pending) fail_from_loss(static_cast<int>(r));
+    if (peers[r].state.suspected() && now >= *peers[r].state.suspected_until) fail_from_loss(static_cast<int>(r));
 }
 
 // Waits (bounded) until what this rank sent has reached its peers.
