@@ -14,6 +14,7 @@
 #include <gradwire/cluster/tf_config.ipp>
 #include <gradwire/rendezvous/store.ipp>
 #include <gradwire/transport/asio_tcp.hpp>
+#include <gradwire/transport/tcp/control.ipp>
 #include <gradwire/transport/tcp/failure.ipp>
 #include <gradwire/transport/tcp/join.ipp>
 #include <gradwire/transport/tcp/receive.ipp>

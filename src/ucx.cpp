@@ -10,11 +10,13 @@
 #include <gradwire/cluster/ucx.ipp>
 #include <gradwire/transport/ucx.hpp>
 #include <gradwire/transport/ucx/control.ipp>
-#include <gradwire/transport/ucx/endpoints.ipp>
 #include <gradwire/transport/ucx/failure.ipp>
+#include <gradwire/transport/ucx/join.ipp>
 #include <gradwire/transport/ucx/one_sided.ipp>
 #include <gradwire/transport/ucx/receive.ipp>
 #include <gradwire/transport/ucx/send.ipp>
+#include <gradwire/transport/ucx/wait.ipp>
+#include <gradwire/transport/ucx/watch.ipp>
 #include <gradwire/transport/ucx/worker.ipp>
 
 #include <gradwire/instances/ucx.hpp>

@@ -92,7 +92,7 @@ auto join(const std::string& mode, int rank1_size) {
 // Over UCX, rank 0 serves the rendezvous store for the world-size mode itself, and keeps it
 // until every rank has got its error: a rank that reads a peer's address after rank 0 left
 // would get a lost store instead of the check under test. The ranks join with serve_store
-// off; the check (transport/ucx/endpoints.ipp) is the same code either way.
+// off; the check (transport/ucx/join.ipp) is the same code either way.
 struct held_store {
   std::optional<gw::rendezvous::store_server> server;
   gw::transport::ucx_options options;

@@ -35,6 +35,7 @@
 #include "tcp/engine.hpp"
 #include "tcp/options.hpp"
 #if GRADWIRE_HEADER_ONLY  // else compiled once, in src/asio.cpp (config.hpp)
+#include "tcp/control.ipp"
 #include "tcp/failure.ipp"
 #include "tcp/join.ipp"
 #include "tcp/receive.ipp"

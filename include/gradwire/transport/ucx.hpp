@@ -31,11 +31,13 @@
 #include "ucx/options.hpp"
 #if GRADWIRE_HEADER_ONLY  // else compiled once, in src/ucx.cpp (config.hpp)
 #include "ucx/control.ipp"
-#include "ucx/endpoints.ipp"
 #include "ucx/failure.ipp"
+#include "ucx/join.ipp"
 #include "ucx/one_sided.ipp"
 #include "ucx/receive.ipp"
 #include "ucx/send.ipp"
+#include "ucx/wait.ipp"
+#include "ucx/watch.ipp"
 #include "ucx/worker.ipp"
 #endif
 

@@ -1,8 +1,10 @@
 // asio_tcp's engine: the state of one rank's connections, declared here; each job's members are defined in its own .ipp file.
 //
-// join.ipp (joining), send.ipp (the send path), receive.ipp (the receive path),
-// wait.ipp (waiting and withdrawing), failure.ipp (peer loss: goodbye, abort, isolate,
-// failing the rank), watch.ipp (heartbeats, stalls, status frames). What every network
+// join.ipp (joining), rejoin.ipp (a lost peer's replacement), send.ipp (the send path),
+// receive.ipp (the receive path), wait.ipp (waiting and withdrawing), control.ipp (goodbye,
+// abort and status frames), failure.ipp (peer loss: the grace, isolating a tolerated peer,
+// failing the rank), watch.ipp (heartbeats, stalls); ucx/ names the same jobs the same
+// way. What every network
 // transport shares (making ops, wait, wait_any, the rank's failure) comes from
 // detail/network_engine.hpp; the public class is transport/asio_tcp.hpp.
 #pragma once
@@ -33,7 +35,7 @@
 #include "../detail/network_engine.hpp"
 #include "../detail/stall_watch.hpp"
 #include "../wire.hpp"
-#include "link.hpp"
+#include "peer.hpp"
 #include "options.hpp"
 
 namespace gradwire::transport::detail {
@@ -141,7 +143,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void poll_briefly(const tcp_op& op);
   void cancel(tcp_op& op) noexcept;
 
-  // --- failure.ipp: peer loss and failure -------------------------------------
+  // --- control.ipp, failure.ipp: control frames, peer loss and failure --------
   void on_goodbye(tcp_link& link);
   void say_goodbye();
   void send_to_all_now(const wire::frame_header& h, std::span<const std::byte> payload);
@@ -156,7 +158,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void abort_all(errc cause, const std::string& reason);
   void send_abort(errc cause, const std::string& reason, int lost_rank = -1);
 
-  // --- watch.ipp: heartbeats, stalls, status frames ---------------------------
+  // --- watch.ipp, control.ipp: heartbeats, stalls, status frames --------------
   void watch_link(tcp::socket& socket);
   std::chrono::milliseconds heartbeat_limit() const;
   std::chrono::milliseconds watch_period() const;

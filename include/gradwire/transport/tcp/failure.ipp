@@ -1,4 +1,4 @@
-// asio_tcp's peer-loss lifecycle: broken connections, abort and goodbye frames, isolating a tolerated peer, failing the rank.
+// asio_tcp's peer loss: a broken connection's grace, isolating a tolerated peer, failing the rank (and telling the peers which).
 #pragma once
 
 #include <algorithm>
@@ -15,63 +15,6 @@ namespace gradwire::transport::detail {
 
 GRADWIRE_DECL void tcp_engine::tolerate(int peer) {
   if (auto& link = links[peer]) link->state.tolerated = true;
-}
-
-// The peer finished in good order: what it sent has arrived; what it did not send
-// never will. Receives that nothing arrived for fail, now and later; the rest of
-// the job goes on (it may not need this peer any more).
-GRADWIRE_DECL void tcp_engine::on_goodbye(tcp_link& link) {
-  link.state.say_goodbye();
-  const std::string why = finished_message(options.rank, link.peer);
-  for (auto* op : link.receives) op->finish(errc::peer_lost, why);
-  link.receives.clear();
-}
-
-GRADWIRE_DECL void tcp_engine::say_goodbye() {
-  if (failed) return;
-  wire::frame_header h;
-  h.kind = wire::frame_kind::goodbye;
-  h.token_hash = token;
-  h.source = static_cast<std::uint32_t>(options.rank);
-  send_to_all_now(h, {});
-}
-
-// Writes one control frame on every idle connection without waiting and without
-// running any handler (a handler could fail the rank and close sockets midway): a
-// short frame fits an idle socket's buffer, and one that does not is skipped (that
-// peer then sees the connection close instead).
-GRADWIRE_DECL void tcp_engine::send_to_all_now(const wire::frame_header& h, std::span<const std::byte> payload) {
-  const wire::header_bytes header = wire::encode(h);
-  std::vector<std::byte> frame(header.begin(), header.end());
-  frame.insert(frame.end(), payload.begin(), payload.end());
-  for (auto& l : links)
-    if (l && l->alive && !l->writing) {
-      boost::system::error_code ec;
-      l->socket.non_blocking(true, ec);
-      std::size_t written = 0;
-      while (!ec && written < frame.size())
-        written += l->socket.write_some(boost::asio::buffer(frame.data() + written, frame.size() - written), ec);
-    }
-}
-
-GRADWIRE_DECL void tcp_engine::on_abort(tcp_link& link, const std::string& reason) {
-  // tag: the cause (errc) in the low 32 bits, 1 + the rank whose loss made the peer fail above.
-  const auto relayed = static_cast<std::int64_t>(link.incoming.tag >> 32) - 1;
-  const abort_notice notice{static_cast<errc>(link.incoming.tag & 0xffffffffu),
-                            relayed >= 0 && relayed < options.size && relayed != link.peer ? static_cast<int>(relayed) : -1,
-                            reason};
-  if (link.state.tolerated)
-    return isolate(link, tolerated_peer_failed_message(options.rank, link.peer, abort_reason(link.peer, notice)));
-  // A loss this rank has seen itself, and waits out the grace of (await_loss_reason), is
-  // reported as it saw it.
-  if (notice.lost >= 0 && loss_grace && notice.lost == loss_peer) return fail_from_loss();
-  const bool tolerates_lost = notice.lost >= 0 && links[notice.lost] && links[notice.lost]->state.tolerated;
-  const peer_failure_outcome f = peer_failure(options.rank, link.peer, notice, tolerates_lost);
-  // Passed on before this rank's connections close, so that a peer which sees one of them
-  // close reads why on that same stream first, instead of racing the first rank's abort
-  // (which may come later, or never: it goes out only on idle links).
-  if (!failed && !aborting) send_abort(f.pass_on.cause, f.pass_on.reason, f.pass_on.lost);
-  fail_everything(f.report.cause, f.report.reason);
 }
 
 GRADWIRE_DECL void tcp_engine::broken(tcp_link& link, const boost::system::error_code& ec) {
@@ -178,31 +121,6 @@ GRADWIRE_DECL void tcp_engine::fail_everything(errc cause, const std::string& wh
   }
   for (auto* op : self_receives) op->finish(cause, why);
   self_receives.clear();
-}
-
-GRADWIRE_DECL void tcp_engine::abort_all(errc cause, const std::string& reason) {
-  if (failed) return;
-  // Let writes in flight finish (briefly), so the abort frame can follow them; the
-  // rank is failing anyway, so nothing that happens meanwhile may close sockets yet.
-  aborting = true;
-  support::run_until(
-      io, [&] { return std::none_of(links.begin(), links.end(), [](const auto& l) { return l && l->alive && l->writing; }); },
-      deadline_after(std::chrono::milliseconds(200)));
-  aborting = false;
-  send_abort(cause, reason);
-  fail_everything(cause, rank_failed_message(options.rank, reason));
-}
-
-// An abort frame with the reason on every idle connection (see send_to_all_now).
-GRADWIRE_DECL void tcp_engine::send_abort(errc cause, const std::string& reason, int lost_rank) {
-  wire::frame_header h;
-  h.kind = wire::frame_kind::abort;
-  h.token_hash = token;
-  h.tag = static_cast<std::uint32_t>(cause) | (static_cast<std::uint64_t>(lost_rank + 1) << 32);
-  h.source = static_cast<std::uint32_t>(options.rank);
-  const std::string text = reason.substr(0, max_abort_bytes);
-  h.length = text.size();
-  send_to_all_now(h, std::as_bytes(std::span(text.data(), text.size())));
 }
 
 }  // namespace gradwire::transport::detail

@@ -1,8 +1,10 @@
 // ucx's engine: one rank's UCP worker, endpoints and ops, declared here; each job's members are defined in its own file.
 //
-// endpoints.ipp (joining, endpoints), worker.ipp (the worker and progress), send.ipp,
-// receive.ipp, one_sided.hpp/.ipp (windows, put and get), control.ipp (goodbye and abort),
-// failure.ipp (peer loss, failing the rank, withdrawing ops). What every network
+// join.ipp (joining, endpoints), worker.ipp (the UCP context and worker), wait.ipp
+// (progress, flush, settle), send.ipp, receive.ipp, one_sided.hpp/.ipp (windows, put and
+// get), control.ipp (goodbye and abort), failure.ipp (peer loss, failing the rank,
+// withdrawing ops), watch.ipp (stall warning and timeout), support.hpp (UCP handles, tags);
+// tcp/ names the same jobs the same way. What every network
 // transport shares (making ops, wait, wait_any, the rank's failure) comes from
 // detail/network_engine.hpp; the public class is transport/ucx.hpp.
 #pragma once
@@ -27,7 +29,7 @@
 #include "../detail/messages.hpp"
 #include "../detail/network_engine.hpp"
 #include "../detail/stall_watch.hpp"
-#include "../detail/ucx_support.hpp"
+#include "support.hpp"
 #include "options.hpp"
 #include "peer.hpp"
 
@@ -83,7 +85,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   }
   void tolerate(int peer) { peers[peer].state.tolerated = true; }
 
-  // --- endpoints.ipp: joining, endpoints --------------------------------------
+  // --- join.ipp: joining, endpoints -------------------------------------------
   void join();
   void greet_everyone(deadline until);
   static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -92,7 +94,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void close_endpoint(ucp_ep_h ep) noexcept;
   void close_endpoints() noexcept;
 
-  // --- worker.ipp: the worker and progress ------------------------------------
+  // --- worker.ipp, wait.ipp, watch.ipp: the worker, progress, stalls ----------
   void open_worker();
   std::vector<std::byte> worker_address();
   void settle(ucx_op& op) noexcept;
@@ -184,7 +186,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   std::vector<std::pair<int, ucs_status_t>> broken_endpoints;  // from the error callback
 };
 
-// A template over the condition, so it is defined here, not in worker.ipp.
+// A template over the condition, so it is defined here, not in wait.ipp.
 // `peer`: the rank waited for, named if the wait lasts options.stall_warn (-1: several).
 template <class Done>
 bool ucx_engine::progress_until(Done&& done, deadline until, int peer) {

@@ -11,7 +11,7 @@
 #include "../../timeouts.hpp"
 #include "../detail/network_op.hpp"
 #include "../detail/peer_state.hpp"
-#include "../detail/ucx_support.hpp"
+#include "support.hpp"
 
 namespace gradwire::transport::detail {
 
