@@ -148,6 +148,12 @@ class throttled {
   {
     return inner_.traffic();
   }
+  // Which ranks share a host, as Inner knows it (hierarchical all-reduce reads it).
+  const gw::cluster::topology& topology() const
+    requires gw::concepts::topology_aware_transport<Inner>
+  {
+    return inner_.topology();
+  }
   // Deliberately not forwarded: shares_address_space (device collectives would read the
   // peers' memory directly and bypass the link) and one-sided access (not throttled here).
   // [/docs:throttled_optional]
@@ -218,7 +224,7 @@ static_assert(gw::concepts::transport<slow_inproc>);
 static_assert(gw::concepts::accumulating_transport<slow_inproc, float> &&
               gw::concepts::accumulating_transport<slow_inproc, double>);
 static_assert(gw::concepts::failable_transport<slow_inproc> && gw::concepts::multiplexing_transport<slow_inproc>);
-static_assert(gw::concepts::metered_transport<slow_inproc>);
+static_assert(gw::concepts::metered_transport<slow_inproc> && gw::concepts::topology_aware_transport<slow_inproc>);
 static_assert(!gw::concepts::shared_address_space_transport<slow_inproc>);  // on purpose, see above
 // Around a transport without the optional capabilities, the decorator has none either.
 using slow_local = throttled<gw::transport::local>;

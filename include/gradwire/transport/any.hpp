@@ -10,16 +10,17 @@
 //     return cluster::join_tcp();                   strategy<cuda_tensor<float>, optim::adam,
 //   }                                                        aggregation::all_reduce, any_transport> s(join(), ...);
 //
-// It models transport, failable, multiplexing, loss_tolerant, topology_aware and
-// accumulating (float, double); each forwards to the erased transport where that
-// transport has the capability. Without it, fail() does nothing (as if the concept were
-// absent), wait_any and tolerate_loss throw invalid_argument naming the transport
-// (tolerates_loss() says false, so a parameter server does not count on it), topology()
-// says one host, and a receive-and-add lands
-// in a staging buffer (kept for reuse) that wait() adds in. It does not forward one-sided
-// access (a parameter server uses tagged messages) and never shares an address space
-// (device collectives stage through pinned host memory). Costs: one allocation per request
-// and a virtual call (benchmarks/README.md has the figures).
+// It claims the capabilities it is given and no others: basic_any_transport<Caps...> models
+// the transport concept, receive-and-add (float, double: fused where the held transport has
+// it, else the message lands in a staging buffer, kept for reuse, that wait() adds in) and
+// each capability in Caps (caps::failable, multiplexing, loss_tolerant, topology_aware),
+// and only a transport that has them all may be held: a missing one is a compile error at
+// the conversion, not a throw at run time. any_transport claims failable, multiplexing and
+// topology_aware, which every shipped transport has; a parameter server that must survive
+// a lost worker names basic_any_transport<..., caps::loss_tolerant>. It does not forward
+// one-sided access (a parameter server uses tagged messages) and never shares an address
+// space (device collectives stage through pinned host memory). Costs: one allocation per
+// request and a virtual call (benchmarks/README.md has the figures).
 #pragma once
 
 #include <cstddef>
@@ -40,7 +41,31 @@
 
 namespace gradwire::transport {
 
+// The capabilities a basic_any_transport may claim, each the concept it then models.
+namespace caps {
+struct failable {};        // fail(cause, reason): concepts::failable_transport
+struct multiplexing {};    // wait_any: concepts::multiplexing_transport
+struct loss_tolerant {};   // tolerate_loss, lost_peers: concepts::loss_tolerant_transport
+struct topology_aware {};  // topology(): concepts::topology_aware_transport
+}  // namespace caps
+
 namespace detail {
+// Whether transport T has the capability Cap names.
+template <class Cap, class T>
+inline constexpr bool has_capability = false;
+template <class T>
+inline constexpr bool has_capability<caps::failable, T> = concepts::failable_transport<T>;
+template <class T>
+inline constexpr bool has_capability<caps::multiplexing, T> = concepts::multiplexing_transport<T>;
+template <class T>
+inline constexpr bool has_capability<caps::loss_tolerant, T> = concepts::loss_tolerant_transport<T>;
+template <class T>
+inline constexpr bool has_capability<caps::topology_aware, T> = concepts::topology_aware_transport<T>;
+
+// Tells one erased type from another without RTTI: the address of a variable per type.
+template <class T>
+inline constexpr char erased_type_tag = 0;
+
 // Which spare buffer to lend for `size` bytes: the smallest that is large enough; else the
 // largest, to be grown (fresh memory is slow to touch: growing the largest touches the
 // fewest new bytes, and buffers are reused across steps). spares.end() if there is none.
@@ -57,9 +82,15 @@ typename Buffers::iterator spare_to_lend(Buffers& spares, std::size_t size) {
 }
 }  // namespace detail
 
-class any_transport {
+template <class... Caps>
+class basic_any_transport {
+  template <class Cap>
+  static constexpr bool claims = (std::same_as<Cap, Caps> || ...);
+
   struct held_request_base {
+    explicit held_request_base(const void* type) : type(type) {}
     virtual ~held_request_base() = default;
+    const void* type;  // the erased transport type that made it (erased_type_tag)
   };
 
  public:
@@ -70,23 +101,25 @@ class any_transport {
     explicit operator bool() const noexcept { return held_ != nullptr; }
 
    private:
-    friend class any_transport;
+    friend class basic_any_transport;
     explicit request(std::unique_ptr<held_request_base> held) : held_(std::move(held)) {}
     std::unique_ptr<held_request_base> held_;
   };
 
-  // Takes ownership of any transport (implicitly, like std::function from a callable).
-  // Its request type must be default-constructible and move-assignable (a staged
-  // receive-and-add starts empty and is filled once its buffer is lent).
+  // Takes ownership of any transport with every claimed capability (implicitly, like
+  // std::function from a callable). Its request type must be default-constructible and
+  // move-assignable (a staged receive-and-add starts empty and is filled once its buffer
+  // is lent).
   template <class T>
-    requires(!std::same_as<std::remove_cvref_t<T>, any_transport> && concepts::transport<std::remove_cvref_t<T>> &&
+    requires(!std::same_as<std::remove_cvref_t<T>, basic_any_transport> && concepts::transport<std::remove_cvref_t<T>> &&
              std::default_initializable<typename std::remove_cvref_t<T>::request> &&
-             std::is_move_assignable_v<typename std::remove_cvref_t<T>::request>)
-  any_transport(T&& transport)  // NOLINT(google-explicit-constructor)
+             std::is_move_assignable_v<typename std::remove_cvref_t<T>::request> &&
+             (detail::has_capability<Caps, std::remove_cvref_t<T>> && ...))
+  basic_any_transport(T&& transport)  // NOLINT(google-explicit-constructor)
       : self_(std::make_unique<model<std::remove_cvref_t<T>>>(std::forward<T>(transport))) {}
 
-  any_transport(any_transport&&) noexcept = default;
-  any_transport& operator=(any_transport&&) noexcept = default;
+  basic_any_transport(basic_any_transport&&) noexcept = default;
+  basic_any_transport& operator=(basic_any_transport&&) noexcept = default;
 
   int rank() const { return get().rank(); }
   int size() const { return get().size(); }
@@ -112,29 +145,54 @@ class any_transport {
     const auto finished = std::move(r.held_);
     get().wait(*finished, until);
   }
-  std::size_t wait_any(std::span<request* const> requests, deadline until) { return get().wait_any(requests, until); }
-  void fail(errc cause, const std::string& reason) { get().fail(cause, reason); }
-  void tolerate_loss(int peer) { get().tolerate_loss(peer); }
-  std::vector<int> lost_peers() const { return get().lost_peers(); }
-  // Whether the held transport can lose a peer and go on (concepts::tolerates_loss asks
-  // this, so a parameter server does not count on it where the held transport cannot).
-  bool tolerates_loss() const { return get().tolerates_loss(); }
+  std::size_t wait_any(std::span<request* const> requests, deadline until)
+    requires claims<caps::multiplexing>
+  {
+    return get().wait_any(requests, until);
+  }
+  void fail(errc cause, const std::string& reason)
+    requires claims<caps::failable>
+  {
+    get().fail(cause, reason);
+  }
+  void tolerate_loss(int peer)
+    requires claims<caps::loss_tolerant>
+  {
+    get().tolerate_loss(peer);
+  }
+  std::vector<int> lost_peers() const
+    requires claims<caps::loss_tolerant>
+  {
+    return get().lost_peers();
+  }
+  // Whether the held transport can lose a peer and go on now (a per_peer of two, say,
+  // answers at run time: concepts::tolerates_loss).
+  bool tolerates_loss() const
+    requires claims<caps::loss_tolerant>
+  {
+    return get().tolerates_loss();
+  }
   // Payload sent and received through this interface (concepts::metered_transport).
   traffic_counters traffic() const noexcept { return traffic_; }
-  // The held transport's hosts (concepts::topology_aware_transport), or one host when it
-  // has no topology.
-  const cluster::topology& topology() const { return get().topology(); }
+  const cluster::topology& topology() const
+    requires claims<caps::topology_aware>
+  {
+    return get().topology();
+  }
 
   // The erased transport, when it is a T (nullptr otherwise): for its own settings.
   template <class T>
   T* target() noexcept {
-    auto* m = dynamic_cast<model<T>*>(self_.get());
-    return m ? &m->transport : nullptr;
+    if (!self_ || self_->type() != &detail::erased_type_tag<T>) return nullptr;
+    return &static_cast<model<T>*>(self_.get())->transport;
   }
 
  private:
+  // Every capability has its slot; a model fills those its transport has (the constructor
+  // admits only transports with every claimed one, and only claimed ones are callable).
   struct interface {
     virtual ~interface() = default;
+    virtual const void* type() const = 0;
     virtual int rank() const = 0;
     virtual int size() const = 0;
     virtual std::unique_ptr<held_request_base> async_send(int, std::uint64_t, std::span<const std::byte>) = 0;
@@ -158,6 +216,7 @@ class any_transport {
   struct model final : interface {
     // A request of T; finish() runs once wait() has completed it.
     struct held_base : held_request_base {
+      held_base() : held_request_base(&detail::erased_type_tag<T>) {}
       virtual typename T::request& inner() = 0;
       virtual void finish() {}
     };
@@ -202,6 +261,7 @@ class any_transport {
     template <class U>
     explicit model(U&& t) : transport(std::forward<U>(t)) {}
 
+    const void* type() const override { return &detail::erased_type_tag<T>; }
     int rank() const override { return transport.rank(); }
     int size() const override { return transport.size(); }
     std::unique_ptr<held_request_base> async_send(int peer, std::uint64_t tag, std::span<const std::byte> b) override {
@@ -243,7 +303,10 @@ class any_transport {
       }
     }
     void fail(errc cause, const std::string& reason) override {
-      if constexpr (concepts::failable_transport<T>) transport.fail(cause, reason);
+      if constexpr (concepts::failable_transport<T>)
+        transport.fail(cause, reason);
+      else
+        lacks("fail (concepts::failable_transport)");
     }
     void tolerate_loss(int peer) override {
       if constexpr (concepts::loss_tolerant_transport<T>)
@@ -268,12 +331,13 @@ class any_transport {
     // A request another any_transport made around a different transport type is refused,
     // not reinterpreted.
     static held_base& mine(held_request_base& r) {
-      auto* h = dynamic_cast<held_base*>(&r);
-      if (!h)
+      if (r.type != &detail::erased_type_tag<T>)
         throw error(errc::invalid_argument, "any_transport: a request made by a different transport type was handed "
                                             "to the one around " + type_name());
-      return *h;
+      return static_cast<held_base&>(r);
     }
+    // Unreachable through the public members (each is constrained on its claim): a slot of
+    // the interface that this model's transport cannot fill.
     [[noreturn]] static void lacks(const char* what) {
       throw error(errc::invalid_argument,
                   "any_transport: the transport it holds (" + type_name() + ") has no " + what);
@@ -295,10 +359,19 @@ class any_transport {
   traffic_counters traffic_;
 };
 
+// What every shipped transport has (inproc, asio_tcp, ucx, mpi, per_peer, simulated).
+using any_transport = basic_any_transport<caps::failable, caps::multiplexing, caps::topology_aware>;
+
 static_assert(concepts::transport<any_transport> && concepts::failable_transport<any_transport>);
-static_assert(concepts::multiplexing_transport<any_transport> && concepts::loss_tolerant_transport<any_transport>);
+static_assert(concepts::multiplexing_transport<any_transport> && !concepts::loss_tolerant_transport<any_transport>);
 static_assert(concepts::metered_transport<any_transport> && concepts::topology_aware_transport<any_transport>);
 static_assert(concepts::accumulating_transport<any_transport, float> &&
               concepts::accumulating_transport<any_transport, double>);
+// Claims only what it is given.
+static_assert(concepts::transport<basic_any_transport<>> && !concepts::failable_transport<basic_any_transport<>> &&
+              !concepts::multiplexing_transport<basic_any_transport<>> &&
+              !concepts::topology_aware_transport<basic_any_transport<>>);
+static_assert(concepts::loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>> &&
+              concepts::conditionally_loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>>);
 
 }  // namespace gradwire::transport
