@@ -15,6 +15,9 @@
 #   ps                 ps_throughput, parameter_server<sync>, 4 workers + 1 server, 1, 16, 64 MiB
 #   fmnist_mirrored    examples/fashion_mnist --strategy mirrored (2 threads), 2 epochs: samples/s
 #   fmnist_mwm         examples/fashion_mnist --strategy multi_worker_mirrored (2 processes), 2 epochs
+#   sim                allreduce_simulated, 2 hosts x 2 ranks, auto algorithm, 1 KiB .. 64 MiB x8: virtual
+#                      times (equal when the simulator and the collectives behave the same) and the
+#                      run's wall time (the simulator's own speed, "wall" in the report)
 # (--max-bytes caps the sizes, --epochs the Fashion-MNIST epochs.)
 # regression_report.py prints per job and size the median over rounds of before and after, the
 # ratio after/before (time: above 1 is slower) and the median of the per-round ratios; writes
@@ -25,7 +28,7 @@ here=$gradwire_root/benchmarks
 
 before=""
 rounds=3
-jobs="ar_tcp2 ar_tcp4 ar_inproc ps fmnist_mirrored fmnist_mwm"
+jobs="ar_tcp2 ar_tcp4 ar_inproc ps sim fmnist_mirrored fmnist_mwm"
 build=1
 max_bytes=64M
 epochs=2
@@ -58,7 +61,7 @@ done
 
 source "$gradwire_root/scripts/deps.sh"
 gradwire_require_packages "${gradwire_build_packages[@]}" dataset-fashion-mnist
-targets=(allreduce_tcp allreduce_inproc ps_throughput fashion_mnist)
+targets=(allreduce_tcp allreduce_inproc allreduce_simulated ps_throughput fashion_mnist)
 flags=(-DGRADWIRE_ASIO=ON -DGRADWIRE_BUILD_EXAMPLES=ON -DGRADWIRE_CUDA=OFF)
 gradwire_configure_benchmarks "${flags[@]}" >/dev/null  # sets build_dir and results
 before_build=$before/build-regress
@@ -94,6 +97,12 @@ one() {
       file+=.csv
       timeout -k 5 600 "$run" -n 4 --ps 1 --no-prefix -- "$b/benchmarks/ps_throughput" --sizes "$ps_sizes" \
         --iters 20 --csv "$file" >"$file.log" 2>&1 || status=$? ;;
+    sim)
+      file+=.csv
+      local began; began=$(date +%s.%N)
+      timeout -k 5 600 "$b/benchmarks/allreduce_simulated" --cluster "hosts=2 ranks_per_host=2 bandwidth=10Gbit latency=20us" \
+        --algorithm auto -b 1K -e "$max_bytes" -f 8 -n 10 -w 2 --repeats 1 --csv "$file" >"$file.log" 2>&1 || status=$?
+      echo "wall_s $(python3 -c "import sys; print(float(sys.argv[1]) - float(sys.argv[2]))" "$(date +%s.%N)" "$began")" >>"$file.log" ;;
     fmnist_mirrored)
       file+=.log
       timeout -k 5 600 "$b/examples/fashion_mnist" --strategy mirrored --replicas 2 --epochs "$epochs" --optimizer momentum \

@@ -39,6 +39,12 @@ def metrics(job, path):
             else:
                 name = f"n={r['ranks']} {human(size)}"
             out[name] = (float(r["time_us"]), "us")
+        try:  # the simulator's own speed: the run's wall time (regression.sh writes it to the log)
+            wall = re.findall(r"^wall_s\s+([\d.]+)", open(path + ".log", errors="replace").read(), re.M)
+            if wall:
+                out["wall"] = (float(wall[-1]) * 1e6, "us")
+        except FileNotFoundError:
+            pass
     else:
         try:
             text = open(path, errors="replace").read()
