@@ -23,7 +23,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -34,6 +33,7 @@
 #include "../transport/detail/messages.hpp"
 #include "../transport/detail/pending_request.hpp"
 #include "../transport/detail/failure.hpp"
+#include "../transport/detail/rank_runner.hpp"
 #include "cluster_model.hpp"
 #include "scheduler.hpp"
 
@@ -141,36 +141,18 @@ class job {
     if (ran_) throw error(errc::invalid_argument, "simulation::job::run: a job runs once; make a new job to run again");
     ran_ = true;
     const int n = size();
-    std::vector<std::exception_ptr> outcomes(static_cast<std::size_t>(n));
     std::vector<char> died(static_cast<std::size_t>(n), 0);
-    {
-      std::vector<std::jthread> threads;
-      threads.reserve(static_cast<std::size_t>(n));
-      try {
-        for (int r = 0; r < n; ++r)
-        threads.emplace_back([&, r] {
-          detail::scheduler& s = *scheduler_;
-          if (!s.enter(r)) return;
-          detail::this_thread_rank() = &s.state(r);
-          std::optional<transport::detail::rank_failure> failure;
+    baton hooks{{}, scheduler_.get(), &died};
+    std::vector<std::exception_ptr> outcomes = transport::detail::run_ranks(
+        n,
+        [&](int r) {
           try {
             fn(endpoint(scheduler_, r));
-          } catch (const rank_died&) {
+          } catch (const rank_died&) {  // the model's death, not the rank's failure
             died[static_cast<std::size_t>(r)] = 1;
-          } catch (...) {
-            outcomes[static_cast<std::size_t>(r)] = std::current_exception();
-            failure = transport::detail::failure_of(outcomes[static_cast<std::size_t>(r)]);
           }
-          detail::this_thread_rank() = nullptr;
-          if (s.leave(r, std::move(failure))) died[static_cast<std::size_t>(r)] = 1;
-        });
-      } catch (...) {  // a thread did not start: those that did return at once
-        scheduler_->abort_start(static_cast<int>(threads.size()));
-        throw;
-      }
-      scheduler_->start();
-      scheduler_->join_all();
-    }
+        },
+        hooks);
     if (report) {
       report->rank_end.clear();
       report->died.clear();
@@ -185,6 +167,28 @@ class job {
   }
 
  private:
+  // The scheduler's side of each rank's thread: one rank runs at a time (enter, leave hand
+  // the baton on), a rank that threw is lost to its peers, and a job whose threads did not
+  // all start lets those that did return at once.
+  struct baton : transport::detail::rank_hooks {
+    detail::scheduler* s;
+    std::vector<char>* died;
+    bool enter(int r) {
+      if (!s->enter(r)) return false;
+      detail::this_thread_rank() = &s->state(r);
+      return true;
+    }
+    void leave(int r, std::optional<transport::detail::rank_failure> failure) {
+      detail::this_thread_rank() = nullptr;
+      if (s->leave(r, std::move(failure))) (*died)[static_cast<std::size_t>(r)] = 1;
+    }
+    void started() {
+      s->start();
+      s->join_all();
+    }
+    void start_failed(int started) { s->abort_start(started); }
+  };
+
   std::shared_ptr<detail::scheduler> scheduler_;
   bool ran_ = false;
 };
