@@ -1,7 +1,7 @@
 // The part of a network transport's engine every backend shares: making ops, waiting for them, and the rank's failure.
 //
-// A backend's engine (tcp_engine, ucx_engine) derives from network_engine<itself, its
-// op> and provides, besides `options` and a static `name`:
+// A backend's engine (tcp_engine, ucx_engine, mpi_engine) derives from
+// network_engine<itself, its op> and provides, besides `options` and a static `name`:
 //   post_send(op), post_recv(op), cancel(op) noexcept        its send and receive paths
 //   prepare_wait(op) -> guard   before a wait sleeps (asio_tcp: polls, then tells the stall
 //                               watch; the guard ends the watched wait when the wait ends)

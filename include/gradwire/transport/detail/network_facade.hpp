@@ -1,9 +1,9 @@
 // The public face every network transport shares: messages, waits with deadlines, peer loss, failure, traffic.
 //
-// asio_tcp and ucx derive from network_facade<their engine> and add what only they do
-// (asio_tcp: async_recv_accumulate; ucx: one-sided access). The engine is shared with the
-// requests (a request withdraws its op through it when dropped), so it lives behind a
-// shared_ptr; the calls below go straight to it.
+// asio_tcp, ucx and mpi derive from network_facade<their engine> and add what only they
+// do (asio_tcp: async_recv_accumulate; ucx: one-sided access; mpi: its communicator). The
+// engine is shared with the requests (a request withdraws its op through it when dropped),
+// so it lives behind a shared_ptr; the calls below go straight to it.
 #pragma once
 
 #include <cstddef>
@@ -23,8 +23,16 @@
 
 namespace gradwire::transport::detail {
 
-// Engine: a network_engine (network_engine.hpp) with join(), post_send, post_recv,
-// tolerate(peer), say_goodbye() and abort_all(cause, reason).
+// What an engine may lack: going on without a lost peer (tolerate(peer)), and a goodbye
+// (say_goodbye()). asio_tcp's and ucx's have both; mpi's neither, as a lost rank ends an
+// MPI job: its facade then has no tolerate_loss/lost_peers and sends nothing when destroyed.
+template <class Engine>
+concept loss_tolerant_engine = requires(Engine& e, int peer) { e.tolerate(peer); };
+template <class Engine>
+concept engine_says_goodbye = requires(Engine& e) { e.say_goodbye(); };
+
+// Engine: a network_engine (network_engine.hpp) with join(), post_send, post_recv and
+// abort_all(cause, reason), and maybe tolerate(peer) and say_goodbye() (above).
 template <class Engine>
 class network_facade {
  public:
@@ -59,13 +67,19 @@ class network_facade {
   // Losing `peer` (its connection breaks, or it aborts) fails only the operations that
   // involve it, now and later, instead of the whole rank; lost_peers() lists such peers.
   // For roles that outlive a peer, e.g. a parameter server that drops a dead worker.
-  void tolerate_loss(int peer) {
+  void tolerate_loss(int peer)
+    requires loss_tolerant_engine<Engine>
+  {
     if (peer < 0 || peer >= size() || peer == rank())
       throw error(errc::invalid_argument,
                   std::string(Engine::name) + "::tolerate_loss: rank " + std::to_string(peer) + " is not a peer");
     engine_->tolerate(peer);
   }
-  std::vector<int> lost_peers() const { return engine_->lost; }
+  std::vector<int> lost_peers() const
+    requires loss_tolerant_engine<Engine>
+  {
+    return engine_->lost;
+  }
 
   // After losing `peer` (tolerated), take back a process that replaces it: receives
   // posted from it meanwhile wait for the replacement (concepts::rejoinable_transport).
@@ -105,13 +119,14 @@ class network_facade {
   }
   network_facade(network_facade&&) noexcept = default;
   network_facade& operator=(network_facade&&) noexcept = default;
-  // Says goodbye to every peer, so that they can tell a rank that finished from one that
-  // crashed; while an exception unwinds, says why it failed instead (an abort).
+  // Says goodbye to every peer (engine_says_goodbye), so that they can tell a rank that
+  // finished from one that crashed; while an exception unwinds, says why it failed instead
+  // (an abort).
   ~network_facade() {
     if (!engine_) return;
     if (std::uncaught_exceptions() > 0)
       engine_->abort_all(errc::peer_lost, unwinding_reason);
-    else
+    else if constexpr (engine_says_goodbye<Engine>)
       engine_->say_goodbye();
   }
 
