@@ -5,7 +5,7 @@
 //
 // The ranks run the library's real all_reduce over transport::simulated: simulation::run
 // starts one thread per rank of the model and runs them one at a time in virtual time
-// (simulation/transport.hpp). Everything else is allreduce_tcp's, so that the two tables
+// (transport/simulated.hpp). Everything else is allreduce_tcp's, so that the two tables
 // can be laid side by side (benchmarks/validate_simulator.sh): the same flags (-g is
 // ignored: the model says the ranks), the same inputs, the same check, and the same time:
 // per iteration the slowest rank's time of its own all_reduce after a barrier, the median
@@ -30,8 +30,8 @@
 #include <filesystem>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/collective/barrier.hpp>
-#include <gradwire/simulation/transport.hpp>
 #include <gradwire/tensor/aligned_buffer.hpp>
+#include <gradwire/transport/simulated.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "all_reduce (float32 sum, in place) on a simulated cluster, in virtual time; --cluster \"hosts=H "
       "ranks_per_host=R bandwidth=1Gbit latency=50us ...\" or --cluster-file FILE says which "
-      "(simulation/cluster_model.hpp; compute=modelled unless it says otherwise); -g is ignored");
+      "(transport/simulated/cluster_model.hpp; compute=modelled unless it says otherwise); -g is ignored");
   if (!text && !file) {
     std::fprintf(stderr, "allreduce_simulated: say which cluster: --cluster \"hosts=2 ranks_per_host=2 bandwidth=1Gbit ...\" "
                          "or --cluster-file FILE (see --help)\n");

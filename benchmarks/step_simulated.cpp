@@ -25,9 +25,9 @@
 #include <gradwire/aggregation/all_reduce.hpp>
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/optim/sgd.hpp>
-#include <gradwire/simulation/transport.hpp>
 #include <gradwire/strategy.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
+#include <gradwire/transport/simulated.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,8 +52,9 @@ struct options {
   std::fprintf(out,
                "%s: predicted step time of the all-reduce strategy on a simulated cluster (virtual time)\n"
                "usage: %s --cluster TEXT | --cluster-file FILE [flags]\n"
-               "  --cluster TEXT        the cluster_model (simulation/cluster_model.hpp), e.g. \"hosts=2 ranks_per_host=2\n"
-               "                        bandwidth=1Gbit latency=50us\"; compute=modelled unless it says otherwise\n"
+               "  --cluster TEXT        the cluster_model (transport/simulated/cluster_model.hpp), e.g.\n"
+               "                        \"hosts=2 ranks_per_host=2 bandwidth=1Gbit latency=50us\"; compute=modelled\n"
+               "                        unless it says otherwise\n"
                "  --cluster-file FILE   the same, from a file\n"
                "  --compute SECONDS     forward/backward per step per rank (default 0)\n"
                "  --steps N             timed steps (default 40)\n"

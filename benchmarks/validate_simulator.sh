@@ -12,7 +12,7 @@
 #     latency = half the median time of the sizes up to 1 KiB (a 2-rank ring all-reduce
 #     is 2 exchanges), bandwidth = bytes / (time - that) at the largest size; overhead 0
 #     (a 2-rank exchange cannot tell it from latency). Written as cluster_model lines
-#     (simulation/cluster_model.hpp).
+#     (transport/simulated/cluster_model.hpp).
 # (b) Measured: gradwire all_reduce (ring and auto, float32 sum) over asio_tcp on loopback
 #     with 2 and 4 ranks and on the emulated 2 hosts x 2 ranks, 4 B .. max bytes by 4.
 # (c) Predicted: benchmarks/allreduce_simulated with the calibrated model of each

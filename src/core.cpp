@@ -11,20 +11,20 @@
 #include <gradwire/collective/same_model.ipp>
 #include <gradwire/collective/verify.ipp>
 #include <gradwire/observe/timeline.ipp>
-#include <gradwire/simulation/scheduler.ipp>
 #include <gradwire/support/topology.ipp>
 #include <gradwire/tensor/flat_layout.ipp>
+#include <gradwire/transport/simulated/scheduler.ipp>
 
 #include <gradwire/aggregation/detail/bucket_schedule.hpp>
 #include <gradwire/instances/inproc.hpp>
-#include <gradwire/support/finite_check.hpp>
+#include <gradwire/training/finite_check.hpp>
 
 namespace gradwire {
 template class aggregation::detail::bucket_schedule<float>;
 template class aggregation::detail::bucket_schedule<double>;
-template std::optional<std::string> support::non_finite_report<float>(int, std::size_t, const shape&,
-                                                                      std::span<const float>);
-template std::optional<std::string> support::non_finite_report<double>(int, std::size_t, const shape&,
-                                                                       std::span<const double>);
+template std::optional<std::string> training::non_finite_report<float>(int, std::size_t, const shape&,
+                                                                       std::span<const float>);
+template std::optional<std::string> training::non_finite_report<double>(int, std::size_t, const shape&,
+                                                                        std::span<const double>);
 GRADWIRE_COLLECTIVE_INSTANCES(template, transport::inproc)
 }  // namespace gradwire

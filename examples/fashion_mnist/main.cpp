@@ -16,7 +16,7 @@
 // replica r trains on samples [r*B, (r+1)*B) of them (like PyTorch's DistributedSampler),
 // so N synchronous replicas of batch B follow the same trajectory as one device with
 // batch N*B. With --transport simulated the replicas (and servers) run as threads in virtual
-// time on the cluster --cluster describes (gradwire/simulation/), and every time printed
+// time on the cluster --cluster describes (gradwire/transport/simulated/), and every time printed
 #include <algorithm>
 #include <charconv>
 #include <chrono>

@@ -30,11 +30,11 @@
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/optim/one_of.hpp>
 #include <gradwire/optim/sgd.hpp>
-#include <gradwire/simulation/transport.hpp>
 #include <gradwire/strategy.hpp>
 #include <gradwire/support/virtual_clock.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
 #include <gradwire/transport/inproc.hpp>
+#include <gradwire/transport/simulated.hpp>
 
 #include "idx.hpp"
 #include "mlp.hpp"

@@ -5,7 +5,7 @@
 //        [--servers S] [--backup-workers K] [--staleness S] [--period H] [--trials N]
 //        [--simulate [--epochs E] [--target-accuracy A] [--lr LR] [--async-lr LR] [--local-lr LR] [--fashion-mnist PATH]]
 //
-// The numbers come from the analytic cost models (gradwire/simulation/cost_model.hpp):
+// The numbers come from the analytic cost models (gradwire/plan/cost_model.hpp):
 // the messages each collective and strategy sends, priced on the cluster's links, and the
 // straggler model's order statistics. docs/planning.md explains the model and the output.
 // --simulate trains Fashion-MNIST with each strategy in virtual time for time to accuracy
@@ -17,25 +17,25 @@
 #include <string>
 #include <vector>
 
-#include <gradwire/simulation/cost_model.hpp>
+#include <gradwire/plan/cost_model.hpp>
 
 #include "plan_options.hpp"
 #include "simulate.hpp"
 
 namespace {
 
-namespace sim = gradwire::simulation;
-using plan::plan_options;
+namespace plan = gradwire::plan;
+using planner::plan_options;
 
 double mib(std::size_t bytes) { return double(bytes) / double(1 << 20); }
 
-void print_inputs(const plan_options& o, const sim::strategy_costs& costs) {
+void print_inputs(const plan_options& o, const plan::strategy_costs& costs) {
   const auto& c = o.cluster;
   const std::size_t bytes = o.work.parameters * sizeof(float);
   std::printf("# gradwire plan: %d workers on %d host%s x %d, batch %d, %zu float32 parameters (%.2f MiB%s)\n",
               c.size(), c.hosts, c.hosts == 1 ? "" : "s", c.ranks_per_host, o.work.batch, o.work.parameters, mib(bytes),
               o.work.tensors.empty() ? "" : (", " + std::to_string(o.work.tensors.size()) + " tensors").c_str());
-  std::printf("# cluster: %s\n#          %s\n", o.cluster_text.c_str(), sim::describe(c).c_str());
+  std::printf("# cluster: %s\n#          %s\n", o.cluster_text.c_str(), plan::describe(c).c_str());
   const double step = o.work.step_seconds;
   std::printf("# compute: %.3f ms per step per worker at speed 1 (%s)\n", step * 1e3, o.compute_source.c_str());
   const double slowest = costs.expected_max_compute();
@@ -55,10 +55,10 @@ void print_all_reduce(const plan_options& o) {
               c.size());
   std::printf("# %12s %10s %6s  %-28s %7s %12s %12s %12s  %s\n", "size", "count", "type", "algorithm", "rounds",
               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "note");
-  for (const auto a : sim::every_all_reduce_algorithm) {
-    const sim::all_reduce_cost r = sim::predict_all_reduce(c, a, count);
-    std::string name = sim::name_of(a);
-    if (a == sim::all_reduce_algorithm::auto_ || r.runs != a) name += std::string(" -> ") + sim::name_of(r.runs);
+  for (const auto a : plan::every_all_reduce_algorithm) {
+    const plan::all_reduce_cost r = plan::predict_all_reduce(c, a, count);
+    std::string name = plan::name_of(a);
+    if (a == plan::all_reduce_algorithm::auto_ || r.runs != a) name += std::string(" -> ") + plan::name_of(r.runs);
     if (!r.available) {
       std::printf("  %12zu %10zu %6s  %-28s %7s %12s %12s %12s  %s\n", bytes, count, "float", name.c_str(), "-", "-", "-",
                   "-", r.note.c_str());
@@ -75,9 +75,9 @@ void print_all_reduce(const plan_options& o) {
 // [docs:predict]
 // Every strategy the planner compares, priced by the cost model. One the cost model
 // refuses (too many workers x servers to price) is listed as unavailable, with why.
-std::vector<sim::strategy_cost> predict_strategies(const plan_options& o, const sim::strategy_costs& costs) {
-  using sim::all_reduce_algorithm;
-  std::vector<sim::strategy_cost> all;
+std::vector<plan::strategy_cost> predict_strategies(const plan_options& o, const plan::strategy_costs& costs) {
+  using plan::all_reduce_algorithm;
+  std::vector<plan::strategy_cost> all;
   auto add = [&](const std::string& name, auto&& predict) {
     try {
       all.push_back(predict());
@@ -88,7 +88,7 @@ std::vector<sim::strategy_cost> predict_strategies(const plan_options& o, const 
   };
   for (const auto a : {all_reduce_algorithm::auto_, all_reduce_algorithm::ring, all_reduce_algorithm::halving_doubling,
                        all_reduce_algorithm::hierarchical})
-    add(std::string("all_reduce<") + sim::name_of(a) + ">", [&] { return costs.all_reduce(a); });
+    add(std::string("all_reduce<") + plan::name_of(a) + ">", [&] { return costs.all_reduce(a); });
   add("parameter_server<sync>", [&] { return costs.ps_sync(o.servers); });
   add("parameter_server<backup_workers>", [&] { return costs.ps_backup_workers(o.servers, o.backup_workers); });
   add("parameter_server<async>", [&] { return costs.ps_async(o.servers); });
@@ -99,7 +99,7 @@ std::vector<sim::strategy_cost> predict_strategies(const plan_options& o, const 
 }
 // [/docs:predict]
 
-void print_strategies(const std::vector<sim::strategy_cost>& all, const sim::strategy_costs& costs) {
+void print_strategies(const std::vector<plan::strategy_cost>& all, const plan::strategy_costs& costs) {
   const double alone = costs.one_worker_samples_per_second();
   std::printf("# every strategy: per step, compute (the wait for the workers a step needs) + communication\n#\n");
   std::printf("# %-40s %12s %10s %10s %12s %8s %5s  %s\n", "strategy", "compute(ms)", "comm(ms)", "step(ms)", "samples/s",
@@ -119,14 +119,14 @@ void print_strategies(const std::vector<sim::strategy_cost>& all, const sim::str
               alone);
 }
 
-void print_recommendation(const std::vector<sim::strategy_cost>& all) {
-  const sim::recommendation r = sim::recommend(all);
+void print_recommendation(const std::vector<plan::strategy_cost>& all) {
+  const plan::recommendation r = plan::recommend(all);
   std::printf("# recommendation: %s\n#   why: %s\n#   note: %s\n", all[r.best].name.c_str(), r.reason.c_str(),
               r.caveat.c_str());
 }
 
 // --simulate's table: one row per strategy as its run ends.
-void print_simulated(const plan::simulated_strategy& st, const plan::run_result& r) {
+void print_simulated(const planner::simulated_strategy& st, const planner::run_result& r) {
   if (r.status != 0) {
     std::printf("  %-40s failed (exit status %d): %s\n", st.name.c_str(), r.status,
                 r.last_line.empty() ? "no output" : r.last_line.c_str());
@@ -134,7 +134,7 @@ void print_simulated(const plan::simulated_strategy& st, const plan::run_result&
     std::string flags;
     for (const auto& f : st.flags) flags += " " + f;
     std::printf("  %-40s %10s %8.2f%% %10.3f %8llu %9.2f %7.1f %s\n", st.name.c_str(),
-                r.reached ? plan::detail::formatted(*r.reached, "%.3f").c_str() : "-", 100 * r.final_accuracy,
+                r.reached ? planner::detail::formatted(*r.reached, "%.3f").c_str() : "-", 100 * r.final_accuracy,
                 r.virtual_seconds, static_cast<unsigned long long>(r.dropped), r.staleness_mean, r.wall_seconds,
                 flags.c_str());
   }
@@ -142,8 +142,8 @@ void print_simulated(const plan::simulated_strategy& st, const plan::run_result&
 }
 
 // Which run reached the target first, and how the analytic model's choice fared.
-void print_verdict(const plan_options& o, const std::vector<sim::strategy_cost>& all,
-                   const std::vector<plan::simulated_strategy>& strategies, const std::vector<plan::run_result>& results) {
+void print_verdict(const plan_options& o, const std::vector<plan::strategy_cost>& all,
+                   const std::vector<planner::simulated_strategy>& strategies, const std::vector<planner::run_result>& results) {
   const double target = 100 * o.run.target_accuracy;
   const std::size_t none = strategies.size();
   std::size_t first = none;
@@ -155,7 +155,7 @@ void print_verdict(const plan_options& o, const std::vector<sim::strategy_cost>&
                 *results[first].reached);
   else
     std::printf("#\n# no strategy reached %g%% in %d epochs (--epochs, --target-accuracy)\n", target, o.run.epochs);
-  const sim::strategy_cost& chosen = all[sim::recommend(all).best];
+  const plan::strategy_cost& chosen = all[plan::recommend(all).best];
   std::size_t same = none;  // the run of the chosen strategy's kind (every all_reduce<A> runs as auto_)
   for (std::size_t i = 0; i < strategies.size(); ++i)
     if (strategies[i].kind == chosen.kind) same = i;
@@ -173,26 +173,26 @@ void print_verdict(const plan_options& o, const std::vector<sim::strategy_cost>&
 // --simulate: every strategy's Fashion-MNIST training in virtual time (simulate.hpp), one
 // run after another; false if a run failed.
 bool run_simulation(const plan_options& o, const std::filesystem::path& program,
-                    const std::vector<sim::strategy_cost>& all) {
-  const auto strategies = plan::simulated_strategies(o);
-  const std::string target = plan::detail::formatted(100 * o.run.target_accuracy);
+                    const std::vector<plan::strategy_cost>& all) {
+  const auto strategies = planner::simulated_strategies(o);
+  const std::string target = planner::detail::formatted(100 * o.run.target_accuracy);
   std::printf("#\n# time to %s%% test accuracy: Fashion-MNIST trained with each strategy in virtual time (--simulate)\n#  ",
               target.c_str());
-  for (const auto& word : plan::fashion_mnist_command(o, program, {}))
+  for (const auto& word : planner::fashion_mnist_command(o, program, {}))
     std::printf(word.find(' ') == std::string::npos ? " %s" : " \"%s\"", word.c_str());
   std::printf(" [flags]\n");
   int servers = 0;
   for (const auto& st : strategies) servers = std::max(servers, st.servers);
   if (servers > 0)
     std::printf("#   parameter servers: --ps %d, on hosts %d.. (--cluster with hosts=%d)%s\n", servers, o.cluster.hosts,
-                sim::with_servers(o.cluster, servers).hosts,
+                plan::with_servers(o.cluster, servers).hosts,
                 servers == o.servers ? "" : ": the planner's servers, filled up to whole hosts");
   std::printf("#\n# %-40s %10s %9s %10s %8s %9s %7s  %s\n", "strategy", ("to " + target + "%(s)").c_str(), "final acc",
               "virtual(s)", "dropped", "staleness", "wall(s)", "flags");
-  std::vector<plan::run_result> results;
+  std::vector<planner::run_result> results;
   bool ok = true;
   for (const auto& st : strategies) {
-    results.push_back(plan::run_strategy(plan::fashion_mnist_command(o, program, st)));
+    results.push_back(planner::run_strategy(planner::fashion_mnist_command(o, program, st)));
     ok = ok && results.back().status == 0;
     print_simulated(st, results.back());
   }
@@ -204,16 +204,16 @@ bool run_simulation(const plan_options& o, const std::filesystem::path& program,
 
 int main(int argc, char** argv) {
   try {
-    const plan_options o = plan::parse_plan_options(argc, argv);
+    const plan_options o = planner::parse_plan_options(argc, argv);
     if (o.help) {
-      std::fputs(plan::usage_text, stdout);
+      std::fputs(planner::usage_text, stdout);
       return 0;
     }
     // --simulate's program is looked for first, so that a missing one fails at once.
-    const auto program = o.simulate ? plan::fashion_mnist_program(o.run) : std::filesystem::path();
-    sim::cost_options model;
+    const auto program = o.simulate ? planner::fashion_mnist_program(o.run) : std::filesystem::path();
+    plan::cost_options model;
     model.trials = o.trials;
-    const sim::strategy_costs costs(o.cluster, o.work, model);
+    const plan::strategy_costs costs(o.cluster, o.work, model);
     print_inputs(o, costs);
     print_all_reduce(o);
     const auto all = predict_strategies(o, costs);

@@ -15,15 +15,15 @@
 #include <vector>
 
 #include <gradwire/error.hpp>
-#include <gradwire/simulation/cluster_model.hpp>
-#include <gradwire/simulation/cost_model.hpp>
+#include <gradwire/plan/cluster_model.hpp>
+#include <gradwire/plan/cost_model.hpp>
 
-namespace plan {
+namespace planner {
 
 inline constexpr const char* usage_text =
     "usage: plan [options]\n"
     "Predicts step time and samples/s of every strategy and all-reduce algorithm on a described cluster\n"
-    "(analytic cost models, gradwire/simulation/cost_model.hpp; docs/planning.md) and says which to choose.\n"
+    "(analytic cost models, gradwire/plan/cost_model.hpp; docs/planning.md) and says which to choose.\n"
     "  --params P                 float32 parameters of the model (default: the Fashion-MNIST MLP,\n"
     "                             784-256-128-10: 235146 in 6 tensors)\n"
     "  --tensors N,N,...          the model's tensor sizes (their sum is P): exact PS shards and buckets;\n"
@@ -34,7 +34,7 @@ inline constexpr const char* usage_text =
     "  --batch B                  samples per worker per step (default 64)\n"
     "  --workers W                workers: every rank of the cluster (default: hosts x ranks_per_host; without\n"
     "                             --cluster, W hosts of one rank)\n"
-    "  --cluster \"KEY=VALUE ...\"  the cluster (gradwire/simulation/cluster_model.hpp): hosts=25 ranks_per_host=4\n"
+    "  --cluster \"KEY=VALUE ...\"  the cluster (gradwire/plan/cluster_model.hpp): hosts=25 ranks_per_host=4\n"
     "                             bandwidth=10Gbit latency=20us jitter=0.1 tail=0.02:1.5 ...\n"
     "                             (default: hosts=4 ranks_per_host=2 bandwidth=1Gbit latency=50us)\n"
     "  --cluster-file F           ... or read from F (the same keys, one or more a line, # comments)\n"
@@ -69,15 +69,15 @@ struct simulate_options {
 };
 
 struct plan_options {
-  gradwire::simulation::cluster_model cluster;
-  gradwire::simulation::workload work;
+  gradwire::plan::cluster_model cluster;
+  gradwire::plan::workload work;
   std::string cluster_text;  // as given (or the default), for the report
   std::string compute_source;  // how work.step_seconds was found, for the report
   int servers = 1;
   int backup_workers = 1;
   int staleness = 2;
   int period = 8;
-  int trials = gradwire::simulation::default_monte_carlo_trials;
+  int trials = gradwire::plan::default_monte_carlo_trials;
   bool simulate = false;
   simulate_options run;  // with simulate
   bool help = false;
@@ -297,13 +297,13 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
   // The cluster: text, file, or W hosts of one rank, or the default.
   if (cluster_text && cluster_file) detail::usage("--cluster and --cluster-file both describe the cluster: give one");
   if (cluster_file) {
-    o.cluster = gradwire::simulation::load_cluster_model(*cluster_file);
+    o.cluster = gradwire::plan::load_cluster_model(*cluster_file);
     o.cluster_text = "(from " + *cluster_file + ")";
   } else {
     o.cluster_text = cluster_text  ? *cluster_text
                      : workers     ? "hosts=" + std::to_string(*workers) + " ranks_per_host=1 bandwidth=1Gbit latency=50us"
                                    : "hosts=4 ranks_per_host=2 bandwidth=1Gbit latency=50us"s;
-    o.cluster = gradwire::simulation::parse_cluster_model(o.cluster_text);
+    o.cluster = gradwire::plan::parse_cluster_model(o.cluster_text);
   }
   const int w = o.cluster.size();
   if (workers && *workers != w)
@@ -326,4 +326,4 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
   return o;
 }
 
-}  // namespace plan
+}  // namespace planner

@@ -27,18 +27,18 @@
 #include <vector>
 
 #include <gradwire/error.hpp>
-#include <gradwire/simulation/cost_model.hpp>
+#include <gradwire/plan/cost_model.hpp>
 
 #include "plan_options.hpp"
 
 extern char** environ;  // posix_spawn hands it on
 
-namespace plan {
+namespace planner {
 
 // One strategy as fashion_mnist runs it.
 struct simulated_strategy {
   std::string name;  // as the planner's table names it
-  gradwire::simulation::strategy_kind kind{};
+  gradwire::plan::strategy_kind kind{};
   std::vector<std::string> flags;  // fashion_mnist's strategy and learning-rate flags
   int servers = 0;                 // parameter servers after the workers (0: none)
 };
@@ -176,18 +176,18 @@ inline std::filesystem::path fashion_mnist_program(const simulate_options& s) {
 // with the planner's period. fashion_mnist has backup:1|2|4|8 and bounded:1|2|4: the
 // planner's --backup-workers and --staleness are rounded down to those.
 inline std::vector<simulated_strategy> simulated_strategies(const plan_options& o) {
-  namespace sim = gradwire::simulation;
+  namespace plan = gradwire::plan;
   const simulate_options& s = o.run;
   // The simulator's hosts are all alike: servers fill the hosts after the workers' (the
   // same host links as the planner's S, each server a smaller shard).
-  const int servers = sim::with_servers(o.cluster, o.servers).size() - o.cluster.size();
+  const int servers = plan::with_servers(o.cluster, o.servers).size() - o.cluster.size();
   const int backups = detail::supported_value(o.backup_workers, {8, 4, 2, 1});
   const int staleness = detail::supported_value(o.staleness, {4, 2, 1});
   const std::string sync_lr = detail::formatted(s.lr), async_lr = detail::formatted(s.async_lr);
   auto ps = [](const std::string& mode, const std::string& lr) {
     return std::vector<std::string>{"--strategy", "parameter_server", "--ps-mode", mode, "--lr", lr};
   };
-  using kind = sim::strategy_kind;
+  using kind = plan::strategy_kind;
   return {
       {"all_reduce<auto_>", kind::all_reduce, {"--strategy", "multi_worker_mirrored", "--lr", sync_lr}, 0},
       {"parameter_server<sync>", kind::ps_sync, ps("sync", sync_lr), servers},
@@ -205,10 +205,10 @@ inline std::vector<simulated_strategy> simulated_strategies(const plan_options& 
 // hosts) at compute=modelled, its step compute, W replicas of its batch.
 inline std::vector<std::string> fashion_mnist_command(const plan_options& o, const std::filesystem::path& program,
                                                       const simulated_strategy& st) {
-  namespace sim = gradwire::simulation;
-  sim::cluster_model cluster = st.servers ? sim::with_servers(o.cluster, st.servers) : o.cluster;
-  cluster.compute = sim::compute_model::modelled;
-  std::vector<std::string> args{program.string(), "--transport", "simulated", "--cluster", sim::describe(cluster),
+  namespace plan = gradwire::plan;
+  plan::cluster_model cluster = st.servers ? plan::with_servers(o.cluster, st.servers) : o.cluster;
+  cluster.compute = plan::compute_model::modelled;
+  std::vector<std::string> args{program.string(), "--transport", "simulated", "--cluster", plan::describe(cluster),
                                 "--step-compute", detail::formatted(o.work.step_seconds, "%.9g"),
                                 "--replicas", std::to_string(o.cluster.size())};
   if (st.servers) args.insert(args.end(), {"--ps", std::to_string(st.servers)});
@@ -229,4 +229,4 @@ inline run_result run_strategy(const std::vector<std::string>& command) {
   return r;
 }
 
-}  // namespace plan
+}  // namespace planner

@@ -3,7 +3,7 @@
 // The example's #include repeats the one below: under #pragma once it adds nothing, and the
 // page shows which header to include.
 #include <gradwire/gradwire.hpp>
-#include <gradwire/simulation/transport.hpp>
+#include <gradwire/transport/simulated.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -20,7 +20,7 @@ int main() {
   auto my_shard_of_the_data = [&](int rank) { return snippets::shard(Model::shape, global, rank, replicas); };
 
   // [docs:example]
-  #include <gradwire/simulation/transport.hpp>
+  #include <gradwire/transport/simulated.hpp>
   namespace gw = gradwire;
   namespace sim = gradwire::simulation;
   using namespace std::chrono_literals;

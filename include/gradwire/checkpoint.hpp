@@ -65,34 +65,6 @@ namespace gradwire {
 inline constexpr std::uint32_t checkpoint_magic = 0x4b435747;  // "GWCK" in memory order
 inline constexpr std::uint16_t checkpoint_format_version = 1;
 
-namespace concepts {
-namespace detail {
-// Stands in for the visitors a checkpoint passes to an optimizer state.
-struct checkpoint_visitor_archetype {
-  template <class S>
-  void operator()(S&&) const {}
-};
-}  // namespace detail
-
-// An optimizer named by its type (O::name), not by the instance (o.name(): optim::one_of).
-template <class O>
-concept named_by_type = requires { { O::name } -> std::convertible_to<std::string_view>; };
-
-// Optimizer whose state a checkpoint can save: a name (static O::name, or o.name() for one
-// chosen at run time: optim::one_of), and per-tensor state that shows its buffers
-// (f(std::span<V>)) and step counters (f(long&)).
-template <class O, class V>
-concept checkpointable_optimizer =
-    optimizer<O, V> &&
-    (named_by_type<O> || requires(const O& o) { { o.name() } -> std::convertible_to<std::string_view>; }) &&
-    requires(typename O::template state<V>& s, const typename O::template state<V>& cs) {
-      s.for_each_buffer(detail::checkpoint_visitor_archetype{});
-      s.for_each_counter(detail::checkpoint_visitor_archetype{});
-      cs.for_each_buffer(detail::checkpoint_visitor_archetype{});
-      cs.for_each_counter(detail::checkpoint_visitor_archetype{});
-    };
-}  // namespace concepts
-
 namespace detail::checkpoint {
 
 inline constexpr std::size_t fixed_header = 32;
@@ -247,28 +219,13 @@ constexpr void require_checkpointable() {
   static_assert(concepts::checkpointable_optimizer<Optimizer, V>,
                 "gradwire checkpoints: the optimizer needs a static `name` (or name() const) and "
                 "state<V>::for_each_buffer(f) / "
-                "for_each_counter(f) (see gradwire/checkpoint.hpp and gradwire/optim/adam.hpp)");
+                "for_each_counter(f) (concepts::checkpointable_optimizer in gradwire/concepts.hpp; "
+                "gradwire/optim/adam.hpp has both)");
   static_assert(std::endian::native == std::endian::little,
                 "gradwire checkpoints are little-endian; big-endian hosts are not supported yet");
 }
 
 }  // namespace detail::checkpoint
-
-namespace concepts {
-// What a checkpoint saves: a strategy, or a parameter server's shard. value_type,
-// optimizer_type, parameters() (contiguous tensors or spans) and optimizer_states()
-// (one state per parameter tensor); optimizer() too where the optimizer's name is chosen
-// at run time (optim::one_of).
-template <class M>
-concept checkpoint_model = requires(M& m, const M& cm) {
-  typename M::value_type;
-  typename M::optimizer_type;
-  m.parameters();
-  m.optimizer_states();
-  cm.parameters();
-  cm.optimizer_states();
-};
-}  // namespace concepts
 
 // Writes `strategy`'s parameters and optimizer state, and `step` (the caller's training
 // step, returned by load_checkpoint), to `path` atomically (see the top of this file).

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 #include <utility>
 
@@ -24,6 +26,10 @@ namespace gradwire {
 namespace collective {
 template <class Transport>
 class communicator;
+}
+namespace optim {
+template <class O, class T>
+struct device_state;  // an optimizer's state on the device: optim/cuda.cuh
 }
 
 // Concepts live in their own namespace: their natural names (transport, aggregation)
@@ -48,6 +54,11 @@ concept tensor = requires(T& t, const T& ct) {
 template <class T>
 concept host_tensor_type = tensor<T> && (T::location == memory_location::host);
 
+// Gradient: what strategy<>::step and step.ready take for a parameter tensor of V: a
+// tensor, or anything a std::span<const V> can view (a std::vector<V>, a span, an array).
+template <class G, class V>
+concept gradient = tensor<std::remove_const_t<G>> || requires(const G& g) { std::span<const V>(g); };
+
 // Optimizer: applied by whoever owns the variables, one tensor at a time.
 //   template <class V> struct state;                  per-tensor state (moments, step count)
 //   state<V> init<V>(size_t n) const                  fresh state for n elements
@@ -61,6 +72,79 @@ concept optimizer = std::copy_constructible<O> &&
                       { o.template init<V>(n) } -> std::same_as<typename O::template state<V>>;
                       o.step(s, params, grads, grad_scale);
                     };
+
+// Optional optimizer capability: a learning-rate schedule may change its rate between steps
+// (ps::options::learning_rate, optim::one_of).
+//   void set_lr(double)
+template <class O>
+concept schedulable_optimizer = requires(O& o) { o.set_lr(1.0); };
+
+namespace detail {
+// Stands in for the visitor a checkpoint or an aggregation hands an optimizer state.
+struct state_visitor_archetype {
+  template <class S>
+  void operator()(S&&) const {}
+};
+}  // namespace detail
+
+// Optimizer state that shows its buffers (velocity, moments): for_each_buffer(f) calls
+// f(span<V>) once per buffer, f(span<const V>) on a const state. Checkpoints save them and
+// local SGD's average_optimizer_state averages them. S may be const.
+//   void for_each_buffer(F&& f)
+template <class S>
+concept buffer_visiting_state = requires(S& s) { s.for_each_buffer(detail::state_visitor_archetype{}); };
+
+// Optimizer state that shows its step counters (Adam's step): for_each_counter(f) calls
+// f(long&) once per counter, f(const long&) on a const state. S may be const.
+//   void for_each_counter(F&& f)
+template <class S>
+concept counter_visiting_state = requires(S& s) { s.for_each_counter(detail::state_visitor_archetype{}); };
+
+// An optimizer named by its type (O::name), not by the instance (o.name(): optim::one_of).
+//   static const char* name (or anything convertible to string_view)
+template <class O>
+concept named_by_type = requires { { O::name } -> std::convertible_to<std::string_view>; };
+
+// Optimizer whose state a checkpoint can save: a name (static O::name, or o.name() for one
+// chosen at run time: optim::one_of), and per-tensor state that shows its buffers and
+// step counters, through a state and through a const one.
+template <class O, class V>
+concept checkpointable_optimizer =
+    optimizer<O, V> &&
+    (named_by_type<O> || requires(const O& o) { { o.name() } -> std::convertible_to<std::string_view>; }) &&
+    buffer_visiting_state<typename O::template state<V>> &&
+    buffer_visiting_state<const typename O::template state<V>> &&
+    counter_visiting_state<typename O::template state<V>> && counter_visiting_state<const typename O::template state<V>>;
+
+// What a checkpoint saves: a strategy, or a parameter server's shard. value_type,
+// optimizer_type, parameters() (contiguous tensors or spans) and optimizer_states()
+// (one state per parameter tensor); optimizer() too where the optimizer's name is chosen
+// at run time (optim::one_of).
+template <class M>
+concept checkpoint_model = requires(M& m, const M& cm) {
+  typename M::value_type;
+  typename M::optimizer_type;
+  m.parameters();
+  m.optimizer_states();
+  cm.parameters();
+  cm.optimizer_states();
+};
+
+// An optimizer with a device path (optim/cuda.cuh says how one is written): its state for
+// one tensor in device memory, and a fused step over k gradients, both queued on a Stream.
+// Stream is a parameter so that this header needs no CUDA: optim/cuda.cuh names
+// device_optimizer<O, V>, this with cudaStream_t.
+//   optim::device_state<O, V>                                   found by ADL, as these:
+//   void init_device(const O&, device_state<O, V>& fresh, size_t n, Stream)
+//   void step_device(const O&, device_state<O, V>&, V* params, span<const V* const> grads,
+//                    size_t n, V grad_scale, Stream)
+template <class O, class V, class Stream>
+concept device_optimizer_on =
+    optimizer<O, V> && requires(const O& o, optim::device_state<O, V>& s, V* params, std::span<const V* const> grads,
+                                std::size_t n, V grad_scale, Stream stream) {
+      init_device(o, s, n, stream);
+      step_device(o, s, params, grads, n, grad_scale, stream);
+    };
 
 // Transport: how bytes move between ranks. Operations start without waiting and are
 // completed by wait(), which takes a deadline and throws gradwire::error (timeout,
@@ -141,17 +225,22 @@ bool rejoined(const T& t) {
     return false;
 }
 
+// Optional capability of a loss-tolerant transport whose answer depends on what it wraps
+// (any_transport, per_peer): says at run time whether it can lose a peer after all.
+//   bool tolerates_loss() const
+template <class T>
+concept conditionally_loss_tolerant_transport = loss_tolerant_transport<T> && requires(const T& ct) {
+  { ct.tolerates_loss() } -> std::convertible_to<bool>;
+};
+
 // Whether `t` can lose a peer and go on: its type says so (loss_tolerant_transport), and a
-// transport whose answer depends on what it wraps (any_transport) may narrow it at run
-// time with `bool tolerates_loss() const`.
+// conditionally_loss_tolerant_transport may narrow that at run time.
 template <class T>
 bool tolerates_loss(const T& t) {
-  if constexpr (!loss_tolerant_transport<T>)
-    return false;
-  else if constexpr (requires { { t.tolerates_loss() } -> std::convertible_to<bool>; })
+  if constexpr (conditionally_loss_tolerant_transport<T>)
     return t.tolerates_loss();
   else
-    return true;
+    return loss_tolerant_transport<T>;
 }
 
 // Optional transport capability: count the payload this rank has sent and received, so
@@ -184,6 +273,15 @@ concept one_sided_transport =
       { ct.prefers_one_sided(peer) } -> std::convertible_to<bool>;
     };
 
+// Optional capability of a one_sided_transport's remote_window: how many bytes the peer
+// exposed, so that a parameter-server worker can refuse a window too small for its shard
+// (a model that differs between ranks) before it puts past its end.
+//   size_t size() const
+template <class W>
+concept sized_remote_window = requires(const W& w) {
+  { w.size() } -> std::convertible_to<std::size_t>;
+};
+
 // Optional transport capability: the ranks are threads of one process, so a pointer
 // means the same memory on every rank (device pointers too). Device collectives then
 // read and write each other's buffers directly instead of sending bytes.
@@ -203,6 +301,17 @@ concept topology_aware_transport = transport<T> && requires(const T& ct) {
   { ct.topology() } -> std::convertible_to<const cluster::topology&>;
 };
 
+// Optional transport capability: the ring all-reduce pipelines each part in segments of
+// this many bytes (0: step by step), forwarding a segment while the rest of its part still
+// arrives. A transport declares it where a segment costs no more than its bytes (inproc: a
+// segment received, added and sent on is still in cache); over sockets the extra messages
+// cost more than the overlap gains (docs/perf/tcp.md).
+//   static constexpr size_t ring_segment_bytes
+template <class T>
+concept segmenting_transport = transport<T> && requires {
+  { T::ring_segment_bytes } -> std::convertible_to<std::size_t>;
+};
+
 namespace detail {
 // Stands in for the callback strategy<> hands an aggregation: apply(i, grad, scale)
 // runs the optimizer on parameter tensor i with grad * scale.
@@ -212,7 +321,50 @@ struct apply_archetype {
 };
 // Stands in for an optimizer, where a hook takes one.
 struct optimizer_archetype {};
+// Stands in for the agent a replica sets up over its host view: setup(comm, params).
+struct setup_archetype {
+  template <class Comm, class Params>
+  void setup(Comm&, Params) {}
+};
+// Stands in for what a strategy runs on a replica's host view (a parameter server's serve).
+struct host_work_archetype {
+  void operator()() const {}
+};
+
+// Stands in for a transport where a policy checks itself (the aggregations' static_asserts):
+// concepts::transport and no optional capability, so a check against it proves that the
+// policy asks nothing more of a transport than the concept says. Never run.
+struct transport_archetype {
+  struct request {};
+  int rank() const noexcept { return 0; }
+  int size() const noexcept { return 1; }
+  request async_send(int, std::uint64_t, std::span<const std::byte>) { return {}; }
+  request async_recv(int, std::uint64_t, std::span<std::byte>) { return {}; }
+  void wait(request&, deadline) {}
+};
+// The same with wait_any and nothing else: for a policy whose agent needs a
+// multiplexing_transport (the parameter server's).
+struct multiplexing_transport_archetype : transport_archetype {
+  std::size_t wait_any(std::span<request* const>, deadline) { return 0; }
+};
 }  // namespace detail
+
+static_assert(transport<detail::transport_archetype>);
+static_assert(!accumulating_transport<detail::transport_archetype, float> &&
+              !failable_transport<detail::transport_archetype> && !multiplexing_transport<detail::transport_archetype> &&
+              !loss_tolerant_transport<detail::transport_archetype> && !metered_transport<detail::transport_archetype> &&
+              !one_sided_transport<detail::transport_archetype> &&
+              !shared_address_space_transport<detail::transport_archetype> &&
+              !topology_aware_transport<detail::transport_archetype> && !segmenting_transport<detail::transport_archetype>);
+static_assert(multiplexing_transport<detail::multiplexing_transport_archetype> &&
+              !accumulating_transport<detail::multiplexing_transport_archetype, float> &&
+              !failable_transport<detail::multiplexing_transport_archetype> &&
+              !loss_tolerant_transport<detail::multiplexing_transport_archetype> &&
+              !metered_transport<detail::multiplexing_transport_archetype> &&
+              !one_sided_transport<detail::multiplexing_transport_archetype> &&
+              !shared_address_space_transport<detail::multiplexing_transport_archetype> &&
+              !topology_aware_transport<detail::multiplexing_transport_archetype> &&
+              !segmenting_transport<detail::multiplexing_transport_archetype>);
 
 // Aggregation: how replicas agree on an update. A policy (the type a user names: the
 // settings) and an agent (one replica's state for one job, typed on the value type V and
@@ -284,26 +436,37 @@ concept updates_only_through_apply = requires {
 template <class G, class Transport>
 concept finishing_agent = requires(G& g, collective::communicator<Transport>& comm) { g.finish(comm); };
 
-// Some ranks serve instead of stepping (parameter servers): strategy<>::is_server() and
-// serve() forward here.
+// Some ranks serve instead of stepping (parameter servers): says which. strategy<>::is_server()
+// forwards here; it needs no optimizer, unlike serve().
 //   bool is_server(int rank, int size) const
+template <class G>
+concept server_choosing_agent = requires(const G& cg) {
+  { cg.is_server(0, 1) } -> std::convertible_to<bool>;
+};
+
+// ...and serves on those ranks: strategy<>::serve() forwards here.
 //   auto serve(comm, params, const Optimizer&)   runs until the workers are done
 template <class G, class V, class Transport, class Optimizer>
-concept serving_agent = requires(G& g, const G& cg, collective::communicator<Transport>& comm,
-                                 std::span<const std::span<V>> params, const Optimizer& optimizer) {
-  { cg.is_server(0, 1) } -> std::convertible_to<bool>;
+concept serving_agent = server_choosing_agent<G> && requires(G& g, collective::communicator<Transport>& comm,
+                                                             std::span<const std::span<V>> params,
+                                                             const Optimizer& optimizer) {
   g.serve(comm, params, optimizer);
 };
 
-// Keeps the replicas' optimizer state in step too (local SGD's average_optimizer_state):
-// called after every step with this replica's states, one per tensor.
-//   void synchronise_state<V>(comm, span<State>)
+// Says whether it keeps the replicas' optimizer state in step (local SGD's
+// average_optimizer_state): a question without a state type, asked before any step.
 //   bool averages_optimizer_state() const        whether it touches the states at all
+template <class G>
+concept state_averaging_agent = requires(const G& cg) {
+  { cg.averages_optimizer_state() } -> std::convertible_to<bool>;
+};
+
+// ...and does it: called after every step with this replica's states, one per tensor.
+//   void synchronise_state<V>(comm, span<State>)
 template <class G, class V, class Transport, class State>
 concept state_synchronising_agent =
-    requires(G& g, const G& cg, collective::communicator<Transport>& comm, std::span<State> states) {
+    state_averaging_agent<G> && requires(G& g, collective::communicator<Transport>& comm, std::span<State> states) {
       g.template synchronise_state<V>(comm, states);
-      { cg.averages_optimizer_state() } -> std::convertible_to<bool>;
     };
 
 // Reports how stale this replica's latest gradient was when it was applied (parameter
@@ -313,6 +476,45 @@ template <class G>
 concept staleness_reporting_agent = requires(const G& g) {
   { g.last_staleness() } -> std::convertible_to<std::uint64_t>;
 };
+
+// Replica: where strategy<> keeps this replica's parameter tensors and optimizer state, and
+// the host view of the parameters (a span per tensor) that every aggregation reads and
+// writes. The tensor's location picks it (training/replica.hpp): training::host_replica,
+// whose view is the tensors themselves, or for CUDA tensors the device replica
+// (cuda/device_replica.cuh): pinned host mirrors, the optimizer on the device.
+//   typename state_type                 the optimizer's per-tensor state (what a checkpoint saves)
+//   static const char* where            for the setup log: "" or ", on the CUDA device"
+//   setup(agent, comm, span<Tensor>, Optimizer&)    collective, once: the states, the view,
+//                                       then agent.setup(comm, parameters()) over the view
+//   span<const span<V>> parameters() const          the host view
+//   span<state_type> states(), span<const state_type> states() const    one per tensor
+//   on_host(f)                          returns f(), run on an up-to-date view; the tensors
+//                                       then get what f wrote (a parameter server's serve)
+template <class R, class Tensor, class Optimizer, class Transport>
+concept replica =
+    std::move_constructible<R> &&
+    requires(R& r, const R& cr, detail::setup_archetype& agent, collective::communicator<Transport>& comm,
+             std::span<Tensor> tensors, Optimizer& optimizer, detail::host_work_archetype work) {
+      typename R::state_type;
+      { R::where } -> std::convertible_to<const char*>;
+      r.setup(agent, comm, tensors, optimizer);
+      { cr.parameters() } -> std::same_as<std::span<const std::span<typename Tensor::value_type>>>;
+      { r.states() } -> std::same_as<std::span<typename R::state_type>>;
+      { cr.states() } -> std::same_as<std::span<const typename R::state_type>>;
+      r.on_host(work);
+    };
+
+// A replica whose optimizer runs on its host view, a tensor at a time, as the aggregation
+// applies each update: strategy<> gives it the incremental step (begin_step, ready,
+// finish), no_sync micro-batches and the finite check. Any other replica (the device one)
+// takes the one-call step only, through its own step(agent, comm, grads, local_only,
+// optimizer, meter).
+//   apply(Optimizer&, size_t i, span<const V> grad, V grad_scale)    Optimizer::step on tensor i
+template <class R, class Tensor, class Optimizer, class Transport>
+concept incremental_replica =
+    replica<R, Tensor, Optimizer, Transport> &&
+    requires(R& r, Optimizer& optimizer, std::size_t i, std::span<const typename Tensor::value_type> grad,
+             typename Tensor::value_type grad_scale) { r.apply(optimizer, i, grad, grad_scale); };
 
 // A parameter server's consistency mode (gradwire/ps/modes.hpp has the library's four).
 //   static const char* name       for logs and reports

@@ -34,7 +34,7 @@ inline constexpr std::chrono::milliseconds default_stall_timeout{0};
 // a stopped or partitioned peer costs this much, not default_timeout.
 inline constexpr std::chrono::milliseconds prompt_reply_timeout{std::chrono::seconds(10)};
 
-// On a simulated rank (simulation/), the deadline is virtual: `timeout` after the rank's
+// On a simulated rank (transport/simulated/), the deadline is virtual: `timeout` after the rank's
 // virtual clock, so the real time other ranks take never eats into it.
 inline deadline deadline_after(std::chrono::milliseconds timeout) {
   if (support::virtual_clock* v = support::this_thread_virtual_clock())

@@ -27,6 +27,21 @@ static_assert(!concepts::topology_aware_transport<gw::transport::local>);
 static_assert(concepts::aggregation<gw::aggregation::all_reduce_with<gw::collective::hierarchical>, float,
                                     gw::transport::inproc>);
 static_assert(gw::collective::is_all_reduce_algorithm_v<gw::collective::hierarchical>);
+// The optional seams whose shipped types live where a static_assert beside them is not this
+// test's to add (transport/), or that need two policies at once (an agent and a state).
+static_assert(concepts::segmenting_transport<gw::transport::inproc> &&
+              !concepts::segmenting_transport<gw::transport::local>);
+static_assert(concepts::conditionally_loss_tolerant_transport<
+                  gw::transport::basic_any_transport<gw::transport::caps::loss_tolerant>> &&
+              !concepts::conditionally_loss_tolerant_transport<gw::transport::inproc>);
+static_assert(concepts::state_synchronising_agent<gw::aggregation::averaging_agent<4, float, gw::transport::inproc>,
+                                                  float, gw::transport::inproc, gw::optim::adam::state<float>>);
+static_assert(!concepts::state_averaging_agent<gw::aggregation::all_reduce::agent<float, gw::transport::inproc>>);
+static_assert(concepts::server_choosing_agent<gw::ps::agent<gw::ps::sync, float, gw::transport::inproc>> &&
+              !concepts::server_choosing_agent<gw::aggregation::local::agent<float, gw::transport::inproc>>);
+static_assert(concepts::buffer_visiting_state<gw::optim::momentum::state<float>> &&
+              concepts::buffer_visiting_state<const gw::optim::momentum::state<float>> &&
+              !concepts::buffer_visiting_state<float>);
 
 // --- a user's own policies, one of each kind -------------------------------------------
 

@@ -1,8 +1,8 @@
-// Fuzzes the simulator's cluster description (simulation/cluster_model.hpp): the input is
+// Fuzzes the simulator's cluster description (transport/simulated/cluster_model.hpp): the input is
 // the text parse_cluster_model reads ("hosts=4 ranks_per_host=2 bandwidth=10Gbit ...").
 // Properties: only errc::config rejects; what is accepted validates, and describe()
 // reads back (parse_cluster_model) to a model that describes the same.
-#include <gradwire/simulation/cluster_model.hpp>
+#include <gradwire/transport/simulated/cluster_model.hpp>
 
 #include <string>
 

@@ -6,8 +6,8 @@
 //   make_corpus --check DIR  exits 1 if DIR differs from what it would write (a ctest)
 #include <gradwire/ps/protocol.hpp>
 #include <gradwire/rendezvous/store.hpp>
-#include <gradwire/simulation/cluster_model.hpp>
 #include <gradwire/support/wire.hpp>
+#include <gradwire/transport/simulated/cluster_model.hpp>
 
 #include <unistd.h>
 

@@ -83,10 +83,10 @@ def main() -> int:
     case("an upward <gradwire/...> include is named too", upward_angled, None)
 
     def no_layer(c: Path) -> None:
-        (c / "include/gradwire/plan").mkdir()
-        (c / "include/gradwire/plan/planner.hpp").write_text("#pragma once\n", encoding="utf-8")
+        (c / "include/gradwire/unlayered").mkdir()  # a folder no layer names (plan/ is one now)
+        (c / "include/gradwire/unlayered/stray.hpp").write_text("#pragma once\n", encoding="utf-8")
     case("a header in no layer", no_layer,
-         r"^include/gradwire/plan/planner\.hpp: not in any layer, add it to docs/architecture\.md$")
+         r"^include/gradwire/unlayered/stray\.hpp: not in any layer, add it to docs/architecture\.md$")
 
     def outside(c: Path) -> str:
         line = append(c / "include/gradwire/error.hpp", '#include "../../src/core.cpp"')

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <gradwire/gradwire.hpp>
-#include <gradwire/simulation/transport.hpp>
+#include <gradwire/transport/simulated.hpp>
 #include <limits>
 #include <random>
 #include <stdexcept>

@@ -172,7 +172,8 @@ static_assert(!std::is_constructible_v<basic_any_transport<caps::loss_tolerant>,
 static_assert(!std::is_constructible_v<any_transport, gw::test::staging_only>);  // no wait_any, fail or topology
 static_assert(std::is_constructible_v<basic_any_transport<>, gw::test::staging_only>);
 static_assert(!gw::concepts::multiplexing_transport<basic_any_transport<>>);
-static_assert(gw::concepts::loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>>);
+static_assert(gw::concepts::loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>> &&
+              gw::concepts::conditionally_loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>>);
 
 TEST_CASE("any_transport: errors of the held transport and of misuse are clear", "[any_transport]") {
   gw::transport::inproc_group group(2);

@@ -171,6 +171,8 @@ class recording_part {
 };
 using recording_pair = gw::transport::per_peer<recording_part, recording_part>;
 static_assert(gw::concepts::loss_tolerant_transport<recording_pair>);
+// Whether it can lose a peer depends on both parts, so it says at run time.
+static_assert(gw::concepts::conditionally_loss_tolerant_transport<recording_pair>);
 
 recording_pair pair_for(const gw::cluster::topology& hosts, int me) {
   return {recording_part(hosts.local_rank(me), hosts.local_size(me)), recording_part(me, hosts.size()), hosts};

@@ -46,7 +46,7 @@ class whole_step_agent {
     aggregation_.finish(comm);
   }
   bool is_server(int rank, int size) const
-    requires requires(const A& a) { a.is_server(0, 1); }
+    requires concepts::server_choosing_agent<A>
   {
     return aggregation_.is_server(rank, size);
   }
@@ -61,7 +61,7 @@ class whole_step_agent {
     aggregation_.template synchronise_state<V>(comm, states);
   }
   bool averages_optimizer_state() const
-    requires requires(const A& a) { a.averages_optimizer_state(); }
+    requires concepts::state_averaging_agent<A>
   {
     return aggregation_.averages_optimizer_state();
   }

@@ -18,7 +18,6 @@
 #include "../collective/bucketing.hpp"
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
-#include "../transport/local.hpp"
 #include "detail/bucket_schedule.hpp"
 
 namespace gradwire::aggregation {
@@ -133,8 +132,9 @@ class all_reduce_agent {
   std::vector<collective::async_handle> pending_;
 };
 
-static_assert(concepts::incremental_aggregation<all_reduce, float, transport::local>);
-static_assert(concepts::incremental_aggregation<all_reduce, double, transport::local>);
-static_assert(concepts::updates_only_through_apply<all_reduce_agent<collective::auto_, float, transport::local>>);
+static_assert(concepts::incremental_aggregation<all_reduce, float, concepts::detail::transport_archetype>);
+static_assert(concepts::incremental_aggregation<all_reduce, double, concepts::detail::transport_archetype>);
+static_assert(concepts::updates_only_through_apply<
+              all_reduce_agent<collective::auto_, float, concepts::detail::transport_archetype>>);
 
 }  // namespace gradwire::aggregation

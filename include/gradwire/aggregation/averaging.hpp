@@ -35,7 +35,6 @@
 #include "../error.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../tensor/flat_layout.hpp"
-#include "../transport/local.hpp"
 
 namespace gradwire::aggregation {
 
@@ -138,7 +137,7 @@ class averaging_agent {
   // tensor: averages their buffers when this step averaged the parameters.
   template <class W, class State>
   void synchronise_state(collective::communicator<Tr>& comm, std::span<State> states) {
-    constexpr bool visitable = requires(State& st) { st.for_each_buffer([](std::span<V>) {}); };
+    constexpr bool visitable = concepts::buffer_visiting_state<State>;
     // Refused on one rank as on many: a job tried alone must not fail only once it scales out.
     if (!visitable && policy_.averages_optimizer_state() && averaging_step())
       throw error(errc::invalid_argument, "aggregation::averaging: average_optimizer_state() needs an optimizer whose "
@@ -169,7 +168,9 @@ class averaging_agent {
   collective::bucket_buffer buckets_;      // plan and flat buffer, reused across averaging steps
 };
 
-static_assert(concepts::incremental_aggregation<averaging<1>, float, transport::local>);
-static_assert(concepts::incremental_aggregation<averaging<dynamic_period>, double, transport::local>);
+static_assert(concepts::incremental_aggregation<averaging<1>, float, concepts::detail::transport_archetype>);
+static_assert(
+    concepts::incremental_aggregation<averaging<dynamic_period>, double, concepts::detail::transport_archetype>);
+static_assert(concepts::state_averaging_agent<averaging_agent<1, float, concepts::detail::transport_archetype>>);
 
 }  // namespace gradwire::aggregation

@@ -21,7 +21,6 @@
 #include "../collective/reduce.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
-#include "../transport/local.hpp"
 #include "detail/bucket_schedule.hpp"
 
 namespace gradwire::aggregation {
@@ -131,7 +130,7 @@ class central_agent {
   std::vector<collective::async_handle> pending_;
 };
 
-static_assert(concepts::incremental_aggregation<central, float, transport::local>);
-static_assert(concepts::incremental_aggregation<central, double, transport::local>);
+static_assert(concepts::incremental_aggregation<central, float, concepts::detail::transport_archetype>);
+static_assert(concepts::incremental_aggregation<central, double, concepts::detail::transport_archetype>);
 
 }  // namespace gradwire::aggregation

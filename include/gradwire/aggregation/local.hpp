@@ -7,7 +7,6 @@
 
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
-#include "../transport/local.hpp"
 
 namespace gradwire::aggregation {
 
@@ -38,6 +37,7 @@ struct local {
   using agent = local_agent<V, Tr>;
 };
 
-static_assert(concepts::incremental_aggregation<local, float, transport::local>);
+static_assert(concepts::incremental_aggregation<local, float, concepts::detail::transport_archetype>);
+static_assert(concepts::updates_only_through_apply<local_agent<float, concepts::detail::transport_archetype>>);
 
 }  // namespace gradwire::aggregation

@@ -41,7 +41,6 @@
 #include "../ps/modes.hpp"
 #include "../ps/options.hpp"
 #include "../ps/stats.hpp"
-#include "../transport/local.hpp"  // the self-check below (inproc would cost every TU ~0.5 s)
 
 namespace gradwire::aggregation {
 
@@ -82,8 +81,11 @@ constexpr bool checks_parameter_server() {
   static_assert(!concepts::updates_only_through_apply<agent>);  // pulls write the parameters
   return true;
 }
-static_assert(checks_parameter_server<ps::sync, float, transport::local>());
-static_assert(checks_parameter_server<ps::bounded_staleness<2>, double, transport::local>());
+// ps::agent's setup needs wait_any (a server answers workers in arrival order): the stand-in
+// has it, and no other capability.
+static_assert(checks_parameter_server<ps::sync, float, concepts::detail::multiplexing_transport_archetype>());
+static_assert(
+    checks_parameter_server<ps::bounded_staleness<2>, double, concepts::detail::multiplexing_transport_archetype>());
 }  // namespace detail
 
 }  // namespace gradwire::aggregation

@@ -2,7 +2,7 @@
 //
 // all_reduce<auto_>, hierarchical_all_reduce and reduce choose from numbers every rank has
 // alike (ranks, hosts, the buffer's bytes, communicator_options), so the ranks agree
-// without a message; the cost models (simulation/all_reduce_cost.hpp, rooted_cost.hpp)
+// without a message; the cost models (plan/all_reduce_cost.hpp, rooted_cost.hpp)
 // call the same functions with a cluster_model's numbers, so they price what runs.
 #pragma once
 

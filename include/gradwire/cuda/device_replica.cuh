@@ -1,4 +1,4 @@
-// How strategy<> trains CUDA tensors with every aggregation and transport unchanged: pinned host
+// How strategy<> trains CUDA tensors with every aggregation and transport unchanged (concepts::replica): pinned host
 // mirrors for the aggregation, the optimizer on the device.
 //
 // Aggregations and transports work on host spans. For a replica whose tensors live on a
@@ -10,13 +10,15 @@
 // an up-to-date host mirror, and the mirror goes back to the device after their step.
 // Aggregations that declare `updates_only_through_apply` skip both parameter copies, and
 // an aggregation with a device path (a device_step found by ADL, as all-reduce has in
-// aggregation/cuda_all_reduce.cuh) never leaves device memory at all.
+// aggregation/cuda_all_reduce.cuh) never leaves device memory at all. It takes the one-call
+// step only (not concepts::incremental_replica): step(grads), no begin_step, no no_sync.
 #pragma once
 
 #include <cstddef>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../aggregation/cuda_all_reduce.cuh"
@@ -24,10 +26,13 @@
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../optim/cuda.cuh"
-#include "../strategy.hpp"
+#include "../optim/sgd.hpp"              // for the self-check below
+#include "../tensor/cuda_tensor.cuh"     // likewise
+#include "../training/replica.hpp"
+#include "../training/step_meter.hpp"
 #include "runtime.cuh"
 
-namespace gradwire::detail {
+namespace gradwire::training {
 
 template <class Tensor, class Optimizer>
 class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == memory_location::cuda>> {
@@ -38,6 +43,7 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
 
  public:
   using state_type = optim::device_state<Optimizer, V>;
+  static constexpr const char* where = ", on the CUDA device";
 
   device_replica() = default;
   device_replica(device_replica&&) = default;
@@ -46,6 +52,75 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
   // reads the scratch freed below: wait for it first.
   ~device_replica() {
     for (auto& p : parameters_) (void)cudaStreamSynchronize(p.stream());
+  }
+
+  // The aggregation sees pinned host mirrors; its setup may overwrite them (a broadcast).
+  template <class Agent, class Tr>
+  void setup(Agent& agent, collective::communicator<Tr>& comm, std::span<Tensor> tensors, const Optimizer& optimizer) {
+    if constexpr (concepts::state_synchronising_agent<Agent, V, Tr, typename Optimizer::template state<V>>)
+      if (agent.averages_optimizer_state())
+        throw error(errc::invalid_argument,
+                    "gradwire::strategy: average_optimizer_state() is not available for CUDA tensors yet (the "
+                    "optimizer state lives on the device); leave it off");
+    init(tensors, optimizer);
+    view_.reserve(tensors.size());
+    grad_spans_.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) view_.push_back(host_parameters(i));
+    on_host([&] { agent.setup(comm, parameters()); });
+  }
+
+  std::span<const std::span<V>> parameters() const noexcept { return view_; }
+  std::span<state_type> states() noexcept { return states_; }
+  std::span<const state_type> states() const noexcept { return states_; }
+
+  // f() on the host mirror, fresh from the device; the device then gets what f wrote (a
+  // parameter server keeps its shard and its optimizer state on the host; the tensors get
+  // the final values back).
+  template <class F>
+  auto on_host(F&& f) {
+    download_parameters();
+    if constexpr (std::is_void_v<std::invoke_result_t<F&>>) {
+      f();
+      upload_parameters();
+    } else {
+      auto result = f();
+      upload_parameters();
+      return result;
+    }
+  }
+
+  // The one-call step, timed and traced by `meter` as a host step is.
+  template <class Agent, class Tr, class Gradient>
+  void step(Agent& agent, collective::communicator<Tr>& comm, std::span<Gradient> gradients, bool local_only,
+            const Optimizer& optimizer, step_meter<Tr>& meter) {
+    static_assert(concepts::tensor<std::remove_const_t<Gradient>>,
+                  "strategy::step: the parameters are CUDA tensors, so the gradients must be CUDA tensors too "
+                  "(cuda_tensor or cuda_tensor_view)");
+    if (local_only)
+      throw error(errc::invalid_argument, "strategy::step(grads, no_sync): gradient accumulation is not "
+                                          "available for CUDA tensors yet; accumulate on the device and step once");
+    const auto began = step_meter<Tr>::clock::now();
+    auto trace = meter.start(comm, "step");
+    staged_step(agent, comm, gradients, optimizer, meter);
+    meter.finish(comm, agent, began);
+    trace.bytes(meter.last().traffic.bytes_sent);
+  }
+
+ private:
+  // Gradients staged to the host only when the aggregation will read them, the optimizer
+  // on the device.
+  template <class Agent, class Tr, class Gradient>
+  void staged_step(Agent& agent, collective::communicator<Tr>& comm, std::span<Gradient> gradients,
+                   const Optimizer& optimizer, step_meter<Tr>& meter) {
+    if (step_in_device_memory(agent, comm, gradients, optimizer)) return;
+    constexpr bool apply_only = concepts::updates_only_through_apply<Agent>;
+    stage_gradients(gradients, apply_only && comm.size() == 1, grad_spans_);
+    agent.begin_step(comm);
+    for (std::size_t i = grad_spans_.size(); i-- > 0;) agent.ready(comm, i, grad_spans_[i]);
+    agent.finish_step(comm, parameters(), [&](std::size_t i, std::span<const V> grad, V grad_scale) {
+      meter.timed_optimizer(comm, i, grad.size_bytes(), [&] { apply(optimizer, i, grad, grad_scale, !apply_only); });
+    });
+    finish_step(!apply_only);
   }
 
   void init(std::span<Tensor> parameters, const Optimizer& optimizer) {
@@ -70,9 +145,6 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
   std::span<V> host_parameters(std::size_t i) noexcept {
     return {host_parameters_.data() + offsets_[i], parameters_[i].size()};
   }
-  std::span<state_type> states() noexcept { return states_; }
-  std::span<const state_type> states() const noexcept { return states_; }
-
   // The host mirror := the device parameters, and back.
   void download_parameters() {
     for (std::size_t i = 0; i < parameters_.size(); ++i) copy(host_parameters(i).data(), parameters_[i].data(), i, cudaMemcpyDeviceToHost);
@@ -167,7 +239,6 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
       synchronize();
   }
 
- private:
   void copy(V* to, const V* from, std::size_t i, cudaMemcpyKind kind) {
     const std::size_t n = parameters_[i].size();
     if (n)
@@ -186,6 +257,13 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
   std::vector<const V*> incoming_;  // this step's device gradients
   std::vector<std::span<const V>> device_spans_;
   aggregation::device_workspace<V> workspace_;  // an aggregation's device path
+  std::vector<std::span<V>> view_;               // the host mirror, a span per tensor
+  std::vector<std::span<const V>> grad_spans_;   // this step's, as the aggregation sees them
 };
 
-}  // namespace gradwire::detail
+static_assert(concepts::replica<device_replica<cuda_tensor<float>, optim::sgd>, cuda_tensor<float>, optim::sgd,
+                                concepts::detail::transport_archetype> &&
+              !concepts::incremental_replica<device_replica<cuda_tensor<float>, optim::sgd>, cuda_tensor<float>,
+                                             optim::sgd, concepts::detail::transport_archetype>);
+
+}  // namespace gradwire::training

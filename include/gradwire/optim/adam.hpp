@@ -92,5 +92,8 @@ using adam = detail::adam_family<false>;
 using adamw = detail::adam_family<true>;
 
 static_assert(concepts::optimizer<adam, float> && concepts::optimizer<adamw, double>);
+static_assert(concepts::checkpointable_optimizer<adam, float> && concepts::checkpointable_optimizer<adamw, double> &&
+              concepts::named_by_type<adam> && concepts::named_by_type<adamw> &&
+              concepts::schedulable_optimizer<adam> && concepts::schedulable_optimizer<adamw>);
 
 }  // namespace gradwire::optim

@@ -8,12 +8,14 @@
 //   void step_device(const O&, device_state<O, T>&, T* params, span<const T* const> grads,
 //                    size_t n, T grad_scale, cudaStream_t)
 //     params -= update(grad_scale * (grads[0] + ... + grads[k-1])), on the stream
+// (concepts::device_optimizer_on<O, T, cudaStream_t> in concepts.hpp; device_optimizer<O, T> below).
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <span>
 
+#include "../concepts.hpp"
 #include "../kernels/cuda.cuh"
 #include "../tensor/cuda_tensor.cuh"
 #include "adam.hpp"
@@ -87,14 +89,10 @@ void step_device(const detail::adam_family<Decoupled>& o, device_state<detail::a
 
 namespace gradwire::concepts {
 
-// An optimizer with a device path (see the top of this header).
+// concepts::device_optimizer_on (concepts.hpp, which needs no CUDA) on CUDA's streams: an
+// optimizer with a device path. Not a seam of its own: it names the stream type only.
 template <class O, class V>
-concept device_optimizer =
-    optimizer<O, V> && requires(const O& o, optim::device_state<O, V>& s, V* params, std::span<const V* const> grads,
-                                std::size_t n, V grad_scale, cudaStream_t stream) {
-      init_device(o, s, n, stream);
-      step_device(o, s, params, grads, n, grad_scale, stream);
-    };
+concept device_optimizer = device_optimizer_on<O, V, cudaStream_t>;
 
 static_assert(device_optimizer<optim::adam, float> && device_optimizer<optim::sgd, double> &&
               device_optimizer<optim::momentum, float> && device_optimizer<optim::adamw, float>);

@@ -70,5 +70,7 @@ class momentum {
 };
 
 static_assert(concepts::optimizer<momentum, float> && concepts::optimizer<momentum, double>);
+static_assert(concepts::checkpointable_optimizer<momentum, float> && concepts::named_by_type<momentum> &&
+              concepts::schedulable_optimizer<momentum>);
 
 }  // namespace gradwire::optim

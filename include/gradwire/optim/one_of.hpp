@@ -19,6 +19,7 @@
 #include <utility>
 #include <variant>
 
+#include "../concepts.hpp"
 #include "../error.hpp"
 
 namespace gradwire::optim {
@@ -31,9 +32,6 @@ class one_of {
   template <class O>
   static constexpr std::size_t count_of = (std::size_t{std::is_same_v<O, Os>} + ...);
   static_assert(((count_of<Os> == 1) && ...), "optim::one_of: each optimizer may be listed once");
-
-  template <class O>
-  static constexpr bool has_set_lr = requires(O& o) { o.set_lr(1.0); };
 
   // f(integral_constant<I>) for the chosen index I, and its result. Optimizer and state are
   // matched by index, not type: two optimizers may share a state type.
@@ -89,7 +87,7 @@ class one_of {
 
   // For a learning-rate schedule: the chosen optimizer's set_lr (each alternative needs one).
   void set_lr(double lr)
-    requires(has_set_lr<Os> && ...)
+    requires(concepts::schedulable_optimizer<Os> && ...)
   {
     std::visit([&](auto& o) { o.set_lr(lr); }, chosen_);
   }

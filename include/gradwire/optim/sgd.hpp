@@ -62,5 +62,7 @@ class sgd {
 };
 
 static_assert(concepts::optimizer<sgd, float> && concepts::optimizer<sgd, double>);
+static_assert(concepts::checkpointable_optimizer<sgd, float> && concepts::named_by_type<sgd> &&
+              concepts::schedulable_optimizer<sgd>);
 
 }  // namespace gradwire::optim

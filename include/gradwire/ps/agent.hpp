@@ -29,6 +29,7 @@
 #include "server.hpp"
 #include "sharding.hpp"
 #include "stats.hpp"
+#include "step_rule.hpp"
 #include "windows.hpp"
 #include "worker.hpp"
 
@@ -122,8 +123,9 @@ class agent {
       if (options_.standby)  // a server or a standby may be lost: the others go on
         for (int r = first_server(n); r < n; ++r)
           if (r != me) comm.transport().tolerate_loss(r);
+    // Async modes: workers may die (servers drop them: membership.hpp); servers never.
     if constexpr (concepts::loss_tolerant_transport<Tr>)
-      if (Mode::on_arrival && concepts::tolerates_loss(comm.transport()))  // async: workers may die; servers never
+      if (step_rule<Mode>::drops_lost_workers && concepts::tolerates_loss(comm.transport()))
         for (int r = 0; r < first_server(n); ++r) {
           if (r == me) continue;
           // Servers also take a lost worker's replacement back (elastic workers).
@@ -210,7 +212,7 @@ class agent {
   bool rejoining(communicator_type& comm, int me, int n) const {
     if constexpr (concepts::rejoinable_transport<Tr>) {
       if (!comm.transport().rejoined()) return false;
-      if (!Mode::on_arrival || is_server(me, n))
+      if (!step_rule<Mode>::drops_lost_workers || is_server(me, n))
         throw error(errc::config, "parameter_server: rank " + std::to_string(me) + " joined as a replacement "
                                   "(GRADWIRE_REJOIN=1), but only a worker of an asynchronous parameter server (async, "
                                   "bounded staleness) can rejoin a running job; restart the whole job instead");

@@ -34,6 +34,7 @@
 #include "../timeouts.hpp"
 #include "options.hpp"
 #include "protocol.hpp"
+#include "shard.hpp"
 #include "sharding.hpp"
 #include "windows.hpp"
 
@@ -122,7 +123,7 @@ class worker {
       detail::rethrow_server_loss([&] { t.wait(key_message, until); });
       if (!t.prefers_one_sided(server)) continue;
       auto& remote = l.remote.emplace(t.attach(server, key));
-      if constexpr (requires { remote.size(); })
+      if constexpr (concepts::sized_remote_window<remote_window_t<Tr>>)
         if (remote.size() < zones(s).size(workers))
           throw error(errc::mismatch, "parameter_server: server rank " + std::to_string(server) +
                                           "'s window is smaller than this model's shard needs: do all ranks train "
@@ -309,18 +310,16 @@ class worker {
     const int server = l.rank;
     if constexpr (concepts::one_sided_transport<Tr>) {
       if (l.remote && l.taken_clock >= l.put_clock) {
-        std::size_t at = zones(s).gradient(comm.rank());
-        for (const auto& p : shards_.shard(s)) {
-          if (p.size() > 0)
-            l.puts.push_back(t.async_put(*l.remote, at, std::as_bytes(grads[p.tensor].subspan(p.begin, p.size()))));
-          at += p.size() * sizeof(V);
-        }
+        const std::size_t zone = zones(s).gradient(comm.rank());
+        detail::for_each_piece_at<V>(shards_.shard(s), zone, [&](const piece& p, std::size_t at) {
+          l.puts.push_back(t.async_put(*l.remote, at, std::as_bytes(grads[p.tensor].subspan(p.begin, p.size()))));
+        });
         l.put_clock = clock_;
         l.push = {detail::request_kind::push, detail::in_window, l.version, clock_, l.updates};
         l.header_held = true;
         // Sync modes with a standby: a copy to resend if the server is lost before the step
         // closes (the caller may reuse its gradient once the puts are done).
-        if (!Mode::on_arrival && l.standby >= 0) gather(s, grads, l.gradient.data());
+        if (!Mode::on_arrival && l.standby >= 0) detail::gather(shards_.shard(s), grads, l.gradient.data());
         return;
       }
     }
@@ -329,14 +328,9 @@ class worker {
     const bool counters_unknown = Mode::on_arrival && l.recovering;
     l.push = {detail::request_kind::push, 0, counters_unknown ? 0 : l.version, clock_, counters_unknown ? 0 : l.updates};
     sends_.push_back({s, server, t.async_send(server, detail::request_tag, detail::bytes_of(l.push))});
-    gather(s, grads, l.gradient.data());
+    detail::gather(shards_.shard(s), grads, l.gradient.data());
     sends_.push_back({s, server, t.async_send(server, detail::gradient_tag,
                                               std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
-  }
-
-  // Server s's pieces of `grads`, in shard order, to `out`.
-  void gather(int s, std::span<const std::span<const V>> grads, V* out) const {
-    for (const auto& p : shards_.shard(s)) out = std::copy_n(grads[p.tensor].data() + p.begin, p.size(), out);
   }
 
   // Server s's pull: its reply header (and parameters, without a window) into l.reply.
@@ -474,13 +468,11 @@ class worker {
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
       if (!l.remote || shards_.elements(s) == 0) continue;
-      std::size_t at = zones(s).reply(comm.rank()) + sizeof(detail::reply_header);
-      for (const auto& p : shards_.shard(s)) {
-        if (p.size() > 0)
-          gets.push_back({s, l.rank, t.async_get(*l.remote, at,
-                                                 std::as_writable_bytes(params[p.tensor].subspan(p.begin, p.size())))});
-        at += p.size() * sizeof(V);
-      }
+      const std::size_t at = zones(s).reply(comm.rank()) + sizeof(detail::reply_header);
+      detail::for_each_piece_at<V>(shards_.shard(s), at, [&](const piece& p, std::size_t piece_at) {
+        gets.push_back({s, l.rank, t.async_get(*l.remote, piece_at,
+                                               std::as_writable_bytes(params[p.tensor].subspan(p.begin, p.size())))});
+      });
     }
     wait_all(comm, gets, until);
   }
@@ -498,13 +490,8 @@ class worker {
       const detail::reply_header h =
           detail::decode_reply(std::as_bytes(l.reply.span()), l.rank, l.pull.version, first_server_);
       l.pulling = false;
-      if (!l.remote) {  // one-sided: get_parameters() put them in place
-        const V* in = l.reply.data() + detail::reply_header_elements<V>;
-        for (const auto& p : shards_.shard(s)) {
-          std::copy_n(in, p.size(), params[p.tensor].data() + p.begin);
-          in += p.size();
-        }
-      }
+      if (!l.remote)  // one-sided: get_parameters() put them in place
+        detail::scatter(shards_.shard(s), l.reply.data() + detail::reply_header_elements<V>, params);
       l.taken_clock = std::max(l.taken_clock, l.pull.clock);
       l.version = h.version;
       l.updates = h.updates;

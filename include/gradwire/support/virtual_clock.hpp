@@ -1,11 +1,11 @@
 // The calling thread's virtual clock when it is a simulated rank: what timing code reads instead of the steady clock.
 //
-// A simulated rank (simulation/) runs the user's real code on a thread of its own while
+// A simulated rank (transport/simulated/) runs the user's real code on a thread of its own while
 // time is modelled. The few places that read or shape time (the timeline, step stats, the
 // async engine's background thread, a step's start) ask this hook first, so that a
 // simulated job's traces and stats are in virtual time and a background collective runs
 // on a virtual clock of its own. Below observe/ and collective/ so that neither includes
-// simulation/; a thread that is not a simulated rank pays one thread-local read.
+// transport/simulated/; a thread that is not a simulated rank pays one thread-local read.
 #pragma once
 
 #include <chrono>

@@ -371,6 +371,7 @@ static_assert(concepts::accumulating_transport<any_transport, float> &&
 static_assert(concepts::transport<basic_any_transport<>> && !concepts::failable_transport<basic_any_transport<>> &&
               !concepts::multiplexing_transport<basic_any_transport<>> &&
               !concepts::topology_aware_transport<basic_any_transport<>>);
-static_assert(concepts::loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>>);
+static_assert(concepts::loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>> &&
+              concepts::conditionally_loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>>);
 
 }  // namespace gradwire::transport

@@ -118,16 +118,15 @@ void ring_all_gather(communicator<Tr>& comm, std::uint64_t sequence, std::uint32
 }
 
 // The pipelined ring's segment size for transport Tr: Tr::ring_segment_bytes where the
-// transport declares it, else 0 (not pipelined). A transport declares it where a segment
-// costs no more than its bytes: inproc, where a segment received, added and sent on is
-// still in cache. Over asio_tcp and UCX shared memory the extra messages (and wake-ups,
-// with ranks sharing cores) cost more than the overlap gains: each link is a FIFO that
-// whole-part messages already keep busy (measured: docs/perf/tcp.md).
+// transport declares it (concepts::segmenting_transport), else 0 (not pipelined). A
+// transport declares it where a segment costs no more than its bytes: inproc, where a
+// segment received, added and sent on is still in cache. Over asio_tcp and UCX shared
+// memory the extra messages (and wake-ups, with ranks sharing cores) cost more than the
+// overlap gains: each link is a FIFO that whole-part messages already keep busy
+// (measured: docs/perf/tcp.md).
 template <class Tr>
 constexpr std::size_t ring_segment_bytes_of() noexcept {
-  if constexpr (requires {
-                  { Tr::ring_segment_bytes } -> std::convertible_to<std::size_t>;
-                })
+  if constexpr (concepts::segmenting_transport<Tr>)
     return Tr::ring_segment_bytes;
   else
     return 0;

@@ -1,12 +1,12 @@
 // Alpha-beta-contention pricing of one round of messages on a cluster_model's links.
 //
-// The simulator's network (simulation/network.hpp) sends a message of n bytes from rank
+// The simulator's network (transport/simulated/network.hpp) sends a message of n bytes from rank
 // a to rank b across hosts through host(a)'s egress link and then host(b)'s ingress link,
 // each a FIFO of reservations of n / bandwidth (full duplex); between ranks of one host
 // through a's local egress port and b's local ingress port. A sender spends `overhead` of
 // CPU per message before it enters its link (one after another on its clock); a receive
 // completes `overhead` after its message arrived (receives do not queue behind each
-// other: simulation/scheduler.hpp).
+// other: transport/simulated/scheduler.hpp).
 //
 // A round is a set of messages posted together that every rank waits for before its next
 // round (a halving step, a push phase). It is priced as that network would carry it:
@@ -29,7 +29,7 @@
 
 #include "cluster_model.hpp"
 
-namespace gradwire::simulation {
+namespace gradwire::plan {
 
 // One message of a round: `bytes` from rank `from` to rank `to` (ranks past the cluster's
 // last rank are placed host-major too: rank r on host r / ranks_per_host).
@@ -182,4 +182,4 @@ inline double round_seconds(const cluster_model& c, std::span<const message> mes
   return messages.empty() ? 0 : last + seconds_of(c.overhead);
 }
 
-}  // namespace gradwire::simulation
+}  // namespace gradwire::plan

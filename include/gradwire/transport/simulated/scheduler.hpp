@@ -43,13 +43,13 @@
 
 #include <time.h>
 
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../support/traffic.hpp"
-#include "../support/virtual_clock.hpp"
-#include "../timeouts.hpp"
-#include "../transport/detail/messages.hpp"
-#include "../transport/detail/failure.hpp"
+#include "../../config.hpp"
+#include "../../error.hpp"
+#include "../../support/traffic.hpp"
+#include "../../support/virtual_clock.hpp"
+#include "../../timeouts.hpp"
+#include "../detail/messages.hpp"
+#include "../detail/failure.hpp"
 #include "cluster_model.hpp"
 #include "mailbox.hpp"
 #include "network.hpp"

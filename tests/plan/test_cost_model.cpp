@@ -1,4 +1,4 @@
-// The analytic cost models (simulation/cost_model.hpp) against closed forms derived by hand, and the planner's options and --simulate.
+// The analytic cost models (plan/cost_model.hpp) against closed forms derived by hand, and the planner's options and --simulate.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -8,62 +8,62 @@
 #include <vector>
 
 #include <gradwire/collective/verify.hpp>
+#include <gradwire/plan/cost_model.hpp>
 #include <gradwire/ps/protocol.hpp>
-#include <gradwire/simulation/cost_model.hpp>
 
 #include "plan_options.hpp"
 #include "simulate.hpp"
 #include "support/errors.hpp"
 
 namespace gw = gradwire;
-namespace sim = gradwire::simulation;
-using sim::all_reduce_algorithm;
+namespace plan = gradwire::plan;
+using plan::all_reduce_algorithm;
 
 namespace {
 
 // Options without the call check's frames, for the pure closed forms; the frames are
 // checked on their own below.
-sim::cost_options unchecked() {
-  sim::cost_options o;
+plan::cost_options unchecked() {
+  plan::cost_options o;
   o.collective.verify = false;
   return o;
 }
 
-double predicted(const sim::cluster_model& c, all_reduce_algorithm a, std::size_t elements,
-                 const sim::cost_options& o = unchecked()) {
-  const auto cost = sim::predict_all_reduce(c, a, elements, o);
+double predicted(const plan::cluster_model& c, all_reduce_algorithm a, std::size_t elements,
+                 const plan::cost_options& o = unchecked()) {
+  const auto cost = plan::predict_all_reduce(c, a, elements, o);
   REQUIRE(cost.available);
   return cost.seconds;
 }
 
 // One message alone, its receive included: overhead to send, latency, bytes / bandwidth,
-// overhead to receive (simulation/network.hpp, scheduler.hpp).
-double hop(const sim::cluster_model& c, const sim::link_model& l, double bytes) {
-  return 2 * sim::seconds_of(c.overhead) + sim::seconds_of(l.latency) + bytes / l.bandwidth;
+// overhead to receive (transport/simulated/network.hpp, scheduler.hpp).
+double hop(const plan::cluster_model& c, const plan::link_model& l, double bytes) {
+  return 2 * plan::seconds_of(c.overhead) + plan::seconds_of(l.latency) + bytes / l.bandwidth;
 }
 
 }  // namespace
 
 TEST_CASE("a round prices contention: k messages through one link cost k times their bytes") {
   // Sender r posts its k-th message at k overhead; each egress link, then each ingress
-  // link, carries its messages one after another (simulation/network.hpp); the receive
+  // link, carries its messages one after another (transport/simulated/network.hpp); the receive
   // completes an overhead after the last byte.
-  const auto c = sim::parse_cluster_model("hosts=3 bandwidth=1GB latency=10us overhead=1us");
+  const auto c = plan::parse_cluster_model("hosts=3 bandwidth=1GB latency=10us overhead=1us");
   const double n = 1e6, o = 1e-6, a = 10e-6, b = 1e9;
-  const std::vector<sim::message> one{{0, 1, n}};
-  CHECK(sim::round_seconds(c, one) == Approx(o + a + n / b + o));
+  const std::vector<plan::message> one{{0, 1, n}};
+  CHECK(plan::round_seconds(c, one) == Approx(o + a + n / b + o));
   // Two hosts into one: its ingress carries both.
-  const std::vector<sim::message> into{{0, 2, n}, {1, 2, n}};
-  CHECK(sim::round_seconds(c, into) == Approx(o + a + 2 * n / b + o));
+  const std::vector<plan::message> into{{0, 2, n}, {1, 2, n}};
+  CHECK(plan::round_seconds(c, into) == Approx(o + a + 2 * n / b + o));
   // One host out to two: its egress carries both (the second overhead is paid while the
   // first message is on the wire).
-  const std::vector<sim::message> out{{0, 1, n}, {0, 2, n}};
-  CHECK(sim::round_seconds(c, out) == Approx(o + 2 * n / b + a + o));
+  const std::vector<plan::message> out{{0, 1, n}, {0, 2, n}};
+  CHECK(plan::round_seconds(c, out) == Approx(o + 2 * n / b + a + o));
   // Opposite directions of one link do not share (full duplex).
-  const std::vector<sim::message> both{{0, 1, n}, {1, 0, n}};
-  CHECK(sim::round_seconds(c, both) == Approx(o + a + n / b + o));
+  const std::vector<plan::message> both{{0, 1, n}, {1, 0, n}};
+  CHECK(plan::round_seconds(c, both) == Approx(o + a + n / b + o));
   // Steady state: 500 messages/s of 1 MB through a 1 GB/s link is half of it.
-  sim::link_loads rate(c);
+  plan::link_loads rate(c);
   rate.add(one, 500);
   CHECK(rate.utilisation() == Approx(0.5));
 }
@@ -74,13 +74,13 @@ TEST_CASE("a round's busy links carry into the next round, a local ingress besid
   // kinds, next to each other in the ingress order. Both links' free times must be kept
   // for the next round, which queues a message from rank 2 (whose egress is free) behind
   // the one still arriving at rank 1.
-  const auto c = sim::parse_cluster_model(
+  const auto c = plan::parse_cluster_model(
       "hosts=2 ranks_per_host=3 bandwidth=1GB latency=10us local_bandwidth=10GB local_latency=2us overhead=1us");
   const double o = 1e-6, a = 10e-6, b = 1e9, la = 2e-6, lb = 10e9;
   const double nl = 1e7, n = 1e6;  // nl / lb = 1 ms, n / b = 1 ms
-  sim::link_busy busy;
-  const std::vector<sim::message> first{{0, 1, nl}, {0, 3, n}};
-  const auto t1 = sim::round_times(c, first, {}, &busy);
+  plan::link_busy busy;
+  const std::vector<plan::message> first{{0, 1, nl}, {0, 3, n}};
+  const auto t1 = plan::round_times(c, first, {}, &busy);
   REQUIRE(t1.size() == 2);
   CHECK(t1[0].sent == Approx(o + nl / lb));
   CHECK(t1[0].arrived == Approx(o + la + nl / lb));
@@ -90,14 +90,14 @@ TEST_CASE("a round's busy links carry into the next round, a local ingress besid
   CHECK(busy[{3, 1}] == Approx(2 * o + a + n / b));
   // Round two: rank 2 posts at o on its own egress, reaches rank 1's ingress at o + la,
   // and waits there until round one's message has arrived.
-  const std::vector<sim::message> second{{2, 1, nl}};
-  const auto t2 = sim::round_times(c, second, {}, &busy);
+  const std::vector<plan::message> second{{2, 1, nl}};
+  const auto t2 = plan::round_times(c, second, {}, &busy);
   REQUIRE(t2.size() == 1);
   CHECK(t2[0].sent == Approx(o + nl / lb));
   CHECK(t2[0].arrived == Approx(o + la + 2 * nl / lb));
   // And a message into host 1 queues behind round one's network message.
-  const std::vector<sim::message> third{{1, 4, n}};
-  const auto t3 = sim::round_times(c, third, {}, &busy);
+  const std::vector<plan::message> third{{1, 4, n}};
+  const auto t3 = plan::round_times(c, third, {}, &busy);
   REQUIRE(t3.size() == 1);
   CHECK(t3[0].arrived == Approx(2 * o + a + 2 * n / b));
 }
@@ -111,15 +111,15 @@ TEST_CASE("ring all-reduce: 2(N-1) steps of one part, one network hop per host b
     const std::size_t elements = 7 * 5 * 4 * 3 * 1024;  // divisible by every N here
     const double part = double(elements * sizeof(float)) / ranks;
     // One host: local ports only.
-    const auto one_host = sim::parse_cluster_model("hosts=1 ranks_per_host=" + std::to_string(ranks) +
+    const auto one_host = plan::parse_cluster_model("hosts=1 ranks_per_host=" + std::to_string(ranks) +
                                                    " local_bandwidth=10GB local_latency=2us overhead=500ns");
     CHECK(predicted(one_host, all_reduce_algorithm::ring, elements) ==
           Approx(2 * (ranks - 1) * hop(one_host, one_host.local, part)));
     // One rank per host: every hop crosses the network.
-    const auto spread = sim::parse_cluster_model("hosts=" + std::to_string(ranks) + " bandwidth=1Gbit latency=50us");
+    const auto spread = plan::parse_cluster_model("hosts=" + std::to_string(ranks) + " bandwidth=1Gbit latency=50us");
     CHECK(predicted(spread, all_reduce_algorithm::ring, elements) ==
           Approx(2 * (ranks - 1) * hop(spread, spread.network, part)));
-    CHECK(sim::predict_all_reduce(spread, all_reduce_algorithm::ring, elements).rounds == 2 * (ranks - 1));
+    CHECK(plan::predict_all_reduce(spread, all_reduce_algorithm::ring, elements).rounds == 2 * (ranks - 1));
   }
   // Hosts of several ranks: steps are not in lockstep. Each rank waits only for its left
   // neighbour, so the ranks behind a host's local hops run ahead, and what binds is the
@@ -129,13 +129,13 @@ TEST_CASE("ring all-reduce: 2(N-1) steps of one part, one network hop per host b
   // link, then the last one's hop: (2(N-1) - 1) part / bandwidth + latency + part /
   // bandwidth. (Lockstep would charge every step the network hop: 2(N-1) x 82 us here,
   // against 370 us; the simulator measures 370.)
-  const auto mixed = sim::parse_cluster_model("hosts=2 ranks_per_host=3 bandwidth=1Gbit latency=50us");
+  const auto mixed = plan::parse_cluster_model("hosts=2 ranks_per_host=3 bandwidth=1Gbit latency=50us");
   const std::size_t elements = 6 * 1000;
   const double part = elements * 4.0 / 6;
   CHECK(predicted(mixed, all_reduce_algorithm::ring, elements) ==
         Approx(9 * part / mixed.network.bandwidth + hop(mixed, mixed.network, part)));
   // Parts are cut in elements: 10 elements on 3 ranks are priced at the longest, 4.
-  const auto three = sim::parse_cluster_model("hosts=3 bandwidth=1GB latency=0s");
+  const auto three = plan::parse_cluster_model("hosts=3 bandwidth=1GB latency=0s");
   CHECK(predicted(three, all_reduce_algorithm::ring, 10) == Approx(4 * 16 / 1e9));
 }
 
@@ -143,19 +143,19 @@ TEST_CASE("the call check's frames ride in the first round") {
   // With verify on, a rank posts a check_frame to each neighbour before step 0's data:
   // the data leaves at 3 overheads (the frames, 88 B, are off the port by then), so step
   // 0 takes 3 overhead + latency + part / bandwidth + overhead.
-  const auto c = sim::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=1us overhead=1us");
+  const auto c = plan::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=1us overhead=1us");
   const std::size_t elements = 4096;
   const double part = elements * 4.0 / 4, frame = sizeof(gw::collective::check_frame);
   const double first = 3e-6 + 1e-6 + part / 1e9 + 1e-6;
   const double rest = 5 * hop(c, c.local, part);
-  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::ring, elements).seconds == Approx(first + rest));
+  CHECK(plan::predict_all_reduce(c, all_reduce_algorithm::ring, elements).seconds == Approx(first + rest));
   // Nothing to reduce: the frames alone; the left-going frame, posted second, is last.
-  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::ring, 0).rounds == 1);
-  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::ring, 0).seconds == Approx(2e-6 + 1e-6 + frame / 1e9 + 1e-6));
+  CHECK(plan::predict_all_reduce(c, all_reduce_algorithm::ring, 0).rounds == 1);
+  CHECK(plan::predict_all_reduce(c, all_reduce_algorithm::ring, 0).seconds == Approx(2e-6 + 1e-6 + frame / 1e9 + 1e-6));
 }
 
 TEST_CASE("halving-doubling: 2 log2 P exchanges, a fold and an unfold for N not a power of two") {
-  const auto c = sim::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=2us");
+  const auto c = plan::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=2us");
   const std::size_t elements = 1 << 16;
   const double n = elements * 4.0;
   // Halving gives away n/2 then n/4; doubling sends n/4 then n/2; one message per rank each.
@@ -164,9 +164,9 @@ TEST_CASE("halving-doubling: 2 log2 P exchanges, a fold and an unfold for N not 
   // Five ranks: rank 0 folds its whole buffer into rank 1 first and gets the result back
   // last. Rank 1 is on the whole path (the others' early messages to it queue behind the
   // fold on its port): the four exchanges plus two whole-buffer hops.
-  const auto five = sim::parse_cluster_model("hosts=1 ranks_per_host=5 local_bandwidth=1GB local_latency=2us");
+  const auto five = plan::parse_cluster_model("hosts=1 ranks_per_host=5 local_bandwidth=1GB local_latency=2us");
   CHECK(predicted(five, all_reduce_algorithm::halving_doubling, elements) == Approx(four + 2 * hop(five, five.local, n)));
-  CHECK(sim::predict_all_reduce(five, all_reduce_algorithm::halving_doubling, elements).rounds == 6);
+  CHECK(plan::predict_all_reduce(five, all_reduce_algorithm::halving_doubling, elements).rounds == 6);
 }
 
 TEST_CASE("halving-doubling contends on host links where the ring does not") {
@@ -174,7 +174,7 @@ TEST_CASE("halving-doubling contends on host links where the ring does not") {
   // host; both ranks of a host send n/2 at once, so the host link carries n. The ring's
   // network step carries one part (n/4) per host, back to back over its 6 steps (see
   // above): 6 parts and one latency.
-  const auto c = sim::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1GB latency=10us local_bandwidth=100GB "
+  const auto c = plan::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1GB latency=10us local_bandwidth=100GB "
                                           "local_latency=0s");
   const std::size_t elements = 1 << 18;
   const double n = elements * 4.0;
@@ -190,7 +190,7 @@ TEST_CASE("hierarchical: host ring, R parallel rings across hosts sharing the li
   // then the all-gather in the host (1 round). The two rings across do not wait for each
   // other, so the host link stays busy while either's latency passes: the rounds across
   // take max(2 (latency + n/4 / bandwidth), latency + 2 rounds x 2 rings x n/4 / bandwidth).
-  const auto c = sim::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1GB latency=10us local_bandwidth=10GB "
+  const auto c = plan::parse_cluster_model("hosts=2 ranks_per_host=2 bandwidth=1GB latency=10us local_bandwidth=10GB "
                                           "local_latency=1us");
   const std::size_t elements = 1 << 16;
   const double n = elements * 4.0;
@@ -200,22 +200,22 @@ TEST_CASE("hierarchical: host ring, R parallel rings across hosts sharing the li
   // From 4 MiB on the library cuts K segments, staggered one round apart:
   // K - 1 + 2(R-1) + 2(H-1) rounds.
   const std::size_t big = std::size_t{8} << 20;
-  const int k = sim::hierarchical_segment_count(c, big);
+  const int k = plan::hierarchical_segment_count(c, big);
   CHECK(k > 1);
-  CHECK(sim::predict_all_reduce(c, all_reduce_algorithm::hierarchical, big, unchecked()).rounds == k - 1 + 2 + 2);
+  CHECK(plan::predict_all_reduce(c, all_reduce_algorithm::hierarchical, big, unchecked()).rounds == k - 1 + 2 + 2);
   // Pipelining hides the local rounds behind the network ones: faster than one segment's sum.
   const double whole = big * 4.0;
   CHECK(predicted(c, all_reduce_algorithm::hierarchical, big) <
         2 * hop(c, c.local, whole / 2) + 2 * hop(c, c.network, whole / 2));
   // No hierarchy: the flat ring runs.
-  const auto flat = sim::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us");
-  const auto cost = sim::predict_all_reduce(flat, all_reduce_algorithm::hierarchical, elements);
+  const auto flat = plan::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us");
+  const auto cost = plan::predict_all_reduce(flat, all_reduce_algorithm::hierarchical, elements);
   CHECK(cost.runs == all_reduce_algorithm::ring);
-  CHECK(cost.seconds == sim::predict_all_reduce(flat, all_reduce_algorithm::ring, elements).seconds);
+  CHECK(cost.seconds == plan::predict_all_reduce(flat, all_reduce_algorithm::ring, elements).seconds);
 }
 
 TEST_CASE("one-shot: one round of N-1 copies per rank, and refused beyond 8 ranks") {
-  const auto c = sim::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=2us overhead=1us");
+  const auto c = plan::parse_cluster_model("hosts=1 ranks_per_host=4 local_bandwidth=1GB local_latency=2us overhead=1us");
   const std::size_t elements = 1000;
   const double n = elements * 4.0;
   // Each rank sends 3 copies through its local egress port, to ranks in rank order, so
@@ -223,31 +223,31 @@ TEST_CASE("one-shot: one round of N-1 copies per rank, and refused beyond 8 rank
   // rank 3's port then takes the three one after another: overhead + 2n/bw + latency +
   // 3n/bw, and its receive's overhead (the simulator measures 24 us).
   CHECK(predicted(c, all_reduce_algorithm::one_shot, elements) == Approx(1e-6 + 2 * n / 1e9 + 2e-6 + 3 * n / 1e9 + 1e-6));
-  const auto nine = sim::parse_cluster_model("hosts=1 ranks_per_host=9");
-  const auto refused = sim::predict_all_reduce(nine, all_reduce_algorithm::one_shot, elements);
+  const auto nine = plan::parse_cluster_model("hosts=1 ranks_per_host=9");
+  const auto refused = plan::predict_all_reduce(nine, all_reduce_algorithm::one_shot, elements);
   CHECK_FALSE(refused.available);
   CHECK(refused.note.find("at most 8 ranks") != std::string::npos);
 }
 
 TEST_CASE("auto_ takes what all_reduce<auto_> takes, by size and topology") {
-  const auto one_host = sim::parse_cluster_model("hosts=1 ranks_per_host=4");
-  CHECK(sim::auto_choice(one_host, 1000) == all_reduce_algorithm::one_shot);  // 3 x 4000 B <= 64 KiB
-  CHECK(sim::auto_choice(one_host, 8000) == all_reduce_algorithm::halving_doubling);
-  CHECK(sim::auto_choice(one_host, 1 << 20) == all_reduce_algorithm::ring);
-  const auto two_by_two = sim::parse_cluster_model("hosts=2 ranks_per_host=2");
-  CHECK(sim::auto_choice(two_by_two, 16) == all_reduce_algorithm::one_shot);  // 64 B: inside the check frame
-  CHECK(sim::auto_choice(two_by_two, 1000) == all_reduce_algorithm::halving_doubling);
-  CHECK(sim::auto_choice(two_by_two, 1 << 16) == all_reduce_algorithm::hierarchical);
-  const auto sixteen = sim::parse_cluster_model("hosts=16");
-  CHECK(sim::auto_choice(sixteen, 1 << 16) == all_reduce_algorithm::ring);
-  const auto picked = sim::predict_all_reduce(two_by_two, all_reduce_algorithm::auto_, 1 << 16);
+  const auto one_host = plan::parse_cluster_model("hosts=1 ranks_per_host=4");
+  CHECK(plan::auto_choice(one_host, 1000) == all_reduce_algorithm::one_shot);  // 3 x 4000 B <= 64 KiB
+  CHECK(plan::auto_choice(one_host, 8000) == all_reduce_algorithm::halving_doubling);
+  CHECK(plan::auto_choice(one_host, 1 << 20) == all_reduce_algorithm::ring);
+  const auto two_by_two = plan::parse_cluster_model("hosts=2 ranks_per_host=2");
+  CHECK(plan::auto_choice(two_by_two, 16) == all_reduce_algorithm::one_shot);  // 64 B: inside the check frame
+  CHECK(plan::auto_choice(two_by_two, 1000) == all_reduce_algorithm::halving_doubling);
+  CHECK(plan::auto_choice(two_by_two, 1 << 16) == all_reduce_algorithm::hierarchical);
+  const auto sixteen = plan::parse_cluster_model("hosts=16");
+  CHECK(plan::auto_choice(sixteen, 1 << 16) == all_reduce_algorithm::ring);
+  const auto picked = plan::predict_all_reduce(two_by_two, all_reduce_algorithm::auto_, 1 << 16);
   CHECK(picked.runs == all_reduce_algorithm::hierarchical);
-  CHECK(picked.seconds == sim::predict_all_reduce(two_by_two, all_reduce_algorithm::hierarchical, 1 << 16).seconds);
+  CHECK(picked.seconds == plan::predict_all_reduce(two_by_two, all_reduce_algorithm::hierarchical, 1 << 16).seconds);
 }
 
 TEST_CASE("straggler order statistics are deterministic, ordered, and exact without randomness") {
-  const auto c = sim::parse_cluster_model("hosts=16 jitter=0.2 tail=0.05:1.5 seed=3");
-  const sim::compute_statistics a(c, 16, 1e-3), b(c, 16, 1e-3);
+  const auto c = plan::parse_cluster_model("hosts=16 jitter=0.2 tail=0.05:1.5 seed=3");
+  const plan::compute_statistics a(c, 16, 1e-3), b(c, 16, 1e-3);
   CHECK(a.expected_max() == b.expected_max());  // the same draws, bit for bit
   CHECK(a.expected_order_statistic(12) == b.expected_order_statistic(12));
   // Trial by trial the slowest is no faster than the 12th or the 1st: so are the means.
@@ -259,12 +259,12 @@ TEST_CASE("straggler order statistics are deterministic, ordered, and exact with
   CHECK(a.expected_max_mean(1) == a.expected_max());
   CHECK(a.expected_max_mean(8) < a.expected_max() * 1.02);
   // Another seed: other draws, close estimates.
-  const auto other = sim::parse_cluster_model("hosts=16 jitter=0.2 tail=0.05:1.5 seed=4");
-  CHECK(sim::compute_statistics(other, 16, 1e-3).expected_max() != a.expected_max());
-  CHECK(sim::compute_statistics(other, 16, 1e-3).expected_max() == Approx(a.expected_max()).epsilon(0.1));
+  const auto other = plan::parse_cluster_model("hosts=16 jitter=0.2 tail=0.05:1.5 seed=4");
+  CHECK(plan::compute_statistics(other, 16, 1e-3).expected_max() != a.expected_max());
+  CHECK(plan::compute_statistics(other, 16, 1e-3).expected_max() == Approx(a.expected_max()).epsilon(0.1));
   // No randomness: fixed factors, exact.
-  const auto fixed = sim::parse_cluster_model("hosts=4 speed=2 slow=1:3");
-  const sim::compute_statistics f(fixed, 4, 1e-3);
+  const auto fixed = plan::parse_cluster_model("hosts=4 speed=2 slow=1:3");
+  const plan::compute_statistics f(fixed, 4, 1e-3);
   CHECK(f.expected_max() == Approx(6e-3));
   CHECK(f.expected_order_statistic(3) == Approx(2e-3));
   CHECK(f.expected(1, f.mean_draw()) == Approx(6e-3));
@@ -276,10 +276,10 @@ TEST_CASE("straggler order statistics are deterministic, ordered, and exact with
 
 TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central storage by hand") {
   // 2 workers on 2 hosts, no stragglers: compute is c, exactly.
-  const auto c = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
+  const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
   const std::size_t p = 250'000;
   const double n = p * 4.0, step = 2e-3, o = 1e-6, a = 10e-6, bw = 1e9;
-  const sim::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
+  const plan::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
 
   const auto ring = costs.all_reduce(all_reduce_algorithm::ring);
   CHECK(ring.compute == Approx(step));
@@ -304,7 +304,7 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   const auto ps = costs.ps_sync(1);
   CHECK(ps.communication == Approx(5 * o + 2 * a + 2 * (n + reply) / bw + (n + header) / bw));
   CHECK(ps.note.find("1 server on host 2") != std::string::npos);
-  CHECK(sim::with_servers(c, 1).hosts == 3);
+  CHECK(plan::with_servers(c, 1).hosts == 3);
 
   // Backup workers: a step waits for the first W - 1 and counts only their samples.
   const auto backup = costs.ps_backup_workers(1, 1);
@@ -315,8 +315,8 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   // 0.5 ms would send more than the server's link takes: each gradient puts n + 64 bytes
   // on its ingress, so at most bw / (n + 64) gradients per second.
   {
-    const auto four = sim::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us overhead=1us");
-    const sim::strategy_costs fast(four, {p, {}, 32, 0.5e-3}, unchecked());
+    const auto four = plan::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us overhead=1us");
+    const plan::strategy_costs fast(four, {p, {}, 32, 0.5e-3}, unchecked());
     // Alone, the push (header, gradient, request: the request leaves behind the gradient)
     // takes 3 overhead + latency + (n + 32) / bw, the reply 2 overhead + latency + (n + 40) / bw.
     const double alone = 0.5e-3 + (3 * o + a + (n + header) / bw) + (o + a + (n + reply) / bw + o);
@@ -339,7 +339,7 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
 
   // Local SGD: the parameter all-reduce once per H steps.
   const auto local = costs.local_sgd(4);
-  const auto auto_ar = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, p, unchecked());
+  const auto auto_ar = plan::predict_all_reduce(c, all_reduce_algorithm::auto_, p, unchecked());
   CHECK(local.communication == Approx(auto_ar.seconds / 4));
   CHECK(local.compute == Approx(step));
   CHECK_FALSE(local.synchronous);
@@ -357,8 +357,8 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   CHECK(central.communication == Approx(2 * (2 * o + a + n / bw)));
 
   // Stragglers slow every synchronous step, not the asynchronous workers' own pace.
-  const auto slow = sim::parse_cluster_model("hosts=2 bandwidth=100GB latency=0s slow=1:3");
-  const sim::strategy_costs slowed(slow, {p, {}, 32, step}, unchecked());
+  const auto slow = plan::parse_cluster_model("hosts=2 bandwidth=100GB latency=0s slow=1:3");
+  const plan::strategy_costs slowed(slow, {p, {}, 32, step}, unchecked());
   CHECK(slowed.all_reduce(all_reduce_algorithm::ring).compute == Approx(3 * step));
   CHECK(slowed.ps_async(1).compute == Approx(2 * step));  // the mean of 1 and 3
 }
@@ -367,9 +367,9 @@ TEST_CASE("a parameter server holding nothing of the model costs the step nothin
   // One tensor of 50,000 floats (200 kB) is under the 256 KiB split: one piece, on server 0, so a second
   // server holds nothing (as the library's sharding leaves it) and no worker sends it
   // anything: the step costs what it costs with one server.
-  const auto c = sim::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
+  const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
   const std::size_t p = 50'000;
-  const sim::strategy_costs costs(c, {p, {p}, 32, 2e-3}, unchecked());
+  const plan::strategy_costs costs(c, {p, {p}, 32, 2e-3}, unchecked());
   REQUIRE(costs.shards(2) == std::vector<std::size_t>{p, 0});
   const auto one = costs.ps_sync(1), two = costs.ps_sync(2);
   // The same arithmetic either way: equal to rounding (three empty messages per worker
@@ -380,12 +380,12 @@ TEST_CASE("a parameter server holding nothing of the model costs the step nothin
 }
 
 TEST_CASE("shards and buckets follow the library's sharding and bucket plans") {
-  const auto c = sim::parse_cluster_model("hosts=4");
-  const sim::strategy_costs flat(c, {1000, {}, 8, 1e-3});
+  const auto c = plan::parse_cluster_model("hosts=4");
+  const plan::strategy_costs flat(c, {1000, {}, 8, 1e-3});
   CHECK(flat.shards(3) == std::vector<std::size_t>{333, 333, 334});
   CHECK(flat.buckets(1000) == std::vector<std::size_t>{250, 250, 250, 250});
   // Fashion-MNIST's MLP: the 784x256 weights split over 4 servers (256 KiB pieces), the rest whole.
-  const sim::strategy_costs mlp(c, {235146, plan::fashion_mnist_tensors, 8, 1e-3});
+  const plan::strategy_costs mlp(c, {235146, planner::fashion_mnist_tensors, 8, 1e-3});
   std::size_t total = 0;
   for (auto s : mlp.shards(4)) total += s;
   CHECK(total == 235146);
@@ -398,43 +398,43 @@ TEST_CASE("shards and buckets follow the library's sharding and bucket plans") {
   // they reach only 4 servers (docs/planning.md), and the last server holds nothing.
   CHECK(mlp.shards(10) == std::vector<std::size_t>{50176, 50176, 50176, 50176, 32768, 1280, 256, 128, 10, 0});
   CHECK(mlp.buckets() == std::vector<std::size_t>{235146});
-  const auto [kind, what] = gw::testing::error_of([&] { sim::strategy_costs bad(c, {10, {4, 5}, 8, 1e-3}); });
+  const auto [kind, what] = gw::testing::error_of([&] { plan::strategy_costs bad(c, {10, {4, 5}, 8, 1e-3}); });
   CHECK(kind == gw::errc::invalid_argument);
   CHECK(what.find("add up to 9") != std::string::npos);
 }
 
 TEST_CASE("recommend: the most samples per second, and what an asynchronous choice trades") {
-  std::vector<sim::strategy_cost> costs(3);
-  costs[0] = {"all_reduce<ring>", sim::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 1000, {}};
-  costs[1] = {"parameter_server<async>", sim::strategy_kind::ps_async, false, true, 1e-3, 0.5e-3, 1.5e-3, 1500, {}};
-  costs[2] = {"central_storage", sim::strategy_kind::central_storage, true, false, 0, 0, 0, 0, "refused"};
-  auto r = sim::recommend(costs);
+  std::vector<plan::strategy_cost> costs(3);
+  costs[0] = {"all_reduce<ring>", plan::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 1000, {}};
+  costs[1] = {"parameter_server<async>", plan::strategy_kind::ps_async, false, true, 1e-3, 0.5e-3, 1.5e-3, 1500, {}};
+  costs[2] = {"central_storage", plan::strategy_kind::central_storage, true, false, 0, 0, 0, 0, "refused"};
+  auto r = plan::recommend(costs);
   CHECK(r.best == 1);
   CHECK(r.best_synchronous == 0);
   CHECK(r.reason.find("1.50x all_reduce<ring>") != std::string::npos);
   CHECK(r.caveat.find("fastest synchronous choice is all_reduce<ring>") != std::string::npos);
   CHECK(r.caveat.find("--simulate") != std::string::npos);
   costs[1].samples_per_second = 500;
-  r = sim::recommend(costs);
+  r = plan::recommend(costs);
   CHECK(r.best == 0);
   CHECK(r.caveat.find("synchronous") == 0);
-  const auto [kind, what] = gw::testing::error_of([] { (void)sim::recommend({}); });
+  const auto [kind, what] = gw::testing::error_of([] { (void)plan::recommend({}); });
   CHECK(kind == gw::errc::invalid_argument);
 }
 
 TEST_CASE("recommend: with one available strategy the reason names no runner-up, and nothing past the span is read") {
   // The costs sit in a longer array; recommend gets only the first one or two. The entry
   // past the span is a faster strategy a reading past the end would name as the runner-up.
-  std::vector<sim::strategy_cost> storage(3);
-  storage[0] = {"all_reduce<ring>", sim::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 1000, {}};
-  storage[1] = {"central_storage", sim::strategy_kind::central_storage, true, false, 0, 0, 0, 0, "refused"};
-  storage[2] = {"past the span", sim::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 4000, {}};
+  std::vector<plan::strategy_cost> storage(3);
+  storage[0] = {"all_reduce<ring>", plan::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 1000, {}};
+  storage[1] = {"central_storage", plan::strategy_kind::central_storage, true, false, 0, 0, 0, 0, "refused"};
+  storage[2] = {"past the span", plan::strategy_kind::all_reduce, true, true, 1e-3, 1e-3, 2e-3, 4000, {}};
   const std::string only_ring =
       "all_reduce<ring>: 1000 samples/s, a step of 2.000 ms (compute 1.000 + communication 1.000); communication is "
       "50% of its step";
   for (std::size_t given : {1, 2}) {  // alone, and beside an unavailable one
     CAPTURE(given);
-    const auto r = sim::recommend(std::span<const sim::strategy_cost>(storage).first(given));
+    const auto r = plan::recommend(std::span<const plan::strategy_cost>(storage).first(given));
     CHECK(r.best == 0);
     CHECK(r.best_synchronous == 0);
     CHECK(r.any_synchronous);
@@ -443,9 +443,9 @@ TEST_CASE("recommend: with one available strategy the reason names no runner-up,
 }
 
 namespace {
-plan::plan_options parse(std::vector<const char*> args) {
+planner::plan_options parse(std::vector<const char*> args) {
   args.insert(args.begin(), "plan");
-  return plan::parse_plan_options(static_cast<int>(args.size()), args.data());
+  return planner::parse_plan_options(static_cast<int>(args.size()), args.data());
 }
 void usage_error(std::vector<const char*> args, gw::errc expected, const std::string& says) {
   const auto [kind, what] = gw::testing::error_of([&] { (void)parse(args); });
@@ -512,7 +512,7 @@ TEST_CASE("plan --simulate: fashion_mnist's command lines, and what it reads bac
   CHECK(o.run.epochs == 2);
   CHECK(o.run.lr == 0.003);
   CHECK(o.run.async_lr == 1e-4);  // benchmarks/simulate_strategies.py's
-  const auto strategies = plan::simulated_strategies(o);
+  const auto strategies = planner::simulated_strategies(o);
   REQUIRE(strategies.size() == 6);
   CHECK(strategies[2].name == "parameter_server<backup_workers<2>>");
   CHECK(strategies[4].name == "parameter_server<bounded_staleness<2>>");
@@ -520,10 +520,10 @@ TEST_CASE("plan --simulate: fashion_mnist's command lines, and what it reads bac
   const std::filesystem::path program = "/bin/fashion_mnist";
   for (const auto& st : strategies) {
     CAPTURE(st.name);
-    const auto args = plan::fashion_mnist_command(o, program, st);
+    const auto args = planner::fashion_mnist_command(o, program, st);
     CHECK(args.front() == program);
-    const auto cluster = sim::parse_cluster_model(after(args, "--cluster"));
-    CHECK(cluster.compute == sim::compute_model::modelled);
+    const auto cluster = plan::parse_cluster_model(after(args, "--cluster"));
+    CHECK(cluster.compute == plan::compute_model::modelled);
     CHECK(cluster.size() == 6 + st.servers);  // fashion_mnist refuses any other
     CHECK(cluster.network.bandwidth == 125e6);
     CHECK(after(args, "--replicas") == "6");
@@ -531,13 +531,13 @@ TEST_CASE("plan --simulate: fashion_mnist's command lines, and what it reads bac
     CHECK(after(args, "--epochs") == "2");
     CHECK(after(args, "--ps") == (st.servers ? "2" : ""));
   }
-  CHECK(after(plan::fashion_mnist_command(o, program, strategies[0]), "--lr") == "0.003");
-  CHECK(after(plan::fashion_mnist_command(o, program, strategies[3]), "--ps-mode") == "async");
-  CHECK(after(plan::fashion_mnist_command(o, program, strategies[3]), "--lr") == "0.0001");
+  CHECK(after(planner::fashion_mnist_command(o, program, strategies[0]), "--lr") == "0.003");
+  CHECK(after(planner::fashion_mnist_command(o, program, strategies[3]), "--ps-mode") == "async");
+  CHECK(after(planner::fashion_mnist_command(o, program, strategies[3]), "--lr") == "0.0001");
 
   // fashion_mnist's lines: the chief's curve and target, the servers' counts (the first
   // server with gradients speaks for the job).
-  const auto r = plan::parse_run_output(
+  const auto r = planner::parse_run_output(
       "curve epochs=0.2500 seconds=0.500000 accuracy=0.7000\n"
       "curve epochs=0.5000 seconds=1.000000 accuracy=0.8100\n"
       "ps rank 7: mode backup_workers version 10 updates 10 gradients 0 applied 0 dropped 0 staleness mean 0.00 p50 0\n"
@@ -551,27 +551,27 @@ TEST_CASE("plan --simulate: fashion_mnist's command lines, and what it reads bac
   CHECK(r.virtual_seconds == 1.25);
   CHECK(r.dropped == 10);
   CHECK(r.staleness_mean == 0.5);
-  CHECK_FALSE(plan::parse_run_output("did not reach 88% test accuracy in 2 epochs\n").reached);
+  CHECK_FALSE(planner::parse_run_output("did not reach 88% test accuracy in 2 epochs\n").reached);
   // A program that is not there fails at once, saying what to do.
-  plan::simulate_options missing;
+  planner::simulate_options missing;
   missing.fashion_mnist = "/nonexistent/fashion_mnist";
-  const auto [kind, what] = gw::testing::error_of([&] { (void)plan::fashion_mnist_program(missing); });
+  const auto [kind, what] = gw::testing::error_of([&] { (void)planner::fashion_mnist_program(missing); });
   CHECK(kind == gw::errc::config);
   CHECK(what.find("--fashion-mnist PATH") != std::string::npos);
 }
 
 TEST_CASE("a bucketed all-reduce of unequal buckets: the sum of its calls, and a note naming them and what else runs") {
-  const auto c = sim::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us overhead=1us");
+  const auto c = plan::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us overhead=1us");
   const std::vector<std::size_t> buckets{1 << 20, 16, 1 << 20};  // auto_ runs one algorithm for 4 MiB, another for 64 B
-  const auto big = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, buckets[0]);
-  const auto small = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, buckets[1]);
+  const auto big = plan::predict_all_reduce(c, all_reduce_algorithm::auto_, buckets[0]);
+  const auto small = plan::predict_all_reduce(c, all_reduce_algorithm::auto_, buckets[1]);
   REQUIRE(big.runs != small.runs);
-  const auto bucketed = sim::predict_bucketed_all_reduce(c, all_reduce_algorithm::auto_, buckets);
+  const auto bucketed = plan::predict_bucketed_all_reduce(c, all_reduce_algorithm::auto_, buckets);
   CHECK(bucketed.seconds == Approx(2 * big.seconds + small.seconds));
   CHECK(bucketed.rounds == 2 * big.rounds + small.rounds);
   CHECK(bucketed.runs == big.runs);  // the first bucket's
-  CHECK(bucketed.note == std::string("3 buckets; some buckets run ") + sim::name_of(small.runs));
+  CHECK(bucketed.note == std::string("3 buckets; some buckets run ") + plan::name_of(small.runs));
   // Of one algorithm: the count alone.
-  const auto ring = sim::predict_bucketed_all_reduce(c, all_reduce_algorithm::ring, buckets);
+  const auto ring = plan::predict_bucketed_all_reduce(c, all_reduce_algorithm::ring, buckets);
   CHECK(ring.note == "3 buckets");
 }

@@ -9,7 +9,7 @@
 // (ring_steps_seconds), hierarchical's rings across hosts as independent flows sharing a
 // link (hierarchical_seconds). The simulated transport declares no ring_segment_bytes, so
 // the flat ring runs step by step (one message per step, no pipeline). docs/planning.md
-// has the closed forms; tests/simulation/test_cost_model.cpp checks them by hand.
+// has the closed forms; tests/plan/test_cost_model.cpp checks them by hand.
 #pragma once
 
 #include <bit>
@@ -27,7 +27,7 @@
 #include "cluster_model.hpp"
 #include "schedule.hpp"
 
-namespace gradwire::simulation {
+namespace gradwire::plan {
 
 // The library's algorithms (collective/all_reduce.hpp), one_shot included (auto_ takes it
 // for small buffers; it is not a tag of its own).
@@ -461,4 +461,4 @@ inline all_reduce_cost predict_bucketed_all_reduce(const cluster_model& c, all_r
   return total;
 }
 
-}  // namespace gradwire::simulation
+}  // namespace gradwire::plan

@@ -46,7 +46,7 @@
 #include "schedule.hpp"
 #include "straggler_statistics.hpp"
 
-namespace gradwire::simulation {
+namespace gradwire::plan {
 
 // What is trained.
 struct workload {
@@ -416,4 +416,4 @@ class strategy_costs {
   double expected_max_ = 0, mean_draw_ = 1;
 };
 
-}  // namespace gradwire::simulation
+}  // namespace gradwire::plan

@@ -1,4 +1,4 @@
-// The analytic cost models (simulation/cost_model.hpp) against the simulator: the library's real collectives and all-reduce strategy on transport::simulated.
+// The analytic cost models (plan/cost_model.hpp) against the simulator: the library's real collectives and all-reduce strategy on transport::simulated.
 //
 // compute=modelled, so a virtual time is the network model's and simulation::compute's
 // alone, exactly reproducible: a deviation is the cost model's, not noise, and each
@@ -36,14 +36,15 @@
 #include <gradwire/collective/reduce.hpp>
 #include <gradwire/observe/log.hpp>
 #include <gradwire/optim/sgd.hpp>
-#include <gradwire/simulation/cost_model.hpp>
-#include <gradwire/simulation/transport.hpp>
+#include <gradwire/plan/cost_model.hpp>
 #include <gradwire/strategy.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
+#include <gradwire/transport/simulated.hpp>
 
 namespace gw = gradwire;
+namespace plan = gradwire::plan;
 namespace sim = gradwire::simulation;
-using sim::all_reduce_algorithm;
+using plan::all_reduce_algorithm;
 
 namespace {
 
@@ -83,10 +84,10 @@ double simulated_all_reduce(const sim::cluster_model& c, std::size_t elements) {
 
 template <class Algorithm>
 void check_all_reduce(const sim::cluster_model& c, all_reduce_algorithm a, std::size_t elements, double tolerance) {
-  const sim::all_reduce_cost predicted = sim::predict_all_reduce(c, a, elements);
+  const plan::all_reduce_cost predicted = plan::predict_all_reduce(c, a, elements);
   REQUIRE(predicted.available);
   const double simulated = simulated_all_reduce<Algorithm>(c, elements);
-  CAPTURE(sim::describe(c), sim::name_of(a), elements, predicted.seconds, simulated);
+  CAPTURE(sim::describe(c), plan::name_of(a), elements, predicted.seconds, simulated);
   CHECK(predicted.seconds == Approx(simulated).epsilon(tolerance));
 }
 
@@ -102,7 +103,7 @@ TEST_CASE("all-reduce predictions against the simulator: ring, hierarchical and 
       check_all_reduce<col::ring>(c, all_reduce_algorithm::ring, elements, 0.001);
       check_all_reduce<col::halving_doubling>(c, all_reduce_algorithm::halving_doubling, elements, 0.001);
       check_all_reduce<col::hierarchical>(c, all_reduce_algorithm::hierarchical, elements,
-                                          sim::has_hierarchy(c) ? 0.08 : 0.001);
+                                          plan::has_hierarchy(c) ? 0.08 : 0.001);
     }
   }
 }
@@ -112,7 +113,7 @@ TEST_CASE("one-shot predictions against the simulator, the call check's descript
     const auto c = layout(hosts, per_host);
     // 16 floats ride inside the ring neighbours' check frames; 1 Ki and 16 Ki floats do not.
     for (const std::size_t elements : {std::size_t{16}, std::size_t{1} << 10, std::size_t{16} << 10}) {
-      const double predicted = sim::predict_all_reduce(c, all_reduce_algorithm::one_shot, elements).seconds;
+      const double predicted = plan::predict_all_reduce(c, all_reduce_algorithm::one_shot, elements).seconds;
       const double simulated = simulated_all_reduce(c, elements, [](simulated_communicator& comm, std::span<float> x) {
         gw::collective::one_shot_all_reduce(comm, x);
       });
@@ -153,8 +154,8 @@ TEST_CASE("a synchronous all-reduce step against the simulator: the slowest comp
     });
     std::size_t p = 0;
     for (auto n : tensors) p += n;
-    const sim::strategy_costs costs(c, {p, tensors, 64, compute});
-    const sim::strategy_cost predicted = costs.all_reduce(all_reduce_algorithm::auto_);
+    const plan::strategy_costs costs(c, {p, tensors, 64, compute});
+    const plan::strategy_cost predicted = costs.all_reduce(all_reduce_algorithm::auto_);
     CAPTURE(sim::describe(c), predicted.step, seconds(measured));
     CHECK(predicted.step == Approx(seconds(measured)).epsilon(0.03));
   }
@@ -236,11 +237,11 @@ TEST_CASE("the planner's auto_ takes the algorithm all_reduce<auto_> runs, at ev
     REQUIRE(ran.size() == sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       const std::size_t elements = sizes[i];
-      const sim::all_reduce_cost planned = sim::predict_all_reduce(c, all_reduce_algorithm::auto_, elements);
+      const plan::all_reduce_cost planned = plan::predict_all_reduce(c, all_reduce_algorithm::auto_, elements);
       CAPTURE(elements, ran[i].first);
       REQUIRE(ran[i].first == elements * word);
-      CHECK(sim::name_of(sim::auto_choice(c, elements)) == ran[i].second);
-      CHECK(sim::name_of(planned.runs) == ran[i].second);
+      CHECK(plan::name_of(plan::auto_choice(c, elements)) == ran[i].second);
+      CHECK(plan::name_of(planned.runs) == ran[i].second);
     }
   }
 }
@@ -283,7 +284,7 @@ TEST_CASE("the planner's reduce takes the algorithm reduce runs, on both sides o
     for (std::size_t i = 0; i < calls.size(); ++i) {
       const auto [elements, element_bytes] = calls[i];
       CAPTURE(elements, element_bytes);
-      const bool tree = sim::reduce_takes_tree(c, elements, {.element_bytes = element_bytes});
+      const bool tree = plan::reduce_takes_tree(c, elements, {.element_bytes = element_bytes});
       CHECK((tree ? "tree" : "scatter_gather") == ran[i]);
     }
   }
@@ -298,7 +299,7 @@ TEST_CASE("ring all-reduce predictions against the simulator where a rank's send
                                             " bandwidth=8Gbit latency=20us local_bandwidth=10GB local_latency=2us "
                                             "overhead=50us compute=modelled");
     for (const std::size_t elements : {std::size_t{1} << 16, std::size_t{1} << 20}) {
-      const sim::all_reduce_cost predicted = sim::predict_all_reduce(c, all_reduce_algorithm::ring, elements);
+      const plan::all_reduce_cost predicted = plan::predict_all_reduce(c, all_reduce_algorithm::ring, elements);
       const double simulated = simulated_all_reduce<gw::collective::ring>(c, elements);
       CAPTURE(hosts, per_host, elements, predicted.seconds, simulated);
       CHECK(predicted.seconds == Approx(simulated).epsilon(1e-4));  // measured: within 4e-6
@@ -317,7 +318,7 @@ TEST_CASE("reduce predictions against the simulator: the tree and scatter-gather
     for (const auto& [root, elements] : {std::pair{0, std::size_t{1} << 10}, std::pair{0, std::size_t{16} << 10},
                                          std::pair{0, std::size_t{1} << 20}, std::pair{c.size() - 1, std::size_t{1} << 20}}) {
       {
-        const double predicted = sim::reduce_seconds(c, elements, root);
+        const double predicted = plan::reduce_seconds(c, elements, root);
         float at_root = 0;
         const sim::run_report report = sim::run(c, [&, root](gw::transport::simulated t) {
           simulated_communicator comm(std::move(t));

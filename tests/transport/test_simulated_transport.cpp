@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <gradwire/gradwire.hpp>
-#include <gradwire/simulation/transport.hpp>
+#include <gradwire/transport/simulated.hpp>
 #include <numeric>
 #include <optional>
 #include <random>

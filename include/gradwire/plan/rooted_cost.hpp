@@ -14,7 +14,7 @@
 #include "cluster_model.hpp"
 #include "schedule.hpp"
 
-namespace gradwire::simulation {
+namespace gradwire::plan {
 
 namespace detail {
 // The binomial tree's peers of `rank` (collective/detail/binomial_tree.hpp): its far frames.
@@ -113,4 +113,4 @@ inline double broadcast_seconds(const cluster_model& c, std::size_t elements, in
   return schedule_seconds(c, broadcast_schedule(c, elements, root, o));
 }
 
-}  // namespace gradwire::simulation
+}  // namespace gradwire::plan

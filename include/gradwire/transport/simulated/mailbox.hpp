@@ -16,8 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../error.hpp"
-#include "../transport/detail/deliver.hpp"
+#include "../../error.hpp"
+#include "../detail/deliver.hpp"
 #include "cluster_model.hpp"
 
 namespace gradwire::simulation::detail {

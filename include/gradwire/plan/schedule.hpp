@@ -12,7 +12,7 @@
 #include "link_cost.hpp"
 #include "straggler_statistics.hpp"
 
-namespace gradwire::simulation {
+namespace gradwire::plan {
 
 // What the cost models assume about the job beyond the cluster.
 struct cost_options {
@@ -128,4 +128,4 @@ std::vector<message> call_check_frames(int n, const cost_options& o, Far&& far) 
 // No far peers: the ring's neighbours are all a rank talks to.
 inline std::vector<int> no_far_peers(int) { return {}; }
 
-}  // namespace gradwire::simulation
+}  // namespace gradwire::plan

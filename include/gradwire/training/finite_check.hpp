@@ -1,4 +1,4 @@
-// The optional check for NaN and infinite gradients (strategy::check_finite_gradients): its switch and its report.
+// The optional check for NaN and infinite gradients (strategy::check_finite_gradients): its switch, its report, and what a rank does on finding one.
 //
 // Off by default: a step then hands gradients on unread. On, each gradient is scanned
 // once (kernels::first_non_finite, one vectorised pass; its cost is measured by
@@ -16,12 +16,14 @@
 #include <span>
 #include <string>
 
+#include "../collective/communicator.hpp"
+#include "../concepts.hpp"
 #include "../config.hpp"
 #include "../error.hpp"
 #include "../kernels/host.hpp"
 #include "../tensor/shape.hpp"
 
-namespace gradwire::support {
+namespace gradwire::training {
 
 // GRADWIRE_CHECK_FINITE=1 turns the check on for every strategy built afterwards, 0 (or
 // unset) leaves it off; anything else is a config error naming the variable.
@@ -53,4 +55,15 @@ extern template std::optional<std::string> non_finite_report<double>(int, std::s
                                                                      std::span<const double>);
 #endif
 
-}  // namespace gradwire::support
+// Gradient i, of a parameter of shape `of`: a NaN or infinity in it? Then tell the other
+// ranks (they would wait for it) and throw. This rank's transport is failed from here on.
+template <class Transport, class V>
+void check_finite(collective::communicator<Transport>& comm, std::size_t i, const shape& of, std::span<const V> grad) {
+  const auto report = non_finite_report(comm.rank(), i, of, grad);
+  if (!report) return;
+  if constexpr (concepts::failable_transport<Transport>)
+    if (comm.size() > 1) comm.transport().fail(errc::invalid_argument, *report);
+  throw error(errc::invalid_argument, *report);
+}
+
+}  // namespace gradwire::training

@@ -22,7 +22,7 @@
 #include "../error.hpp"
 #include "cluster_model.hpp"
 
-namespace gradwire::simulation {
+namespace gradwire::plan {
 
 // 2000 steps: the estimate of E[max of 100] for jitter 0.1 with a 2% Pareto tail moves
 // by about 1% between seeds, well inside what the cost model itself can claim.
@@ -127,4 +127,4 @@ class compute_statistics {
   int trials_;
 };
 
-}  // namespace gradwire::simulation
+}  // namespace gradwire::plan
