@@ -38,7 +38,7 @@ TEST_CASE("failure_of: a gradwire error keeps its kind and message, any other ex
 TEST_CASE("a peer's abort: its reason quoted under its kind's rule, and passed on as this rank's report") {
   for (const errc cause : {errc::config, errc::timeout, errc::mismatch, errc::protocol, errc::peer_lost}) {
     CAPTURE(cause);
-    const auto f = core::peer_failure(2, 0, {cause, -1, "rank 0 failed: the job's setting is bad"}, false);
+    const auto f = core::peer_failure(2, 0, {cause, -1, "rank 0 failed: the job's setting is bad"}, false, false);
     CHECK(f.report.cause == core::peer_failure_kind(cause));
     CHECK(f.report.reason == "rank 2: rank 0 failed: rank 0 failed: the job's setting is bad");
     CHECK(f.pass_on.cause == f.report.cause);
@@ -49,7 +49,7 @@ TEST_CASE("a peer's abort: its reason quoted under its kind's rule, and passed o
 
 TEST_CASE("a loss a peer relays reads as this rank's own loss of that rank, and is passed on as that loss") {
   const std::string why = "its endpoint failed (Endpoint timeout; the process exited or was killed)";
-  const auto f = core::peer_failure(2, 0, {errc::peer_lost, 1, why}, false);
+  const auto f = core::peer_failure(2, 0, {errc::peer_lost, 1, why}, false, false);
   CHECK(f.report.cause == errc::peer_lost);
   CHECK(f.report.reason == "rank 2: lost rank 1: rank 0 reports: " + why);
   CHECK(f.pass_on.cause == errc::peer_lost);
@@ -62,12 +62,28 @@ TEST_CASE("a relayed loss of a rank this rank tolerates, or of this rank itself,
   for (const bool tolerated : {true, false}) {
     CAPTURE(tolerated);
     const int lost = tolerated ? 1 : 2;  // untolerated: the loss relayed is this rank's own
-    const auto f = core::peer_failure(2, 0, {errc::peer_lost, lost, why}, tolerated);
+    const auto f = core::peer_failure(2, 0, {errc::peer_lost, lost, why}, false, tolerated);
     CHECK(f.report.cause == errc::peer_lost);
     CHECK(f.report.reason == "rank 2: rank 0 failed: rank 0: lost rank " + std::to_string(lost) + ": " + why);
     CHECK(f.pass_on.lost == -1);
   }
   CHECK(core::abort_reason(0, {errc::peer_lost, 1, why}) == "rank 0: lost rank 1: " + why);
+}
+
+TEST_CASE("a tolerated peer is isolated, unless it relays the loss of a rank this rank does not tolerate") {
+  const std::string why = "its connection closed (the process exited or was killed)";
+  // A parameter server (rank 2) tolerates its workers (rank 0) but not the other server (rank 1).
+  const auto relayed = core::peer_failure(2, 0, {errc::peer_lost, 1, why}, true, false);
+  CHECK_FALSE(relayed.isolate_only);
+  CHECK(relayed.report.reason == "rank 2: lost rank 1: rank 0 reports: " + why);
+  CHECK(relayed.pass_on.lost == 1);
+  const auto own = core::peer_failure(2, 0, {errc::config, -1, "bad"}, true, false);  // the worker's own failure
+  CHECK(own.isolate_only);
+  CHECK(own.report.cause == errc::peer_lost);
+  CHECK(own.report.reason == "rank 2: lost rank 0: it failed: bad");
+  const auto of_a_tolerated = core::peer_failure(2, 0, {errc::peer_lost, 3, why}, true, true);  // another worker
+  CHECK(of_a_tolerated.isolate_only);
+  CHECK(of_a_tolerated.report.reason == "rank 2: lost rank 0: it failed: rank 0: lost rank 3: " + why);
   CHECK(core::abort_reason(0, {errc::config, -1, "bad"}) == "bad");
 }
 

@@ -73,24 +73,32 @@ inline std::string abort_reason(int peer, const abort_notice& notice) {
   return notice.lost >= 0 ? lost_peer_message(peer, notice.lost, notice.reason) : notice.reason;
 }
 
-// What a rank does when `peer` aborted with `notice` and the rank does not tolerate
-// `peer`'s loss (a tolerated peer is isolated instead: tolerated_peer_failed_message over
-// abort_reason): it fails with `report`, and tells its own peers `pass_on`.
+// What a rank does when `peer` aborted with `notice`: it isolates `peer` (isolate_only: only
+// the operations with it fail, with `report`), or it fails with `report` and tells its own
+// peers `pass_on`.
 struct peer_failure_outcome {
+  bool isolate_only = false;
   rank_failure report;
   abort_notice pass_on;
 };
 
 // A relayed loss of a rank this rank does not tolerate reads as this rank's own loss of
-// it, and is passed on as a loss; otherwise the peer failed (peer_failure_kind's rule),
-// and that is what is passed on.
-inline peer_failure_outcome peer_failure(int rank, int peer, const abort_notice& notice, bool tolerates_lost) {
+// it, and is passed on as a loss, even when the messenger's own loss is tolerated (a
+// parameter server hears from a worker that another server died: the job cannot go on,
+// and the server must not read it as that worker's loss alone). Otherwise a tolerated
+// peer is isolated, and an untolerated one failed (peer_failure_kind's rule), which is
+// what is passed on.
+inline peer_failure_outcome peer_failure(int rank, int peer, const abort_notice& notice, bool tolerates_peer,
+                                         bool tolerates_lost) {
   if (notice.lost >= 0 && notice.lost != rank && !tolerates_lost)
-    return {{errc::peer_lost, relayed_loss_message(rank, notice.lost, peer, notice.reason)},
+    return {false,
+            {errc::peer_lost, relayed_loss_message(rank, notice.lost, peer, notice.reason)},
             {errc::peer_lost, notice.lost, relayed_by(peer, notice.reason)}};
+  if (tolerates_peer)
+    return {true, {errc::peer_lost, tolerated_peer_failed_message(rank, peer, abort_reason(peer, notice))}, {}};
   rank_failure report{peer_failure_kind(notice.cause), peer_failed_message(rank, peer, abort_reason(peer, notice))};
   abort_notice pass_on{report.cause, -1, report.reason};
-  return {std::move(report), std::move(pass_on)};
+  return {false, std::move(report), std::move(pass_on)};
 }
 
 // Rethrows the root cause of a job's per-rank failures, else the first failure; returns if

@@ -57,13 +57,12 @@ GRADWIRE_DECL void tcp_engine::on_abort(tcp_link& link, const std::string& reaso
   const abort_notice notice{static_cast<errc>(link.incoming.tag & 0xffffffffu),
                             relayed >= 0 && relayed < options.size && relayed != link.peer ? static_cast<int>(relayed) : -1,
                             reason};
-  if (link.state.tolerated)
-    return isolate(link, tolerated_peer_failed_message(options.rank, link.peer, abort_reason(link.peer, notice)));
+  const bool tolerates_lost = notice.lost >= 0 && links[notice.lost] && links[notice.lost]->state.tolerated;
+  const peer_failure_outcome f = peer_failure(options.rank, link.peer, notice, link.state.tolerated, tolerates_lost);
+  if (f.isolate_only) return isolate(link, f.report.reason);
   // A loss this rank has seen itself, and waits out the grace of (await_loss_reason), is
   // reported as it saw it.
   if (notice.lost >= 0 && loss_grace && notice.lost == loss_peer) return fail_from_loss();
-  const bool tolerates_lost = notice.lost >= 0 && links[notice.lost] && links[notice.lost]->state.tolerated;
-  const peer_failure_outcome f = peer_failure(options.rank, link.peer, notice, tolerates_lost);
   // Passed on before this rank's connections close, so that a peer which sees one of them
   // close reads why on that same stream first, instead of racing the first rank's abort
   // (which may come later, or never: it goes out only on idle links).

@@ -59,13 +59,13 @@ GRADWIRE_DECL void ucx_engine::on_control() {
     // Answered before anything here closes an endpoint (see ucx_control).
     send_control(ucx_control::abort_seen, errc{}, {}, deadline_after(std::chrono::milliseconds(200)), peer);
     const abort_notice notice{cause, lost_rank, reason};
-    if (peers[peer].state.tolerated)
-      return isolate(peer, tolerated_peer_failed_message(options.rank, peer, abort_reason(peer, notice)));
+    const bool tolerates_lost = lost_rank >= 0 && peers[lost_rank].state.tolerated;
+    const peer_failure_outcome f =  // every transport's rule
+        peer_failure(options.rank, peer, notice, peers[peer].state.tolerated, tolerates_lost);
+    if (f.isolate_only) return isolate(peer, f.report.reason);
     if (aborting) return;  // abort_all fails this rank with its own reason
     // A loss this rank has seen itself, and waits out the grace of, is reported as it saw it.
     if (lost_rank >= 0 && peers[lost_rank].state.suspected()) return fail_from_loss(lost_rank);
-    const bool tolerates_lost = lost_rank >= 0 && peers[lost_rank].state.tolerated;
-    const peer_failure_outcome f = peer_failure(options.rank, peer, notice, tolerates_lost);  // every transport's rule
     fail_everything(f.report.cause, f.report.reason);
   }
 }
