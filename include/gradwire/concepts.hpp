@@ -243,6 +243,17 @@ bool tolerates_loss(const T& t) {
     return loss_tolerant_transport<T>;
 }
 
+// Whether `t` has lost `rank` (a tolerated peer gone; never, for a transport that cannot
+// lose one): how a rank tells a lost peer from a failure of its own.
+template <class T>
+bool has_lost(const T& t, int rank) {
+  if constexpr (loss_tolerant_transport<T>) {
+    for (int lost : t.lost_peers())
+      if (lost == rank) return true;
+  }
+  return false;
+}
+
 // Optional transport capability: count the payload this rank has sent and received, so
 // that a strategy can report bytes per step (a transport without it reports none).
 //   support::traffic_counters traffic() const

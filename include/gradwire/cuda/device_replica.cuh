@@ -57,7 +57,7 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
   // The aggregation sees pinned host mirrors; its setup may overwrite them (a broadcast).
   template <class Agent, class Tr>
   void setup(Agent& agent, collective::communicator<Tr>& comm, std::span<Tensor> tensors, const Optimizer& optimizer) {
-    if constexpr (concepts::state_synchronising_agent<Agent, V, Tr, typename Optimizer::template state<V>>)
+    if constexpr (concepts::state_averaging_agent<Agent>)
       if (agent.averages_optimizer_state())
         throw error(errc::invalid_argument,
                     "gradwire::strategy: average_optimizer_state() is not available for CUDA tensors yet (the "

@@ -25,17 +25,6 @@
 
 namespace gradwire::ps::detail {
 
-// Whether `rank` is a peer the transport has lost (not a failure of this rank's own).
-template <class Tr>
-bool peer_is_lost(const Tr& t, int rank) {
-  if constexpr (concepts::loss_tolerant_transport<Tr>) {
-    const auto lost = t.lost_peers();
-    return std::find(lost.begin(), lost.end(), rank) != lost.end();
-  } else {
-    return false;
-  }
-}
-
 // Rule: the server's step_rule (drops_lost_workers). `stats` and `who` are the server's:
 // losses and rejoins are counted there, and messages name the server as it is named now.
 template <class Rule, class V, class Tr>
@@ -92,7 +81,7 @@ class membership {
   // receive posted from such a worker waits for the replacement (elastic), so only the
   // control receive lose() posts may be posted then; what the lost process left behind
   // is not served.
-  bool link_lost(int w) const { return elastic && peer_is_lost(t_, w); }
+  bool link_lost(int w) const { return elastic && concepts::has_lost(t_, w); }
 
   // Posts w's next control receive. Returns whether a live worker was dropped instead
   // (its link was lost): the caller's rule then moves on without it (on_leave).
@@ -111,7 +100,7 @@ class membership {
   // whether a live worker was dropped (the caller's rule then moves on without it).
   [[nodiscard]] bool lose(int w, const error& e) {
     const bool tolerated = Rule::drops_lost_workers && concepts::tolerates_loss(t_);
-    if (!tolerated || e.kind() != errc::peer_lost || !peer_is_lost(t_, w)) throw e;
+    if (!tolerated || e.kind() != errc::peer_lost || !concepts::has_lost(t_, w)) throw e;
     auto& s = slot(w);
     const bool was_live = s.live;  // a replacement that is lost before its first request was never counted
     if (was_live) {

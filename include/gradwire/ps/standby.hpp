@@ -16,7 +16,6 @@
 #include "../error.hpp"
 #include "../observe/log.hpp"
 #include "../timeouts.hpp"
-#include "membership.hpp"
 #include "protocol.hpp"
 #include "stats.hpp"
 
@@ -85,7 +84,7 @@ class standby {
       return false;
     } catch (const error& e) {
       // Its server lost, not this rank failing (e.g. a sync worker's loss fails every rank).
-      if (e.kind() != errc::peer_lost || !peer_is_lost(t_, server_rank_)) throw;
+      if (e.kind() != errc::peer_lost || !concepts::has_lost(t_, server_rank_)) throw;
       promote(e);
       return true;
     }

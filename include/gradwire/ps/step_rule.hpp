@@ -21,21 +21,17 @@
 #include <utility>
 
 #include "../concepts.hpp"
+#include "../support/always_false.hpp"
 #include "protocol.hpp"
 #include "standby.hpp"
 #include "stats.hpp"
 
 namespace gradwire::ps {
 
-namespace detail {
-template <class>
-inline constexpr bool always_false_v = false;
-}  // namespace detail
-
 // Mode: concepts::ps_mode; its kind (on_arrival) chooses the specialisation.
 template <class Mode, class = void>
 struct step_rule {
-  static_assert(detail::always_false_v<Mode>,
+  static_assert(support::always_false_v<Mode>,
                 "ps::step_rule<Mode>: Mode does not satisfy gradwire::concepts::ps_mode: it needs static name, "
                 "on_arrival, backups and max_lead (use ps::sync, ps::async, ps::bounded_staleness<s> or "
                 "ps::backup_workers<b>)");

@@ -365,16 +365,8 @@ class worker {
       if (rank != l.rank) return false;  // its server was lost, and the shard has failed over already
       if (l.standby < 0) throw detail::server_loss(e, failed_over(s));
       // A loss of this rank's own (a sync job fails every rank when a worker dies) is no failover.
-      if (!peer_is_lost(comm, rank)) throw;
+      if (!concepts::has_lost(comm.transport(), rank)) throw;
       fail_over(comm, s, e);
-      return false;
-    }
-  }
-  static bool peer_is_lost(communicator_type& comm, int rank) {
-    if constexpr (concepts::loss_tolerant_transport<Tr>) {
-      const auto lost = comm.transport().lost_peers();
-      return std::find(lost.begin(), lost.end(), rank) != lost.end();
-    } else {
       return false;
     }
   }

@@ -16,13 +16,9 @@
 
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
+#include "../support/always_false.hpp"
 
 namespace gradwire::training {
-
-namespace detail {
-template <class>
-inline constexpr bool always_false_v = false;
-}  // namespace detail
 
 // Template parameters:
 //   Tensor     concepts::host_tensor_type   the parameters, updated where they are
@@ -68,7 +64,7 @@ class host_replica {
 // gradwire/cuda/device_replica.cuh, which specialises it for CUDA tensors).
 template <class Tensor, class Optimizer, class = void>
 class device_replica {
-  static_assert(detail::always_false_v<Tensor>,
+  static_assert(support::always_false_v<Tensor>,
                 "gradwire::strategy: Tensor lives on a CUDA device: include <gradwire/cuda.cuh> and compile this "
                 "translation unit with nvcc");
 };

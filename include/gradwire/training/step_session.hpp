@@ -39,14 +39,8 @@ struct movable_mutex {
 // How a tensor stands in the step in progress.
 enum class mark : std::uint8_t { none, ready, unused };
 
-// A gradient as a step takes it (concepts::gradient): its element count, and a host view.
-template <class V, class Gradient>
-std::size_t gradient_size(const Gradient& g) {
-  if constexpr (concepts::tensor<std::remove_const_t<Gradient>>)
-    return g.size();
-  else
-    return std::span<const V>(g).size();
-}
+// A gradient as a step takes it (concepts::gradient), as a span (over device memory for a
+// device tensor: only its size is read there).
 template <class V, class Gradient>
 std::span<const V> gradient_span(const Gradient& g) {
   if constexpr (concepts::tensor<std::remove_const_t<Gradient>>)
@@ -70,7 +64,7 @@ class step_session {
                                               " gradient tensors for " + std::to_string(parameters.size()) +
                                               " parameter tensors");
     for (std::size_t i = 0; i < gradients.size(); ++i)
-      check_size("strategy::step: gradient ", i, gradient_size<typename Tensor::value_type>(gradients[i]),
+      check_size("strategy::step: gradient ", i, gradient_span<typename Tensor::value_type>(gradients[i]).size(),
                  parameters[i].size());
   }
   // Gradient i must have its parameter's `expected` elements (`who` starts the message).

@@ -62,11 +62,6 @@ inline std::string peer_failed_message(int rank, int peer, const std::string& re
   return "rank " + std::to_string(rank) + ": rank " + std::to_string(peer) + " failed: " + reason;
 }
 
-// "rank 0: lost rank 2: it failed: REASON": the same, for a peer whose loss is tolerated.
-inline std::string tolerated_peer_failed_message(int rank, int peer, const std::string& reason) {
-  return "rank " + std::to_string(rank) + ": lost rank " + std::to_string(peer) + ": it failed: " + reason;
-}
-
 // "rank 0 failed: REASON": this rank's own failure (fail(), or an exception that unwinds).
 inline std::string rank_failed_message(int rank, const std::string& reason) {
   return "rank " + std::to_string(rank) + " failed: " + reason;
@@ -94,7 +89,12 @@ inline std::string lost_peer_message(int rank, int peer, const std::string& why)
   return "rank " + std::to_string(rank) + ": lost rank " + std::to_string(peer) + ": " + why;
 }
 
-// "rank 0: lost rank 2: rank 1 reports: WHY": the same, as rank 1 told this rank (it
+// "rank 0: lost rank 2: it failed: REASON": a failed peer, whose loss is tolerated.
+inline std::string tolerated_peer_failed_message(int rank, int peer, const std::string& reason) {
+  return lost_peer_message(rank, peer, "it failed: " + reason);
+}
+
+// "rank 0: lost rank 2: rank 1 reports: WHY": a lost peer, as rank 1 told this rank (it
 // failed from that loss before this rank noticed it).
 inline std::string relayed_by(int peer, const std::string& why) {
   return "rank " + std::to_string(peer) + " reports: " + why;

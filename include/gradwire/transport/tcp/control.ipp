@@ -62,7 +62,7 @@ GRADWIRE_DECL void tcp_engine::on_abort(tcp_link& link, const std::string& reaso
   if (f.isolate_only) return isolate(link, f.report.reason);
   // A loss this rank has seen itself, and waits out the grace of (await_loss_reason), is
   // reported as it saw it.
-  if (notice.lost >= 0 && loss_grace && notice.lost == loss_peer) return fail_from_loss();
+  if (notice.lost >= 0 && links[notice.lost] && links[notice.lost]->state.suspected()) return fail_from_loss();
   // Passed on before this rank's connections close, so that a peer which sees one of them
   // close reads why on that same stream first, instead of racing the first rank's abort
   // (which may come later, or never: it goes out only on idle links).
