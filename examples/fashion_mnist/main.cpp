@@ -32,7 +32,6 @@
 #include <system_error>
 
 #include <gradwire/error.hpp>
-#include <gradwire/support/virtual_clock.hpp>
 #if GRADWIRE_HAS_ASIO
 #include <gradwire/cluster/spec.hpp>
 #endif
@@ -47,7 +46,7 @@ using fashion_mnist::options;
 using fashion_mnist::summary;
 using fashion_mnist::usage_error;
 using fashion_mnist::uses_tcp;
-using steady = gradwire::support::step_clock;
+using steady = std::chrono::steady_clock;  // before any rank runs: real time
 
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"

@@ -31,7 +31,6 @@
 #include <gradwire/optim/one_of.hpp>
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/strategy.hpp>
-#include <gradwire/support/virtual_clock.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
 #include <gradwire/transport/inproc.hpp>
 #include <gradwire/transport/simulated.hpp>
@@ -46,7 +45,7 @@ namespace fashion_mnist {
 // not in every trainer.
 extern template class mlp<float>;
 
-using steady = gradwire::support::step_clock;  // virtual time on a simulated rank
+using steady = gradwire::clock;
 using model_type = mlp<float>;
 using matrix = model_type::matrix;
 
@@ -70,6 +69,7 @@ inline constexpr bool averages_parameters = false;
 template <class Strategy>
 void train_replica(Strategy& strategy, model_type& model, const data_set& data, const options& o, summary& out) {
   const int rank = strategy.rank(), replicas = strategy.size();
+  const gradwire::time_source time = strategy.time();  // virtual on a simulated rank, as the step stats are
   const auto batch = static_cast<std::size_t>(o.batch);
   const std::size_t global_batch = batch * static_cast<std::size_t>(replicas);
   const std::size_t n_train = data.train.size();
@@ -180,14 +180,14 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
   // --evals-per-epoch K: the test accuracy every steps/K steps as well as at each epoch's end.
   const std::size_t eval_every = o.evals_per_epoch > 1 ? std::max<std::size_t>(1, steps / o.evals_per_epoch) : 0;
 
-  const auto start = steady::now();
+  const auto start = time.now();
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     // Same seed on every replica: the same permutation everywhere, a new one per epoch.
     std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch));
     std::shuffle(order.begin(), order.end(), rng);
     if (static_cast<std::uint64_t>(epoch) * steps <= resumed) continue;  // done before the restart
 
-    const auto epoch_start = steady::now();
+    const auto epoch_start = time.now();
     double loss_sum = 0;
     std::size_t steps_done = 0;  // fewer than steps in an epoch resumed from a checkpoint
     // Where a replica's step time goes: its own forward/backward vs strategy.step
@@ -197,20 +197,20 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     for (std::size_t step = 0; step < steps; ++step) {
       const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
       if (global_step < resumed) continue;
-      const auto step_start = steady::now();
+      const auto step_start = time.now();
       load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
       loss_sum += model.loss_and_gradient(x, y);
       gradwire::simulation::compute(o.step_compute);  // modelled work: nothing unless simulated
       // A simulated slow replica: sleeping (FACTOR - 1) x its own compute time makes its
       // forward/backward take FACTOR times as long (--timing counts the sleep there).
       if (straggling)
-        std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
+        std::this_thread::sleep_for((time.now() - step_start) * (o.straggler_factor - 1));
       set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
-      const auto computed = steady::now();
+      const auto computed = time.now();
       strategy.step(gradients);
       epoch_stats += strategy.last_step_stats();
       compute_time += computed - step_start;
-      step_time += steady::now() - computed;
+      step_time += time.now() - computed;
       ++steps_done;
       if (o.checkpoint_every && (global_step + 1) % o.checkpoint_every == 0) save(global_step + 1);
       if (eval_every && (step + 1) % eval_every == 0 && step + 1 < steps) {
@@ -218,10 +218,10 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
         gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(&correct, 1));
         if (rank == 0)
           out.record(double(epoch - 1) + double(step + 1) / double(steps), correct / double(n_test),
-                     std::chrono::duration<double>(steady::now() - start).count(), o.target_accuracy);
+                     std::chrono::duration<double>(time.now() - start).count(), o.target_accuracy);
       }
     }
-    const double train_seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
+    const double train_seconds = std::chrono::duration<double>(time.now() - epoch_start).count();
 
     // {sum of per-step mean losses, steps, correct test predictions, compute and step
     // seconds} summed over all replicas.
@@ -231,7 +231,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     gradwire::collective::all_reduce(strategy.communicator(), std::span<double>(stats));
 
     if (rank == 0) {
-      const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
+      const double elapsed = std::chrono::duration<double>(time.now() - start).count();
       const double accuracy = stats[2] / double(n_test);
       std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s", epoch,
                   o.epochs, stats[0] / stats[1], 100.0 * accuracy,

@@ -4,6 +4,7 @@
 // other policy; strategy<> checks each with a static_assert that says what is missing.
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -14,12 +15,12 @@
 #include <vector>
 #include <utility>
 
+#include "clock.hpp"
 #include "error.hpp"
 #include "support/topology.hpp"
 #include "support/traffic.hpp"
 #include "tensor/dtype.hpp"
 #include "tensor/shape.hpp"
-#include "timeouts.hpp"
 
 namespace gradwire {
 
@@ -168,6 +169,42 @@ concept transport = std::move_constructible<T> &&
                       { t.async_recv(peer, tag, in) } -> std::same_as<typename T::request>;
                       t.wait(request, until);
                     };
+
+// Clock: where a rank's time comes from (clock.hpp's time_source is the one shipped: the
+// steady clock, or a simulated rank's virtual time).
+//   deadline now() const                       deadline deadline_after(milliseconds) const
+//   bool runs_background_inline() const        deadline run_in_background(void (*)(void*), void*) const
+//   void advance_to(deadline) const            void step_began() const
+template <class C>
+concept clock_source = std::copy_constructible<C> && requires(const C& c, std::chrono::milliseconds timeout,
+                                                              deadline when, void (*work)(void*), void* context) {
+  { c.now() } -> std::same_as<deadline>;
+  { c.deadline_after(timeout) } -> std::same_as<deadline>;
+  { c.runs_background_inline() } -> std::convertible_to<bool>;
+  { c.run_in_background(work, context) } -> std::same_as<deadline>;
+  c.advance_to(when);
+  c.step_began();
+};
+static_assert(clock_source<time_source>);
+
+// Optional transport capability: a time of its own (a simulated rank's endpoint: virtual
+// time). A transport without it runs on the steady clock. Wrappers (any_transport,
+// per_peer) pass on what they wrap.
+//   time_source time() const
+template <class T>
+concept timed_transport = requires(const T& ct) {
+  { ct.time() } -> std::convertible_to<time_source>;
+};
+
+// The time `t` runs on: what every deadline, step timing, trace and background collective
+// of a rank is measured with (clock.hpp). Takes a transport or a communicator.
+template <class T>
+time_source time_of(const T& t) {
+  if constexpr (timed_transport<T>)
+    return t.time();
+  else
+    return {};
+}
 
 // Optional transport capability: receive a message of V and add it into memory in the
 // same pass that delivers it (inout[i] += message[i]). Reductions use it when present

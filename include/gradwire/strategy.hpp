@@ -86,7 +86,7 @@ class strategy {
         session_(parameters_.size()),
         accumulation_(parameters_),
         check_finite_(training::finite_check_from_env()) {
-    const auto setup_began = clock::now();
+    const auto setup_began = comm_.time().now();
     // Before anything else that communicates: ranks with different models fail here, all
     // of them, naming both models, not later in some collective (or never: a hang).
     // (A replacement of a lost worker joins a running job: the others checked long ago.)
@@ -98,7 +98,7 @@ class strategy {
     }
     check_finite_gradients(check_finite_);  // GRADWIRE_CHECK_FINITE=1: refused where the replica cannot check
     replica_.setup(agent_, comm_, std::span<Tensor>(parameters_), optimizer_);
-    const auto took = meter_.setup_finished(setup_began);
+    const auto took = meter_.setup_finished(comm_, setup_began);
     if (observe::log_enabled(observe::log_level::info))
       meter_.template log_setup<Aggregation>(comm_, took, parameters_, replica_type::where, is_server());
   }
@@ -201,6 +201,9 @@ class strategy {
   std::span<optimizer_state_type> optimizer_states() noexcept { return replica_.states(); }
   std::span<const optimizer_state_type> optimizer_states() const noexcept { return replica_.states(); }
   communicator_type& communicator() noexcept { return comm_; }
+  // The time this rank runs on (clock.hpp): virtual on a simulated rank. Time a training
+  // loop with it (time().now()) so that its figures agree with the step stats.
+  time_source time() const { return comm_.time(); }
 
   // What the latest step cost this rank (bytes, communication vs optimizer vs the
   // caller's compute, staleness), and the same added up over every step so far. With the
@@ -226,7 +229,6 @@ class strategy {
 
  private:
   friend pending_step;
-  using clock = support::step_clock;  // virtual time on a simulated rank
   using mark = training::mark;
   using session_type = training::step_session<Tensor>;
   // Host tensors: the incremental step, accumulation and the finite check; CUDA tensors:
@@ -293,7 +295,7 @@ class strategy {
       accumulation_.discard();
       throw error(errc::invalid_argument, *refused);
     }
-    const auto began = clock::now();
+    const auto began = comm_.time().now();
     if (session_.local_only()) {
       accumulation_.micro_batch_done();
     } else {

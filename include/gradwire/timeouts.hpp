@@ -7,7 +7,6 @@
 
 #include "clock.hpp"
 #include "error.hpp"
-#include "support/virtual_clock.hpp"
 
 namespace gradwire {
 
@@ -33,14 +32,6 @@ inline constexpr std::chrono::milliseconds default_stall_timeout{0};
 // leaving for its servers and standbys, an elastic replacement's welcome from each rank):
 // a stopped or partitioned peer costs this much, not default_timeout.
 inline constexpr std::chrono::milliseconds prompt_reply_timeout{std::chrono::seconds(10)};
-
-// On a simulated rank (transport/simulated/), the deadline is virtual: `timeout` after the rank's
-// virtual clock, so the real time other ranks take never eats into it.
-inline deadline deadline_after(std::chrono::milliseconds timeout) {
-  if (support::virtual_clock* v = support::this_thread_virtual_clock())
-    return deadline(std::chrono::duration_cast<clock::duration>(std::chrono::nanoseconds(v->now_ns()) + timeout));
-  return clock::now() + timeout;
-}
 
 // Seconds as an environment variable `name` gives them ("30", "0.5"): errc::config
 // naming the variable if `text` is not a number from 0.001 to 1e7.

@@ -34,6 +34,12 @@ static_assert(concepts::segmenting_transport<gw::transport::inproc> &&
 static_assert(concepts::conditionally_loss_tolerant_transport<
                   gw::transport::basic_any_transport<gw::transport::caps::loss_tolerant>> &&
               !concepts::conditionally_loss_tolerant_transport<gw::transport::inproc>);
+// Time (clock.hpp): the wrappers and the communicator pass on what they hold; a transport
+// without a time of its own runs on the steady clock.
+static_assert(concepts::timed_transport<gw::transport::any_transport> &&
+              concepts::timed_transport<gw::collective::communicator<gw::transport::inproc>> &&
+              !concepts::timed_transport<gw::transport::inproc> && !concepts::timed_transport<gw::transport::local>);
+static_assert(!concepts::clock_source<int>);
 static_assert(concepts::state_synchronising_agent<gw::aggregation::averaging_agent<4, float, gw::transport::inproc>,
                                                   float, gw::transport::inproc, gw::optim::adam::state<float>>);
 static_assert(!concepts::state_averaging_agent<gw::aggregation::all_reduce::agent<float, gw::transport::inproc>>);

@@ -128,7 +128,7 @@ void say(const std::string& line) {
 std::string kind_name(gw::errc e) { return gw::make_error_code(e).message(); }
 
 // The deadline of a wait in these scenarios: long enough that only a hang reaches it.
-gw::deadline within(std::chrono::seconds patience = std::chrono::seconds(60)) { return gw::deadline_after(patience); }
+gw::deadline within(std::chrono::seconds patience = std::chrono::seconds(60)) { return gw::clock::now() + patience; }
 
 // All-reduce of rank-dependent values, compared with the sum computed here.
 void checked_all_reduce(col::communicator<gw::transport::mpi>& comm) {
@@ -208,7 +208,7 @@ int recovery(const std::filesystem::path& dir) {
     fail(what + " completed although rank 1 was killed");
   };
   expect_timeout("the receive posted before the kill", [&] {
-    comm.transport().wait(*pending, gw::deadline_after(gw::step_timeout()));
+    comm.transport().wait(*pending, gw::clock::now() + gw::step_timeout());
   });
   std::vector<float> data(1000, 1.0f);
   expect_timeout("an all-reduce after the kill", [&] { col::all_reduce(comm, std::span<float>(data)); });

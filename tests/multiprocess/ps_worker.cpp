@@ -328,7 +328,7 @@ class held_tcp : public gw::transport::asio_tcp {
       std::byte none{};
       auto probe = asio_tcp::async_recv(victim_, probe_tag, {&none, 1});
       try {
-        asio_tcp::wait(probe, gw::deadline_after(std::chrono::milliseconds(20)));  // the engine reads meanwhile
+        asio_tcp::wait(probe, gw::clock::now() + std::chrono::milliseconds(20));  // the engine reads meanwhile
       } catch (const gw::error&) {  // a timeout (withdrawn), or the loss itself
       }
     }

@@ -431,7 +431,7 @@ TEST_CASE("GRADWIRE_LOG: levels, and lines prefixed by rank") {
 
 namespace {
 // A virtual clock that moves 2 ms at every reading: a traced region lasts exactly that.
-struct stepping_clock final : gw::support::virtual_clock {
+struct stepping_clock final : gw::virtual_time {
   std::int64_t now = 0;
   std::int64_t now_ns() override { return now += 2'000'000; }
   std::int64_t run_in_background(void (*work)(void*), void* context) override {
@@ -450,12 +450,10 @@ TEST_CASE("GRADWIRE_LOG: a traced region's debug line gives its bytes, its durat
   gw::observe::set_log_sink(sink);
   gw::observe::set_log_level(gw::observe::log_level::debug);
   stepping_clock clock;
-  gw::support::this_thread_virtual_clock() = &clock;
   {
-    gw::observe::trace_scope scope(1, 4, "push", "ps.worker", 4096);
+    gw::observe::trace_scope scope(gw::time_source(clock), 1, 4, "push", "ps.worker", 4096);
     scope.arg("server", 3);
   }
-  gw::support::this_thread_virtual_clock() = nullptr;
   gw::observe::set_log_level(gw::observe::log_level::off);
   gw::observe::set_log_sink(nullptr);
   std::fclose(sink);

@@ -260,12 +260,12 @@ TEST_CASE("parameter server: a worker that sends an unknown request kind is refu
           std::memcpy(&h.kind, &bad_kind, sizeof bad_kind);
           h.clock = 1;
           auto send = tr.async_send(server, psd::request_tag, psd::bytes_of(h));
-          tr.wait(send, gw::deadline_after(patience));
+          tr.wait(send, gw::clock::now() + patience);
           sent = true;
           // The server's answer: its failure (a reply would be a defence missing).
           std::vector<std::byte> reply(sizeof(psd::reply_header) + model_elements() * sizeof(float));
           auto r = tr.async_recv(server, psd::reply_tag, reply);
-          tr.wait(r, gw::deadline_after(patience));
+          tr.wait(r, gw::clock::now() + patience);
           throw std::runtime_error("the server answered a request of an unknown kind");
         }
         mine.armed = true;
@@ -318,7 +318,7 @@ TEST_CASE("parameter server: a worker refuses a reply whose staleness exceeds it
         auto s = make_ps(t, mine);
         auto& tr = s.communicator().transport();
         auto r = tr.async_recv(worker, psd::request_tag, psd::writable_bytes_of(pull));
-        tr.wait(r, gw::deadline_after(patience));
+        tr.wait(r, gw::clock::now() + patience);
         pulled = true;
         std::vector<std::byte> reply(sizeof(psd::reply_header) + model_elements() * sizeof(float));
         psd::reply_header h;
@@ -326,11 +326,11 @@ TEST_CASE("parameter server: a worker refuses a reply whose staleness exceeds it
         h.staleness = 3;
         std::memcpy(reply.data(), &h, sizeof h);
         auto send = tr.async_send(worker, psd::reply_tag, reply);
-        tr.wait(send, gw::deadline_after(patience));
+        tr.wait(send, gw::clock::now() + patience);
         // The worker's next word: a failure, or (a defence missing) its done request.
         psd::request_header next{};
         auto more = tr.async_recv(worker, psd::request_tag, psd::writable_bytes_of(next));
-        tr.wait(more, gw::deadline_after(patience));
+        tr.wait(more, gw::clock::now() + patience);
         throw std::runtime_error("the worker carried on after a reply whose staleness exceeds its version");
       } catch (const gw::error& e) {
         got[static_cast<std::size_t>(me)] = {e.kind(), e.what()};
@@ -504,7 +504,7 @@ TEST_CASE("rendezvous: a store request whose key length does not fit its payload
   gw::rendezvous::store_server server("127.0.0.1", 0, store_token);
   namespace rz = gw::rendezvous::detail;
   boost::asio::io_context io;
-  auto socket = gw::support::connect_with_retry(io, "127.0.0.1", server.port(), "the store", gw::deadline_after(patience));
+  auto socket = gw::support::connect_with_retry(io, "127.0.0.1", server.port(), "the store", gw::clock::now() + patience);
   // A well-formed header (this job's token, a get) over an 8-byte payload whose key
   // length says 100 bytes follow.
   std::vector<std::byte> payload(8, std::byte{'k'});
@@ -516,8 +516,8 @@ TEST_CASE("rendezvous: a store request whose key length does not fit its payload
   h.token_hash = wire::token_hash(store_token);
   h.length = payload.size();
   const std::string where = "the store";
-  rz::write_frame(io, socket, h, payload, gw::deadline_after(patience), where);
-  auto [reply, body] = rz::read_frame(io, socket, wire::token_hash(store_token), gw::deadline_after(patience), where);
+  rz::write_frame(io, socket, h, payload, gw::clock::now() + patience, where);
+  auto [reply, body] = rz::read_frame(io, socket, wire::token_hash(store_token), gw::clock::now() + patience, where);
   REQUIRE(reply.kind == wire::frame_kind::refuse);
   // What a store_client makes of that answer.
   const outcome o = outcome_of([&] { rz::parse_store_reply(reply, body, rz::store_op::get, where); });
@@ -526,7 +526,7 @@ TEST_CASE("rendezvous: a store request whose key length does not fit its payload
   REQUIRE_THAT(o.what, Catch::StartsWith("the store refused the request: malformed store request from a rendezvous "
                                          "client: its key length does not fit its 8-byte payload"));
   // The server hangs up on that client, and serves the others.
-  const outcome after = outcome_of([&] { rz::read_frame(io, socket, h.token_hash, gw::deadline_after(patience), where); });
+  const outcome after = outcome_of([&] { rz::read_frame(io, socket, h.token_hash, gw::clock::now() + patience, where); });
   REQUIRE(after.kind == errc::peer_lost);
   gw::rendezvous::store_client client("127.0.0.1", server.port(), store_token, patience);
   client.set("k", "v");
@@ -571,12 +571,12 @@ TEST_CASE("asio_tcp: a message larger or smaller than its receive is a mismatch 
     auto r2 = t.async_recv(1, 65537, big);    // rank 1 sends 4000 bytes
     auto r3 = t.async_recv(1, 65538, last);   // the right size
     posted.raise();
-    larger = outcome_of([&] { t.wait(r1, gw::deadline_after(patience)); });
-    smaller = outcome_of([&] { t.wait(r2, gw::deadline_after(patience)); });
-    after = outcome_of([&] { t.wait(r3, gw::deadline_after(patience)); });
+    larger = outcome_of([&] { t.wait(r1, gw::clock::now() + patience); });
+    smaller = outcome_of([&] { t.wait(r2, gw::clock::now() + patience); });
+    after = outcome_of([&] { t.wait(r3, gw::clock::now() + patience); });
     const std::byte done{1};
     auto a = t.async_send(1, 99, {&done, 1});
-    t.wait(a, gw::deadline_after(patience));
+    t.wait(a, gw::clock::now() + patience);
   });
   std::thread t1 = run(1, [&](asio_tcp& t) {
     posted.await("rank 0's receives");
@@ -584,10 +584,10 @@ TEST_CASE("asio_tcp: a message larger or smaller than its receive is a mismatch 
     auto s1 = t.async_send(0, 65536, m4096);
     auto s2 = t.async_send(0, 65537, m4000);
     auto s3 = t.async_send(0, 65538, m16);
-    for (auto* s : {&s1, &s2, &s3}) t.wait(*s, gw::deadline_after(patience));
+    for (auto* s : {&s1, &s2, &s3}) t.wait(*s, gw::clock::now() + patience);
     std::byte done{};
     auto a = t.async_recv(0, 99, {&done, 1});
-    t.wait(a, gw::deadline_after(patience));
+    t.wait(a, gw::clock::now() + patience);
   });
   t0.join();
   t1.join();

@@ -31,7 +31,7 @@ TEST_CASE("inproc delivers messages by tag, in posting order within a tag") {
   gw::transport::inproc_group group(2);
   std::vector<int> first(5), second(5), third(3);
   auto outcomes = group.run([&](inproc t) {
-    const auto until = gw::deadline_after(10s);
+    const auto until = gw::clock::now() + 10s;
     if (t.rank() == 0) {
       std::vector<int> a{1, 2, 3, 4, 5}, b{6, 7, 8, 9, 10}, c{11, 12, 13};
       auto s3 = t.async_send(1, 7, bytes(c));  // other tag, sent first
@@ -59,7 +59,7 @@ TEST_CASE("inproc carries empty messages and messages to self") {
   auto s = t.async_send(0, 1, bytes(out));
   auto r0 = t.async_recv(0, 2, bytes(none_in));
   auto s0 = t.async_send(0, 2, bytes(none_out));
-  const auto until = gw::deadline_after(1s);
+  const auto until = gw::clock::now() + 1s;
   t.wait(r, until), t.wait(s, until), t.wait(r0, until), t.wait(s0, until);
   REQUIRE(in == out);
 }
@@ -70,7 +70,7 @@ TEST_CASE("inproc reports a receive nobody sends as a timeout, near its deadline
   std::vector<int> in(4);
   auto r = t.async_recv(0, 9, bytes(in));
   const auto start = std::chrono::steady_clock::now();
-  auto [kind, what] = error_of([&] { t.wait(r, gw::deadline_after(150ms)); });
+  auto [kind, what] = error_of([&] { t.wait(r, gw::clock::now() + 150ms); });
   const auto waited = std::chrono::steady_clock::now() - start;
   REQUIRE(kind == gw::errc::timeout);
   REQUIRE_THAT(what, Catch::Contains("receive from rank 0") && Catch::Contains("deadline"));
@@ -81,8 +81,8 @@ TEST_CASE("inproc reports a receive nobody sends as a timeout, near its deadline
   auto sender = group.endpoint(0);
   auto s = sender.async_send(1, 9, bytes(out));
   auto r2 = t.async_recv(0, 9, bytes(again));
-  t.wait(r2, gw::deadline_after(1s));
-  sender.wait(s, gw::deadline_after(1s));
+  t.wait(r2, gw::clock::now() + 1s);
+  sender.wait(s, gw::clock::now() + 1s);
   REQUIRE(again == out);
 }
 
@@ -91,7 +91,7 @@ TEST_CASE("inproc rejects a message whose size differs from the receive, on both
   auto outcomes = group.run([&](inproc t) {
     std::vector<int> buffer(t.rank() == 0 ? 3 : 4);
     auto r = t.rank() == 0 ? t.async_send(1, 1, bytes(std::as_const(buffer))) : t.async_recv(0, 1, bytes(buffer));
-    t.wait(r, gw::deadline_after(10s));
+    t.wait(r, gw::clock::now() + 10s);
   });
   for (auto& e : outcomes) {
     REQUIRE(e);
@@ -121,7 +121,7 @@ TEST_CASE("a failing rank turns its peers' waits into peer_lost at once, naming 
       ++receives_posted;
     }
     posted.notify_all();
-    t.wait(r, gw::deadline_after(60s));
+    t.wait(r, gw::clock::now() + 60s);
   });
   REQUIRE(std::chrono::steady_clock::now() - start < 10s);  // far below the 60 s deadline
   for (int r = 0; r < 4; ++r) {
@@ -150,7 +150,7 @@ TEST_CASE("run_inproc rethrows the root cause, not its peer_lost echoes") {
                                                   if (t.rank() == 1) throw std::logic_error("the real problem");
                                                   std::vector<int> in(1);
                                                   auto r = t.async_recv(1, 1, bytes(in));
-                                                  t.wait(r, gw::deadline_after(60s));
+                                                  t.wait(r, gw::clock::now() + 60s);
                                                 }),
                       "the real problem");
 }
@@ -184,7 +184,7 @@ TEST_CASE("a rank that fails with a config, timeout or mismatch error gives that
         ++waiting;
       }
       posted.notify_all();
-      t.wait(r, gw::deadline_after(60s));
+      t.wait(r, gw::clock::now() + 60s);
     });
     const errc heard = kind == errc::invalid_argument ? errc::peer_lost : kind;
     const std::string waited_on[2] = {"rank 0: send to rank 1 (tag 1, 4 bytes)", "rank 1: receive from rank 2 (tag 1, 4 bytes)"};
@@ -215,8 +215,8 @@ TEST_CASE("a request destroyed before completion is withdrawn") {
   std::vector<int> in(2);
   auto s = sender.async_send(1, 3, bytes(out));
   auto r = receiver.async_recv(0, 3, bytes(in));
-  receiver.wait(r, gw::deadline_after(1s));
-  sender.wait(s, gw::deadline_after(1s));
+  receiver.wait(r, gw::clock::now() + 1s);
+  sender.wait(s, gw::clock::now() + 1s);
   REQUIRE(in == out);
 }
 
@@ -245,8 +245,8 @@ TEST_CASE("inproc refuses a tag at or above 2^48 - 1 with invalid_argument namin
   const std::uint64_t largest = (std::uint64_t{1} << 48) - 2;
   auto r = a.async_recv(1, largest, bytes(in));
   auto s = b.async_send(0, largest, bytes(std::as_const(out)));
-  a.wait(r, gw::deadline_after(5s));
-  b.wait(s, gw::deadline_after(5s));
+  a.wait(r, gw::clock::now() + 5s);
+  b.wait(s, gw::clock::now() + 5s);
   REQUIRE(in == out);
 }
 
@@ -260,8 +260,8 @@ TEST_CASE("inproc moves large messages intact between many ranks at once") {
     std::iota(out.begin(), out.end(), me * 1000);
     auto r = t.async_recv(from, 1, bytes(in));
     auto s = t.async_send(to, 1, bytes(std::as_const(out)));
-    t.wait(r, gw::deadline_after(30s));
-    t.wait(s, gw::deadline_after(30s));
+    t.wait(r, gw::clock::now() + 30s);
+    t.wait(s, gw::clock::now() + 30s);
     for (std::size_t i = 0; i < n; ++i)
       if (in[i] != int(from * 1000 + i))
         throw std::runtime_error("element " + std::to_string(i) + " from rank " + std::to_string(from) + " is " +
@@ -286,8 +286,8 @@ TEST_CASE("async_recv_accumulate adds the message into the receive buffer, on ei
     // here the sender's, which must not wait for the receiver to call wait.
     auto r = receiver.async_recv_accumulate(0, 4, std::span<float>(inout));
     auto s = sender.async_send(1, 4, std::as_bytes(std::span<const float>(out)));
-    sender.wait(s, gw::deadline_after(1s));
-    receiver.wait(r, gw::deadline_after(1s));
+    sender.wait(s, gw::clock::now() + 1s);
+    receiver.wait(r, gw::clock::now() + 1s);
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < n; ++i)
       wrong += std::abs(double(inout[i]) - expected[i]) > 2 * std::numeric_limits<float>::epsilon();
@@ -297,7 +297,7 @@ TEST_CASE("async_recv_accumulate adds the message into the receive buffer, on ei
   std::vector<float> out(3, 1.0f), inout(4, 2.0f);
   auto s = sender.async_send(1, 5, std::as_bytes(std::span<const float>(out)));
   auto r = receiver.async_recv_accumulate(0, 5, std::span<float>(inout));
-  auto [kind, what] = error_of([&] { receiver.wait(r, gw::deadline_after(1s)); });
+  auto [kind, what] = error_of([&] { receiver.wait(r, gw::clock::now() + 1s); });
   REQUIRE(kind == gw::errc::mismatch);
   REQUIRE_THAT(what, Catch::Contains("sent 12 bytes") && Catch::Contains("expected 16"));
   REQUIRE(inout == std::vector<float>(4, 2.0f));
@@ -314,8 +314,8 @@ TEST_CASE("a matched receive destroyed before its bytes moved hands its send to 
     s = sender.async_send(1, 2, bytes(out));  // matched: ready, nothing moved yet
   }  // the receive and its buffer go away: the send must not write into them
   auto r = receiver.async_recv(0, 2, bytes(in));
-  receiver.wait(r, gw::deadline_after(1s));
-  sender.wait(*s, gw::deadline_after(1s));
+  receiver.wait(r, gw::clock::now() + 1s);
+  sender.wait(*s, gw::clock::now() + 1s);
   REQUIRE(in == out);
 }
 
@@ -324,9 +324,9 @@ TEST_CASE("waiting again on a request that timed out is an error, not a hang") {
   auto t = group.endpoint(0);
   std::vector<int> in(1);
   auto r = t.async_recv(1, 1, bytes(in));
-  REQUIRE(error_of([&] { t.wait(r, gw::deadline_after(20ms)); }).first == gw::errc::timeout);
+  REQUIRE(error_of([&] { t.wait(r, gw::clock::now() + 20ms); }).first == gw::errc::timeout);
   const auto start = std::chrono::steady_clock::now();
-  auto [kind, what] = error_of([&] { t.wait(r, gw::deadline_after(20ms)); });
+  auto [kind, what] = error_of([&] { t.wait(r, gw::clock::now() + 20ms); });
   REQUIRE(kind == gw::errc::invalid_argument);
   REQUIRE_THAT(what, Catch::Contains("finished request"));
   REQUIRE(std::chrono::steady_clock::now() - start < 1s);
@@ -339,8 +339,8 @@ TEST_CASE("a matched send destroyed before its bytes moved hands its receive to 
   auto r = receiver.async_recv(0, 6, bytes(in));
   { auto doomed = sender.async_send(1, 6, bytes(wrong)); }  // matched, then withdrawn unmoved
   auto s = sender.async_send(1, 6, bytes(right));
-  receiver.wait(r, gw::deadline_after(1s));
-  sender.wait(s, gw::deadline_after(1s));
+  receiver.wait(r, gw::clock::now() + 1s);
+  sender.wait(s, gw::clock::now() + 1s);
   REQUIRE(in == right);
 }
 
@@ -354,8 +354,8 @@ TEST_CASE("requests completed by the peer can be dropped at any moment while ran
       auto r = t.async_recv(1 - t.rank(), 1, bytes(in));
       auto s = t.async_send(1 - t.rank(), 1, bytes(std::as_const(out)));
       if (t.rank() == round % 2) throw std::runtime_error("fails before waiting");
-      t.wait(r, gw::deadline_after(10s));
-      t.wait(s, gw::deadline_after(10s));
+      t.wait(r, gw::clock::now() + 10s);
+      t.wait(s, gw::clock::now() + 10s);
     });
     REQUIRE(outcomes[round % 2]);
   }
@@ -367,7 +367,7 @@ TEST_CASE("inproc wait_any returns the request whose peer spoke, skips empty one
   std::vector<int> in1(1), in2(1);
   std::optional<gw::errc> last_wait;
   auto outcomes = group.run([&](inproc t) {
-    const auto until = gw::deadline_after(10s);
+    const auto until = gw::clock::now() + 10s;
     std::vector<int> one{1};
     if (t.rank() == 0) {
       auto from1 = t.async_recv(1, 3, bytes(in1));
@@ -389,7 +389,7 @@ TEST_CASE("inproc wait_any returns the request whose peer spoke, skips empty one
       auto never = t.async_recv(1, 9, bytes(spare));
       std::vector<inproc::request*> last{&never};
       try {
-        t.wait_any(last, gw::deadline_after(50ms));
+        t.wait_any(last, gw::clock::now() + 50ms);
       } catch (const gw::error& e) {
         last_wait = e.kind();
       }
@@ -456,7 +456,7 @@ TEST_CASE("every wait policy delivers, and a wait ends at its deadline even insi
       for (int round = 0; round < 20; ++round) {
         auto r = t.async_recv((me + n - 1) % n, round, bytes(got[me]));
         auto s = t.async_send((me + 1) % n, round, bytes(std::as_const(mine)));
-        const auto until = gw::deadline_after(10s);
+        const auto until = gw::clock::now() + 10s;
         t.wait(s, until), t.wait(r, until);
       }
     });
@@ -471,7 +471,7 @@ TEST_CASE("every wait policy delivers, and a wait ends at its deadline even insi
     std::vector<int> in(4);
     auto r = t.async_recv(0, 99, bytes(in));
     const auto start = std::chrono::steady_clock::now();
-    auto [kind, what] = error_of([&] { t.wait(r, gw::deadline_after(100ms)); });
+    auto [kind, what] = error_of([&] { t.wait(r, gw::clock::now() + 100ms); });
     const auto waited = std::chrono::steady_clock::now() - start;
     REQUIRE(kind == gw::errc::timeout);
     REQUIRE(waited >= 100ms);

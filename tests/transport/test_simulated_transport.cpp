@@ -28,17 +28,18 @@ using namespace std::chrono_literals;
 
 namespace {
 
-gw::deadline soon() { return gw::deadline_after(std::chrono::seconds(30)); }
+// 30 s on `t`'s virtual clock.
+gw::deadline soon(const gw::transport::simulated& t) { return t.time().deadline_after(std::chrono::seconds(30)); }
 
 double seconds(sim::time_point t) { return double(t.count()) / 1e9; }
 
 void send(gw::transport::simulated& t, int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
   auto r = t.async_send(peer, tag, bytes);
-  t.wait(r, soon());
+  t.wait(r, soon(t));
 }
 void recv(gw::transport::simulated& t, int peer, std::uint64_t tag, std::span<std::byte> bytes) {
   auto r = t.async_recv(peer, tag, bytes);
-  t.wait(r, soon());
+  t.wait(r, soon(t));
 }
 
 // Ranks 0 and 1 exchange `bytes` back and forth `round_trips` times; returns the job's end.
@@ -59,6 +60,51 @@ sim::time_point ping_pong(const sim::cluster_model& m, int round_trips, std::siz
 }
 
 }  // namespace
+
+TEST_CASE("a simulated rank's time is virtual, and any_transport and the communicator hand out the same clock") {
+  const auto m = sim::parse_cluster_model("hosts=2 compute=modelled");
+  std::vector<std::int64_t> seen(2, -1);
+  sim::run(m, [&](gw::transport::simulated t) {
+    sim::compute(std::chrono::milliseconds(5 + 5 * t.rank()));
+    const gw::deadline now = t.time().now();
+    // 5 ms (rank 0) or 10 ms (rank 1) of modelled compute since the simulation began.
+    REQUIRE(now.time_since_epoch() == std::chrono::milliseconds(5 + 5 * t.rank()));
+    REQUIRE(gw::concepts::time_of(t).now() == now);
+    gw::transport::any_transport any(std::move(t));
+    REQUIRE(any.time().now() == now);
+    gw::collective::communicator comm(std::move(any), {.timeout = 3s});
+    REQUIRE(comm.time().now() == now);
+    REQUIRE(comm.step_deadline() - now == 3s);
+    // A wait with a virtual deadline times out in virtual time: 1 ms after it began.
+    auto& tr = comm.transport();
+    const int peer = 1 - comm.rank();
+    {
+      std::byte b[4];
+      auto r = tr.async_recv(peer, 77, b);
+      const gw::deadline began = comm.time().now();
+      const auto [kind, what] = gw::testing::error_of([&] { tr.wait(r, comm.time().deadline_after(1ms)); });
+      REQUIRE(kind == gw::errc::timeout);
+      seen[static_cast<std::size_t>(comm.rank())] =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(comm.time().now() - began).count();
+    }
+    // Neither leaves before the other has timed out (a goodbye would end the other's wait).
+    std::byte mine[1]{}, theirs[1];
+    auto send = tr.async_send(peer, 78, mine);
+    auto recv = tr.async_recv(peer, 78, theirs);
+    tr.wait(send, comm.time().deadline_after(30s));
+    tr.wait(recv, comm.time().deadline_after(30s));
+  });
+  REQUIRE(seen == std::vector<std::int64_t>{1'000'000, 1'000'000});
+}
+
+TEST_CASE("the steady clock is the time of a transport that keeps none") {
+  gw::transport::local t;
+  const auto before = gw::clock::now();
+  const auto now = gw::concepts::time_of(t).now();
+  REQUIRE(now >= before);
+  REQUIRE(now <= gw::clock::now());
+  REQUIRE(!gw::concepts::time_of(t).runs_background_inline());
+}
 
 TEST_CASE("a straggler draw is Box-Muller jitter from two uniforms, and the tail's two more only when a tail is set") {
   // The draws are documented to be the same numbers on every platform from the same
@@ -203,10 +249,10 @@ TEST_CASE("virtual times of simple patterns equal their closed forms") {
         std::vector<std::byte> other(n);
         auto b = t.async_recv(2, 1, other);
         gw::transport::simulated::request* both[] = {&a, &b};
-        const std::size_t first = t.wait_any(both, soon());
+        const std::size_t first = t.wait_any(both, soon(t));
         arrived[0] = seconds(t.now());
-        t.wait(*both[first], soon());
-        t.wait(*both[1 - first], soon());
+        t.wait(*both[first], soon(t));
+        t.wait(*both[1 - first], soon(t));
         arrived[1] = seconds(t.now());
       } else {
         send(t, 0, 1, buf);
@@ -227,9 +273,9 @@ TEST_CASE("virtual times of simple patterns equal their closed forms") {
         auto a = t.async_send(2, 1, buf);
         auto b = t.async_send(3, 1, buf);
         auto c = t.async_send(1, 1, buf);
-        t.wait(a, soon());
-        t.wait(b, soon());
-        t.wait(c, soon());
+        t.wait(a, soon(t));
+        t.wait(b, soon(t));
+        t.wait(c, soon(t));
       } else {
         recv(t, 0, 1, buf);
         done[static_cast<std::size_t>(t.rank())] = seconds(t.now());
@@ -302,7 +348,7 @@ TEST_CASE("a tolerated peer that fails with a config error fails the operations 
     std::byte b[4];
     auto r = t.async_recv(1, 9, b);
     try {
-      t.wait(r, gw::deadline_after(2s));
+      t.wait(r, t.time().deadline_after(2s));
     } catch (const gw::error& e) {
       heard.emplace(e.kind(), e.what());
     }
@@ -326,7 +372,7 @@ TEST_CASE("a receive nobody sends times out in virtual time, and a job where eve
                                     if (t.rank() == 1) return;
                                     auto r = t.async_recv(1, 9, b);
                                     try {
-                                      t.wait(r, gw::deadline_after(2s));
+                                      t.wait(r, t.time().deadline_after(2s));
                                     } catch (...) {
                                       timed_out_at = t.now();
                                       throw;
@@ -345,7 +391,7 @@ TEST_CASE("a receive nobody sends times out in virtual time, and a job where eve
                                   [&](gw::transport::simulated t) {
                                     std::byte b[4];
                                     auto r = t.async_recv(1 - t.rank(), 9, b);
-                                    t.wait(r, gw::deadline_after(2s));
+                                    t.wait(r, t.time().deadline_after(2s));
                                   }),
                          gw::error, Catch::Predicate<gw::error>([](const gw::error& e) {
                            return e.kind() == gw::errc::timeout &&
@@ -368,7 +414,7 @@ TEST_CASE("a receive nobody sends times out in virtual time, and a job where eve
   sim::run(measured, [&](gw::transport::simulated t) {
     std::byte b[4]{};
     if (t.rank() == 0) {
-      const auto until = gw::deadline_after(10ms);
+      const auto until = t.time().deadline_after(10ms);
       auto r = t.async_recv(1, 9, b);
       t.wait(r, until);
       CHECK(t.now() == 5ms + 10us + 32ns);  // 4 B at 1 Gbit/s: 32 ns
@@ -387,9 +433,9 @@ TEST_CASE("a receive nobody sends times out in virtual time, and a job where eve
     auto bytes = std::as_writable_bytes(std::span(&word, 1));
     if (t.rank() == 0) {
       auto r = t.async_recv(1, 9, bytes);
-      REQUIRE_THROWS_AS(t.wait(r, gw::deadline_after(1ms)), gw::error);
+      REQUIRE_THROWS_AS(t.wait(r, t.time().deadline_after(1ms)), gw::error);
       auto again = t.async_recv(1, 9, bytes);
-      t.wait(again, gw::deadline_after(1s));
+      t.wait(again, t.time().deadline_after(1s));
       CHECK(word == 7);
     } else {
       sim::compute(5ms);
@@ -402,7 +448,7 @@ TEST_CASE("a receive nobody sends times out in virtual time, and a job where eve
   sim::job once(m);
   once.run([](gw::transport::simulated t) {
     std::vector<gw::transport::simulated::request*> none(2, nullptr);
-    const auto [kind, what] = gw::testing::error_of([&] { t.wait_any(none, gw::deadline_after(1ms)); });
+    const auto [kind, what] = gw::testing::error_of([&] { t.wait_any(none, t.time().deadline_after(1ms)); });
     REQUIRE(kind == gw::errc::timeout);
     REQUIRE_THAT(what, Catch::Contains(": nothing did not complete before its deadline"));  // names what it waited for, even nothing
   });
@@ -417,7 +463,7 @@ TEST_CASE("a dropped receive gives its message to the next one, and a size misma
     if (t.rank() == 0) {
       { auto dropped = t.async_recv(1, 9, bytes); }
       auto r = t.async_recv(1, 9, bytes);
-      t.wait(r, gw::deadline_after(1s));
+      t.wait(r, t.time().deadline_after(1s));
       CHECK(word == 42);
     } else {
       sim::compute(1ms);
@@ -449,8 +495,8 @@ TEST_CASE("wait_any returns requests in virtual arrival order, not in rank order
       std::vector<gw::transport::simulated::request*> ptrs;
       for (auto& r : rs) ptrs.push_back(&r);
       for (int k = 0; k < 4; ++k) {
-        const std::size_t i = t.wait_any(ptrs, soon());
-        t.wait(*ptrs[i], soon());
+        const std::size_t i = t.wait_any(ptrs, soon(t));
+        t.wait(*ptrs[i], soon(t));
         ptrs[i] = nullptr;
         order.push_back(int(words[i]));
       }
@@ -490,17 +536,17 @@ TEST_CASE("a message fills an idle gap of a link only when it fits there, else i
         std::vector<std::byte> big(static_cast<std::size_t>(y)), small(static_cast<std::size_t>(p));
         auto a = t.async_send(0, 1, big);
         auto b = t.async_send(2, 1, small);
-        t.wait(a, soon());
-        t.wait(b, soon());
+        t.wait(a, soon(t));
+        t.wait(b, soon(t));
       } else {
         std::vector<std::byte> from0(static_cast<std::size_t>(q)), from1(static_cast<std::size_t>(p));
         auto a = t.async_recv(0, 1, from0);
         auto b = t.async_recv(1, 1, from1);
         gw::transport::simulated::request* both[] = {&a, &b};
-        const std::size_t first = t.wait_any(both, soon());
-        t.wait(*both[first], soon());
+        const std::size_t first = t.wait_any(both, soon(t));
+        t.wait(*both[first], soon(t));
         (first == 0 ? got_q : got_p) = t.now().count();
-        t.wait(*both[1 - first], soon());
+        t.wait(*both[1 - first], soon(t));
         (first == 0 ? got_p : got_q) = t.now().count();
       }
     });
@@ -804,6 +850,45 @@ TEST_CASE("a rank that dies at virtual time t is a lost peer to the others, as o
     CHECK(!outcomes[0]);
     CHECK(!outcomes[3]);
     CHECK(lost == std::vector<int>{1});
+  }
+  SECTION("async parameter server, two servers: one server's death fails the other, not read as its workers' losses") {
+    // Ranks 0-2 work, 3 and 4 serve; server 4 dies. Server 3 tolerates its workers' losses,
+    // not a server's: every operation of its fails with peer_lost then, its pending worker
+    // receives included, and it must fail (the restart hint), not drop each worker and pass.
+    gw::ps::options o;
+    o.servers = 2;
+    const auto m = sim::parse_cluster_model("hosts=5 bandwidth=1Gbit latency=50us compute=modelled die=4@3ms");
+    std::vector<int> lost_by_3;
+    bool server_3_returned = false;
+    sim::job job(m);
+    sim::run_report report;
+    const auto outcomes = job.run(
+        [&](gw::transport::simulated t) {
+          using S = strategy_of<agg::parameter_server<gw::ps::async>, gw::transport::simulated>;
+          const int rank = t.rank();
+          S s(std::move(t), make_params(), gw::optim::sgd({.lr = 0.01}), agg::parameter_server<gw::ps::async>(o));
+          if (s.is_server()) {
+            lost_by_3 = s.serve().lost_workers;
+            server_3_returned = rank == 3;
+            return;
+          }
+          for (int k = 0; k < 20; ++k) {
+            std::vector<std::vector<float>> grads;
+            for (std::size_t i = 0; i < sizes.size(); ++i) grads.emplace_back(sizes[i], 0.01f);
+            sim::compute(1ms);
+            std::vector<std::span<const float>> views(grads.begin(), grads.end());
+            s.step(views);
+          }
+        },
+        &report);
+    CHECK(report.died == std::vector<int>{4});
+    CHECK(!server_3_returned);
+    CHECK(lost_by_3.empty());
+    REQUIRE(outcomes[3]);
+    const auto [kind, what] = gw::testing::error_of([&] { std::rethrow_exception(outcomes[3]); });
+    CAPTURE(what);
+    CHECK(kind == gw::errc::peer_lost);
+    CHECK(what.find("rank 4") != std::string::npos);
   }
   SECTION("a death with no transport call after it is still a death; fail() tells the peers why") {
     const auto m = sim::parse_cluster_model("hosts=3 latency=50us compute=modelled die=1@1ms");

@@ -83,7 +83,7 @@ std::optional<gw::error> failure_of(Fn&& fn) {
   return std::nullopt;
 }
 
-void finish(asio_tcp& t, asio_tcp::request& r) { t.wait(r, gw::deadline_after(patience)); }
+void finish(asio_tcp& t, asio_tcp::request& r) { t.wait(r, gw::clock::now() + patience); }
 
 // Rank 1's side of most cases: sends `data` to rank 0 (tag 7), then waits for rank 0's
 // one-byte answer (tag 99), which a rank 0 that failed never sends.
@@ -1239,7 +1239,7 @@ TEST_CASE("a waiting rank tells its peers what it waits for only near its stall 
       std::byte one{};
       auto recv = t.async_recv(r + 1, 5, {&one, 1});
       if (r == 1) waiting.raise();
-      failed[r] = failure_of([&] { t.wait(recv, gw::deadline_after(20s)); });
+      failed[r] = failure_of([&] { t.wait(recv, gw::clock::now() + 20s); });
     });
   run_ranks(fns, [](int r, asio_tcp_options& o) {
     o.heartbeat_interval = 0s;
@@ -1281,7 +1281,7 @@ TEST_CASE("a stall timeout names every link of the chain of waits that the waiti
       std::byte one{};
       auto recv = t.async_recv(waits_for[r], 5, {&one, 1});
       waiting[r].raise();
-      failed[r] = failure_of([&] { t.wait(recv, gw::deadline_after(20s)); });
+      failed[r] = failure_of([&] { t.wait(recv, gw::clock::now() + 20s); });
     });
   run_ranks(fns, [](int r, asio_tcp_options& o) {
     o.heartbeat_interval = 0s;  // rank 2 is named as connected, not by its host's answers

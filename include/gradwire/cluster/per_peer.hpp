@@ -74,7 +74,7 @@ inline transport::per_peer<transport::ucx, transport::asio_tcp> join_per_peer(co
   // Every host's UCX join is done before any rank goes on: otherwise a host that joined
   // first may fail its first collective and take rank 0's store down while another host
   // still joins through it (that host would report a missing store, not the failure).
-  detail::joined_everywhere(inter, deadline_after(o.connect_timeout));
+  detail::joined_everywhere(inter, clock::now() + o.connect_timeout);
   return {std::move(intra), std::move(inter), std::move(hosts)};
 }
 

@@ -24,10 +24,10 @@
 #include <utility>
 #include <vector>
 
+#include "../clock.hpp"
 #include "../error.hpp"
 #include "../timeouts.hpp"
 #include "../observe/timeline.hpp"
-#include "../support/virtual_clock.hpp"
 
 namespace gradwire::collective {
 
@@ -46,7 +46,8 @@ struct async_slot {
   std::exception_ptr failure;
   void (*run)(void* comm, async_slot&) = nullptr;
   async_slot* next = nullptr;  // in the queue or in the free list
-  std::int64_t virtual_done_ns = -1;  // a simulated rank's: when, in virtual time, it finished
+  time_source time;  // the submitter's (communicator::time())
+  deadline done_at{};  // run inline (a simulated rank's): when, on `time`, it finished
   alignas(std::max_align_t) std::byte work[capacity];
 };
 
@@ -74,7 +75,8 @@ struct async_core {
   void release(async_slot* s) noexcept {  // mutex held
     s->state = async_slot::status::free;
     s->failure = nullptr;
-    s->virtual_done_ns = -1;
+    s->time = {};
+    s->done_at = {};
     s->next = std::exchange(free_list, s);
   }
 };
@@ -119,11 +121,12 @@ class async_handle {
                   "async collective did not finish before the deadline; it is still queued or running (wait again, "
                   "or raise the deadline)");
     std::exception_ptr failure = std::move(slot_->failure);
-    const std::int64_t done_ns = slot_->virtual_done_ns;
+    const time_source time = slot_->time;
+    const deadline done_at = slot_->done_at;
     core_->release(std::exchange(slot_, nullptr));
     lock.unlock();
     core_.reset();
-    advance_virtual_clock(done_ns);
+    time.advance_to(done_at);
     if (failure) std::rethrow_exception(failure);
   }
 
@@ -137,16 +140,12 @@ class async_handle {
     if (!slot_) return;
     std::unique_lock lock(core_->mutex);
     core_->finished.wait(lock, [&] { return slot_->state == detail::async_slot::status::done; });
-    const std::int64_t done_ns = slot_->virtual_done_ns;
+    const time_source time = slot_->time;
+    const deadline done_at = slot_->done_at;
     core_->release(std::exchange(slot_, nullptr));
     lock.unlock();
     core_.reset();
-    advance_virtual_clock(done_ns);
-  }
-
-  // On a simulated rank, waiting for an operation moves its clock to when it finished.
-  static void advance_virtual_clock(std::int64_t done_ns) noexcept {
-    if (support::virtual_clock* v = support::this_thread_virtual_clock(); v && done_ns >= 0) v->advance_to(done_ns);
+    time.advance_to(done_at);  // a simulated rank's clock moves to when it finished
   }
 
   std::shared_ptr<detail::async_core> core_;
@@ -189,7 +188,8 @@ class async_engine {
                   "spans and values, not containers)");
     static_assert(std::is_invocable_v<F&, communicator<Transport>&>,
                   "async_engine::submit: the callable must take communicator<Transport>&");
-    support::virtual_clock* const virtual_time = support::this_thread_virtual_clock();
+    const time_source time = comm_.time();
+    const bool inline_run = time.runs_background_inline();
     detail::async_slot* s;
     std::exception_ptr broken;  // for a simulated rank's inline run
     {
@@ -200,7 +200,8 @@ class async_engine {
       s->run = [](void* comm, detail::async_slot& slot) {
         (*std::launder(reinterpret_cast<F*>(slot.work)))(*static_cast<communicator<Transport>*>(comm));
       };
-      if (virtual_time) {
+      s->time = time;
+      if (inline_run) {
         s->state = detail::async_slot::status::running;
         broken = core_->broken;
       } else {
@@ -209,8 +210,8 @@ class async_engine {
         core_->tail = s;
       }
     }
-    if (virtual_time)
-      run_in_virtual_background(*virtual_time, *s, broken);
+    if (inline_run)
+      run_in_virtual_background(time, *s, broken);
     else
       core_->work_ready.notify_one();
     return async_handle(core_, s);
@@ -260,14 +261,14 @@ class async_engine {
   // A simulated rank has no second thread to give (its ranks run one at a time, in virtual
   // time): the operation runs now, inline, on the rank's background clock, so it overlaps
   // the caller's later compute in virtual time as it would on the engine's thread.
-  void run_in_virtual_background(support::virtual_clock& v, detail::async_slot& s, const std::exception_ptr& broken) {
+  void run_in_virtual_background(time_source time, detail::async_slot& s, const std::exception_ptr& broken) {
     struct context {
       async_engine* engine;
       detail::async_slot* slot;
       const std::exception_ptr* broken;
       std::exception_ptr failure;
     } c{this, &s, &broken, nullptr};
-    const std::int64_t done = v.run_in_background(
+    const deadline done = time.run_in_background(
         [](void* p) {
           auto& c = *static_cast<context*>(p);
           int& track = observe::detail::this_thread_track();  // the engine's track, as on its thread
@@ -278,7 +279,7 @@ class async_engine {
         &c);
     std::lock_guard lock(core_->mutex);
     finish_slot(s, std::move(c.failure));
-    s.virtual_done_ns = done;
+    s.done_at = done;
   }
 
   [[noreturn]] static void not_started(const std::exception_ptr& broken) {

@@ -77,9 +77,9 @@ class communicator {
                                               " ms: the deadline of each step of a collective must be positive");
     observe::timeline::global().add_rank(rank(), size());
     if (observe::log_enabled(observe::log_level::info)) {
-      observe::log_info(rank(), size(), "communicator over ", observe::type_name<Transport>(), " (timeout ",
+      observe::log(time(), observe::log_level::info, rank(), size(), "communicator over ", observe::type_name<Transport>(), " (timeout ",
                         options_.timeout.count(), " ms, call checks ", options_.verify ? "on" : "off", ")");
-      observe::log_info(rank(), size(), "topology: ", topology_.to_string(), "; this rank is local rank ",
+      observe::log(time(), observe::log_level::info, rank(), size(), "topology: ", topology_.to_string(), "; this rank is local rank ",
                         local_rank(), " of ", local_size(), " on host ", host_index());
     }
   }
@@ -124,18 +124,22 @@ class communicator {
   int local_rank() const { return topology_.local_rank(rank()); }
   int local_size() const { return topology_.local_size(rank()); }
 
+  // The time this rank runs on (clock.hpp): its transport's (a simulated rank's virtual
+  // time), or the steady clock.
+  time_source time() const { return concepts::time_of(transport_); }
+
   // Deadline for one blocking step started now.
-  deadline step_deadline() const { return deadline_after(options_.timeout); }
+  deadline step_deadline() const { return time().deadline_after(options_.timeout); }
   // Deadline for waiting on a collective queued on the async engine. The collective's own
   // waits time out at step_deadline() with words that name the peer, tag and size; this
   // wait only bounds one that never runs, so it allows one more step timeout and lets the
   // collective's own error arrive first.
-  deadline queued_collective_deadline() const { return deadline_after(2 * options_.timeout); }
+  deadline queued_collective_deadline() const { return time().deadline_after(2 * options_.timeout); }
 
   // Times an operation of this rank for GRADWIRE_TIMELINE and GRADWIRE_LOG=debug
   // (observe/timeline.hpp); `name` and `category` must be string literals.
   observe::trace_scope trace(const char* name, std::uint64_t bytes = 0, const char* category = "collective") const {
-    return observe::trace_scope(rank(), size(), name, category, bytes);
+    return observe::trace_scope(time(), rank(), size(), name, category, bytes);
   }
 
   // Starts an operation: returns its sequence number (also named in stall reports).

@@ -99,7 +99,7 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
     if (local_only)
       throw error(errc::invalid_argument, "strategy::step(grads, no_sync): gradient accumulation is not "
                                           "available for CUDA tensors yet; accumulate on the device and step once");
-    const auto began = step_meter<Tr>::clock::now();
+    const auto began = comm.time().now();
     auto trace = meter.start(comm, "step");
     staged_step(agent, comm, gradients, optimizer, meter);
     meter.finish(comm, agent, began);

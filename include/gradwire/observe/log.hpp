@@ -19,7 +19,7 @@
 #include <string_view>
 #include <utility>
 
-#include "../support/virtual_clock.hpp"
+#include "../clock.hpp"
 
 namespace gradwire::observe {
 
@@ -76,19 +76,19 @@ inline void set_log_sink(std::FILE* sink) noexcept {
 
 // Writes "[gradwire R/N +T.TTTs] level: message" (rank R of N, seconds since the process
 // first logged) when `level` is enabled; the parts are streamed into the message
-// (floating-point parts with 3 decimals).
+// (floating-point parts with 3 decimals). `time`: the rank's (communicator::time()); on a
+// simulated rank's virtual time, T is that time from the simulation's start, marked "virtual".
 template <class... Parts>
-void log(log_level level, int rank, int size, Parts&&... parts) {
+void log(time_source time, log_level level, int rank, int size, Parts&&... parts) {
   if (!log_enabled(level)) return;
   auto& state = detail::logger();
   std::ostringstream line;
-  // A simulated rank logs its virtual time (from the simulation's start, marked "virtual").
-  support::virtual_clock* virtual_time = support::this_thread_virtual_clock();
+  virtual_time* const virtual_clock = time.virtual_clock();
   const double seconds =
-      virtual_time ? double(virtual_time->now_ns()) / 1e9
-                   : std::chrono::duration<double>(std::chrono::steady_clock::now() - state.start).count();
+      virtual_clock ? double(virtual_clock->now_ns()) / 1e9
+                    : std::chrono::duration<double>(std::chrono::steady_clock::now() - state.start).count();
   char prefix[96];
-  std::snprintf(prefix, sizeof prefix, "[gradwire %d/%d +%.3fs%s] %s: ", rank, size, seconds, virtual_time ? " virtual" : "",
+  std::snprintf(prefix, sizeof prefix, "[gradwire %d/%d +%.3fs%s] %s: ", rank, size, seconds, virtual_clock ? " virtual" : "",
                 level == log_level::debug ? "debug" : level == log_level::warning ? "warning" : "info");
   line << prefix;
   line.setf(std::ios::fixed);  // durations as 2.763 ms, not 2.76229 ms
@@ -99,6 +99,12 @@ void log(log_level level, int rank, int size, Parts&&... parts) {
   std::lock_guard lock(state.mutex);
   std::fwrite(text.data(), 1, text.size(), state.sink);
   std::fflush(state.sink);
+}
+
+// On the steady clock: a real transport's own lines.
+template <class... Parts>
+void log(log_level level, int rank, int size, Parts&&... parts) {
+  log(time_source{}, level, rank, size, std::forward<Parts>(parts)...);
 }
 
 template <class... Parts>

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "../config.hpp"
-#include "../support/virtual_clock.hpp"
+#include "../clock.hpp"
 #include "activity.hpp"
 #include "log.hpp"
 
@@ -127,12 +127,12 @@ class timeline {
   // on stderr) when the file cannot be written.
   GRADWIRE_DECL bool write();
 
-  // Now, in the timeline's clock: Unix time, advanced by the steady clock (so durations
-  // never go backwards; processes of one machine share the Unix epoch). On a simulated
-  // rank, its virtual time from the simulation's start, so a simulated trace reads as a
-  // real one that began at the epoch.
-  std::int64_t now_ns() const noexcept {
-    if (support::virtual_clock* v = support::this_thread_virtual_clock()) return v->now_ns();
+  // Now on `time`, in the timeline's clock: Unix time, advanced by the steady clock (so
+  // durations never go backwards; processes of one machine share the Unix epoch). On a
+  // simulated rank's virtual time, that time from the simulation's start, so a simulated
+  // trace reads as a real one that began at the epoch.
+  std::int64_t now_ns(time_source time = {}) const noexcept {
+    if (virtual_time* v = time.virtual_clock()) return v->now_ns();
     return unix_at_start_ns_ + std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now() - steady_at_start_)
                                    .count();
@@ -271,8 +271,10 @@ inline int& this_thread_track() noexcept {
 // names this thread's current activity for stall reports (observe/activity.hpp).
 class trace_scope {
  public:
-  trace_scope(int rank, int size, const char* name, const char* category, std::uint64_t bytes = 0) noexcept
-      : outer_name_(std::exchange(current_activity().name, name)) {
+  // `time`: the rank's (communicator::time()), so a simulated rank's events are in virtual time.
+  trace_scope(time_source time, int rank, int size, const char* name, const char* category,
+              std::uint64_t bytes = 0) noexcept
+      : outer_name_(std::exchange(current_activity().name, name)), time_(time) {
     // Off: two relaxed loads and nothing else inline; the rest is out of line and cold,
     // so that an instrumented collective compiles to nearly what it was without it.
     if (timeline::global().enabled() || log_enabled(log_level::debug)) [[unlikely]]
@@ -284,6 +286,7 @@ class trace_scope {
         logged_(std::exchange(other.logged_, false)),
         restores_(std::exchange(other.restores_, false)),
         outer_name_(other.outer_name_),
+        time_(other.time_),
         event_(other.event_) {}
   trace_scope& operator=(trace_scope&&) = delete;
 
@@ -312,10 +315,10 @@ class trace_scope {
     event_.size = size;
     event_.track = detail::this_thread_track();
     event_.bytes = bytes;
-    event_.begin_ns = timeline::global().now_ns();
+    event_.begin_ns = timeline::global().now_ns(time_);
   }
   [[gnu::noinline, gnu::cold]] void end() noexcept {
-    event_.duration_ns = timeline::global().now_ns() - event_.begin_ns;
+    event_.duration_ns = timeline::global().now_ns(time_) - event_.begin_ns;
     try {
       if (traced_) timeline::global().record(event_);
       if (logged_) log_line();
@@ -331,6 +334,7 @@ class trace_scope {
   bool traced_ = false, logged_ = false;
   bool restores_ = true;    // gives the activity back to the enclosing scope (not when moved from)
   const char* outer_name_;  // the enclosing scope's activity name
+  time_source time_;
   trace_event event_;
 };
 

@@ -85,7 +85,7 @@ GRADWIRE_DECL void trace_scope::log_line() const {
   std::string args;
   for (const auto& a : event_.args)
     if (a.key) args += std::string(" ") + a.key + "=" + (a.text ? std::string(a.text) : std::to_string(a.number));
-  log(log_level::debug, event_.rank, event_.size, event_.name, ": ", event_.bytes, " B in ",
+  log(time_, log_level::debug, event_.rank, event_.size, event_.name, ": ", event_.bytes, " B in ",
       static_cast<double>(event_.duration_ns) / 1e3, " us", args);
 }
 

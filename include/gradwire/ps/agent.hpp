@@ -140,7 +140,7 @@ class agent {
       if constexpr (concepts::one_sided_transport<Tr>)  // servers only: workers reach standbys by message
         if (me - first_server(n) < options_.servers && shards_.elements(me - first_server(n)) > 0)
           window_ = server_window<V, Tr>::expose(comm, shards_.elements(me - first_server(n)), first_server(n),
-                                                 deadline_after(options_.timeout));
+                                                 comm.time().deadline_after(options_.timeout));
       return;
     }
     worker_.emplace(options_, shards_, first_server(n));

@@ -107,7 +107,7 @@ class membership {
       s.live = false;
       --active_;
       stats_.lost_workers.push_back(w);
-      observe::log(report_ ? observe::log_level::warning : observe::log_level::info, t_.rank(), t_.size(),
+      observe::log(concepts::time_of(t_), report_ ? observe::log_level::warning : observe::log_level::info, t_.rank(), t_.size(),
                    "parameter server: dropped worker rank ", w, ": ", e.what());
     }
     if constexpr (elastic) {
@@ -130,7 +130,7 @@ class membership {
     s.pull_waiting = false;
     s.reply_send = {};
     stats_.rejoined_workers.push_back(w);
-    observe::log(report_ ? observe::log_level::warning : observe::log_level::info, t_.rank(), t_.size(),
+    observe::log(concepts::time_of(t_), report_ ? observe::log_level::warning : observe::log_level::info, t_.rank(), t_.size(),
                  "parameter server: worker rank ", w, " rejoined (a replacement process) at version ", stats_.version);
   }
 

@@ -59,8 +59,8 @@ class replica_link {
     guarded([&] {
       auto r = t_->async_recv(standby_, replica_hello_tag, writable_bytes_of(hello));
       auto sent = t_->async_send(standby_, replica_hello_tag, bytes_of(mine));
-      t_->wait(sent, deadline_after(timeout_));
-      t_->wait(r, deadline_after(timeout_));
+      t_->wait(sent, concepts::time_of(*t_).deadline_after(timeout_));
+      t_->wait(r, concepts::time_of(*t_).deadline_after(timeout_));
     });
     if (lost_ || (hello.version == version && hello.checksum == checksum)) return;
     throw error(errc::mismatch, "parameter server rank " + std::to_string(server_) + ": its standby rank " +
@@ -85,10 +85,10 @@ class replica_link {
   // once the standby trails by fewer than `lag` updates: waits for acknowledgements until then.
   std::vector<V>& next_buffer() {
     auto& slot = ring_[sent_ % ring_.size()];
-    while (active() && sent_ - acked_ >= ring_.size()) take_ack(deadline_after(timeout_));
+    while (active() && sent_ - acked_ >= ring_.size()) take_ack(concepts::time_of(*t_).deadline_after(timeout_));
     guarded([&] {
       for (auto* r : {&slot.header_send, &slot.gradient_send})
-        if (*r) t_->wait(*r, deadline_after(timeout_));
+        if (*r) t_->wait(*r, concepts::time_of(*t_).deadline_after(timeout_));
     });
     return slot.gradient;
   }
@@ -109,22 +109,22 @@ class replica_link {
   }
 
   // The acknowledgement receive completed (the server's wait_any chose it).
-  void on_ack() { take_ack(deadline_after(timeout_)); }
+  void on_ack() { take_ack(concepts::time_of(*t_).deadline_after(timeout_)); }
 
   // The server finished: the standby ends too. Best effort within the timeout: a standby
   // that is lost or stalled now changes nothing (the server has saved its checkpoint).
   void finish() {
     try {
-      while (active() && acked_ < sent_) take_ack(deadline_after(timeout_));
+      while (active() && acked_ < sent_) take_ack(concepts::time_of(*t_).deadline_after(timeout_));
       if (!active()) return;  // no standby, or it was lost meanwhile
       const replica_header done{replica_kind::done};
       guarded([&] {
         auto r = t_->async_send(standby_, replica_tag, bytes_of(done));
-        t_->wait(r, deadline_after(timeout_));
+        t_->wait(r, concepts::time_of(*t_).deadline_after(timeout_));
       });
     } catch (const error& e) {
       if (e.kind() != errc::timeout) throw;
-      observe::log_warning(server_, t_->size(), "parameter server rank ", server_, ": its standby rank ", standby_,
+      observe::log(concepts::time_of(*t_), observe::log_level::warning, server_, t_->size(), "parameter server rank ", server_, ": its standby rank ", standby_,
                            " did not acknowledge the last updates (", e.details(), ")");
     }
   }
@@ -159,7 +159,7 @@ class replica_link {
     } catch (const error& e) {
       if (e.kind() != errc::peer_lost) throw;
       lost_ = true;
-      observe::log_warning(server_, t_->size(), "parameter server rank ", server_, ": lost its standby rank ", standby_,
+      observe::log(concepts::time_of(*t_), observe::log_level::warning, server_, t_->size(), "parameter server rank ", server_, ": lost its standby rank ", standby_,
                            " (", e.details(), "); its shard is no longer replicated");
     }
   }

@@ -95,7 +95,7 @@ class server {
   server_stats run() {
     if (is_standby_ && !follow()) return stats_;  // its server finished: so has the standby
     if (replica_.active()) replica_.exchange_hello(stats_.version, shard_.checksum());
-    observe::log_info(comm_.rank(), comm_.size(), "parameter server (", Mode::name, ") for ", workers_,
+    observe::log(comm_.time(), observe::log_level::info, comm_.rank(), comm_.size(), "parameter server (", Mode::name, ") for ", workers_,
                       " worker(s): shard of ", shard_.elements(), " elements in ", shard_.pieces().size(), " piece(s)",
                       stats_.resumed_from ? ", resumed from version " : "",
                       stats_.resumed_from ? std::to_string(stats_.resumed_from) : std::string());
@@ -119,7 +119,7 @@ class server {
     if (keeps_its_checkpoint()) save();
     replica_.finish();
     stats_.standby_lost = replica_.standby_lost();
-    observe::log_info(comm_.rank(), comm_.size(), "parameter server done: version ", stats_.version, ", ",
+    observe::log(comm_.time(), observe::log_level::info, comm_.rank(), comm_.size(), "parameter server done: version ", stats_.version, ", ",
                       stats_.updates, " updates, ", stats_.applied, " gradients applied, ", stats_.dropped,
                       " dropped, ", stats_.lost_workers.size(), " worker loss(es), ", stats_.rejoined_workers.size(),
                       " rejoin(s)");
@@ -129,7 +129,7 @@ class server {
  private:
   friend rule;  // its handlers take gradients, apply updates and count them through the members below
 
-  deadline wait_deadline() const { return deadline_after(options_.timeout); }
+  deadline wait_deadline() const { return comm_.time().deadline_after(options_.timeout); }
 
   // A standby: follows its server until the server finishes (false) or is lost (true:
   // this rank serves the shard, each worker's clock starting at the version it has; sync
@@ -299,7 +299,7 @@ class server {
     for (auto& slot : members_.slots())
       if (slot.reply_send && !slot.live) {
         try {
-          t_.wait(slot.reply_send, deadline_after(std::chrono::seconds(1)));
+          t_.wait(slot.reply_send, comm_.time().deadline_after(std::chrono::seconds(1)));
         } catch (const error&) {
         }
       }
@@ -313,7 +313,7 @@ class server {
     const bool lost_all = options_.standby && !is_standby_ && replica_.standby_lost() && members_.finished() == 0;
     const bool may_be_stale = (stats_.promoted && !served_since_promotion_) || lost_all;
     if (may_be_stale && !checkpoint_.empty())
-      observe::log_warning(comm_.rank(), comm_.size(), who_, ": not writing its checkpoint: ",
+      observe::log(comm_.time(), observe::log_level::warning, comm_.rank(), comm_.size(), who_, ": not writing its checkpoint: ",
                            stats_.promoted ? "it took its server's shard over but no worker used it"
                                            : "it lost its standby and every worker",
                            " (it may have been cut off while the other served)");

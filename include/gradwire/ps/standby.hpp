@@ -91,7 +91,7 @@ class standby {
   }
 
  private:
-  deadline wait_deadline() const { return deadline_after(timeout_); }
+  deadline wait_deadline() const { return concepts::time_of(t_).deadline_after(timeout_); }
 
   // A standby's half of replica_link::exchange_hello: both must start from the same
   // version and shard, or neither goes on (a standby that starts elsewhere must not take
@@ -124,7 +124,7 @@ class standby {
   void promote(const error& e) {
     stats_.promoted = true;
     stats_.promoted_at = stats_.version;
-    observe::log_warning(t_.rank(), t_.size(), who_, ": server rank ", server_rank_, " was lost (", e.details(),
+    observe::log(concepts::time_of(t_), observe::log_level::warning, t_.rank(), t_.size(), who_, ": server rank ", server_rank_, " was lost (", e.details(),
                          "); serving its shard from version ", stats_.version, " after ", stats_.updates, " updates");
     who_ = "parameter server rank " + std::to_string(t_.rank()) + " (standby of lost server rank " +
            std::to_string(server_rank_) + ")";

@@ -104,7 +104,7 @@ class worker {
     requires concepts::one_sided_transport<Tr>
   {
     auto& t = comm.transport();
-    const auto until = deadline_after(timeout_);
+    const auto until = comm.time().deadline_after(timeout_);
     const int workers = first_server_;
     for (int s = 0; s < shards_.servers(); ++s) {
       if (shards_.elements(s) == 0) continue;  // a server with nothing of this model has no window
@@ -241,7 +241,7 @@ class worker {
     for (int s = 0; s < shards_.servers(); ++s)
       if (shards_.elements(s) > 0) start_push(comm, s, grads);
     send_push_headers(comm);
-    return push_handle(*this, comm, std::exchange(sends_, {}), deadline_after(timeout_));
+    return push_handle(*this, comm, std::exchange(sends_, {}), comm.time().deadline_after(timeout_));
   }
 
   pull_handle pull(communicator_type& comm, std::span<const std::span<V>> params) {
@@ -249,7 +249,7 @@ class worker {
     requests.reserve(2 * links_.size());
     for (int s = 0; s < shards_.servers(); ++s)
       if (shards_.elements(s) > 0) start_pull(comm, s, requests);
-    return pull_handle(*this, comm, params, std::move(requests), deadline_after(timeout_));
+    return pull_handle(*this, comm, params, std::move(requests), comm.time().deadline_after(timeout_));
   }
 
   // A worker that stops training tells every server (they stop waiting for it). Once.
@@ -268,10 +268,10 @@ class worker {
       if (l.standby >= 0)
         to_standbys.push_back({s, l.standby, t.async_send(l.standby, detail::request_tag, detail::bytes_of(done))});
     }
-    wait_all(comm, sends, deadline_after(prompt_reply_timeout));
+    wait_all(comm, sends, comm.time().deadline_after(prompt_reply_timeout));
     for (auto& q : to_standbys) {  // best effort: a standby ends with its server, maybe before this arrives
       try {
-        t.wait(q.request, deadline_after(prompt_reply_timeout));
+        t.wait(q.request, comm.time().deadline_after(prompt_reply_timeout));
       } catch (const error& e) {
         if (e.kind() != errc::peer_lost) throw;
       }
@@ -378,7 +378,7 @@ class worker {
   // it only learns of gradients through updates), so that the pull that follows can be answered.
   void fail_over(communicator_type& comm, int s, const error& e) {
     auto& l = link_to(s);
-    observe::log_warning(comm.rank(), comm.size(), "parameter_server: server rank ", l.rank, " was lost (", e.details(),
+    observe::log(comm.time(), observe::log_level::warning, comm.rank(), comm.size(), "parameter_server: server rank ", l.rank, " was lost (", e.details(),
                          "); its shard fails over to standby rank ", l.standby);
     l.rank = std::exchange(l.standby, -1);
     l.remote.reset();
@@ -391,7 +391,7 @@ class worker {
     resend.push_back({s, l.rank, t.async_send(l.rank, detail::request_tag, detail::bytes_of(l.push))});
     resend.push_back({s, l.rank, t.async_send(l.rank, detail::gradient_tag,
                                               std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
-    for (auto& q : resend) detail::rethrow_server_loss([&] { t.wait(q.request, deadline_after(timeout_)); });
+    for (auto& q : resend) detail::rethrow_server_loss([&] { t.wait(q.request, comm.time().deadline_after(timeout_)); });
   }
 
   // After a failover: the pull of a shard whose server was lost is asked of its standby
@@ -407,7 +407,7 @@ class worker {
       start_pull(comm, s, requests);  // sync: the same step the lost pull waited for
     }
     for (auto& q : requests)
-      detail::rethrow_server_loss([&] { comm.transport().wait(q.request, deadline_after(timeout_)); }, true);
+      detail::rethrow_server_loss([&] { comm.transport().wait(q.request, comm.time().deadline_after(timeout_)); }, true);
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
       if (!std::ranges::any_of(requests, [&](const sent& q) { return q.server == s; })) continue;
@@ -432,7 +432,7 @@ class worker {
   // its puts are in the server's memory.
   void send_push_headers(communicator_type& comm, int except = -1) {
     auto& t = comm.transport();
-    const auto until = deadline_after(timeout_);
+    const auto until = comm.time().deadline_after(timeout_);
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
       if (!l.header_held || s == except) continue;
@@ -447,7 +447,7 @@ class worker {
   // Every push of this step is sent (its buffers free for the next).
   void complete_pushes(communicator_type& comm) {
     send_push_headers(comm);
-    wait_all(comm, sends_, deadline_after(timeout_));
+    wait_all(comm, sends_, comm.time().deadline_after(timeout_));
     recover(comm, /*pulling=*/false);
     in_step_ = false;
   }
@@ -495,7 +495,7 @@ class worker {
     if (least != ~std::uint64_t{0}) min_version_ = least;
     applied_ = updates;
     if (lost > lost_ && comm.rank() == 0)
-      observe::log(report_ ? observe::log_level::warning : observe::log_level::info, comm.rank(), comm.size(),
+      observe::log(comm.time(), report_ ? observe::log_level::warning : observe::log_level::info, comm.rank(), comm.size(),
                    "parameter_server: worker rank ", last_lost, " was lost (", lost,
                    " worker(s) lost so far); training goes on without it");
     lost_ = std::max(lost_, lost);

@@ -236,14 +236,14 @@ GRADWIRE_DECL store_client::store_client(const std::string& host, std::uint16_t 
       where_("the rendezvous store at " + support::address_text(host, port)),
       timeout_(timeout),
       socket_(support::connect_with_retry(io_, host, port, "the rendezvous store (MASTER_ADDR:MASTER_PORT)",
-                                                    deadline_after(timeout))) {}
+                                                    clock::now() + timeout)) {}
 
 GRADWIRE_DECL std::vector<std::byte> store_client::call(detail::store_op op, const std::string& key, std::span<const std::byte> value) {
   if (value.size() > detail::max_store_value)
     throw error(errc::invalid_argument, "store: value of " + std::to_string(value.size()) + " bytes for '" + key +
                                             "' exceeds the limit of " + std::to_string(detail::max_store_value));
   if (!socket_.is_open()) throw error(errc::peer_lost, where_ + ": the connection was closed by an earlier error");
-  const auto until = deadline_after(timeout_);
+  const auto until = clock::now() + timeout_;
   detail::wire::frame_header h;
   h.kind = detail::wire::frame_kind::store_request;
   h.tag = static_cast<std::uint64_t>(op);

@@ -13,6 +13,7 @@
 #include <optional>
 #include <utility>
 
+#include "../clock.hpp"
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "../observe/activity.hpp"
@@ -21,7 +22,6 @@
 #include "../observe/timeline.hpp"
 #include "../observe/type_name.hpp"
 #include "../support/traffic.hpp"
-#include "../support/virtual_clock.hpp"
 
 namespace gradwire::training {
 
@@ -54,13 +54,15 @@ class step_trace {
 template <class Transport>
 class step_meter {
  public:
-  using clock = support::step_clock;  // virtual time on a simulated rank
+  // Times are on the rank's time (communicator::time()): virtual on a simulated rank.
+  using time_point = deadline;
+  using duration = clock::duration;
   using communicator_type = collective::communicator<Transport>;
 
   // Setup began at `began` and is over: the first step's compute counts from now. Returns
   // how long setup took.
-  clock::duration setup_finished(clock::time_point began) {
-    last_step_end_ = clock::now();
+  duration setup_finished(const communicator_type& comm, time_point began) {
+    last_step_end_ = comm.time().now();
     return last_step_end_ - began;
   }
 
@@ -77,7 +79,7 @@ class step_meter {
   // The incremental step opens (a simulated rank's compute ends here); its scope stays
   // open until close().
   void open(const communicator_type& comm, bool micro_batch) {
-    support::step_began();
+    comm.time().step_began();
     trace_.open(start(comm, micro_batch ? "micro_batch" : "step"));
   }
   void close() noexcept { trace_.reset(); }
@@ -87,15 +89,16 @@ class step_meter {
   void timed_optimizer(const communicator_type& comm, std::size_t i, std::size_t bytes, F&& run) {
     auto trace = comm.trace("optimizer_step", bytes, "optimizer");
     trace.arg("tensor", static_cast<std::int64_t>(i));
-    const auto began = clock::now();
+    const time_source time = comm.time();
+    const auto began = time.now();
     run();
-    optimizer_time_ += clock::now() - began;
+    optimizer_time_ += time.now() - began;
   }
 
   // The step's work began at `began` and is done: its stats, added to the totals.
   template <class Agent>
-  void finish(const communicator_type& comm, const Agent& agent, clock::time_point began) {
-    const auto ended = clock::now();
+  void finish(const communicator_type& comm, const Agent& agent, time_point began) {
+    const auto ended = comm.time().now();
     last_step_ = {};
     last_step_.steps = 1;
     last_step_.traffic = traffic(comm) - traffic_before_;
@@ -107,7 +110,7 @@ class step_meter {
     cumulative_ += last_step_;
     last_step_end_ = ended;
     if (observe::log_enabled(observe::log_level::debug))
-      observe::log_debug(comm.rank(), comm.size(), "step ", cumulative_.steps, ": ", observe::to_string(last_step_));
+      observe::log(comm.time(), observe::log_level::debug, comm.rank(), comm.size(), "step ", cumulative_.steps, ": ", observe::to_string(last_step_));
     trace_.bytes(last_step_.traffic.bytes_sent);
   }
 
@@ -116,11 +119,11 @@ class step_meter {
 
   // The info line of a strategy that is ready (`where`: the replica's, "" on the host).
   template <class Aggregation, class Tensors>
-  static void log_setup(const communicator_type& comm, clock::duration took, const Tensors& parameters,
+  static void log_setup(const communicator_type& comm, duration took, const Tensors& parameters,
                         const char* where, bool serves) {
     std::size_t elements = 0;
     for (const auto& p : parameters) elements += p.size();
-    observe::log_info(comm.rank(), comm.size(), "strategy ready in ",
+    observe::log(comm.time(), observe::log_level::info, comm.rank(), comm.size(), "strategy ready in ",
                       std::chrono::duration<double, std::milli>(took).count(), " ms: ",
                       observe::type_name<Aggregation>(), ", ", std::size(parameters), " tensor(s), ", elements,
                       " elements (", elements * sizeof(typename Tensors::value_type::value_type), " bytes)", where,
@@ -136,8 +139,8 @@ class step_meter {
   }
 
   observe::step_stats last_step_, cumulative_;
-  clock::time_point last_step_end_;
-  clock::duration optimizer_time_{};
+  time_point last_step_end_;
+  duration optimizer_time_{};
   support::traffic_counters traffic_before_;
   step_trace trace_;
 };

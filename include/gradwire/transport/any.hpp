@@ -165,6 +165,9 @@ class basic_any_transport {
   {
     return get().lost_peers();
   }
+  // The held transport's time (concepts::timed_transport; the steady clock unless it keeps
+  // its own, as a simulated rank's endpoint does).
+  time_source time() const { return get().time(); }
   // Whether the held transport can lose a peer and go on now (a per_peer of two, say,
   // answers at run time: concepts::tolerates_loss).
   bool tolerates_loss() const
@@ -205,6 +208,7 @@ class basic_any_transport {
     virtual void tolerate_loss(int) = 0;
     virtual std::vector<int> lost_peers() const = 0;
     virtual bool tolerates_loss() const = 0;
+    virtual time_source time() const = 0;
     virtual const cluster::topology& topology() const = 0;
   };
 
@@ -321,6 +325,7 @@ class basic_any_transport {
         return {};
     }
     bool tolerates_loss() const override { return concepts::tolerates_loss(transport); }
+    time_source time() const override { return concepts::time_of(transport); }
     const cluster::topology& topology() const override {
       if constexpr (concepts::topology_aware_transport<T>)
         return transport.topology();
@@ -371,6 +376,7 @@ static_assert(concepts::accumulating_transport<any_transport, float> &&
 static_assert(concepts::transport<basic_any_transport<>> && !concepts::failable_transport<basic_any_transport<>> &&
               !concepts::multiplexing_transport<basic_any_transport<>> &&
               !concepts::topology_aware_transport<basic_any_transport<>>);
+static_assert(concepts::timed_transport<basic_any_transport<>>);  // the held transport's time
 static_assert(concepts::loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>> &&
               concepts::conditionally_loss_tolerant_transport<basic_any_transport<caps::loss_tolerant>>);
 

@@ -93,6 +93,8 @@ class per_peer {
 
   Intra& intra() noexcept { return intra_; }
   Inter& inter() noexcept { return inter_; }
+  // The job-wide transport's time (concepts::timed_transport).
+  time_source time() const { return concepts::time_of(inter_); }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
     if (is_local(peer)) return request(std::in_place_index<1>, intra_.async_send(topology_.local_rank(peer), tag, bytes));
@@ -212,5 +214,14 @@ class per_peer {
   Inter inter_;
   cluster::topology topology_;
 };
+
+// Over two stand-ins (concepts.hpp's archetypes); the shipped pair, per_peer<ucx, asio_tcp>,
+// is asserted in cluster/per_peer.hpp, which has both.
+static_assert(concepts::transport<per_peer<concepts::detail::multiplexing_transport_archetype,
+                                           concepts::detail::multiplexing_transport_archetype>>);
+static_assert(concepts::multiplexing_transport<per_peer<concepts::detail::multiplexing_transport_archetype,
+                                                        concepts::detail::multiplexing_transport_archetype>> &&
+              concepts::topology_aware_transport<per_peer<concepts::detail::multiplexing_transport_archetype,
+                                                          concepts::detail::multiplexing_transport_archetype>>);
 
 }  // namespace gradwire::transport

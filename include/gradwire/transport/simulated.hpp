@@ -64,6 +64,9 @@ class endpoint {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return scheduler_->size(); }
+  // This rank's virtual clock (concepts::timed_transport): what its deadlines, step stats,
+  // traces and background collectives are timed with.
+  time_source time() const noexcept { return time_source(scheduler_->state(rank_)); }
 
   request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
     // The sender's buffer is only read (copied from).
@@ -243,4 +246,5 @@ static_assert(concepts::accumulating_transport<endpoint, float> && concepts::acc
 static_assert(concepts::failable_transport<endpoint> && concepts::multiplexing_transport<endpoint>);
 static_assert(concepts::loss_tolerant_transport<endpoint> && concepts::metered_transport<endpoint>);
 static_assert(concepts::topology_aware_transport<endpoint>);
+static_assert(concepts::timed_transport<endpoint>);  // its virtual clock
 }  // namespace gradwire::simulation

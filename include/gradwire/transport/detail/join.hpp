@@ -14,7 +14,7 @@ namespace gradwire::transport::detail {
 
 // One deadline for the whole join: every store call gets what is left of it.
 struct join_deadline {
-  explicit join_deadline(std::chrono::milliseconds timeout) : until(deadline_after(timeout)) {}
+  explicit join_deadline(std::chrono::milliseconds timeout) : until(clock::now() + timeout) {}
   std::chrono::milliseconds left() const {
     return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()));
   }

@@ -98,5 +98,6 @@ static_assert(concepts::accumulating_transport<inproc, float> && concepts::accum
 static_assert(concepts::failable_transport<inproc> && concepts::multiplexing_transport<inproc>);
 static_assert(concepts::shared_address_space_transport<inproc> && concepts::metered_transport<inproc>);
 static_assert(concepts::topology_aware_transport<inproc>);
+static_assert(concepts::segmenting_transport<inproc>);  // the ring pipelines its parts in segments
 
 }  // namespace gradwire::transport

@@ -14,7 +14,7 @@ namespace gradwire::transport::detail {
 // Collective over options.comm. Initialises MPI if nobody has.
 inline void mpi_engine::join() {
   mpi_runtime::instance().ensure(options.thread_level);
-  const auto until = deadline_after(options.connect_timeout);
+  const auto until = clock::now() + options.connect_timeout;
   {
     MPI_Request r = MPI_REQUEST_NULL;
     auto lock = mpi_runtime::instance().lock();

@@ -14,8 +14,9 @@
 // depends on the real time a thread takes, so a run is reproducible from the model's seed
 // (with compute=modelled exactly; with compute=measured up to the jitter of CPU time).
 //
-// Deadlines are virtual: on a simulated rank, gradwire::deadline_after() counts from the
-// rank's virtual clock (support/virtual_clock.hpp). A deadline bounds the wait for a peer
+// Deadlines are virtual: a simulated rank's endpoint hands out its virtual clock as its
+// time (clock.hpp's time_source; concepts::timed_transport), so the communicator's and
+// the parameter server's deadlines count from it. A deadline bounds the wait for a peer
 // to send; a message already on its way is received when it arrives.
 //
 // Losses. A rank that throws, fails (concepts::failable_transport) or dies (the model's
@@ -46,7 +47,7 @@
 #include "../../config.hpp"
 #include "../../error.hpp"
 #include "../../support/traffic.hpp"
-#include "../../support/virtual_clock.hpp"
+#include "../../clock.hpp"
 #include "../../timeouts.hpp"
 #include "../detail/messages.hpp"
 #include "../detail/failure.hpp"
@@ -97,7 +98,7 @@ struct call_end {
 };
 
 // One rank: its clocks, its baton, what it waits for, and what it knows of lost peers.
-struct rank_state final : support::virtual_clock {
+struct rank_state final : virtual_time {
   enum class status : std::uint8_t { idle, running, ready, waiting, finished };
 
   scheduler* owner = nullptr;

@@ -34,7 +34,6 @@ GRADWIRE_DECL bool scheduler::enter(int r) {
   auto& s = state(r);
   s.baton.acquire();
   if (aborted_) return false;
-  support::this_thread_virtual_clock() = &s;
   s.cpu_mark = thread_cpu_ns();
   return true;
 }
@@ -67,7 +66,6 @@ GRADWIRE_DECL bool scheduler::leave(int r, std::optional<transport::detail::rank
   mailbox_.drop_receives_of(r);  // requests it kept past its return: their buffers may be gone
   s.state = rank_state::status::finished;
   unschedule(s);
-  support::this_thread_virtual_clock() = nullptr;
   ++finished_;
   const bool died = s.died;
   pass_baton();  // another rank's turn, or nobody's when all have finished

@@ -77,7 +77,7 @@ GRADWIRE_DECL void tcp_engine::abort_all(errc cause, const std::string& reason) 
   aborting = true;
   support::run_until(
       io, [&] { return std::none_of(links.begin(), links.end(), [](const auto& l) { return l && l->alive && l->writing; }); },
-      deadline_after(std::chrono::milliseconds(200)));
+      clock::now() + std::chrono::milliseconds(200));
   aborting = false;
   send_abort(cause, reason);
   fail_everything(cause, rank_failed_message(options.rank, reason));

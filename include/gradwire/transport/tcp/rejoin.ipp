@@ -143,7 +143,7 @@ GRADWIRE_DECL void tcp_engine::join_back() {
   for (int r = 0; r < n; ++r)
     if (r != me) dial_back(r, addresses[r], time.until);
   // Live peers answer within moments (a stopped one never does): a short wait.
-  support::run_until(io, [&] { return join_pending == 0; }, std::min(time.until, deadline_after(prompt_reply_timeout)));
+  support::run_until(io, [&] { return join_pending == 0; }, std::min(time.until, clock::now() + prompt_reply_timeout));
   joining = false;
   for (int r = 0; r < n; ++r)
     if (r != me && !links[r]) mark_absent(r, "it did not answer the hello in time");
@@ -160,7 +160,7 @@ GRADWIRE_DECL void tcp_engine::dial_back(int peer, const std::pair<std::string, 
   try {
     // A live peer listens: a short deadline tells a gone one quickly.
     socket = std::make_shared<tcp::socket>(support::connect_with_retry(
-        io, address.first, address.second, who, std::min(until, deadline_after(std::chrono::seconds(2)))));
+        io, address.first, address.second, who, std::min(until, clock::now() + std::chrono::seconds(2))));
     hello(*socket);
   } catch (const std::exception& e) {
     mark_absent(peer, std::string("nobody answers at its address; it has finished or is gone (") + e.what() + ")");

@@ -57,7 +57,7 @@ GRADWIRE_DECL void ucx_engine::on_control() {
   }
   if (kind == ucx_control::abort) {
     // Answered before anything here closes an endpoint (see ucx_control).
-    send_control(ucx_control::abort_seen, errc{}, {}, deadline_after(std::chrono::milliseconds(200)), peer);
+    send_control(ucx_control::abort_seen, errc{}, {}, clock::now() + std::chrono::milliseconds(200), peer);
     const abort_notice notice{cause, lost_rank, reason};
     const bool tolerates_lost = lost_rank >= 0 && peers[lost_rank].state.tolerated;
     const peer_failure_outcome f =  // every transport's rule
@@ -76,7 +76,7 @@ GRADWIRE_DECL void ucx_engine::on_goodbye(int peer) {
   // It flushed everything it sent before saying goodbye, so its messages are here or
   // being received (a rendezvous in progress cannot be told from a receive that
   // waits in vain): receives from it still open a moment from now never complete.
-  p.drained_at = deadline_after(std::chrono::seconds(1));
+  p.drained_at = clock::now() + std::chrono::seconds(1);
 }
 
 GRADWIRE_DECL void ucx_engine::fail_receives_from(int peer) {
@@ -140,8 +140,8 @@ GRADWIRE_DECL void ucx_engine::say_goodbye() {
   if (failed || said_goodbye) return;
   said_goodbye = true;
   // Everything this rank sent arrives before its goodbye (see on_goodbye).
-  flush(deadline_after(std::chrono::seconds(2)));
-  send_control(ucx_control::goodbye, errc{}, {}, deadline_after(std::chrono::seconds(1)));
+  flush(clock::now() + std::chrono::seconds(2));
+  send_control(ucx_control::goodbye, errc{}, {}, clock::now() + std::chrono::seconds(1));
 }
 
 GRADWIRE_DECL void ucx_engine::abort_all(errc cause, const std::string& reason) {
@@ -153,7 +153,7 @@ GRADWIRE_DECL void ucx_engine::abort_all(errc cause, const std::string& reason) 
 // abort_notice::lost), within a second, so they hear it before this rank goes on (and
 // perhaps exits); then fails the rank with `report`.
 GRADWIRE_DECL void ucx_engine::abort_with(errc cause, const std::string& told, int lost_rank, const std::string& report) {
-  const auto until = deadline_after(std::chrono::seconds(1));
+  const auto until = clock::now() + std::chrono::seconds(1);
   aborting = true;
   send_control(ucx_control::abort, cause, told.substr(0, max_control_bytes - control_header_bytes), until, -1, lost_rank);
   await_abort_seen(until);

@@ -73,7 +73,7 @@ GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
   }
   if (p.state.tolerated) return isolate(peer, why);
   // Its goodbye or abort may still be on the way (another lane): give it a moment.
-  if (!p.state.suspected()) p.state.suspect(deadline_after(std::chrono::milliseconds(200)), reason, why);
+  if (!p.state.suspected()) p.state.suspect(clock::now() + std::chrono::milliseconds(200), reason, why);
 }
 
 // The grace is over and no goodbye or reason came: this rank fails from the loss of

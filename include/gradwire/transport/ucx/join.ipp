@@ -133,7 +133,7 @@ GRADWIRE_DECL void ucx_engine::close_endpoint(ucp_ep_h ep) noexcept {
   prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
   const ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
   if (!UCS_PTR_IS_PTR(r)) return;
-  const auto until = deadline_after(std::chrono::seconds(1));
+  const auto until = clock::now() + std::chrono::seconds(1);
   while (ucp_request_check_status(r) == UCS_INPROGRESS && clock::now() < until) ucp_worker_progress(worker.get());
   ucp_request_free(r);
 }

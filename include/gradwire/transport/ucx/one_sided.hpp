@@ -51,4 +51,6 @@ class ucx_remote_window {
   std::size_t size_;
 };
 
+static_assert(concepts::sized_remote_window<ucx_remote_window>);  // a worker checks its size
+
 }  // namespace gradwire::transport::detail

@@ -11,7 +11,7 @@ namespace gradwire::transport::detail {
 
 // Progresses the worker until UCX has let go of op's request (bounded).
 GRADWIRE_DECL void ucx_engine::settle(ucx_op& op) noexcept {
-  const auto until = deadline_after(std::chrono::seconds(2));
+  const auto until = clock::now() + std::chrono::seconds(2);
   while (op.request && clock::now() < until)
     if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
 }
