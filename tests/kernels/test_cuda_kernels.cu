@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "support/device_buffer.cuh"
-#include "support/reference.hpp"
+#include "helpers/device_buffer.cuh"
+#include "helpers/reference.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "helpers/reference.hpp"
 
 namespace {
 

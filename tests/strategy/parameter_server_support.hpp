@@ -26,8 +26,8 @@
 #include <utility>
 #include <vector>
 
-#include "../support/least_squares.hpp"
-#include "../support/reference.hpp"
+#include "../helpers/least_squares.hpp"
+#include "../helpers/reference.hpp"
 
 namespace gradwire::test::parameter_server_support {
 

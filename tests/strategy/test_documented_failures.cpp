@@ -26,7 +26,7 @@
 #include <thread>
 #include <utility>
 #include <vector>
-#include "support/event.hpp"
+#include "helpers/event.hpp"
 
 #if defined(GRADWIRE_HAS_ASIO)  // the store and TCP cases
 #include <gradwire/rendezvous/framed_io.hpp>
@@ -482,7 +482,7 @@ TEST_CASE("rendezvous: a store that hangs up while a request is sent is a lost c
   REQUIRE_THAT(next.what, Catch::Matches(store + ": the connection was closed by an earlier error.*"));
 }
 
-// Run by tests/support/in_netns.py with net.ipv4.tcp_syn_retries=1 (hidden: the host's
+// Run by tests/helpers/in_netns.py with net.ipv4.tcp_syn_retries=1 (hidden: the host's
 // 6 retries would take 2 minutes): the kernel gives up on a connection attempt after 3 s
 // (ETIMEDOUT), which is not the last word before the deadline: like a refusal, it is
 // retried, and the caller gets the timeout at its deadline, not a config error at 3 s.
@@ -490,7 +490,7 @@ TEST_CASE("rendezvous: a connection attempt the kernel gives up on is retried un
   std::ifstream retries_file("/proc/sys/net/ipv4/tcp_syn_retries");
   int retries = -1;
   retries_file >> retries;
-  INFO("run by tests/support/in_netns.py --sysctl net.ipv4.tcp_syn_retries=1");
+  INFO("run by tests/helpers/in_netns.py --sysctl net.ipv4.tcp_syn_retries=1");
   REQUIRE(retries == 1);  // SYNs at 0 and 1 s, ETIMEDOUT at 3 s
   const unanswering_listener store;
   constexpr auto timeout = 5s;  // past the kernel's 3 s

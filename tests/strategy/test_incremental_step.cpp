@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 

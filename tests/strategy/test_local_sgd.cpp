@@ -1,7 +1,7 @@
 // local_sgd (aggregation::averaging<H>): H = 1 matches mirrored, replicas re-agree every H steps on the mean.
 #include <catch2/catch.hpp>
 
-#include "support/least_squares.hpp"
+#include "helpers/least_squares.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "parameter_server_support.hpp"
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 using gradwire::test::is_error;
 using namespace gradwire::test::parameter_server_support;

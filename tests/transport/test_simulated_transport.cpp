@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 namespace sim = gradwire::simulation;
