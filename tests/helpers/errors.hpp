@@ -1,4 +1,4 @@
-// Test helper: the gradwire::error a callable throws, as (kind, message).
+// Test helper: the gradwire::error a callable throws, as (kind, message), or what a call ended with.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -18,6 +18,23 @@ std::pair<errc, std::string> error_of(Fn&& fn) {
     return {e.kind(), e.what()};
   }
   FAIL("expected a gradwire::error");
+  return {};
+}
+
+// What one rank (or one call) ended with: no error (kind == errc{}), or a gradwire::error.
+struct outcome {
+  errc kind{};
+  std::string what;
+  bool failed() const { return kind != errc{}; }
+};
+
+template <class Fn>
+outcome outcome_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const error& e) {
+    return {e.kind(), e.what()};
+  }
   return {};
 }
 

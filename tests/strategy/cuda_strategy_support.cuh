@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collective/collective_support.hpp"
+#include "helpers/close.hpp"
 #include "helpers/least_squares.hpp"
 #include "helpers/reference.hpp"
 

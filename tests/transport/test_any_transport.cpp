@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collective/collective_support.hpp"
+#include "helpers/close.hpp"
 #include "helpers/errors.hpp"
 #include "helpers/least_squares.hpp"
 #include "helpers/reference.hpp"
