@@ -24,8 +24,8 @@
 #include "helpers/errors.hpp"
 
 namespace gw = gradwire;
-using gradwire::test::require_close;
 namespace sim = gradwire::simulation;
+using gradwire::test::require_close;
 using namespace std::chrono_literals;
 
 namespace {
