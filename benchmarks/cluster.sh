@@ -97,56 +97,21 @@ store=$(mktemp -d)
 port=29400
 pids=()
 
+# What this script leaves behind, removed however it ends (after its processes are stopped).
 cleanup() {
-  local status=$?
-  trap - EXIT INT TERM
-  [ ${#pids[@]} -eq 0 ] || gradwire_kill_job
   "$cluster" down --name "$name" >/dev/null 2>&1 || echo "cluster.sh: scripts/cluster down --name $name failed" >&2
   rm -rf "$store"
-  exit "$status"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=job_control.sh
+source "$here/job_control.sh"
+gradwire_cleanup_on_exit cleanup
 
-# start LOG HOST cmd...: runs cmd inside HOST's namespace in a session of its own (so the
+# start LOG HOST cmd...: runs cmd inside HOST's namespace, in a session of its own (so that the
 # whole process group can be stopped), output to LOG.
 start() {
   local log=$1 host=$2
   shift 2
-  setsid "$cluster" exec "$host" --name "$name" -- "$@" >"$log" 2>&1 </dev/null &
-  pids+=($!)
-}
-# wait_job: waits for every started process; the first failure (or the deadline) stops the
-# rest. Returns the first non-zero status, 124 on the deadline.
-wait_job() {
-  local deadline=$((SECONDS + run_timeout + 20)) status=0 alive pid i rc
-  while :; do
-    alive=0
-    for i in "${!pids[@]}"; do
-      pid=${pids[$i]}
-      [ -n "$pid" ] || continue
-      if kill -0 "$pid" 2>/dev/null; then
-        alive=1
-      else
-        rc=0
-        wait "$pid" || rc=$?
-        pids[$i]=""
-        [ "$rc" = 0 ] || [ "$status" != 0 ] || status=$rc
-      fi
-    done
-    [ "$alive" = 1 ] || break
-    if [ "$status" != 0 ] || [ $SECONDS -ge $deadline ]; then
-      [ "$status" != 0 ] || status=124
-      local live=()
-      for pid in "${pids[@]}"; do [ -z "$pid" ] || live+=("$pid"); done
-      pids=("${live[@]}")
-      gradwire_kill_job
-      break
-    fi
-    sleep 0.2
-  done
-  pids=()
-  return "$status"
+  gradwire_start_job "$log" "$cluster" exec "$host" --name "$name" -- "$@"
 }
 record() {  # record LABEL KIND TRANSPORT ALGORITHM STATUS SECONDS FILE
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "$shape" "$@" >>"$runs"
@@ -208,7 +173,7 @@ gradwire_job() {
       "$bench" --transport "$transport" --algorithm "$algorithm" -b 4 -e "$e" -f 4 -n "$iters" -w "$warmup" --repeats 1 \
       --csv "$dir/$label.csv"
   done
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   cp "$dir/logs/$label.node0.log" "$dir/$label.txt" 2>/dev/null || : >"$dir/$label.txt"
   # A wrong result (allreduce_tcp exits 1 after printing its table) is reported, not hidden.
   if grep -q 'Out of bounds values : [1-9]' "$dir/$label.txt"; then wrong_total=$((wrong_total + 1)); fi
@@ -229,7 +194,7 @@ mpi_job() {
     --mca plm_rsh_agent "$gradwire_root/scripts/cluster-rsh" -H "$list" -np $((hosts * per_host)) \
     --mca btl self,vader,tcp --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --mca mpi_yield_when_idle 1 \
     "$build_dir/peers/mpi_allreduce" "${sweep[@]}" -n "$iters" -w "$warmup"
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   cp "$dir/logs/mpi.log" "$dir/mpi.txt" 2>/dev/null || : >"$dir/mpi.txt"
   record mpi openmpi "btl vader+tcp" MPI_Allreduce "$(status_word "$status")" $((SECONDS - t0)) "$dir/mpi.txt"
   echo "# [$rate $shape] OpenMPI: $(status_word "$status") in $((SECONDS - t0)) s"
@@ -249,7 +214,7 @@ gloo_job() {
         "${sweep[@]}" -n "$iters" -w "$warmup"
     done
   done
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   cp "$dir/logs/gloo.rank0.log" "$dir/gloo.txt" 2>/dev/null || : >"$dir/gloo.txt"
   record gloo gloo tcp ring "$(status_word "$status")" $((SECONDS - t0)) "$dir/gloo.txt"
   echo "# [$rate $shape] Gloo ring: $(status_word "$status") in $((SECONDS - t0)) s"
@@ -296,7 +261,7 @@ if [ "$fmnist" = 1 ]; then
     start "$dir/gradwire.node$h.log" "$h" "$run" --nnodes 2 --node-rank "$h" --nproc-per-node 1 --master-addr "$master" \
       --master-port "$port" --timeout "$run_timeout" --no-prefix -- "$program" --strategy multi_worker_mirrored "${common[@]}"
   done
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   record fmnist-gradwire fmnist tcp multi_worker_mirrored "$(status_word "$status")" $((SECONDS - t0)) "$dir/gradwire.node0.log"
   echo "# gradwire multi_worker_mirrored: $(status_word "$status") in $((SECONDS - t0)) s"
   grep -E '^epoch' "$dir/gradwire.node0.log" || true
@@ -307,7 +272,7 @@ if [ "$fmnist" = 1 ]; then
       GLOO_SOCKET_IFNAME=eth0 timeout -k 5 "$run_timeout" /usr/bin/python3 "$here/torch_ddp_fmnist_hosts.py" \
       --peer "$peer_src/torch_ddp_fmnist.py" --epochs "$epochs" --batch 64 --lr 0.05 --momentum 0.9
   done
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   record fmnist-torch fmnist gloo DDP "$(status_word "$status")" $((SECONDS - t0)) "$dir/torch.node0.log"
   echo "# torch DDP (gloo): $(status_word "$status") in $((SECONDS - t0)) s"
   grep -E '^epoch' "$dir/torch.node0.log" || true

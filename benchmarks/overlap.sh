@@ -92,55 +92,20 @@ printf 'rate\tcluster\trepeat\tlabel\tstatus\tseconds\tcsv\tload\tcompilers\n' >
 port=29700
 pids=()
 
+# What this script leaves behind, removed however it ends (after its processes are stopped).
 cleanup() {
-  local status=$?
-  trap - EXIT INT TERM
-  [ ${#pids[@]} -eq 0 ] || gradwire_kill_job
   "$cluster" down --name "$name" >/dev/null 2>&1 || echo "overlap.sh: scripts/cluster down --name $name failed" >&2
-  exit "$status"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=job_control.sh
+source "$here/job_control.sh"
+gradwire_cleanup_on_exit cleanup
 
-# start LOG HOST cmd...: cmd inside HOST's namespace, in a session of its own (so that the
+# start LOG HOST cmd...: runs cmd inside HOST's namespace, in a session of its own (so that the
 # whole process group can be stopped), output to LOG.
 start() {
   local log=$1 host=$2
   shift 2
-  setsid "$cluster" exec "$host" --name "$name" -- "$@" >"$log" 2>&1 </dev/null &
-  pids+=($!)
-}
-# wait_job: waits for every started process; the first failure (or the deadline) stops the
-# rest. Returns the first non-zero status, 124 on the deadline.
-wait_job() {
-  local deadline=$((SECONDS + run_timeout + 20)) status=0 alive pid i rc
-  while :; do
-    alive=0
-    for i in "${!pids[@]}"; do
-      pid=${pids[$i]}
-      [ -n "$pid" ] || continue
-      if kill -0 "$pid" 2>/dev/null; then
-        alive=1
-      else
-        rc=0
-        wait "$pid" || rc=$?
-        pids[$i]=""
-        [ "$rc" = 0 ] || [ "$status" != 0 ] || status=$rc
-      fi
-    done
-    [ "$alive" = 1 ] || break
-    if [ "$status" != 0 ] || [ $SECONDS -ge $deadline ]; then
-      [ "$status" != 0 ] || status=124
-      local live=()
-      for pid in "${pids[@]}"; do [ -z "$pid" ] || live+=("$pid"); done
-      pids=("${live[@]}")
-      gradwire_kill_job
-      break
-    fi
-    sleep 0.2
-  done
-  pids=()
-  return "$status"
+  gradwire_start_job "$log" "$cluster" exec "$host" --name "$name" -- "$@"
 }
 status_word() { case $1 in 0) echo ok ;; 124|137) echo timeout ;; *) echo "failed($1)" ;; esac; }
 
@@ -180,7 +145,7 @@ job() {
       done
       ;;
   esac
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   [ "$status" = 0 ] || failed=$((failed + 1))
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "$shape" "$repeat" "$label" "$(status_word "$status")" \
     $((SECONDS - t0)) "$csv" "$load" "$compilers" >>"$runs"

@@ -80,15 +80,15 @@ rm -f "$out/samples.csv" "$out/report.md" "$out/report-processes.csv"
 work=$(mktemp -d "${TMPDIR:-/tmp}/gradwire-soak.XXXXXX")
 
 pids=()
+# After the jobs are stopped (job_control.sh): keep what a failure left behind beside the results.
 cleanup() {
-  gradwire_kill_job
-  # keep what a failure left behind beside the results
   [ -d "$work/short-runs" ] && [ -n "$(ls -A "$work/short-runs")" ] && cp -r "$work/short-runs" "$out/failed-short-runs"
   cp "$work/short.csv" "$out/short.csv" 2>/dev/null || true
   rm -rf "$work"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=job_control.sh
+source "$gradwire_root/benchmarks/job_control.sh"
+gradwire_cleanup_on_exit cleanup
 
 # start_long NAME KIND TRANSPORT UCX_TLS RANKS... : one long job, a process group of its own.
 start_long() {

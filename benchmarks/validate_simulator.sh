@@ -120,57 +120,16 @@ port=29600
 pids=()
 t_start=$SECONDS
 
+# What this script leaves behind, removed however it ends (after its processes are stopped).
 cleanup() {
-  local status=$?
-  trap - EXIT INT TERM
-  [ ${#pids[@]} -eq 0 ] || gradwire_kill_job
   if [ "$measure" = 1 ]; then
     "$cluster" down --name "$name" >/dev/null 2>&1 || echo "validate_simulator.sh: scripts/cluster down --name $name failed" >&2
   fi
-  exit "$status"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# start LOG cmd...: runs cmd in a session of its own (so that its process group can be
-# stopped), output to LOG.
-start() {
-  local log=$1
-  shift
-  setsid "$@" >"$log" 2>&1 </dev/null &
-  pids+=($!)
-}
-# wait_job: waits for every started process; the first failure (or the deadline) stops the
-# rest. Returns the first non-zero status, 124 on the deadline.
-wait_job() {
-  local deadline=$((SECONDS + run_timeout + 20)) status=0 alive i rc
-  while :; do
-    alive=0
-    for i in "${!pids[@]}"; do
-      [ -n "${pids[$i]}" ] || continue
-      if kill -0 "${pids[$i]}" 2>/dev/null; then
-        alive=1
-      else
-        rc=0
-        wait "${pids[$i]}" || rc=$?
-        pids[i]=""
-        [ "$rc" = 0 ] || [ "$status" != 0 ] || status=$rc
-      fi
-    done
-    [ "$alive" = 1 ] || break
-    if [ "$status" != 0 ] || [ $SECONDS -ge $deadline ]; then
-      [ "$status" != 0 ] || status=124
-      local live=() pid
-      for pid in "${pids[@]}"; do [ -z "$pid" ] || live+=("$pid"); done
-      pids=("${live[@]}")
-      gradwire_kill_job
-      break
-    fi
-    sleep 0.1
-  done
-  pids=()
-  return "$status"
-}
+# shellcheck source=job_control.sh
+source "$here/job_control.sh"
+job_poll_s=0.1
+gradwire_cleanup_on_exit cleanup
 status_word() { case $1 in 0) echo ok ;; 124|137) echo timeout ;; *) echo "failed($1)" ;; esac; }
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$runs"; }
 
@@ -187,10 +146,10 @@ loopback() {
   mkdir -p "$dir"
   for l in "$label" $second; do
     port=$((port + 1))
-    start "$dir/$l.txt" "$run" -n "$ranks" --master-port "$port" --timeout "$run_timeout" --no-prefix -- \
+    gradwire_start_job "$dir/$l.txt" "$run" -n "$ranks" --master-port "$port" --timeout "$run_timeout" --no-prefix -- \
       "$bench" --algorithm "$algorithm" "${flags[@]}" --csv "$dir/$l.csv"
   done
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   for l in "$label" $second; do record "$round" "$l" allreduce "$(status_word "$status")" $((SECONDS - t0)) "$dir/$l.csv"; done
   echo "# round $round: $label${second:+ + $second} ($algorithm, $ranks ranks, loopback): $(status_word "$status") in $((SECONDS - t0)) s"
 }
@@ -201,11 +160,11 @@ hosts() {
   mkdir -p "$dir/logs"
   port=$((port + 1))
   for h in 0 1; do
-    start "$dir/logs/$label.node$h.log" "$cluster" exec "$h" --name "$name" -- "$run" --nnodes 2 --node-rank "$h" \
+    gradwire_start_job "$dir/logs/$label.node$h.log" "$cluster" exec "$h" --name "$name" -- "$run" --nnodes 2 --node-rank "$h" \
       --nproc-per-node "$per_host" --master-addr "$master" --master-port "$port" --timeout "$run_timeout" --no-prefix -- \
       "$bench" --algorithm "$algorithm" "${sweep[@]}" --csv "$dir/$label.csv"
   done
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   cp "$dir/logs/$label.node0.log" "$dir/$label.txt" 2>/dev/null || : >"$dir/$label.txt"
   record "$round" "$label" allreduce "$(status_word "$status")" $((SECONDS - t0)) "$dir/$label.csv"
   echo "# round $round: $label ($algorithm, 2 hosts x $per_host, $rate): $(status_word "$status") in $((SECONDS - t0)) s"
@@ -217,12 +176,12 @@ fmnist_job() {
   mkdir -p "$dir"
   port=$((port + 1))
   for h in 0 1; do
-    start "$dir/$label.run$k.node$h.log" "$cluster" exec "$h" --name "$name" -- "$run" --nnodes 2 --node-rank "$h" \
+    gradwire_start_job "$dir/$label.run$k.node$h.log" "$cluster" exec "$h" --name "$name" -- "$run" --nnodes 2 --node-rank "$h" \
       --nproc-per-node "$per_host" --master-addr "$master" --master-port "$port" --timeout "$run_timeout" --no-prefix -- \
       "$program" --strategy multi_worker_mirrored --epochs 1 --batch "$batch" --optimizer momentum --lr 0.05 \
       --schedule constant --standardise --threads 1 --timing
   done
-  wait_job || status=$?
+  gradwire_wait_job || status=$?
   record "$k" "$label" fmnist "$(status_word "$status")" $((SECONDS - t0)) "$dir/$label.run$k.node0.log"
   echo "# fmnist $label run $k (2 hosts x $per_host, $rate): $(status_word "$status") in $((SECONDS - t0)) s"
   grep -E '^epoch' "$dir/$label.run$k.node0.log" || true

@@ -72,14 +72,3 @@ gradwire_configure_benchmarks() {
   gradwire_configure "$build_dir" -DGRADWIRE_BUILD_TESTS=OFF -DGRADWIRE_BUILD_EXAMPLES=OFF \
     -DGRADWIRE_BUILD_BENCHMARKS=ON "$@"
 }
-
-# Benchmarks that start jobs as process groups (setsid) keep their leaders' pids in the
-# array `pids`; gradwire_kill_job ends every such group, TERM then KILL, and empties it.
-gradwire_kill_job() {
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-  sleep 2
-  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}

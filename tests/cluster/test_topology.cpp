@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "helpers/reference.hpp"
 
 namespace gw = gradwire;
 using gw::cluster::topology;

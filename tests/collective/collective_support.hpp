@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "helpers/reference.hpp"
 
 namespace gradwire::test {
 

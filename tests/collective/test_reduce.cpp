@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "collective_support.hpp"
-#include "support/call_probe.hpp"
+#include "helpers/call_probe.hpp"
 
 namespace gw = gradwire;
 using gw::collective::reduce_op;

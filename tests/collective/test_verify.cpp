@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "collective_support.hpp"
-#include "support/call_probe.hpp"
-#include "support/errors.hpp"
+#include "helpers/call_probe.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 using namespace std::chrono_literals;

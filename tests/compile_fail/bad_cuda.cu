@@ -4,24 +4,15 @@
 // test when a case compiles or fails without its expected message (CMakeLists.txt lists them).
 #include <gradwire/cuda.cuh>
 
+#include "helpers/plain_sgd.hpp"
+
 #include <span>
 #include <vector>
 
 namespace gw = gradwire;
 
 // An optimizer with a host step only (no optim::device_state, init_device, step_device).
-struct host_only_sgd {
-  template <class V>
-  struct state {};
-  template <class V>
-  state<V> init(std::size_t) const {
-    return {};
-  }
-  template <class V>
-  void step(state<V>&, std::span<V> params, std::span<const V> grads, V grad_scale) const {
-    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= V(0.1) * grad_scale * grads[i];
-  }
-};
+using host_only_sgd = gradwire::test::plain_sgd;
 
 using device_strategy = gw::one_device<gw::cuda_tensor<float>, gw::optim::sgd>;
 

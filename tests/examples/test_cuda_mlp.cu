@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "mlp_reference.hpp"
-#include "support/reference.hpp"
+#include "helpers/reference.hpp"
 
 namespace gw = gradwire;
 

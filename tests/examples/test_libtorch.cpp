@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "torch_bridge.hpp"
-#include "support/reference.hpp"
+#include "helpers/reference.hpp"
 
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>

@@ -8,14 +8,16 @@
 #include <span>
 #include <vector>
 
-#include "support/device_buffer.cuh"
-#include "support/reference.hpp"
+#include "helpers/close.hpp"
+#include "helpers/device_buffer.cuh"
+#include "helpers/reference.hpp"
 
 namespace {
 
 namespace gt = gradwire::test;
 namespace kc = gradwire::kernels::cuda;
 namespace gc = gradwire::cuda;
+using gt::require_close;
 
 constexpr std::array<std::size_t, 8> sizes{0, 1, 7, 31, 1000, 4099, 1000003, (std::size_t{1} << 23) + 5};
 constexpr std::array<std::size_t, 2> offsets{0, 1};  // 0: 16-byte aligned, vector path; 1: scalar path
@@ -39,22 +41,6 @@ std::vector<T> random_values(gt::random_engine& rng, std::size_t n, double lo = 
   std::vector<T> v(n);
   for (auto& x : v) x = gc::from_compute<T>(static_cast<gc::compute_t<T>>(rng.uniform(lo, hi)));
   return v;
-}
-
-template <class T>
-void require_close(const std::vector<T>& got, const std::vector<double>& want, const std::vector<double>& allowed) {
-  const auto widened = gt::widen_device(got);
-  const auto c = gt::compare<double>(widened, want, allowed);
-  INFO(c);
-  REQUIRE(c.ok());
-}
-
-template <class T>
-void require_close(const std::vector<T>& got, const std::vector<gt::bounded>& want) {
-  const auto widened = gt::widen_device(got);
-  const auto c = gt::compare<double>(widened, std::span<const gt::bounded>(want));
-  INFO(c);
-  REQUIRE(c.ok());
 }
 
 // k inputs of n elements on the device, each at its own misalignment when `offset` is.
@@ -126,7 +112,7 @@ TEMPLATE_TEST_CASE("kernels::cuda::sum and average of k buffers against a float6
             const int launches = 1 + (k > kc::max_inputs ? (k - 2) / (kc::max_inputs - 1) : 0);
             allowed[i] = alpha * in.magnitude(i) * ((k + 2) * gt::roundoff<C> + launches * storage_roundoff<T>());
           }
-          require_close(out.download(), want, allowed);
+          require_close(gt::widen_device(out.download()), want, allowed);
           REQUIRE(out.intact());
         }
         REQUIRE(in.unchanged());
@@ -151,7 +137,7 @@ TEMPLATE_TEST_CASE("kernels::cuda::sum accumulates in place when out is inputs[0
       want[i] = s;
       allowed[i] = in.magnitude(i) * (20 * gt::roundoff<C> + 2 * storage_roundoff<T>());  // 18 inputs: 2 launches
     }
-    require_close(in.device[0]->download(), want, allowed);
+    require_close(gt::widen_device(in.device[0]->download()), want, allowed);
     REQUIRE(in.device[0]->intact());
   }
 }
@@ -175,13 +161,13 @@ TEMPLATE_TEST_CASE("kernels::cuda::scale and axpy", "[cuda][kernels]", float, do
         want[i] = a + b;
         allowed[i] = (std::abs(a) + std::abs(b)) * (2 * gt::roundoff<C> + storage_roundoff<T>()) + subnormal_step<T>();
       }
-      require_close(dy.download(), want, allowed);
+      require_close(gt::widen_device(dy.download()), want, allowed);
       kc::scale<T>(dx.data(), alpha, n, nullptr);
       for (std::size_t i = 0; i < n; ++i) {
         want[i] = static_cast<double>(alpha) * gc::to_compute(x[i]);
         allowed[i] = std::abs(want[i]) * (gt::roundoff<C> + storage_roundoff<T>()) + subnormal_step<T>();
       }
-      require_close(dx.download(), want, allowed);
+      require_close(gt::widen_device(dx.download()), want, allowed);
       REQUIRE(dx.intact());
       REQUIRE(dy.intact());
     }
@@ -218,8 +204,8 @@ TEMPLATE_TEST_CASE("kernels::cuda::sgd_step and momentum_step fuse the average o
             kc::sgd_step<T>(p.data(), g.span(), n, lr, wd, s, nullptr);
           else
             kc::momentum_step<T>(p.data(), g.span(), v.data(), n, lr, mu, wd, kind == 2, s, nullptr);
-          require_close(p.download(), want_p);
-          if (kind != 0) require_close(v.download(), want_v);
+          require_close(gt::widen_device(p.download()), want_p);
+          if (kind != 0) require_close(gt::widen_device(v.download()), want_v);
           REQUIRE(p.intact());
           REQUIRE(v.intact());
           REQUIRE(g.unchanged());
@@ -257,9 +243,9 @@ TEMPLATE_TEST_CASE("kernels::cuda::adam_step (Adam and AdamW) fuses the average 
                                     gt::roundoff<T>);
           const auto c = gradwire::kernels::adam_coefficients<T>::make(lr, b1, b2, eps, wd, decoupled, t, s);
           kc::adam_step<T>(p.data(), g.span(), m.data(), v.data(), n, c, nullptr);
-          require_close(p.download(), want_p);
-          require_close(m.download(), want_m);
-          require_close(v.download(), want_v);
+          require_close(gt::widen_device(p.download()), want_p);
+          require_close(gt::widen_device(m.download()), want_m);
+          require_close(gt::widen_device(v.download()), want_v);
           REQUIRE(p.intact());
           REQUIRE(m.intact());
           REQUIRE(v.intact());

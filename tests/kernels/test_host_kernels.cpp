@@ -11,32 +11,20 @@
 #include <utility>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "helpers/close.hpp"
+#include "helpers/reference.hpp"
 
 namespace {
 
 namespace gt = gradwire::test;
 namespace kn = gradwire::kernels;
+using gt::require_close;
 
 constexpr std::array<std::size_t, 6> sizes{0, 1, 7, 31, 1000, 4099};
 constexpr std::array<std::size_t, 4> offsets{0, 1, 2, 3};
 
 // Operands start at different misalignments, so no loop can rely on them sharing one.
 constexpr std::size_t shifted(std::size_t offset, std::size_t by) { return (offset + by) % offsets.size(); }
-
-template <class T>
-void require_close(std::span<const T> got, const std::vector<double>& want, const std::vector<double>& allowed) {
-  const auto c = gt::compare<T>(got, want, allowed);
-  INFO(c);
-  REQUIRE(c.ok());
-}
-
-template <class T>
-void require_close(std::span<const T> got, const std::vector<gt::bounded>& want) {
-  const auto c = gt::compare<T>(got, std::span<const gt::bounded>(want));
-  INFO(c);
-  REQUIRE(c.ok());
-}
 
 }  // namespace
 

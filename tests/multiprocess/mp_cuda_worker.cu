@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "multiprocess/cuda_join.hpp"
-#include "support/least_squares.hpp"
+#include "helpers/least_squares.hpp"
 
 namespace gw = gradwire;
 using gw::testing::batch_data;

@@ -66,7 +66,7 @@
 #include <thread>
 #include <vector>
 
-#include "support/least_squares.hpp"
+#include "helpers/least_squares.hpp"
 
 namespace gw = gradwire;
 using gw::testing::batch_data;

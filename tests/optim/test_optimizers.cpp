@@ -16,13 +16,15 @@
 #include <utility>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "helpers/close.hpp"
+#include "helpers/reference.hpp"
 
 namespace {
 
 namespace gt = gradwire::test;
 namespace optim = gradwire::optim;
 using gradwire::errc;
+using gt::require_close;
 
 static_assert(gradwire::concepts::optimizer<optim::sgd, float> && gradwire::concepts::optimizer<optim::sgd, double>);
 static_assert(gradwire::concepts::optimizer<optim::momentum, float> &&
@@ -39,13 +41,6 @@ template <class T>
 T grad_scale(int step) {
   constexpr std::array<double, 4> scales{1.0, 0.25, 1.0 / 3.0, 2.5};
   return static_cast<T>(scales[static_cast<std::size_t>(step) % scales.size()]);
-}
-
-template <class T>
-void require_close(std::span<const T> got, const std::vector<gt::bounded>& want) {
-  const auto c = gt::compare<T>(got, std::span<const gt::bounded>(want));
-  INFO(c);
-  REQUIRE(c.ok());
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 
 #include "plan_options.hpp"
 #include "simulate.hpp"
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 namespace plan = gradwire::plan;

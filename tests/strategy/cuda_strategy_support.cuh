@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "collective/collective_support.hpp"
-#include "support/least_squares.hpp"
-#include "support/reference.hpp"
+#include "helpers/close.hpp"
+#include "helpers/least_squares.hpp"
+#include "helpers/reference.hpp"
 
 // Named, not anonymous: a header's helpers are one set for both translation units.
 namespace gradwire::test::cuda_strategy {

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "../support/errors.hpp"
+#include "../helpers/errors.hpp"
 
 namespace gw = gradwire;
 using Catch::Contains;

@@ -1,7 +1,7 @@
 // save_checkpoint / load_checkpoint: bit-identical round trips, resumed training, every refusal, atomic replace.
 #include <catch2/catch.hpp>
 
-#include "support/least_squares.hpp"
+#include "helpers/least_squares.hpp"
 
 #include <unistd.h>
 
@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 namespace fs = std::filesystem;

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 

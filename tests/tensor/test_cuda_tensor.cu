@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "support/reference.hpp"
+#include "helpers/reference.hpp"
 
 namespace gw = gradwire;
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "helpers/reference.hpp"
 
 namespace {
 

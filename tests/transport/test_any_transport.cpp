@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "collective/collective_support.hpp"
-#include "support/errors.hpp"
-#include "support/least_squares.hpp"
-#include "support/reference.hpp"
+#include "helpers/close.hpp"
+#include "helpers/errors.hpp"
+#include "helpers/least_squares.hpp"
+#include "helpers/reference.hpp"
 
 namespace gw = gradwire;
 using gw::transport::any_transport;

@@ -1,7 +1,7 @@
 // In-process transport: tag matching, sizes, timeouts, cancellation and failure propagation.
 #include <catch2/catch.hpp>
 
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 #include <atomic>
 #include <chrono>

@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 namespace col = gradwire::collective;

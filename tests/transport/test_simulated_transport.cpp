@@ -20,10 +20,12 @@
 #include <utility>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "helpers/close.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 namespace sim = gradwire::simulation;
+using gradwire::test::require_close;
 using namespace std::chrono_literals;
 
 namespace {
@@ -640,15 +642,6 @@ std::vector<params_t> on_simulated(const sim::cluster_model& m, int steps, doubl
     train_rank<strategy_of<A, gw::transport::simulated>>(std::move(t), steps, lr, aggregation, out);
   });
   return out;
-}
-
-void require_close(const params_t& got, const std::vector<std::vector<double>>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t t = 0; t < want.size(); ++t)
-    for (std::size_t j = 0; j < want[t].size(); ++j) {
-      CAPTURE(t, j);
-      REQUIRE(double(got[t][j]) == Approx(want[t][j]).epsilon(2e-5).margin(2e-6));
-    }
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 //
 // Two ranks run as threads of this process over loopback. Where the wire must be
 // touched, rank 1 dials rank 0 through a man-in-the-middle proxy owned by the test
-// (support/mitm_proxy.hpp): the test reads the address rank 0 published in the
+// (helpers/mitm_proxy.hpp): the test reads the address rank 0 published in the
 // rendezvous store, starts the proxy towards it and publishes the proxy's address in its
 // place, and only then starts rank 1, which so reads the proxy's. The proxy flips a
 // payload byte, rewrites a header or puts a forged frame ahead of a real one, and counts
@@ -42,9 +42,9 @@
 #include <utility>
 #include <vector>
 
-#include "support/event.hpp"
-#include "support/mitm_proxy.hpp"
-#include "support/reference.hpp"
+#include "helpers/event.hpp"
+#include "helpers/mitm_proxy.hpp"
+#include "helpers/reference.hpp"
 
 namespace gw = gradwire;
 namespace wire = gradwire::support::wire;

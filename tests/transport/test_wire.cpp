@@ -1,7 +1,7 @@
 // Frame header encoding and the decoder's defences: round trips, every check, and random and truncated input.
 #include <catch2/catch.hpp>
 
-#include "support/errors.hpp"
+#include "helpers/errors.hpp"
 
 #include <cstring>
 #include <gradwire/support/wire.hpp>

@@ -26,14 +26,16 @@
 #include <utility>
 #include <vector>
 
-#include "../support/least_squares.hpp"
-#include "../support/reference.hpp"
+#include "helpers/close.hpp"
+#include "helpers/least_squares.hpp"
+#include "helpers/reference.hpp"
 
 namespace gradwire::test::parameter_server_support {
 
 namespace gw = gradwire;
 using gw::testing::batch_data;
 using gw::testing::least_squares;
+using gradwire::test::require_close_to_largest;  // two float64 computations of the same sums
 using gradwire::test::require_trajectories_close;
 
 inline const least_squares model{7, 3, 4};
@@ -298,20 +300,6 @@ inline void count_into(std::vector<std::uint64_t>& histogram, std::uint64_t valu
   ++histogram[value];
 }
 
-// got == want up to float64 rounding (1e-12 of the largest magnitude), element by element.
-inline void require_close(const std::vector<double>& got, const std::vector<double>& want) {
-  REQUIRE(got.size() == want.size());
-  double scale = 1;
-  for (double v : want) scale = std::max(scale, std::abs(v));
-  std::size_t worst = 0;
-  double diff = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = std::isnan(got[i] - want[i]) ? std::numeric_limits<double>::infinity() : std::abs(got[i] - want[i]);
-    if (d > diff) diff = d, worst = i;
-  }
-  CAPTURE(worst, got[worst], want[worst], scale);
-  REQUIRE(diff <= 1e-12 * scale);
-}
 
 // --- the async modes with one worker held by the test ------------------------------
 

@@ -1,7 +1,8 @@
 // local_sgd (aggregation::averaging<H>): H = 1 matches mirrored, replicas re-agree every H steps on the mean.
 #include <catch2/catch.hpp>
 
-#include "support/least_squares.hpp"
+#include "helpers/least_squares.hpp"
+#include "helpers/plain_sgd.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -235,20 +236,7 @@ TEST_CASE("local_sgd with one replica is one_device training") {
 }
 
 namespace {
-// Plain SGD whose state does not show its buffers (no for_each_buffer).
-struct opaque_sgd {
-  double lr = 0.1;
-  template <class V>
-  struct state {};
-  template <class V>
-  state<V> init(std::size_t) const {
-    return {};
-  }
-  template <class V>
-  void step(state<V>&, std::span<V> p, std::span<const V> g, V scale) const {
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= static_cast<V>(lr) * scale * g[i];
-  }
-};
+using opaque_sgd = gradwire::test::plain_sgd;  // its state does not show its buffers (no for_each_buffer)
 }  // namespace
 
 TEST_CASE("local_sgd with average_optimizer_state averages the replicas' optimizer state at each averaging point") {

@@ -306,25 +306,6 @@ inline void adam_reference_step(bounded& p, bounded& m, bounded& v, double g, do
   v = {v_new, v_err};
 }
 
-// --- training trajectories ------------------------------------------------------------
-
-// Two runs' flat parameters after every step agree to 1e-5, relative to each step's
-// largest parameter (two ways of training the same model, e.g. PS and all-reduce, or
-// device and host tensors).
-template <class T>
-void require_trajectories_close(const std::vector<std::vector<T>>& got, const std::vector<std::vector<T>>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t k = 0; k < want.size(); ++k) {
-    double scale = 0;
-    for (T v : want[k]) scale = std::max(scale, std::abs(double(v)));
-    REQUIRE(got[k].size() == want[k].size());
-    for (std::size_t i = 0; i < want[k].size(); ++i) {
-      CAPTURE(k, i);
-      REQUIRE(double(got[k][i]) == Approx(double(want[k][i])).epsilon(1e-5).margin(1e-5 * scale));
-    }
-  }
-}
-
 // --- errors ---------------------------------------------------------------------------
 
 // Matches a gradwire::error of one kind whose message contains every needle.

@@ -14,9 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "helpers/close.hpp"
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
+using gradwire::test::require_close;
 
 namespace {
 
@@ -76,15 +78,6 @@ params_t snapshot(Strategy& s) {
   params_t out;
   for (auto& t : s.parameters()) out.emplace_back(t.data(), t.data() + t.size());
   return out;
-}
-
-void require_close(const params_t& got, const params_t& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t t = 0; t < want.size(); ++t)
-    for (std::size_t j = 0; j < want[t].size(); ++j) {
-      CAPTURE(t, j);
-      REQUIRE(got[t][j] == Approx(want[t][j]).epsilon(2e-5).margin(2e-6));
-    }
 }
 
 // One step through the incremental API, in a random order of this rank's own (a fresh
