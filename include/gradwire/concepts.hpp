@@ -486,6 +486,18 @@ concept serving_agent = server_choosing_agent<G> && requires(G& g, collective::c
   g.serve(comm, params, optimizer);
 };
 
+// ...and runs a learning-rate schedule on those ranks: strategy<>::serve(schedule) forwards
+// here, and only where Optimizer is a schedulable_optimizer (the rate is set through it).
+//   auto serve(comm, params, const Optimizer&, schedule)   lr = schedule(version, applied)
+//                                                          before each update
+template <class G, class V, class Transport, class Optimizer>
+concept scheduling_agent =
+    serving_agent<G, V, Transport, Optimizer> &&
+    requires(G& g, collective::communicator<Transport>& comm, std::span<const std::span<V>> params,
+             const Optimizer& optimizer, double (*schedule)(std::uint64_t version, std::uint64_t applied)) {
+      g.serve(comm, params, optimizer, schedule);
+    };
+
 // Says whether it keeps the replicas' optimizer state in step (local SGD's
 // average_optimizer_state): a question without a state type, asked before any step.
 //   bool averages_optimizer_state() const        whether it touches the states at all
