@@ -39,19 +39,20 @@ int main() {
     const double lr = sync_lr / workers;   // N async workers: each gradient is applied on its own, so lr / N
     gw::ps::options ps;
     ps.servers = 1;
-    // Optional: a schedule the servers run before every update (here cosine decay over the run).
-    ps.learning_rate = [=](std::uint64_t /*version*/, std::uint64_t applied) {
-      const double done = std::min(1.0, double(applied) / double(total_gradients));
-      return lr * 0.5 * (1.0 + std::cos(std::numbers::pi * done));
-    };
     gw::parameter_server<gw::tensor_view<float>, gw::optim::momentum, gw::ps::async> strategy(
         endpoint, model.parameter_views(), gw::optim::momentum({.lr = lr, .momentum = 0.9}),
         gw::aggregation::parameter_server<gw::ps::async>(ps));
+    // Optional: a schedule the servers run before every update (here cosine decay over the
+    // run), given to serve(): an optimizer without set_lr(double) would not compile.
+    const auto schedule = [=](std::uint64_t /*version*/, std::uint64_t applied) {
+      const double done = std::min(1.0, double(applied) / double(total_gradients));
+      return lr * 0.5 * (1.0 + std::cos(std::numbers::pi * done));
+    };
+    if (strategy.is_server()) applied = strategy.serve(schedule).applied;  // until every worker has finished
     // [/docs:async_lr]
     if (strategy.is_server()) {
-      applied = strategy.serve().applied;   // until every worker has finished
-      lr_at_start = ps.learning_rate(0, 0);
-      lr_at_end = ps.learning_rate(0, total_gradients);
+      lr_at_start = schedule(0, 0);
+      lr_at_end = schedule(0, total_gradients);
     } else {
       const auto& mine = shards[std::size_t(endpoint.rank())];
       for (std::size_t k = 0; strategy.aggregation().applied() < total_gradients; ++k) {

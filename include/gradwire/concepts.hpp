@@ -360,6 +360,28 @@ concept segmenting_transport = transport<T> && requires {
   { T::ring_segment_bytes } -> std::convertible_to<std::size_t>;
 };
 
+// ---- Rendezvous store -------------------------------------------------------------------
+// The key-value store ranks meet through while they join a job (Gloo's Store): each rank
+// publishes under keys of its own and reads the other ranks' keys, waiting for those not
+// set yet. rendezvous::store_client (rank 0's TCP store) is the library's; a store of
+// one's own (a file on shared storage, Redis, a scheduler's key-value service) fits the
+// functions that take this concept (rendezvous::exchange_topology). Values are bytes; a
+// key is set once. Strings travel as their bytes.
+//   void set(const string& key, span<const byte> value)   publish value under key
+//   vector<byte> get(const string& key)                   the value, once some rank has set
+//                                                         key; past the timeout it throws
+//                                                         gradwire::error with errc::timeout
+//   void set_timeout(chrono::milliseconds)                how long each later call may wait
+//                                                         (the join sets what is left of its
+//                                                         deadline before each call)
+template <class S>
+concept rendezvous_store = requires(S& s, const std::string& key, std::span<const std::byte> value,
+                                    std::chrono::milliseconds timeout) {
+  s.set(key, value);
+  { s.get(key) } -> std::convertible_to<std::vector<std::byte>>;
+  s.set_timeout(timeout);
+};
+
 namespace detail {
 // Stands in for the callback strategy<> hands an aggregation: apply(i, grad, scale)
 // runs the optimizer on parameter tensor i with grad * scale.
@@ -500,6 +522,18 @@ concept serving_agent = server_choosing_agent<G> && requires(G& g, collective::c
                                                              const Optimizer& optimizer) {
   g.serve(comm, params, optimizer);
 };
+
+// ...and runs a learning-rate schedule on those ranks: strategy<>::serve(schedule) forwards
+// here, and only where Optimizer is a schedulable_optimizer (the rate is set through it).
+//   auto serve(comm, params, const Optimizer&, schedule)   lr = schedule(version, applied)
+//                                                          before each update
+template <class G, class V, class Transport, class Optimizer>
+concept scheduling_agent =
+    serving_agent<G, V, Transport, Optimizer> &&
+    requires(G& g, collective::communicator<Transport>& comm, std::span<const std::span<V>> params,
+             const Optimizer& optimizer, double (*schedule)(std::uint64_t version, std::uint64_t applied)) {
+      g.serve(comm, params, optimizer, schedule);
+    };
 
 // Says whether it keeps the replicas' optimizer state in step (local SGD's
 // average_optimizer_state): a question without a state type, asked before any step.

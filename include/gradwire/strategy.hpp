@@ -7,7 +7,9 @@
 // (host, or a CUDA device), the step session, gradient accumulation and the step meter.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <span>
@@ -189,6 +191,27 @@ class strategy {
     requires concepts::serving_agent<agent_type, value_type, Transport, Optimizer>
   {
     return replica_.on_host([&] { return agent_.serve(comm_, replica_.parameters(), optimizer_); });
+  }
+  // The same, running a learning-rate schedule: before each update, lr = schedule(version,
+  // gradients applied so far). The servers own the optimizer, so it needs set_lr(double)
+  // (concepts::schedulable_optimizer): without it this does not compile, where a schedule
+  // in ps::options::learning_rate is refused only when the server starts.
+  template <std::invocable<std::uint64_t, std::uint64_t> Schedule>
+  auto serve(Schedule schedule)
+    requires concepts::serving_agent<agent_type, value_type, Transport, Optimizer>
+  {
+    static_assert(concepts::schedulable_optimizer<Optimizer>,
+                  "gradwire::strategy::serve(schedule): Optimizer has no set_lr(double), so a learning-rate "
+                  "schedule cannot set its rate (concepts::schedulable_optimizer); give it set_lr or serve() "
+                  "without a schedule");
+    static_assert(!concepts::schedulable_optimizer<Optimizer> ||
+                      concepts::scheduling_agent<agent_type, value_type, Transport, Optimizer>,
+                  "gradwire::strategy::serve(schedule): the aggregation's agent runs no learning-rate schedule "
+                  "(concepts::scheduling_agent)");
+    if constexpr (concepts::schedulable_optimizer<Optimizer>)
+      return replica_.on_host([&] { return agent_.serve(comm_, replica_.parameters(), optimizer_, std::move(schedule)); });
+    else
+      return serve();  // not reached: the static_assert above stops the build
   }
 
   int rank() const { return comm_.rank(); }

@@ -6,13 +6,18 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <gradwire/cluster/tcp.hpp>
 #include <gradwire/collective/all_reduce.hpp>
 #include <gradwire/rendezvous/host_identity.hpp>
+#include <gradwire/rendezvous/store.hpp>
 #include <gradwire/support/topology.hpp>
 #include <gradwire/transport/any.hpp>
 #include <gradwire/transport/asio_tcp.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +57,38 @@ void on_threads(int n, Fn fn) {
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
+
+// A rendezvous store of one's own (concepts::rendezvous_store): a map in this process,
+// shared by rank threads, each holding its own handle (as each holds its own store_client).
+class memory_store {
+ public:
+  struct shared {
+    std::mutex m;
+    std::condition_variable cv;
+    std::map<std::string, std::vector<std::byte>> values;
+  };
+  explicit memory_store(shared& s) : s_(&s) {}
+
+  void set(const std::string& key, std::span<const std::byte> value) {
+    {
+      std::lock_guard lock(s_->m);
+      s_->values[key].assign(value.begin(), value.end());
+    }
+    s_->cv.notify_all();
+  }
+  std::vector<std::byte> get(const std::string& key) {
+    std::unique_lock lock(s_->m);
+    if (!s_->cv.wait_for(lock, timeout_, [&] { return s_->values.contains(key); }))
+      throw gw::error(gw::errc::timeout, "memory_store: nobody set " + key);
+    return s_->values.at(key);
+  }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+ private:
+  shared* s_;
+  std::chrono::milliseconds timeout_{gw::default_timeout};
+};
+static_assert(gw::concepts::rendezvous_store<memory_store>);
 
 }  // namespace
 
@@ -127,6 +164,67 @@ TEST_CASE("host identity: GRADWIRE_HOST_ID, else hostname, boot id and network n
     return std::nullopt;
   };
   CHECK(gw::cluster::tcp_options(spec, env).host_id == "from-env");
+}
+
+TEST_CASE("exchange_topology over a store of one's own (concepts::rendezvous_store) gives every rank the topology the TCP store gives",
+          "[cluster][topology][rendezvous]") {
+  const std::uint64_t seed = gw::test::fresh_seed();
+  CAPTURE(seed);
+  gw::test::random_engine random(seed);
+  for (const int n : {1, 2, 3, 5, 8, 13}) {
+    CAPTURE(n);
+    // Each rank on one of a few hosts at random; its display name says which.
+    const int hosts = random.integer(1, n);
+    std::vector<std::string> identities, names;
+    for (int r = 0; r < n; ++r) {
+      const int h = random.integer(0, hosts - 1);
+      identities.push_back("host" + std::to_string(h) + "/boot/1");
+      names.push_back("10.0.0." + std::to_string(h));
+    }
+    // The reference, serially: hosts numbered by first appearance, each named by its lowest rank.
+    std::vector<int> expected_host(static_cast<std::size_t>(n));
+    std::vector<std::string> expected_name;
+    std::map<std::string, int> seen;
+    for (int r = 0; r < n; ++r) {
+      const auto [it, fresh] = seen.try_emplace(identities[r], static_cast<int>(seen.size()));
+      if (fresh) expected_name.push_back(names[r]);
+      expected_host[r] = it->second;
+    }
+    auto run = [&](auto make_store) {
+      std::vector<topology> got(static_cast<std::size_t>(n));
+      on_threads(n, [&](int rank) {
+        auto store = make_store(rank);
+        got[rank] = gw::rendezvous::exchange_topology(*store, "test/host/", rank, n, identities[rank], names[rank], 30s);
+      });
+      return got;
+    };
+    memory_store::shared memory;
+    const auto mine = run([&](int) { return std::make_unique<memory_store>(memory); });
+    const gw::rendezvous::store_server server("127.0.0.1", 0, "exchange-test");
+    const auto tcp = run([&](int) {
+      return std::make_unique<gw::rendezvous::store_client>("127.0.0.1", server.port(), "exchange-test", 30s);
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const topology& t = mine[static_cast<std::size_t>(r)];
+      REQUIRE(t.size() == n);
+      REQUIRE(t.host_count() == static_cast<int>(expected_name.size()));
+      for (int q = 0; q < n; ++q) REQUIRE(t.host(q) == expected_host[q]);
+      for (int h = 0; h < t.host_count(); ++h) REQUIRE(t.host_name(h) == expected_name[h]);
+      REQUIRE(t.to_string() == tcp[static_cast<std::size_t>(r)].to_string());
+    }
+  }
+}
+
+TEST_CASE("exchange_topology over a store of one's own names the rank that never published, when its get times out",
+          "[cluster][topology][rendezvous]") {
+  memory_store::shared memory;
+  memory_store store(memory);
+  const std::string mine = "host/0";
+  store.set("test/host/0", std::as_bytes(std::span(mine.data(), mine.size())));  // rank 0 came; rank 1 never does
+  REQUIRE_THROWS_MATCHES(
+      gw::rendezvous::exchange_topology(store, "test/host/", 2, 3, "h", "h", 200ms), gw::error,
+      gw::test::is_error(gw::errc::timeout, {"rank 2: rank 1 did not connect within 200 ms (it never published its host identity)"}));
 }
 
 TEST_CASE("asio_tcp exchanges host identities at join, and the communicator and any_transport report them",

@@ -51,6 +51,22 @@ struct ps_mode_without_lead {  // CASE 5: a parameter-server mode without max_le
   static constexpr int backups = 0;
 };
 
+// optim::sgd without set_lr(double) (CASE 10: a learning-rate schedule cannot set its rate).
+struct optimizer_without_set_lr {
+  static constexpr const char* name = "sgd_without_set_lr";
+  template <class V>
+  using state = gw::optim::sgd::state<V>;
+  template <class V>
+  state<V> init(std::size_t n) const {
+    return gw::optim::sgd().init<V>(n);
+  }
+  template <class V>
+  void step(state<V>& s, std::span<V> params, std::span<const V> grads, V scale) const {
+    gw::optim::sgd().step(s, params, grads, scale);
+  }
+};
+inline constexpr auto schedule = [](std::uint64_t, std::uint64_t applied) { return 1.0 / double(applied + 1); };
+
 #if CASE == 0
 using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
 // The control: each broken policy above misses exactly one member, so the concept
@@ -65,6 +81,10 @@ static_assert(sizeof(gw::mirrored<gw::host_tensor<float>, gw::optim::sgd>) > 0 &
               sizeof(gw::central_storage<gw::host_tensor<double>, gw::optim::momentum>) > 0 &&
               sizeof(gw::local_sgd<gw::host_tensor<float>, gw::optim::sgd, 4>) > 0 &&
               sizeof(gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync>) > 0);
+// A server runs a schedule with an optimizer that has set_lr, and serves without one
+// with an optimizer that has none.
+void serve(gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync>& s) { s.serve(schedule); }
+void serve(gw::parameter_server<gw::host_tensor<float>, optimizer_without_set_lr, gw::ps::async>& s) { s.serve(); }
 #elif CASE == 1
 using S = gw::strategy<tensor_without_shape, gw::optim::sgd, gw::aggregation::local, gw::transport::local>;
 #elif CASE == 2
@@ -84,6 +104,9 @@ using S = gw::local_sgd<gw::host_tensor<float>, gw::optim::sgd, 0>;
 using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::backup_workers<0>>;
 #elif CASE == 9
 using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_naming_its_callback<2>, gw::transport::local>;
+#elif CASE == 10
+using S = gw::parameter_server<gw::host_tensor<float>, optimizer_without_set_lr, gw::ps::sync>;
+void serve(S& s) { s.serve(schedule); }
 #endif
 
 int main() { return sizeof(S) > 0 ? 0 : 1; }

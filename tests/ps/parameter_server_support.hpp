@@ -456,9 +456,7 @@ class fixed_lr_sgd {
   gw::optim::sgd sgd_;
 };
 static_assert(gw::concepts::optimizer<fixed_lr_sgd, double>);
-template <class O>
-concept schedulable = requires(O& o) { o.set_lr(1.0); };
-static_assert(!schedulable<fixed_lr_sgd> && schedulable<gw::optim::sgd>);
+static_assert(!gw::concepts::schedulable_optimizer<fixed_lr_sgd> && gw::concepts::schedulable_optimizer<gw::optim::sgd>);
 
 // Async parameter server over Transport (built from an inproc endpoint) whose workers
 // step one at a time in a fixed order (0, 1, ..., W-1, then 0 again), each waiting for

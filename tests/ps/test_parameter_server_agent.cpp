@@ -287,6 +287,46 @@ TEST_CASE("parameter_server: ps::options::learning_rate with an optimizer withou
   }
 }
 
+TEST_CASE("parameter_server: serve(schedule) sets the lr of every update from the schedule, and a schedule also in ps::options::learning_rate is refused") {
+  const int steps = 3;
+  const std::vector<std::vector<double>> ones{std::vector<double>(model.outputs * model.inputs, 1.0),
+                                              std::vector<double>(model.outputs, 1.0)};
+  // lr = 0.1 * (applied + 1): each update's rate differs, so the result shows that every
+  // update took the rate the schedule gave it then.
+  const auto schedule = [](std::uint64_t, std::uint64_t applied) { return 0.1 * double(applied + 1); };
+  using S = gw::parameter_server<gw::host_tensor<double>, gw::optim::sgd, gw::ps::sync>;
+  auto train = [&](const gw::ps::options& o) {
+    std::vector<double> served;
+    gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+      S s(t, start_params<double>(t.rank()), gw::optim::sgd({.lr = 0.01}), S::aggregation_type(o));
+      if (s.is_server()) {
+        s.serve(schedule);
+        served = flat<double>(s.parameters());
+        return;
+      }
+      for (int k = 0; k < steps; ++k) s.step(ones);
+    });
+    return served;
+  };
+  const auto start = flat<double>(start_params<double>(0));
+  const auto scheduled = train(small_shards(1));
+  // The reference: update k moves each parameter by its rate. ps::sync counts a step's
+  // gradients as applied when it closes the step, just before the update: k + 1 of them.
+  double moved = 0;
+  for (int k = 0; k < steps; ++k) moved += 0.1 * double(k + 2);
+  REQUIRE(scheduled.size() == start.size());
+  for (std::size_t i = 0; i < start.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(scheduled[i] == Approx(start[i] - moved).epsilon(1e-12));
+  }
+  auto twice = small_shards(1);
+  twice.learning_rate = schedule;
+  REQUIRE_THROWS_MATCHES(train(twice), gw::error,
+                         is_error(gw::errc::invalid_argument,
+                                  {"parameter_server: a learning-rate schedule given twice, in ps::options::learning_rate "
+                                   "and to serve(schedule); give one"}));
+}
+
 TEST_CASE("parameter_server: serve() on a worker rank fails with invalid_argument naming the rank, and the job goes on") {
   const int workers = 2, steps = 3;
   using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync>;

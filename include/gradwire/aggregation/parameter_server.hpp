@@ -76,6 +76,9 @@ constexpr bool checks_parameter_server() {
   static_assert(concepts::incremental_aggregation<parameter_server<Mode>, V, Tr>);
   static_assert(concepts::aggregation_agent<agent, V, Tr>);
   static_assert(concepts::serving_agent<agent, V, Tr, optim::sgd>);
+  // A schedule only with an optimizer whose rate can be set.
+  static_assert(concepts::scheduling_agent<agent, V, Tr, optim::sgd>);
+  static_assert(!concepts::scheduling_agent<agent, V, Tr, concepts::detail::optimizer_archetype>);
   static_assert(concepts::finishing_agent<agent, Tr>);
   static_assert(concepts::staleness_reporting_agent<agent>);
   static_assert(!concepts::updates_only_through_apply<agent>);  // pulls write the parameters

@@ -177,14 +177,28 @@ class agent {
   // or was lost; then writes its final checkpoint and returns what it saw.
   template <class Optimizer>
   server_stats serve(communicator_type& comm, std::span<const std::span<V>> params, const Optimizer& optimizer) {
+    return serve_with(comm, params, optimizer, {});
+  }
+  // The same, running a learning-rate schedule: before each update, lr = schedule(version,
+  // gradients applied so far). Only for an optimizer whose rate can be set
+  // (concepts::scheduling_agent).
+  template <concepts::schedulable_optimizer Optimizer, std::invocable<std::uint64_t, std::uint64_t> Schedule>
+  server_stats serve(communicator_type& comm, std::span<const std::span<V>> params, const Optimizer& optimizer,
+                     Schedule schedule) {
+    return serve_with(comm, params, optimizer, learning_rate_schedule(std::move(schedule)));
+  }
+
+ private:
+  template <class Optimizer>
+  server_stats serve_with(communicator_type& comm, std::span<const std::span<V>> params, const Optimizer& optimizer,
+                          learning_rate_schedule schedule) {
     if (!is_server(comm.rank(), comm.size()))
       throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(comm.rank()) +
                                               " is a worker: serve() is for the server ranks (the last " +
                                               std::to_string(options_.serving_ranks()) + ")");
-    return server<Mode, V, Tr, Optimizer>(comm, params, optimizer, options_, shards_, window_).run();
+    return server<Mode, V, Tr, Optimizer>(comm, params, optimizer, options_, shards_, window_, std::move(schedule)).run();
   }
 
- private:
   worker<Mode, V, Tr>& worker_for(const char* what) {
     if (worker_) return *worker_;
     if (rank_ < 0)

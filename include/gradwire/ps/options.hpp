@@ -11,6 +11,10 @@
 
 namespace gradwire::ps {
 
+// A learning-rate schedule run by the servers, which own the optimizer: before each
+// update, lr = schedule(version, gradients applied so far).
+using learning_rate_schedule = std::function<double(std::uint64_t version, std::uint64_t applied)>;
+
 struct options {
   int servers = 1;  // the last `servers` ranks serve (the last 2 * servers with standbys)
   // Failover: each server has a standby rank that applies every update its server applies
@@ -29,10 +33,12 @@ struct options {
   // Async modes: scale each gradient by 1 / max(1, update lag) (Zhang et al. 2016). That
   // divides the step of SGD and momentum; Adam and AdamW normalise it away.
   bool staleness_aware_lr = false;
-  // A learning-rate schedule run by the servers, which own the optimizer: before each
-  // update, lr = learning_rate(version, gradients applied so far); needs an optimizer
-  // with set_lr(double). Empty: the optimizer's lr throughout.
-  std::function<double(std::uint64_t version, std::uint64_t applied)> learning_rate;
+  // A learning-rate schedule the servers run (learning_rate_schedule); needs an optimizer
+  // with set_lr(double), checked when a server starts: a run-time error, since these
+  // options do not know the optimizer. strategy<>::serve(schedule) takes one where the
+  // optimizer's type is known, so that one without set_lr is a compile error. Empty: the
+  // optimizer's lr throughout (or serve(schedule)'s).
+  learning_rate_schedule learning_rate;
   // Servers write their shards here every checkpoint_every steps (0: only at exit) and
   // at exit; at start they resume from the files found there. Empty: no checkpoints.
   std::filesystem::path checkpoint_dir;

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../checkpoint.hpp"
@@ -43,7 +44,8 @@
 namespace gradwire::ps {
 
 // Mode: concepts::ps_mode; V: the parameters' value type; Tr: a multiplexing transport;
-// Optimizer: concepts::optimizer for V (concepts::schedulable_optimizer if options::learning_rate is set).
+// Optimizer: concepts::optimizer for V (concepts::schedulable_optimizer to run a learning-rate
+// schedule: agent::serve takes one only then; options::learning_rate is checked at start).
 template <concepts::ps_mode Mode, class V, class Tr, class Optimizer>
 class server {
   using rule = step_rule<Mode>;
@@ -56,9 +58,12 @@ class server {
   using communicator_type = collective::communicator<Tr>;
 
   // `params`: this rank's parameter tensors (the shard is a view into them, so they hold
-  // the final values when run() returns); `window`: what setup exposed (may be none).
+  // the final values when run() returns); `window`: what setup exposed (may be none);
+  // `schedule`: the learning-rate schedule given to serve(schedule), if any (agent::serve
+  // gives one only for a schedulable optimizer), else options::learning_rate.
   server(communicator_type& comm, std::span<const std::span<V>> params, const Optimizer& optimizer,
-         const options& o, const sharding& shards, server_window<V, Tr>& window)
+         const options& o, const sharding& shards, server_window<V, Tr>& window,
+         learning_rate_schedule schedule = {})
       : comm_(comm),
         t_(comm.transport()),
         options_(o),
@@ -72,7 +77,14 @@ class server {
         members_(t_, workers_, shard_.elements(), window, stats_, who_, o.report),
         incoming_(shard_.elements()),
         sum_(rule::step_elements(shard_.elements())),
-        pending_(static_cast<std::size_t>(workers_) + 1) {
+        pending_(static_cast<std::size_t>(workers_) + 1),
+        schedule_(one_schedule(std::move(schedule), o)) {
+    // The options do not know the optimizer: a schedule there is checked here, before
+    // serving (serve(schedule) checks it at compile time).
+    if constexpr (!concepts::schedulable_optimizer<Optimizer>)
+      if (schedule_)
+        throw error(errc::invalid_argument,
+                    "parameter_server: ps::options::learning_rate needs an optimizer with set_lr(double)");
     if (!options_.checkpoint_dir.empty())
       checkpoint_ = options_.checkpoint_dir / ("ps-shard-" + std::to_string(index_) + "-of-" +
                                                std::to_string(options_.servers) + ".ckpt");
@@ -128,6 +140,15 @@ class server {
 
  private:
   friend rule;  // its handlers take gradients, apply updates and count them through the members below
+
+  // serve(schedule)'s or the options', not both.
+  static learning_rate_schedule one_schedule(learning_rate_schedule given, const options& o) {
+    if (!given) return o.learning_rate;
+    if (o.learning_rate)
+      throw error(errc::invalid_argument, "parameter_server: a learning-rate schedule given twice, in "
+                                          "ps::options::learning_rate and to serve(schedule); give one");
+    return given;
+  }
 
   deadline wait_deadline() const { return comm_.time().deadline_after(options_.timeout); }
 
@@ -246,13 +267,8 @@ class server {
 
   // Updates the shard with `gradient` * scale, at the learning rate the schedule gives now.
   void apply(std::span<const V> gradient, V scale) {
-    if (options_.learning_rate) {
-      if constexpr (concepts::schedulable_optimizer<Optimizer>)
-        shard_.set_lr(options_.learning_rate(stats_.version, stats_.applied));
-      else
-        throw error(errc::invalid_argument,
-                    "parameter_server: ps::options::learning_rate needs an optimizer with set_lr(double)");
-    }
+    if constexpr (concepts::schedulable_optimizer<Optimizer>)
+      if (schedule_) shard_.set_lr(schedule_(stats_.version, stats_.applied));
     auto trace = comm_.trace("optimizer_step", gradient.size_bytes(), "optimizer");
     trace.arg("version", static_cast<std::int64_t>(stats_.version));
     shard_.apply(gradient, scale);
@@ -346,6 +362,7 @@ class server {
   std::vector<typename Tr::request*> pending_;  // [worker], then the standby's acknowledgement
   detail::replica_link<V, Tr> replica_;          // a server's standby (inactive without one)
   bool served_since_promotion_ = false;  // a push or pull came (after a standby took over)
+  const learning_rate_schedule schedule_;  // empty: the optimizer's own lr throughout
 };
 
 }  // namespace gradwire::ps

@@ -1,4 +1,4 @@
-// Which host a rank is on: its host identity, and the exchange through the rendezvous store that makes a topology.
+// Which host a rank is on: its host identity, and the exchange through a rendezvous store (any concepts::rendezvous_store) that makes a topology.
 #pragma once
 
 #include <sys/stat.h>
@@ -6,14 +6,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "../concepts.hpp"
 #include "../error.hpp"
 #include "../support/topology.hpp"
-#include "store.hpp"
 
 namespace gradwire::rendezvous {
 
@@ -37,25 +39,40 @@ inline std::string local_host_identity(const std::string& configured = {}) {
   return std::string(name) + "/" + boot + "/" + net;
 }
 
+namespace detail {
+// Text through a store that holds bytes (concepts::rendezvous_store): a string as its bytes.
+template <concepts::rendezvous_store Store>
+void set_text(Store& store, const std::string& key, const std::string& text) {
+  store.set(key, std::as_bytes(std::span(text.data(), text.size())));
+}
+template <concepts::rendezvous_store Store>
+std::string get_text(Store& store, const std::string& key) {
+  const std::vector<std::byte> v = store.get(key);
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size());
+}
+}  // namespace detail
+
 // Publishes this rank's host identity and display name under `prefix` + rank (one key
 // per rank) and reads every rank's: the job's topology, the same on every rank. Each
 // read waits until that rank has published, within `timeout` (what is left of the join).
-inline support::topology exchange_topology(store_client& store, const std::string& prefix, int rank, int size,
-                                  const std::string& identity, const std::string& display,
-                                  std::chrono::milliseconds timeout) {
+// Store: concepts::rendezvous_store (store_client, rank 0's TCP store, or one's own).
+template <concepts::rendezvous_store Store>
+support::topology exchange_topology(Store& store, const std::string& prefix, int rank, int size,
+                                    const std::string& identity, const std::string& display,
+                                    std::chrono::milliseconds timeout) {
   const auto until = std::chrono::steady_clock::now() + timeout;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
                                                       until - std::chrono::steady_clock::now()));
   };
   store.set_timeout(left());
-  store.set(prefix + std::to_string(rank), identity + '\n' + display);
+  detail::set_text(store, prefix + std::to_string(rank), identity + '\n' + display);
   std::vector<std::string> identities(static_cast<std::size_t>(size)), names(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     store.set_timeout(left());
     std::string value;
     try {
-      value = store.get_string(prefix + std::to_string(r));
+      value = detail::get_text(store, prefix + std::to_string(r));
     } catch (const error& e) {
       if (e.kind() != errc::timeout) throw;
       throw error(errc::timeout, "rank " + std::to_string(rank) + ": rank " + std::to_string(r) +

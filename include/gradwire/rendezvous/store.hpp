@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../concepts.hpp"
 #include "../config.hpp"
 #include "../error.hpp"
 #include "../support/asio.hpp"
@@ -94,7 +95,8 @@ class store_server {
   std::thread thread_;
 };
 
-// A client of the store; every call blocks until answered or until its timeout.
+// A client of the store; every call blocks until answered or until its timeout. Its set,
+// get and set_timeout are concepts::rendezvous_store: what joining needs from a store.
 class store_client {
  public:
   // Connects, retrying while the server is not up yet (rank 0 may start last).
@@ -135,6 +137,7 @@ class store_client {
   detail::asio::io_context io_;
   detail::tcp::socket socket_;
 };
+static_assert(concepts::rendezvous_store<store_client>);
 
 }  // namespace gradwire::rendezvous
 
