@@ -3,17 +3,16 @@
 // The template alone: it includes no aggregation and no transport (a translation unit
 // names the ones it uses). The named combinations (mirrored, one_device, ...) are in
 // gradwire/strategies/, one header each, and all of them in gradwire/strategies.hpp.
-// Its parts are in training/: the replica that holds the tensors and the optimizer state
-// (host, or a CUDA device), the step session, gradient accumulation and the step meter.
+// Its parts are in training/: the check of its policies, the replica that holds the tensors
+// and the optimizer state (host, or a CUDA device), and the step driver (the step session,
+// gradient accumulation, the step meter and the finite check).
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <span>
-#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -28,9 +27,9 @@
 #include "tensor/dtype.hpp"
 #include "tensor/shape.hpp"
 #include "training/accumulation.hpp"
-#include "training/finite_check.hpp"
+#include "training/policy_check.hpp"
 #include "training/replica.hpp"
-#include "training/step_meter.hpp"
+#include "training/step_driver.hpp"
 #include "training/step_session.hpp"
 
 namespace gradwire {
@@ -42,21 +41,8 @@ namespace gradwire {
 //   Transport    concepts::transport  how bytes move between replicas
 template <class Tensor, class Optimizer, class Aggregation, class Transport>
 class strategy {
-  static_assert(concepts::tensor<Tensor>,
-                "gradwire::strategy: Tensor does not satisfy gradwire::concepts::tensor: it needs value_type (float or "
-                "double), a static `location`, data(), size() and shape() (see gradwire/concepts.hpp)");
-  static_assert(concepts::optimizer<Optimizer, typename Tensor::value_type>,
-                "gradwire::strategy: Optimizer does not satisfy gradwire::concepts::optimizer for Tensor's value_type: it "
-                "needs template<class V> struct state, init<V>(n) and step(state, params, grads, grad_scale) "
-                "(see gradwire/concepts.hpp)");
-  static_assert(concepts::transport<Transport>,
-                "gradwire::strategy: Transport does not satisfy gradwire::concepts::transport: it needs rank(), size(), "
-                "async_send, async_recv, wait(request, deadline) and a nested request type (see "
-                "gradwire/concepts.hpp)");
-  static_assert(concepts::aggregation<Aggregation, typename Tensor::value_type, Transport>,
-                "gradwire::strategy: Aggregation does not satisfy gradwire::concepts::aggregation: it needs an agent "
-                "template (agent<V, Transport> with setup, begin_step, ready, finish_step) or setup(comm, params) and "
-                "step(comm, params, grads, apply) (see gradwire/concepts.hpp)");
+  // Each policy against its concept, with a message that names what is missing (training/policy_check.hpp).
+  static_assert(training::policies_fit<Tensor, Optimizer, Aggregation, Transport>::value);
 
  public:
   using tensor_type = Tensor;
@@ -85,9 +71,7 @@ class strategy {
         optimizer_(std::move(optimizer)),
         agent_(std::move(aggregation)),
         parameters_(std::move(parameters)),
-        session_(parameters_.size()),
-        accumulation_(parameters_),
-        check_finite_(training::finite_check_from_env()) {
+        driver_(parameters_) {
     const auto setup_began = comm_.time().now();
     // Before anything else that communicates: ranks with different models fail here, all
     // of them, naming both models, not later in some collective (or never: a hang).
@@ -98,11 +82,11 @@ class strategy {
       for (const auto& p : parameters_) shapes.push_back(p.shape());
       collective::check_same_model(comm_, dtype_of_v<value_type>, shapes);
     }
-    check_finite_gradients(check_finite_);  // GRADWIRE_CHECK_FINITE=1: refused where the replica cannot check
+    check_finite_gradients(driver_.checks_finite());  // GRADWIRE_CHECK_FINITE=1: refused where the replica cannot check
     replica_.setup(agent_, comm_, std::span<Tensor>(parameters_), optimizer_);
-    const auto took = meter_.setup_finished(comm_, setup_began);
+    const auto took = driver_.meter().setup_finished(comm_, setup_began);
     if (observe::log_enabled(observe::log_level::info))
-      meter_.template log_setup<Aggregation>(comm_, took, parameters_, replica_type::where, is_server());
+      driver_.meter().template log_setup<Aggregation>(comm_, took, parameters_, replica_type::where, is_server());
   }
 
   // Move-only (the communicator is), and not while a step is in progress (its
@@ -170,12 +154,12 @@ class strategy {
       throw error(errc::invalid_argument,
                   "gradwire::strategy: the non-finite gradient check (check_finite_gradients, GRADWIRE_CHECK_FINITE) is "
                   "not available for CUDA tensors yet; leave it off");
-    check_finite_ = on;
+    driver_.checks_finite(on);
   }
-  bool checks_finite_gradients() const noexcept { return check_finite_; }
+  bool checks_finite_gradients() const noexcept { return driver_.checks_finite(); }
 
   // Micro-batches accumulated since the last synchronised step.
-  std::size_t accumulated_micro_batches() const noexcept { return accumulation_.micro_batches(); }
+  std::size_t accumulated_micro_batches() const noexcept { return driver_.accumulated_micro_batches(); }
 
   // Parameter servers: a server rank calls serve() instead of step(); it returns what the
   // server saw once every worker has finished (or was lost, in async modes). With CUDA
@@ -232,8 +216,8 @@ class strategy {
   // caller's compute, staleness), and the same added up over every step so far. With the
   // incremental API, time in the step is what finish() took: communication hidden behind
   // backward (before finish) counts as compute.
-  const observe::step_stats& last_step_stats() const noexcept { return meter_.last(); }
-  const observe::step_stats& cumulative_stats() const noexcept { return meter_.cumulative(); }
+  const observe::step_stats& last_step_stats() const noexcept { return driver_.meter().last(); }
+  const observe::step_stats& cumulative_stats() const noexcept { return driver_.meter().cumulative(); }
 
   // The aggregation's agent: its settings and this job's state (for a whole-step
   // aggregation, the object the strategy was given).
@@ -252,8 +236,7 @@ class strategy {
 
  private:
   friend pending_step;
-  using mark = training::mark;
-  using session_type = training::step_session<Tensor>;
+  using driver_type = training::step_driver<Tensor, Optimizer, agent_type, replica_type, Transport>;
   // Host tensors: the incremental step, accumulation and the finite check; CUDA tensors:
   // the replica's own one-call step.
   static constexpr bool incremental = concepts::incremental_replica<replica_type, Tensor, Optimizer, Transport>;
@@ -263,14 +246,14 @@ class strategy {
 
   template <class Gradient>
   void one_call_step(std::span<Gradient> gradients, bool local_only) {
-    session_type::check_gradients(gradients, parameters_);
+    training::step_session<Tensor>::check_gradients(gradients, parameters_);
     if constexpr (incremental) {
       auto step = open_step(local_only);
       // Backward produces the last tensors' gradients first: hand them over in that order.
       for (std::size_t i = gradients.size(); i-- > 0;) step.ready(i, gradients[i]);
       step.finish();
     } else {
-      replica_.step(agent_, comm_, gradients, local_only, optimizer_, meter_);
+      replica_.step(agent_, comm_, gradients, local_only, optimizer_, driver_.meter());
     }
   }
 
@@ -278,91 +261,25 @@ class strategy {
     static_assert(incremental,
                   "strategy::begin_step: the incremental step takes host tensors for now; with CUDA tensors call "
                   "step(grads)");
-    session_.refuse_overlap(rank());
-    if (is_server())
-      throw error(errc::invalid_argument, "strategy::begin_step: rank " + std::to_string(rank()) +
-                                              " is a server: call serve() on it instead of stepping (it is one of the parameter servers)");
-    session_.refuse_out_of_step();
-    // First, so that what a given-up step left in flight is done before anything here
-    // reads the transport (its counters) or the agent's buffers.
-    if (!local_only) agent_.begin_step(comm_);
-    session_.open(local_only);
-    meter_.open(comm_, local_only);
+    driver_.open(parts(), local_only, is_server());
     return pending_step(this);
   }
 
-  // step.ready / step.unused: gradient i is final for this step.
-  void mark_ready(std::size_t i, std::span<const value_type> grad, mark how) {
-    session_.check_index(i, how);
-    if (how == mark::ready)
-      session_type::check_size("strategy: step.ready: gradient ", i, grad.size(), parameters_[i].size());
-    if (how == mark::ready && check_finite_) training::check_finite(comm_, i, parameters_[i].shape(), grad);
-    std::lock_guard lock(session_.mutex());
-    session_.mark_tensor(i, how, parameters_[i].shape());
-    if (how == mark::unused) grad = accumulation_.zeros(i);
-    if (session_.local_only()) {
-      accumulation_.add(i, grad);
-      return;
-    }
-    if (accumulation_.micro_batches() > 0) grad = accumulation_.fold(i, grad);
-    agent_.ready(comm_, i, grad);
+  // What pending_step calls (step.ready / step.unused, step.finish(), a handle dropped):
+  // the driver, with this strategy's parts (taken afresh: the strategy may have moved).
+  typename driver_type::parts parts() noexcept { return {comm_, agent_, replica_, optimizer_, parameters_}; }
+  void mark_ready(std::size_t i, std::span<const value_type> grad, training::mark how) {
+    driver_.mark_ready(parts(), i, grad, how);
   }
-
-  // step.finish(): every tensor marked? then the aggregation completes the step.
-  void finish_open_step() {
-    struct closer {
-      strategy* s;
-      ~closer() { s->close_step(); }
-    } close_on_exit{this};
-    if (auto refused = session_.finish(parameters_, rank(), size())) {
-      accumulation_.discard();
-      throw error(errc::invalid_argument, *refused);
-    }
-    const auto began = comm_.time().now();
-    if (session_.local_only()) {
-      accumulation_.micro_batch_done();
-    } else {
-      accumulation_.folded();  // into this step's gradients by ready()
-      try {
-        agent_.finish_step(comm_, replica_.parameters(),
-                           [this](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
-                             meter_.timed_optimizer(comm_, i, grad.size_bytes(),
-                                                    [&] { replica_.apply(optimizer_, i, grad, grad_scale); });
-                           });
-      } catch (...) {
-        session_.fall_out_of_step("a step failed in finish() (some of its update may be applied here only)", rank(),
-                                  size());
-        throw;
-      }
-      // An aggregation that keeps replicas' optimizer state in step too (local SGD's
-      // average_optimizer_state) gets it after the update (host tensors only so far).
-      if constexpr (concepts::state_synchronising_agent<agent_type, value_type, Transport, optimizer_state_type>)
-        agent_.template synchronise_state<value_type>(comm_, replica_.states());
-    }
-    meter_.finish(comm_, agent_, began);
-  }
-
-  // A step ends: finished, failed, or its handle dropped before finish() (which gives up
-  // the gradients accumulated for it too).
-  void close_step() noexcept {
-    session_.close();
-    meter_.close();
-  }
-  void abandon_step() noexcept {
-    accumulation_.discard();
-    session_.give_up("a step was dropped after some of its gradients were handed over", rank(), size());
-    close_step();
-  }
+  void finish_open_step() { driver_.finish(parts()); }
+  void abandon_step() noexcept { driver_.abandon(parts()); }
 
   communicator_type comm_;
   Optimizer optimizer_;
   agent_type agent_;
   std::vector<Tensor> parameters_;
-  replica_type replica_;                             // the parameters' host view, the optimizer states
-  session_type session_;                             // the incremental step in progress
-  training::accumulation<value_type> accumulation_;  // no_sync micro-batches; an unused tensor's zeros
-  training::step_meter<Transport> meter_;            // time, traffic, timeline and logs of each step
-  bool check_finite_ = false;                        // check_finite_gradients
+  replica_type replica_;  // the parameters' host view, the optimizer states
+  driver_type driver_;    // the step in progress, no_sync sums, the meter, the finite check's switch
 };
 
 }  // namespace gradwire
