@@ -18,7 +18,7 @@
 #include "../collective/bucketing.hpp"
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
-#include "detail/bucket_schedule.hpp"
+#include "detail/bucketed_reduction.hpp"
 
 namespace gradwire::aggregation {
 
@@ -52,84 +52,60 @@ class all_reduce_agent {
   // Parameters change only through apply(): a device replica keeps them on the device.
   static constexpr bool updates_only_through_apply = true;
 
-  explicit all_reduce_agent(const all_reduce_with<Algorithm>& policy) : schedule_(policy.bucket_bytes()) {}
+  explicit all_reduce_agent(const all_reduce_with<Algorithm>& policy) : buckets_(policy.bucket_bytes()) {}
 
-  std::size_t bucket_bytes() const noexcept { return schedule_.budget_bytes(); }
+  std::size_t bucket_bytes() const noexcept { return buckets_.schedule().budget_bytes(); }
   // The current plan (tensors in flat order, and the buckets over them), for tests and tools.
-  const flat_layout& layout() const noexcept { return schedule_.layout(); }
-  std::span<const collective::bucket> buckets() const noexcept { return schedule_.buckets(); }
+  const flat_layout& layout() const noexcept { return buckets_.schedule().layout(); }
+  std::span<const collective::bucket> buckets() const noexcept { return buckets_.schedule().buckets(); }
 
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     for (auto p : params) collective::broadcast(comm, p, 0);
-    std::vector<std::size_t> sizes;
-    for (auto p : params) sizes.push_back(p.size());
-    alone_.assign(params.size(), {});
-    if (comm.size() > 1) schedule_.plan(sizes);
-    pending_.reserve(schedule_.buckets().size());
+    buckets_.setup(params, comm.size() > 1);
   }
 
-  void begin_step(collective::communicator<Tr>&) {
-    pending_.clear();  // a step given up midway: each handle waits for its reduction
-    schedule_.begin_step();
-  }
+  void begin_step(collective::communicator<Tr>&) { buckets_.begin_step(); }
 
   void ready(collective::communicator<Tr>& comm, std::size_t i, std::span<const V> grad) {
-    if (comm.size() == 1) {
-      alone_[i] = grad;
-      return;
-    }
-    schedule_.ready(i, grad, [&](std::size_t k) { launch(comm, k); });
+    buckets_.ready(comm, i, grad, [this](collective::communicator<Tr>& c, std::size_t k) { reduce(c, k); });
   }
 
   template <class Apply>
   void finish_step(collective::communicator<Tr>& comm, std::span<const std::span<V>>, Apply&& apply) {
-    if (comm.size() == 1) {
-      for (std::size_t i = 0; i < alone_.size(); ++i) apply(i, alone_[i], V(1));
-      return;
-    }
-    const auto plan = schedule_.buckets();
+    if (buckets_.applied_alone(comm, apply)) return;
+    const auto plan = buckets_.schedule().buckets();
     const V scale = V(1) / static_cast<V>(comm.size());
-    if (plan.size() == 1) {
-      // One bucket: nothing to overlap, so reduce on this thread and spare the two
-      // hand-offs to the background thread (they cost most when cores are oversubscribed).
+    if (buckets_.single_bucket()) {
       reduce(comm, 0);
       apply_bucket(plan[0], apply, scale);
     } else {
       // Apply bucket k while bucket k+1 is still being reduced.
       for (std::size_t k = 0; k < plan.size(); ++k) {
-        pending_[k].wait(comm.queued_collective_deadline());
+        buckets_.wait(comm, k);
         apply_bucket(plan[k], apply, scale);
       }
-      pending_.clear();
+      buckets_.waited_all();
     }
-    schedule_.rebuild_once(comm);
+    buckets_.schedule().rebuild_once(comm);
   }
 
  private:
-  void launch(collective::communicator<Tr>& comm, std::size_t k) {
-    if (schedule_.buckets().size() == 1) return;  // reduced at finish, on the caller's thread
-    pending_.push_back(comm.async().submit([this, k](collective::communicator<Tr>& c) { reduce(c, k); }));
-  }
-
   void reduce(collective::communicator<Tr>& comm, std::size_t k) {
-    const collective::bucket& b = schedule_.buckets()[k];
+    const collective::bucket& b = buckets_.schedule().buckets()[k];
     auto trace = collective::trace_bucket<Tr, V>(comm, b, k);
-    collective::all_reduce<Algorithm>(comm, schedule_.flat(b));
+    collective::all_reduce<Algorithm>(comm, buckets_.schedule().flat(b));
   }
 
   // The optimizer step on every tensor of a reduced bucket.
   template <class Apply>
   void apply_bucket(const collective::bucket& b, Apply& apply, V scale) {
     for (std::size_t p = b.first_tensor; p < b.end_tensor; ++p) {
-      const std::size_t i = schedule_.layout().order()[p];
-      apply(i, std::span<const V>(schedule_.slice(i)), scale);
+      const std::size_t i = buckets_.schedule().layout().order()[p];
+      apply(i, std::span<const V>(buckets_.schedule().slice(i)), scale);
     }
   }
 
-  detail::bucket_schedule<V> schedule_;
-  std::vector<std::span<const V>> alone_;  // one rank: this step's gradients, applied as they are
-  // Last, so destroyed first: each waits for its reduction before the buffers go.
-  std::vector<collective::async_handle> pending_;
+  detail::bucketed_reduction<V, Tr> buckets_;  // last: its reductions in flight end before the agent goes
 };
 
 static_assert(concepts::incremental_aggregation<all_reduce, float, concepts::detail::transport_archetype>);

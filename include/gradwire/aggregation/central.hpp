@@ -21,7 +21,7 @@
 #include "../collective/reduce.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
-#include "detail/bucket_schedule.hpp"
+#include "detail/bucketed_reduction.hpp"
 
 namespace gradwire::aggregation {
 
@@ -57,77 +57,60 @@ class central {
 template <class V, class Tr>
 class central_agent {
  public:
-  explicit central_agent(const central& policy) : policy_(policy), schedule_(policy.bucket_bytes()) {}
+  explicit central_agent(const central& policy) : policy_(policy), buckets_(policy.bucket_bytes()) {}
 
   int owner() const noexcept { return policy_.owner(); }
 
-  // Replicas start with the owner's parameters; also sizes (and pre-faults) the buckets.
+  // Replicas start with the owner's parameters; also sizes (and pre-faults) the buckets,
+  // whose flat buffer the broadcast uses in a job of one rank too.
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     policy_.check_owner(comm.size());
-    std::vector<std::size_t> sizes;
-    for (auto p : params) sizes.push_back(p.size());
-    alone_.assign(params.size(), {});
-    schedule_.plan(sizes);
-    pending_.reserve(schedule_.buckets().size());
+    buckets_.setup(params, true);
     broadcast_parameters(comm, params);
   }
 
-  void begin_step(collective::communicator<Tr>&) {
-    pending_.clear();  // a step given up midway: each handle waits for its reduction
-    schedule_.begin_step();
-  }
+  void begin_step(collective::communicator<Tr>&) { buckets_.begin_step(); }
 
   void ready(collective::communicator<Tr>& comm, std::size_t i, std::span<const V> grad) {
-    if (comm.size() == 1) {
-      alone_[i] = grad;
-      return;
-    }
-    schedule_.ready(i, grad, [&](std::size_t k) {
-      if (schedule_.buckets().size() == 1) return;  // reduced at finish, on the caller's thread
-      pending_.push_back(
-          comm.async().submit([this, k](collective::communicator<Tr>& c) { reduce(c, k); }));
-    });
+    buckets_.ready(comm, i, grad, [this](collective::communicator<Tr>& c, std::size_t k) { reduce(c, k); });
   }
 
   template <class Apply>
   void finish_step(collective::communicator<Tr>& comm, std::span<const std::span<V>> params, Apply&& apply) {
-    const int n = comm.size();
-    if (n == 1) {
-      for (std::size_t i = 0; i < alone_.size(); ++i) apply(i, alone_[i], V(1));
-      return;
+    if (buckets_.applied_alone(comm, apply)) return;
+    auto& schedule = buckets_.schedule();
+    if (buckets_.single_bucket()) {
+      reduce(comm, 0);
+    } else {
+      for (std::size_t k = 0; k < schedule.buckets().size(); ++k) buckets_.wait(comm, k);
+      buckets_.waited_all();
     }
-    if (schedule_.buckets().size() == 1)
-      reduce(comm, 0);  // one bucket: nothing to overlap, so spare the hand-offs
-    for (auto& handle : pending_) handle.wait(comm.queued_collective_deadline());
-    pending_.clear();
     if (comm.rank() == policy_.owner())
       for (std::size_t i = 0; i < params.size(); ++i)
-        apply(i, std::span<const V>(schedule_.slice(i)), V(1) / static_cast<V>(n));
+        apply(i, std::span<const V>(schedule.slice(i)), V(1) / static_cast<V>(comm.size()));
     // The background thread is idle: the rebuild and the broadcast run on this one.
-    schedule_.rebuild_once(comm);
+    schedule.rebuild_once(comm);
     broadcast_parameters(comm, params);
   }
 
  private:
   void reduce(collective::communicator<Tr>& comm, std::size_t k) {
-    const collective::bucket& b = schedule_.buckets()[k];
+    const collective::bucket& b = buckets_.schedule().buckets()[k];
     auto trace = collective::trace_bucket<Tr, V>(comm, b, k);
-    collective::reduce(comm, schedule_.flat(b), policy_.owner());
+    collective::reduce(comm, buckets_.schedule().flat(b), policy_.owner());
   }
 
   // The owner's parameters to every rank, through the (reused) flat buffer.
   void broadcast_parameters(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
-    const flat_layout& layout = schedule_.layout();
-    if (comm.rank() == policy_.owner()) layout.gather(params, schedule_.flat());
-    collective::broadcast(comm, schedule_.flat(), policy_.owner());
-    if (comm.rank() != policy_.owner()) layout.scatter(std::span<const V>(schedule_.flat()), params);
+    auto& schedule = buckets_.schedule();
+    const flat_layout& layout = schedule.layout();
+    if (comm.rank() == policy_.owner()) layout.gather(params, schedule.flat());
+    collective::broadcast(comm, schedule.flat(), policy_.owner());
+    if (comm.rank() != policy_.owner()) layout.scatter(std::span<const V>(schedule.flat()), params);
   }
 
   central policy_;
-  detail::bucket_schedule<V> schedule_;
-  std::vector<std::span<const V>> alone_;  // one rank: this step's gradients
-  // Last, so destroyed first: each waits for its reduction before the buffers go.
-  std::vector<collective::async_handle> pending_;
+  detail::bucketed_reduction<V, Tr> buckets_;  // last: its reductions in flight end before the policy goes
 };
 
 static_assert(concepts::incremental_aggregation<central, float, concepts::detail::transport_archetype>);
