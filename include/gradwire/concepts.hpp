@@ -75,7 +75,8 @@ concept optimizer = std::copy_constructible<O> &&
                     };
 
 // Optional optimizer capability: a learning-rate schedule may change its rate between steps
-// (ps::options::learning_rate, optim::one_of).
+// (strategy::serve(schedule), where its absence is a compile error; ps::options::learning_rate,
+// checked when the server starts; optim::one_of).
 //   void set_lr(double)
 template <class O>
 concept schedulable_optimizer = requires(O& o) { o.set_lr(1.0); };
