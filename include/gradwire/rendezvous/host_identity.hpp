@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "store_text.hpp"
 #include "../error.hpp"
 #include "../support/topology.hpp"
 
@@ -39,19 +40,6 @@ inline std::string local_host_identity(const std::string& configured = {}) {
   return std::string(name) + "/" + boot + "/" + net;
 }
 
-namespace detail {
-// Text through a store that holds bytes (concepts::rendezvous_store): a string as its bytes.
-template <concepts::rendezvous_store Store>
-void set_text(Store& store, const std::string& key, const std::string& text) {
-  store.set(key, std::as_bytes(std::span(text.data(), text.size())));
-}
-template <concepts::rendezvous_store Store>
-std::string get_text(Store& store, const std::string& key) {
-  const std::vector<std::byte> v = store.get(key);
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size());
-}
-}  // namespace detail
-
 // Publishes this rank's host identity and display name under `prefix` + rank (one key
 // per rank) and reads every rank's: the job's topology, the same on every rank. Each
 // read waits until that rank has published, within `timeout` (what is left of the join).
@@ -66,13 +54,13 @@ support::topology exchange_topology(Store& store, const std::string& prefix, int
                                                       until - std::chrono::steady_clock::now()));
   };
   store.set_timeout(left());
-  detail::set_text(store, prefix + std::to_string(rank), identity + '\n' + display);
+  set_text(store, prefix + std::to_string(rank), identity + '\n' + display);
   std::vector<std::string> identities(static_cast<std::size_t>(size)), names(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     store.set_timeout(left());
     std::string value;
     try {
-      value = detail::get_text(store, prefix + std::to_string(r));
+      value = get_text(store, prefix + std::to_string(r));
     } catch (const error& e) {
       if (e.kind() != errc::timeout) throw;
       throw error(errc::timeout, "rank " + std::to_string(rank) + ": rank " + std::to_string(r) +

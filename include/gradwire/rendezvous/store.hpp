@@ -30,6 +30,7 @@
 #include "../support/wire.hpp"
 #include "../timeouts.hpp"
 #include "framed_io.hpp"
+#include "store_text.hpp"
 
 namespace gradwire::rendezvous {
 
@@ -104,15 +105,10 @@ class store_client {
                              std::chrono::milliseconds timeout = default_timeout);
 
   void set(const std::string& key, std::span<const std::byte> value) { call(detail::store_op::set, key, value); }
-  void set(const std::string& key, const std::string& value) {
-    set(key, std::as_bytes(std::span(value.data(), value.size())));
-  }
+  void set(const std::string& key, const std::string& value) { set_text(*this, key, value); }
   // Waits until some rank has set `key`, then returns its value.
   std::vector<std::byte> get(const std::string& key) { return call(detail::store_op::get, key, {}); }
-  std::string get_string(const std::string& key) {
-    const auto v = get(key);
-    return std::string(reinterpret_cast<const char*>(v.data()), v.size());
-  }
+  std::string get_string(const std::string& key) { return get_text(*this, key); }
   // Adds delta to the integer under `key` (0 if unset) and returns the new value.
   std::int64_t add(const std::string& key, std::int64_t delta) {
     return detail::as_int(call(detail::store_op::add, key, std::as_bytes(std::span(&delta, 1))));
