@@ -102,6 +102,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const data_set& dat
     epoch_stats += strategy.last_step_stats();
     ++my_steps;
   }
+  print_parameter_hash(rank, model);
 }
 
 // --ps-mode's values in four groups, a trainer each (train_ps_<group>_<transport>.cpp):

@@ -31,6 +31,7 @@
 #include <gradwire/optim/one_of.hpp>
 #include <gradwire/optim/sgd.hpp>
 #include <gradwire/strategy.hpp>
+#include <gradwire/support/fnv1a.hpp>
 #include <gradwire/tensor/host_tensor.hpp>
 #include <gradwire/transport/inproc.hpp>
 #include <gradwire/transport/simulated.hpp>
@@ -57,6 +58,16 @@ inline void load_batch(const data_set& data, std::span<const std::size_t> order,
     x.col(static_cast<Eigen::Index>(j)) = data.train.images.col(static_cast<Eigen::Index>(sample));
     y[j] = data.train.labels[sample];
   }
+}
+
+// One line per rank at the end of a run, which scripts compare: the replicas of a
+// synchronous strategy end bit-identical, so their hashes are equal. FNV-1a (64 bits) over
+// the parameters' bytes, tensor after tensor in the model's order.
+inline void print_parameter_hash(int rank, model_type& model) {
+  gradwire::support::fnv1a hash;
+  for (const auto& p : model.parameter_views()) hash.add(std::as_bytes(std::span<const float>(p.data(), p.size())));
+  std::printf("rank %d: final parameters fnv1a %016llx\n", rank, static_cast<unsigned long long>(hash.value()));
+  std::fflush(stdout);
 }
 
 // local_sgd's replicas differ between averaging points; evaluation needs their average
@@ -245,6 +256,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     }
   }
   save(steps * static_cast<std::uint64_t>(o.epochs));
+  print_parameter_hash(rank, model);
 }
 
 // The optimizer --optimizer and --lr name, chosen at run time: each trainer compiles its

@@ -210,6 +210,55 @@ class ParameterServerUnderSrun(Case):
         self.assertIn("ps rank 2: mode sync", outputs[2][1], text)
 
 
+
+class FinalParameterHash(Case):
+    """Every replica prints `rank R: final parameters fnv1a HEX` at the end, so that a script can
+    check that the replicas agree: equal on every rank of a synchronous run, the same whether the
+    replicas are threads or processes over TCP (2 ranks: every all-reduce algorithm adds a + b), and
+    not a constant (another seed trains to another model)."""
+
+    HASH = re.compile(r"^(?:\[\d+\] )?rank (\d+): final parameters fnv1a ([0-9a-f]{16})$", re.MULTILINE)
+
+    def hashes(self, text):
+        return {int(rank): value for rank, value in self.HASH.findall(text)}
+
+    def threads(self, *extra):
+        rc, out, err = self.run_example("--strategy", "mirrored", "--replicas", "2", "--batch", "32", *extra,
+                                        env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        return self.hashes(out)
+
+    def test_threads_and_processes_end_with_one_hash(self):
+        threads = self.threads()
+        self.assertEqual(sorted(threads), [0, 1], threads)
+        self.assertEqual(threads[0], threads[1])
+        port = str(free_port())
+        procs = [subprocess.Popen([FASHION_MNIST, "--strategy", "multi_worker_mirrored", "--transport", "tcp",
+                                   "--epochs", "1", "--batch", "32", "--data", self.data],
+                                  env=ParameterServerUnderSrun.srun_env(r, 2, MASTER_PORT=port, GRADWIRE_TIMEOUT="60"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+        outputs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                outputs.append((p.returncode, out, err))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        text = "\n".join(f"rank {r}: rc {rc}\n{out}{err}" for r, (rc, out, err) in enumerate(outputs))
+        self.assertEqual([rc for rc, _, _ in outputs], [0, 0], text)
+        processes = {}
+        for _, out, _ in outputs:
+            processes.update(self.hashes(out))
+        self.assertEqual(processes, threads, text)
+
+    def test_another_seed_ends_with_another_hash(self):
+        first, second = self.threads("--seed", "1"), self.threads("--seed", "2")
+        self.assertEqual(len(set(first.values())), 1, first)
+        self.assertNotEqual(first[0], second[0])
+
 if __name__ == "__main__":
     FASHION_MNIST, GRADWIRE_RUN, LAUNCHING_MD = sys.argv[1:4]
     unittest.main(argv=[sys.argv[0]] + sys.argv[4:])

@@ -4,6 +4,7 @@
 #include "helpers/errors.hpp"
 
 #include <cstring>
+#include <gradwire/support/fnv1a.hpp>
 #include <gradwire/support/wire.hpp>
 #include <random>
 #include <string>
@@ -46,6 +47,27 @@ TEST_CASE("CRC-32C matches the published check value and the portable table") {
   std::vector<std::byte> data(1000 + gen() % 1000);
   for (auto& x : data) x = std::byte(gen());
   REQUIRE(wire::crc32c(data) == ~wire::detail::crc32c_portable(~0u, data.data(), data.size()));
+}
+
+TEST_CASE("FNV-1a matches the published test vectors, fed whole or in pieces") {
+  // The FNV authors' 64-bit FNV-1a vectors (isthe.com/chongo/tech/comp/fnv).
+  REQUIRE(gradwire::support::fnv1a_of("") == 0xcbf29ce484222325ull);
+  REQUIRE(gradwire::support::fnv1a_of("a") == 0xaf63dc4c8601ec8cull);
+  REQUIRE(gradwire::support::fnv1a_of("foobar") == 0x85944171f73967e8ull);
+  // Bytes and text hash alike, and pieces hash as their concatenation (a model, tensor by tensor).
+  const std::string text = "foobar";
+  const auto bytes = std::as_bytes(std::span(text.data(), text.size()));
+  gradwire::support::fnv1a pieces;
+  pieces.add(bytes.first(2)).add(bytes.subspan(2, 3)).add(std::string_view(text).substr(5));
+  REQUIRE(pieces.value() == 0x85944171f73967e8ull);
+  // Every byte counts: one bit flipped anywhere changes the hash.
+  std::vector<std::byte> data(64, std::byte{0x5a});
+  const std::uint64_t whole = gradwire::support::fnv1a().add(data).value();
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    auto flipped = data;
+    flipped[i] ^= std::byte{1};
+    REQUIRE(gradwire::support::fnv1a().add(flipped).value() != whole);
+  }
 }
 
 TEST_CASE("a frame header round-trips every field") {

@@ -61,9 +61,6 @@ inline constexpr int derived_port_count = 10000;
 
 namespace detail {
 
-// Stable across processes and compilers (std::hash is neither).
-GRADWIRE_DECL std::uint64_t fnv1a(std::string_view text);
-
 GRADWIRE_DECL int port_from_job_id(std::string_view job_id);
 
 // First host of a Slurm host list: "node[01-04,07],gpu3" -> "node01", "r[1-2]-n[5-6]" -> "r1-n5";

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradwire/cluster/spec.hpp>
+#include <gradwire/support/fnv1a.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -19,15 +20,8 @@ namespace detail {
 
 [[noreturn]] inline void config_error(const std::string& message) { throw error(errc::config, message); }
 
-// Stable across processes and compilers (std::hash is neither).
-GRADWIRE_DECL std::uint64_t fnv1a(std::string_view text) {
-  std::uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 GRADWIRE_DECL int port_from_job_id(std::string_view job_id) {
-  return derived_port_first + static_cast<int>(fnv1a(job_id) % derived_port_count);
+  return derived_port_first + static_cast<int>(support::fnv1a_of(job_id) % derived_port_count);
 }
 
 // First host of a Slurm host list: "node[01-04,07],gpu3" -> "node01", "r[1-2]-n[5-6]" -> "r1-n5";
