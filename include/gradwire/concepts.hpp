@@ -560,6 +560,14 @@ concept staleness_reporting_agent = requires(const G& g) {
   { g.last_staleness() } -> std::convertible_to<std::uint64_t>;
 };
 
+// Reports whether the latest step closed without this replica's gradients (K of N: the
+// all-reduce's backup workers), for the step's stats.
+//   bool last_step_dropped() const
+template <class G>
+concept dropping_agent = requires(const G& g) {
+  { g.last_step_dropped() } -> std::convertible_to<bool>;
+};
+
 // Replica: where strategy<> keeps this replica's parameter tensors and optimizer state, and
 // the host view of the parameters (a span per tensor) that every aggregation reads and
 // writes. The tensor's location picks it (training/replica.hpp): training::host_replica,

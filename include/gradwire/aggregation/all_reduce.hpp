@@ -19,11 +19,22 @@
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "detail/bucketed_reduction.hpp"
+#include "detail/k_of_n.hpp"
 
 namespace gradwire::aggregation {
 
 template <class Algorithm, class V, class Tr>
 class all_reduce_agent;
+
+struct all_reduce_options {
+  // The budget of one bucket (collective::default_bucket_bytes = 25 MiB).
+  std::size_t bucket_bytes = collective::default_bucket_bytes;
+  // K of N (Chen et al.'s backup workers, for all-reduce): a step closes when N - b
+  // ranks' first buckets are ready; the late ranks' gradients are dropped and every rank
+  // applies the same sum with 1 / (ranks in). 0: every rank's gradients, every step.
+  // How the ranks agree without a server: docs/elastic.md.
+  int backup_workers = 0;
+};
 
 // The policy. Algorithm: collective::auto_, ring, halving_doubling or hierarchical (see
 // collective/all_reduce.hpp).
@@ -34,12 +45,14 @@ class all_reduce_with {
   template <class V, class Tr>
   using agent = all_reduce_agent<Algorithm, V, Tr>;
 
-  // bucket_bytes: the budget of one bucket (collective::default_bucket_bytes = 25 MiB).
-  explicit all_reduce_with(std::size_t bucket_bytes = collective::default_bucket_bytes) : bucket_bytes_(bucket_bytes) {}
-  std::size_t bucket_bytes() const noexcept { return bucket_bytes_; }
+  explicit all_reduce_with(std::size_t bucket_bytes = collective::default_bucket_bytes)
+      : all_reduce_with(all_reduce_options{.bucket_bytes = bucket_bytes}) {}
+  explicit all_reduce_with(all_reduce_options options) : options_(options) {}
+  std::size_t bucket_bytes() const noexcept { return options_.bucket_bytes; }
+  int backup_workers() const noexcept { return options_.backup_workers; }
 
  private:
-  std::size_t bucket_bytes_;
+  all_reduce_options options_;
 };
 
 using all_reduce = all_reduce_with<>;
@@ -52,7 +65,8 @@ class all_reduce_agent {
   // Parameters change only through apply(): a device replica keeps them on the device.
   static constexpr bool updates_only_through_apply = true;
 
-  explicit all_reduce_agent(const all_reduce_with<Algorithm>& policy) : buckets_(policy.bucket_bytes()) {}
+  explicit all_reduce_agent(const all_reduce_with<Algorithm>& policy)
+      : buckets_(policy.bucket_bytes()), k_of_n_(policy.backup_workers()) {}
 
   std::size_t bucket_bytes() const noexcept { return buckets_.schedule().budget_bytes(); }
   // The current plan (tensors in flat order, and the buckets over them), for tests and tools.
@@ -62,50 +76,73 @@ class all_reduce_agent {
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     for (auto p : params) collective::broadcast(comm, p, 0);
     buckets_.setup(params, comm.size() > 1);
+    k_of_n_.setup(comm, buckets_.schedule().layout().total());
   }
 
-  void begin_step(collective::communicator<Tr>&) { buckets_.begin_step(); }
+  void begin_step(collective::communicator<Tr>& comm) {
+    buckets_.begin_step();
+    if (k_of_n_.enabled())
+      k_of_n_.begin_step(comm, [this](collective::communicator<Tr>& c, std::span<V> flat) { reduce_all(c, flat); });
+  }
 
   void ready(collective::communicator<Tr>& comm, std::size_t i, std::span<const V> grad) {
-    buckets_.ready(comm, i, grad, [this](collective::communicator<Tr>& c, std::size_t k) { reduce(c, k); });
+    buckets_.ready(
+        comm, i, grad, [this](collective::communicator<Tr>& c, std::size_t k) { reduce(c, k); },
+        [this](std::size_t k) { return !k_of_n_.enabled() || (k == 0 ? k_of_n_.first_bucket_ready() : !k_of_n_.late()); });
   }
 
   template <class Apply>
   void finish_step(collective::communicator<Tr>& comm, std::span<const std::span<V>>, Apply&& apply) {
     if (buckets_.applied_alone(comm, apply)) return;
     const auto plan = buckets_.schedule().buckets();
-    const V scale = V(1) / static_cast<V>(comm.size());
-    if (buckets_.single_bucket()) {
+    const V scale = k_of_n_.enabled() ? k_of_n_.wait(comm) : V(1) / static_cast<V>(comm.size());
+    if (k_of_n_.late()) {
+      // The round reduced zeros in this rank's place: the others' sum is in k_of_n's buffer.
+      for (const auto& b : plan) apply_bucket(b, apply, scale, k_of_n_.zeros());
+    } else if (buckets_.single_bucket()) {
       reduce(comm, 0);
-      apply_bucket(plan[0], apply, scale);
+      apply_bucket(plan[0], apply, scale, buckets_.schedule().flat());
     } else {
       // Apply bucket k while bucket k+1 is still being reduced.
       for (std::size_t k = 0; k < plan.size(); ++k) {
         buckets_.wait(comm, k);
-        apply_bucket(plan[k], apply, scale);
+        apply_bucket(plan[k], apply, scale, buckets_.schedule().flat());
       }
       buckets_.waited_all();
     }
     buckets_.schedule().rebuild_once(comm);
   }
 
+  // K of N (all_reduce_options::backup_workers): who was in the latest step, the same on
+  // every rank (all ranks when there are no backups: not recorded).
+  const detail::step_set& last_step_set() const noexcept { return k_of_n_.last_set(); }
+  // Whether the latest step closed without this rank (its gradients dropped).
+  bool last_step_dropped() const noexcept { return k_of_n_.late(); }
+
  private:
-  void reduce(collective::communicator<Tr>& comm, std::size_t k) {
+  void reduce(collective::communicator<Tr>& comm, std::size_t k) { reduce_over(comm, k, buckets_.schedule().flat()); }
+  // Every bucket of the step, in order, over `flat` (a late rank's zeros).
+  void reduce_all(collective::communicator<Tr>& comm, std::span<V> flat) {
+    for (std::size_t k = 0; k < buckets_.schedule().buckets().size(); ++k) reduce_over(comm, k, flat);
+  }
+  void reduce_over(collective::communicator<Tr>& comm, std::size_t k, std::span<V> flat) {
     const collective::bucket& b = buckets_.schedule().buckets()[k];
     auto trace = collective::trace_bucket<Tr, V>(comm, b, k);
-    collective::all_reduce<Algorithm>(comm, buckets_.schedule().flat(b));
+    collective::all_reduce<Algorithm>(comm, flat.subspan(b.offset, b.count));
   }
 
-  // The optimizer step on every tensor of a reduced bucket.
+  // The optimizer step on every tensor of a reduced bucket, its sums read from `flat`.
   template <class Apply>
-  void apply_bucket(const collective::bucket& b, Apply& apply, V scale) {
+  void apply_bucket(const collective::bucket& b, Apply& apply, V scale, std::span<V> flat) {
+    const flat_layout& layout = buckets_.schedule().layout();
     for (std::size_t p = b.first_tensor; p < b.end_tensor; ++p) {
-      const std::size_t i = buckets_.schedule().layout().order()[p];
-      apply(i, std::span<const V>(buckets_.schedule().slice(i)), scale);
+      const std::size_t i = layout.order()[p];
+      apply(i, std::span<const V>(layout.slice(flat, i)), scale);
     }
   }
 
-  detail::bucketed_reduction<V, Tr> buckets_;  // last: its reductions in flight end before the agent goes
+  detail::bucketed_reduction<V, Tr> buckets_;  // its reductions in flight end before the agent goes
+  detail::k_of_n<V, Tr> k_of_n_;  // last: its round (which reads the buckets' plan) ends first
 };
 
 static_assert(concepts::incremental_aggregation<all_reduce, float, concepts::detail::transport_archetype>);

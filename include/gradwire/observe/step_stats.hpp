@@ -27,6 +27,9 @@ struct step_stats {
   // Parameter-server workers: the servers' version when the gradient arrived minus the
   // version it was computed on (0 in sync modes); over several steps, the largest.
   std::optional<std::uint64_t> staleness;
+  // K-of-N all-reduce (backup workers): steps that closed without this rank's gradients
+  // (it was late; they were dropped). Over several steps, the sum.
+  std::uint64_t dropped = 0;
 
   // Time inside step() that was not the optimizer: communication, waiting for slower
   // replicas, reduction and (device tensors) staging.
@@ -45,6 +48,7 @@ struct step_stats {
     optimizer += more.optimizer;
     compute += more.compute;
     if (more.staleness) staleness = std::max(staleness.value_or(0), *more.staleness);
+    dropped += more.dropped;
     return *this;
   }
 };
@@ -66,8 +70,11 @@ inline std::string to_string(const step_stats& s) {
                       "communication %.3g ms%s (%.0f%%), optimizer %.3g ms%s, compute %.3g ms%s", ms(s.communication()),
                       per, 100.0 * s.communication_share(), ms(s.optimizer), per, ms(s.compute), per);
   if (s.staleness)
-    std::snprintf(line + at, sizeof line - static_cast<std::size_t>(at), ", staleness %s%llu",
-                  s.steps > 1 ? "<= " : "", static_cast<unsigned long long>(*s.staleness));
+    at += std::snprintf(line + at, sizeof line - static_cast<std::size_t>(at), ", staleness %s%llu",
+                        s.steps > 1 ? "<= " : "", static_cast<unsigned long long>(*s.staleness));
+  if (s.dropped > 0)
+    std::snprintf(line + at, sizeof line - static_cast<std::size_t>(at), ", dropped %llu",
+                  static_cast<unsigned long long>(s.dropped));
   return line;
 }
 

@@ -107,6 +107,7 @@ class step_meter {
     last_step_.optimizer = optimizer_time_;
     last_step_.compute = began - last_step_end_;
     if constexpr (concepts::staleness_reporting_agent<Agent>) last_step_.staleness = agent.last_staleness();
+    if constexpr (concepts::dropping_agent<Agent>) last_step_.dropped = agent.last_step_dropped() ? 1 : 0;
     cumulative_ += last_step_;
     last_step_end_ = ended;
     if (observe::log_enabled(observe::log_level::debug))

@@ -47,15 +47,19 @@ class bucketed_reduction {
 
   // Gradient i is final: kept as it is in a job of one rank; otherwise copied into its
   // bucket, and each bucket that goes out is reduced by `reduce(comm, k)` on the
-  // background thread (Reduce: trivially copyable, e.g. a lambda capturing `this`).
-  template <class Reduce>
-  void ready(communicator_type& comm, std::size_t i, std::span<const V> grad, Reduce reduce) {
+  // background thread (Reduce: trivially copyable, e.g. a lambda capturing `this`), unless
+  // `goes(k)`, asked as bucket k goes out, says this rank reduces none of its own (K of N's
+  // late rank, k_of_n.hpp).
+  template <class Reduce, class Goes = bool (*)(std::size_t)>
+  void ready(communicator_type& comm, std::size_t i, std::span<const V> grad, Reduce reduce,
+             Goes goes = [](std::size_t) { return true; }) {
     static_assert(std::is_trivially_copyable_v<Reduce>, "bucketed_reduction::ready: capture `this` only");
     if (comm.size() == 1) {
       alone_[i] = grad;
       return;
     }
     schedule_.ready(i, grad, [&](std::size_t k) {
+      if (!goes(k)) return;
       if (single_bucket()) return;  // reduced at finish, on the caller's thread
       pending_.push_back(comm.async().submit([reduce, k](communicator_type& c) { reduce(c, k); }));
     });

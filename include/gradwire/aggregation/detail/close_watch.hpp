@@ -1,0 +1,166 @@
+// K of N's agreement on who is in a step: the close watch (docs/elastic.md, "K of N: the close watch").
+//
+// N ranks, b backups. The caller's thread says when this rank's first bucket is complete
+// (mark_ready); the communicator's thread runs the step's round (run): it announces `in`
+// to every peer when the rank is ready and the step has not closed, and closes the step
+// once it has counted N - b announcements; a rank that closes without having announced
+// is late and says `out` to every peer instead. Each rank sends one message, the same,
+// to every peer, so once a rank holds its N - 1 messages every rank holds the same set:
+// the ranks that said `in`. One decision per rank per step, taken under the mutex both
+// threads take, is what makes the set the same everywhere.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../../collective/communicator.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+
+namespace gradwire::aggregation::detail {
+
+// Who is in one step, the same on every rank.
+struct step_set {
+  std::vector<int> in;  // ranks whose gradients the step sums, ascending
+  bool self_in = false;  // this rank's own
+  std::size_t size() const noexcept { return in.size(); }
+};
+
+template <class Tr>
+class close_watch {
+ public:
+  // How often the communicator's thread looks at its own caller's readiness while peers'
+  // messages are still to come (no transport wakes a wait from another thread yet).
+  static constexpr std::chrono::microseconds poll{200};
+
+  // size: the ranks of the step; backups: how many may be left out (0 < backups < size).
+  close_watch(int size, int backups) : size_(size), need_(size - backups) {
+    if (size < 2 || backups < 1 || backups >= size)
+      throw error(errc::invalid_argument, "close_watch: backups = " + std::to_string(backups) + " of " +
+                                              std::to_string(size) + " ranks: K of N needs 0 < backups < ranks");
+  }
+
+  // The caller's thread, before a step's round runs or while it runs: a new step opens.
+  void open() {
+    std::lock_guard lock(mutex_);
+    state_ = state::open;
+  }
+
+  // The caller's thread: this rank's first bucket is complete. Returns whether the rank is
+  // in (the round will announce it) or late (the step closed without it: drop the gradients).
+  bool mark_ready() {
+    std::lock_guard lock(mutex_);
+    if (state_ == state::open) state_ = state::ready;
+    ready_.notify_one();
+    return state_ != state::late;
+  }
+
+  // The communicator's thread: one step's round, a collective operation of its own (every
+  // rank runs it once per step, in the same place among its collectives).
+  step_set run(collective::communicator<Tr>& comm)
+    requires concepts::multiplexing_transport<Tr>
+  {
+    auto& t = comm.transport();
+    const int me = comm.rank();
+    if (comm.size() != size_)
+      throw error(errc::invalid_argument, "close_watch: made for " + std::to_string(size_) + " ranks, run on " +
+                                              std::to_string(comm.size()));
+    const auto tag = collective::make_tag(comm.begin_operation(), 0);
+    const deadline until = comm.step_deadline();
+    const time_source time = comm.time();
+
+    std::vector<int> peers;
+    for (int p = 0; p < size_; ++p)
+      if (p != me) peers.push_back(p);
+    std::vector<std::byte> said(peers.size());  // what each peer says: 1 in, 0 out
+    std::vector<typename Tr::request> receives;
+    receives.reserve(peers.size());
+    for (std::size_t i = 0; i < peers.size(); ++i) receives.push_back(t.async_recv(peers[i], tag, std::span(&said[i], 1)));
+    std::vector<typename Tr::request*> pending;
+    std::vector<std::size_t> pending_at;
+    for (std::size_t i = 0; i < receives.size(); ++i) {
+      pending.push_back(&receives[i]);
+      pending_at.push_back(i);
+    }
+    std::byte mine{0};
+    std::vector<typename Tr::request> sends;
+    sends.reserve(peers.size());
+    int counted = 0;  // announcements: the peers' heard so far, and this rank's own
+    bool decided = false;
+
+    for (;;) {
+      if (!decided) {  // this rank's one decision: announce, or close without announcing
+        std::unique_lock lock(mutex_);
+        if (state_ == state::ready) {
+          state_ = state::in;
+          mine = std::byte{1};
+          ++counted;
+        } else if (state_ == state::open && counted >= need_) {
+          state_ = state::late;
+        }
+        decided = state_ == state::in || state_ == state::late;
+        if (!decided && pending.empty()) {
+          // Every peer has spoken and this rank's readiness decides: sleep until it comes.
+          if (!ready_.wait_until(lock, until, [&] { return state_ != state::open; }))
+            throw error(errc::timeout, timed_out(me, peers.size(), false));
+          continue;
+        }
+        lock.unlock();
+        if (decided)
+          for (int p : peers) sends.push_back(t.async_send(p, tag, std::span<const std::byte>(&mine, 1)));
+      }
+      if (pending.empty()) break;
+      const deadline slice = decided ? until : std::min(until, time.deadline_after(poll));
+      std::optional<std::size_t> got;
+      try {
+        got = t.wait_any(std::span<typename Tr::request* const>(pending), slice);
+      } catch (const error& e) {
+        if (e.kind() != errc::timeout) throw;
+        if (slice == until) throw error(errc::timeout, timed_out(me, peers.size() - pending.size(), decided));
+      }
+      if (!got) continue;
+      t.wait(*pending[*got], until);
+      const std::byte word = said[pending_at[*got]];
+      if (word != std::byte{0} && word != std::byte{1})
+        throw error(errc::protocol, "close_watch: rank " + std::to_string(me) + " got " +
+                                        std::to_string(std::to_integer<int>(word)) + " from rank " +
+                                        std::to_string(peers[pending_at[*got]]) + ", neither in (1) nor out (0)");
+      if (word == std::byte{1}) ++counted;
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(*got));
+      pending_at.erase(pending_at.begin() + static_cast<std::ptrdiff_t>(*got));
+    }
+    for (auto& s : sends) t.wait(s, until);
+
+    step_set set;
+    set.self_in = mine == std::byte{1};
+    for (std::size_t i = 0; i < peers.size(); ++i)
+      if (said[i] == std::byte{1}) set.in.push_back(peers[i]);
+    if (set.self_in) set.in.insert(std::upper_bound(set.in.begin(), set.in.end(), me), me);
+    return set;
+  }
+
+ private:
+  enum class state { open, ready, in, late };
+
+  std::string timed_out(int me, std::size_t heard, bool decided) const {
+    return "close_watch: rank " + std::to_string(me) + " heard " + std::to_string(heard) + " of " +
+           std::to_string(size_ - 1) + " peers within the step timeout" +
+           (decided ? "" : ", and its own first bucket was not ready") + " (K of N: the step closes when " +
+           std::to_string(need_) + " of " + std::to_string(size_) + " ranks ready)";
+  }
+
+  int size_, need_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  state state_ = state::open;
+};
+
+}  // namespace gradwire::aggregation::detail

@@ -1,0 +1,199 @@
+// K of N for all-reduce (all_reduce_options::backup_workers) through strategy<> on inproc threads: the late ranks'
+// gradients are left out, every rank applies the others' mean, and the result equals a float64 reference over
+// exactly the recorded sets, bit-identical on every replica.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <gradwire/gradwire.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "helpers/errors.hpp"
+
+namespace gw = gradwire;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Mixed sizes, an empty tensor among them, so that small budgets cut several buckets.
+const std::vector<std::size_t> tensor_sizes{5, 300, 0, 64, 1000, 3};
+
+using grads_type = std::vector<std::vector<std::vector<std::vector<double>>>>;  // [step][rank][tensor][element]
+
+grads_type random_gradients(int steps, int ranks, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist;
+  grads_type grads(static_cast<std::size_t>(steps));
+  for (auto& step : grads) {
+    step.resize(static_cast<std::size_t>(ranks));
+    for (auto& rank : step)
+      for (std::size_t n : tensor_sizes) {
+        rank.emplace_back(n);
+        for (auto& g : rank.back()) g = dist(gen);
+      }
+  }
+  return grads;
+}
+
+std::vector<gw::host_tensor<double>> start_params() {
+  std::vector<gw::host_tensor<double>> params;
+  for (std::size_t n : tensor_sizes) params.emplace_back(gw::shape{n});
+  for (auto& p : params)
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = 0.5 - 0.001 * double(i);
+  return params;
+}
+
+using strategy_type =
+    gw::strategy<gw::host_tensor<double>, gw::optim::sgd, gw::aggregation::all_reduce, gw::transport::inproc>;
+
+struct run_result {
+  std::vector<std::vector<std::vector<int>>> sets;  // [step][rank]: the set the rank saw
+  std::vector<std::vector<bool>> dropped;           // [step][rank]: its stats said dropped
+  std::vector<std::vector<gw::host_tensor<double>>> params;  // [rank]
+  std::vector<std::uint64_t> dropped_total;                  // [rank]: the cumulative stats
+};
+
+// Each rank opens every step (begin_step: its close watch listens from then on), and a
+// rank that `slow(step, rank)` says is slow marks its gradients only once `fast` ranks have
+// finished that step, which they can only do without it.
+template <class Slow>
+run_result train(int ranks, int backups, std::size_t bucket_bytes, const grads_type& grads, Slow slow, int fast) {
+  const int steps = static_cast<int>(grads.size());
+  run_result out;
+  out.sets.assign(static_cast<std::size_t>(steps), std::vector<std::vector<int>>(static_cast<std::size_t>(ranks)));
+  out.dropped.assign(static_cast<std::size_t>(steps), std::vector<bool>(static_cast<std::size_t>(ranks)));
+  out.params.resize(static_cast<std::size_t>(ranks));
+  out.dropped_total.resize(static_cast<std::size_t>(ranks));
+  std::vector<std::atomic<int>> finished(static_cast<std::size_t>(steps));
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    const int r = t.rank();
+    strategy_type s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
+                    gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{.bucket_bytes = bucket_bytes,
+                                                                                    .backup_workers = backups}));
+    for (int k = 0; k < steps; ++k) {
+      auto step = s.begin_step();
+      if (slow(k, r)) {
+        const auto give_up = gw::clock::now() + 20s;
+        while (finished[static_cast<std::size_t>(k)].load() < fast) {
+          if (gw::clock::now() > give_up)
+            throw std::runtime_error("rank " + std::to_string(r) + " step " + std::to_string(k) +
+                                     ": the fast ranks waited for a slow one");
+          std::this_thread::sleep_for(1ms);
+        }
+      }
+      const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
+      step.finish();
+      if (!slow(k, r)) ++finished[static_cast<std::size_t>(k)];
+      out.sets[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)] = s.aggregation().last_step_set().in;
+      out.dropped[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)] = s.last_step_stats().dropped == 1;
+    }
+    out.dropped_total[static_cast<std::size_t>(r)] = s.cumulative_stats().dropped;
+    out.params[static_cast<std::size_t>(r)].assign(s.parameters().begin(), s.parameters().end());
+  });
+  return out;
+}
+
+// The float64 serial reference: SGD on the mean of exactly the recorded set's gradients.
+void check_against_reference(const run_result& got, const grads_type& grads, int ranks) {
+  auto expected = start_params();
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    const auto& set = got.sets[k][0];
+    for (std::size_t t = 0; t < expected.size(); ++t)
+      for (std::size_t i = 0; i < expected[t].size(); ++i) {
+        double sum = 0;
+        for (int q : set) sum += grads[k][static_cast<std::size_t>(q)][t][i];
+        expected[t][i] -= 0.1 * sum / double(set.size());
+      }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    for (std::size_t t = 0; t < expected.size(); ++t)
+      for (std::size_t i = 0; i < expected[t].size(); ++i) {
+        REQUIRE(got.params[static_cast<std::size_t>(r)][t][i] == Approx(expected[t][i]).epsilon(1e-12).margin(1e-12));
+        REQUIRE(got.params[static_cast<std::size_t>(r)][t][i] == got.params[0][t][i]);  // bit-identical replicas
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("K of N: the slow ranks' gradients are left out, and every replica applies the others' mean") {
+  const int ranks = GENERATE(2, 3, 4);
+  const std::size_t bucket_bytes = GENERATE(as<std::size_t>{}, 64, gw::collective::default_bucket_bytes);
+  for (int backups = 1; backups < ranks; ++backups) {
+    const std::uint64_t seed = std::random_device{}();
+    CAPTURE(ranks, bucket_bytes, backups, seed);
+    const int steps = 5, fast = ranks - backups;
+    const auto grads = random_gradients(steps, ranks, seed);
+    // A different rank is slow each step but the first: the first step ends with a collective
+    // of every rank (the buckets adopt rank 0's gradient order), so it waits for all of them once.
+    auto slow = [&](int k, int r) { return k > 0 && (r + k) % ranks >= fast; };
+    const auto got = train(ranks, backups, bucket_bytes, grads, slow, fast);
+    for (int k = 0; k < steps; ++k) {
+      // Step 0 has no slow rank: any N - b or more may be first; the others are exactly the fast.
+      const auto& seen = got.sets[static_cast<std::size_t>(k)][0];
+      std::vector<int> expected;
+      for (int r = 0; r < ranks; ++r)
+        if (!slow(k, r)) expected.push_back(r);
+      CAPTURE(k);
+      if (k == 0)
+        REQUIRE(static_cast<int>(seen.size()) >= fast);
+      else
+        REQUIRE(seen == expected);
+      for (int r = 0; r < ranks; ++r) {
+        CAPTURE(r);
+        REQUIRE(got.sets[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)] == seen);
+        REQUIRE(got.dropped[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)] ==
+                !std::binary_search(seen.begin(), seen.end(), r));
+      }
+    }
+    for (int r = 0; r < ranks; ++r) {
+      std::uint64_t times_out = 0;
+      for (int k = 0; k < steps; ++k) {
+        const auto& seen = got.sets[static_cast<std::size_t>(k)][0];
+        times_out += std::binary_search(seen.begin(), seen.end(), r) ? 0 : 1;
+      }
+      REQUIRE(got.dropped_total[static_cast<std::size_t>(r)] == times_out);
+    }
+    check_against_reference(got, grads, ranks);
+  }
+}
+
+TEST_CASE("K of N without a straggler: every step holds at least N - b ranks, the same on all, and the maths holds") {
+  const int ranks = GENERATE(3, 4);
+  const int backups = 1;
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(ranks, seed);
+  const auto grads = random_gradients(8, ranks, seed);
+  const auto got = train(ranks, backups, 256, grads, [](int, int) { return false; }, 0);
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    CAPTURE(k);
+    REQUIRE(static_cast<int>(got.sets[k][0].size()) >= ranks - backups);
+    for (int r = 0; r < ranks; ++r) REQUIRE(got.sets[k][static_cast<std::size_t>(r)] == got.sets[k][0]);
+  }
+  check_against_reference(got, grads, ranks);
+}
+
+TEST_CASE("K of N refuses backups it cannot honour, naming the option") {
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    auto make = [&](int backups) {
+      strategy_type s(t, start_params(), gw::optim::sgd({.lr = 0.1}),
+                      gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{.backup_workers = backups}));
+    };
+    const auto too_many = gw::testing::outcome_of([&] { make(2); });
+    if (too_many.kind != gw::errc::config || too_many.what.find("backup_workers = 2 needs more ranks than backups") ==
+                                                 std::string::npos)
+      throw std::runtime_error("backup_workers = 2 on 2 ranks: " + too_many.what);
+  });
+  const auto [kind, what] = gw::testing::error_of([] {
+    gw::aggregation::all_reduce_agent<gw::collective::auto_, double, gw::transport::inproc> agent(
+        gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{.backup_workers = -1}));
+  });
+  REQUIRE(kind == gw::errc::invalid_argument);
+  REQUIRE_THAT(what, Catch::Contains("backup_workers = -1 must be >= 0"));
+}
