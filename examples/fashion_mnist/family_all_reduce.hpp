@@ -12,7 +12,8 @@ struct all_reduce {
   static void replica(Transport transport, const Optimizer& optimizer, const run_context& run) {
     model_type model({}, run.o.seed);
     gradwire::strategy<view, Optimizer, gradwire::aggregation::all_reduce, Transport> strategy(
-        std::move(transport), model.parameter_views(), optimizer);
+        std::move(transport), model.parameter_views(), optimizer,
+        gradwire::aggregation::all_reduce(gradwire::aggregation::all_reduce_options{.backup_workers = run.o.backup_workers}));
     train_replica(strategy, model, run.data, run.o, run.out);
   }
 };

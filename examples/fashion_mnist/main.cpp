@@ -2,7 +2,7 @@
 // multi_worker_mirrored, central_storage, local_sgd or parameter_server strategy.
 //
 //   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|parameter_server]
-//                 [--transport inproc|tcp|ucx|simulated] [--replicas N] [--owner R] [--period H]
+//                 [--transport inproc|tcp|ucx|simulated] [--replicas N] [--owner R] [--period H] [--backup-workers B]
 //                 [--cluster MODEL] [--step-compute SECONDS] [--evals-per-epoch K]
 //                 [--ps S] [--ps-mode sync|async|bounded:S|backup:B] [--checkpoint-dir D] [--checkpoint-every K]
 //                 [--epochs E] [--batch B] [--lr LR] [--optimizer sgd|momentum|adam|adamw]
@@ -77,6 +77,9 @@ constexpr const char* usage_text =
     "  --owner R                        central_storage: the rank that sums gradients and applies the optimizer\n"
     "                                   (default 0)\n"
     "  --period H                       local_sgd: average the parameters every H local steps (default 8)\n"
+    "  --backup-workers B               mirrored / multi_worker_mirrored: K of N, a step closes when all but B\n"
+    "                                   replicas have their gradients in; the late ones' are dropped (default 0;\n"
+    "                                   docs/elastic.md)\n"
     "  --ps S                           parameter_server over inproc: S of the threads serve (default 1); over tcp\n"
     "                                   the launcher says: scripts/gradwire-run -n N --ps S, TF_CONFIG's ps, or\n"
     "                                   under srun or mpirun GRADWIRE_NUM_PS=S on every rank (the last S ranks serve)\n"
@@ -166,6 +169,8 @@ options parse(int argc, char** argv) {
       o.owner = parse_int<int>(flag, next(), 0);
     } else if (flag == "--period") {
       o.period = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--backup-workers") {
+      o.backup_workers = parse_int<int>(flag, next(), 0);
     } else if (flag == "--straggler") {
       const std::string_view text = next();
       const auto colon = text.find(':');
@@ -247,6 +252,9 @@ options parse(int argc, char** argv) {
     throw usage_error("--owner is for --strategy central_storage, not " + o.strategy);
   if (o.period && o.strategy != "local_sgd")
     throw usage_error("--period is for --strategy local_sgd, not " + o.strategy);
+  if (o.backup_workers > 0 && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
+    throw usage_error("--backup-workers is for --strategy mirrored or multi_worker_mirrored (parameter_server has "
+                      "its own: --ps-mode backup), not " + o.strategy);
   const bool ps = o.strategy == "parameter_server";
   if (!ps && (o.servers || o.ps_mode != "sync"))
     throw usage_error("--ps and --ps-mode are for --strategy parameter_server");
@@ -285,6 +293,9 @@ options parse(int argc, char** argv) {
     if (o.straggler_rank >= o.replicas)
       throw usage_error("--straggler rank " + std::to_string(o.straggler_rank) + " is not a rank of " +
                         std::to_string(o.replicas) + " replica(s) (ranks 0.." + std::to_string(o.replicas - 1) + ")");
+    if (o.backup_workers >= o.replicas)
+      throw usage_error("--backup-workers " + std::to_string(o.backup_workers) + " leaves no replica of " +
+                        std::to_string(o.replicas) + " in a step: it must be below the replica count");
   }
   if (o.device == "cuda") {
 #if !GRADWIRE_HAS_CUDA
@@ -372,6 +383,9 @@ int process_rank(const options& o) {
     throw usage_error("--owner " + std::to_string(*o.owner) + " is not a rank of" + world);
   if (o.straggler_rank >= spec.world_size)
     throw usage_error("--straggler rank " + std::to_string(o.straggler_rank) + " is not a rank of" + world);
+  if (o.backup_workers >= spec.world_size)
+    throw usage_error("--backup-workers " + std::to_string(o.backup_workers) + " leaves no replica of" + world +
+                      " in a step: it must be below the process count");
   return spec.rank;
 #else
   throw std::runtime_error("--strategy " + o.strategy +

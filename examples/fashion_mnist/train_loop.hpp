@@ -209,6 +209,10 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
       const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
       if (global_step < resumed) continue;
       const auto step_start = time.now();
+      // K of N: the step opens before the forward pass, so that this replica's close watch
+      // listens while it computes, and a slow replica is left out without being waited for.
+      std::optional<typename Strategy::pending_step> opened;
+      if (o.backup_workers > 0) opened.emplace(strategy.begin_step());
       load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
       loss_sum += model.loss_and_gradient(x, y);
       gradwire::simulation::compute(o.step_compute);  // modelled work: nothing unless simulated
@@ -218,7 +222,12 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
         std::this_thread::sleep_for((time.now() - step_start) * (o.straggler_factor - 1));
       set_lr(static_cast<std::size_t>(epoch - 1) * steps + step);
       const auto computed = time.now();
-      strategy.step(gradients);
+      if (opened) {
+        for (std::size_t i = 0; i < gradients.size(); ++i) opened->ready(i, gradients[i]);
+        opened->finish();
+      } else {
+        strategy.step(gradients);
+      }
       epoch_stats += strategy.last_step_stats();
       compute_time += computed - step_start;
       step_time += time.now() - computed;
@@ -256,6 +265,10 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     }
   }
   save(steps * static_cast<std::uint64_t>(o.epochs));
+  if (o.backup_workers > 0)
+    std::printf("rank %d: K of N dropped this replica's gradients in %llu of %llu steps\n", rank,
+                static_cast<unsigned long long>(strategy.cumulative_stats().dropped),
+                static_cast<unsigned long long>(strategy.cumulative_stats().steps));
   print_parameter_hash(rank, model);
 }
 

@@ -27,6 +27,7 @@ struct options {
   int replicas = 0;       // 0: the strategy's default
   std::optional<int> owner;   // central_storage only
   std::optional<int> period;  // local_sgd only
+  int backup_workers = 0;     // mirrored / multi_worker_mirrored: K of N
   int epochs = 10;
   int batch = 64;
   std::optional<double> lr;

@@ -259,6 +259,73 @@ class FinalParameterHash(Case):
         self.assertEqual(len(set(first.values())), 1, first)
         self.assertNotEqual(first[0], second[0])
 
+
+class BackupWorkers(Case):
+    """--backup-workers B (K of N for all-reduce): three processes over TCP with one straggler end
+    with one parameter hash on every rank, and each rank says how often its gradients were
+    dropped; flags it cannot honour are refused before training. Which steps drop whom depends
+    on timing; that the late ranks are exactly the slow ones is tests/aggregation/test_k_of_n.cpp's."""
+
+    DROPPED = re.compile(r"^rank (\d+): K of N dropped this replica's gradients in (\d+) of (\d+) steps$", re.MULTILINE)
+
+    def test_three_processes_with_a_straggler_end_with_one_hash(self):
+        for transport in ("tcp", "ucx"):
+            with self.subTest(transport=transport):
+                self.three_processes_with_a_straggler(transport)
+
+    def three_processes_with_a_straggler(self, transport):
+        port = str(free_port())
+        procs = [subprocess.Popen([FASHION_MNIST, "--strategy", "multi_worker_mirrored", "--transport", transport,
+                                   "--epochs", "1", "--batch", "16", "--data", self.data, "--backup-workers", "1",
+                                   "--straggler", "2:5"],
+                                  env=ParameterServerUnderSrun.srun_env(r, 3, MASTER_PORT=port, GRADWIRE_TIMEOUT="60"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+        outputs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                outputs.append((p.returncode, out, err))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        text = "\n".join(f"rank {r}: rc {rc}\n{out}{err}" for r, (rc, out, err) in enumerate(outputs))
+        if transport == "ucx" and "this build has no UCX" in text:
+            self.skipTest("this build of fashion_mnist has no UCX")
+        self.assertEqual([rc for rc, _, _ in outputs], [0, 0, 0], text)
+        hashes, dropped = {}, {}
+        for _, out, _ in outputs:
+            hashes.update({int(r): h for r, h in FinalParameterHash.HASH.findall(out)})
+            dropped.update({int(r): (int(d), int(n)) for r, d, n in self.DROPPED.findall(out)})
+        self.assertEqual(sorted(hashes), [0, 1, 2], text)
+        self.assertEqual(len(set(hashes.values())), 1, text)
+        self.assertEqual(sorted(dropped), [0, 1, 2], text)
+        steps = 256 // (16 * 3)
+        for rank, (d, n) in dropped.items():
+            self.assertEqual(n, steps, text)
+            self.assertLessEqual(d, n, text)
+        # With one backup at most one rank is left out of each step.
+        self.assertLessEqual(sum(d for d, _ in dropped.values()), steps, text)
+
+    def test_flags_it_cannot_honour_are_refused(self):
+        for args, words in ((["--strategy", "local_sgd", "--backup-workers", "1"],
+                             "--backup-workers is for --strategy mirrored or multi_worker_mirrored"),
+                            (["--strategy", "mirrored", "--replicas", "2", "--backup-workers", "2"],
+                             "--backup-workers 2 leaves no replica of 2 in a step")):
+            with self.subTest(args=args):
+                rc, out, err = self.run_example(*args, env=clean_env())
+                self.assertEqual(rc, 2, out + err)
+                self.assertIn(words, err)
+
+    def test_threads_train_with_backups(self):
+        rc, out, err = self.run_example("--strategy", "mirrored", "--replicas", "3", "--batch", "16",
+                                        "--backup-workers", "1", env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        hashes = {int(r): h for r, h in FinalParameterHash.HASH.findall(out)}
+        self.assertEqual(sorted(hashes), [0, 1, 2], out)
+        self.assertEqual(len(set(hashes.values())), 1, out)
+
 if __name__ == "__main__":
     FASHION_MNIST, GRADWIRE_RUN, LAUNCHING_MD = sys.argv[1:4]
     unittest.main(argv=[sys.argv[0]] + sys.argv[4:])
