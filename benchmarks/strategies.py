@@ -20,6 +20,7 @@ import time
 STRATEGIES = [
     # name, fashion_mnist flags, servers
     ("all_reduce", ["--strategy", "multi_worker_mirrored"], 0),
+    ("all_reduce backup_workers=1", ["--strategy", "multi_worker_mirrored", "--backup-workers", "1"], 0),
     ("central_storage", ["--strategy", "central_storage", "--transport", "tcp"], 0),
     ("local_sgd H=8", ["--strategy", "local_sgd", "--transport", "tcp", "--period", "8"], 0),
     ("ps sync", ["--strategy", "parameter_server", "--transport", "tcp", "--ps-mode", "sync"], 1),
@@ -30,6 +31,7 @@ STRATEGIES = [
 ]
 
 EPOCH = re.compile(r"epoch\s+(\d+)/\d+\s+.*test_acc\s+([\d.]+)%\s+samples/s\s+(\d+)\s+elapsed\s+([\d.]+) s")
+KOFN = re.compile(r"rank \d+: K of N dropped this replica's gradients in (\d+) of (\d+) steps")
 PS = re.compile(r"ps rank \d+: mode \S+ version (\d+) updates (\d+) gradients (\d+) applied (\d+) dropped (\d+) "
                 r"staleness mean ([\d.]+) p50 (\d+) p99 (\d+) max (\d+) update_lag mean ([\d.]+) p50 (\d+) p99 (\d+) "
                 r"max (\d+) max_lead (\d+)")
@@ -48,7 +50,8 @@ def run(launcher, program, name, flags, servers, workers, epochs, straggler, ext
         raise SystemExit(f"{name}: fashion_mnist failed with status {p.returncode}")
     curve = [(int(m[1]), float(m[2]), float(m[3]), float(m[4])) for m in EPOCH.finditer(p.stdout)]
     ps = [tuple(float(x) for x in m.groups()) for m in PS.finditer(p.stdout)]
-    return {"curve": curve, "ps": ps, "wall": wall, "output": p.stdout}
+    k_of_n = [(int(m[1]), int(m[2])) for m in KOFN.finditer(p.stdout)]
+    return {"curve": curve, "ps": ps, "k_of_n": k_of_n, "wall": wall, "output": p.stdout}
 
 
 def summarise(name, straggler, r, target):
@@ -61,6 +64,8 @@ def summarise(name, straggler, r, target):
            "final_accuracy": final, "train_seconds": train_s, "samples_per_s": samples,
            "gradients": "", "dropped": "", "staleness_mean": "", "staleness_p50": "", "staleness_p99": "",
            "staleness_max": "", "update_lag_mean": "", "update_lag_p99": "", "update_lag_max": "", "max_lead": ""}
+    if r["k_of_n"]:  # every replica says how often it was left out; the sum is the gradients dropped
+        row.update({"gradients": sum(n for _, n in r["k_of_n"]), "dropped": sum(d for d, _ in r["k_of_n"])})
     if r["ps"]:
         s = r["ps"][0]  # every server sees every gradient; server 0 speaks for them
         row.update({"gradients": int(s[2]), "dropped": int(s[4]), "staleness_mean": s[5],
