@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every strategy on Fashion-MNIST across processes, with and without a 3x straggler, in one run:
 # all-reduce (plain, and K of N with one backup), central storage, local SGD, and parameter
-# servers (sync, backup workers, async, bounded staleness; 1 or 2 servers). Prints the table (time to 88%, final accuracy, samples/s,
-# dropped gradients, staleness histogram) and writes results/strategies.{csv,png} and
-# results/strategies_curves.csv. PS push+pull throughput: benchmarks/ps_throughput.sh.
+# servers (sync, backup workers, async, bounded staleness; 1 or 2 servers). Prints the table
+# (time to 88%, final accuracy, samples/s, dropped gradients, staleness histogram) and writes
+# results/strategies.{csv,png} and results/strategies_curves.csv. PS push+pull throughput: benchmarks/ps_throughput.sh.
 # Usage: benchmarks/strategies.sh [strategies.py flags]   e.g. --epochs 8 --only "ps sync,ps async"
 #   GRADWIRE_RESULTS_DIR, GRADWIRE_BENCH_BUILD_DIR (default: build-fm/, as
 #   benchmarks/fashion_mnist.sh: the test build compiles the trainers at -O1)
