@@ -31,7 +31,7 @@ STRATEGIES = [
 ]
 
 EPOCH = re.compile(r"epoch\s+(\d+)/\d+\s+.*test_acc\s+([\d.]+)%\s+samples/s\s+(\d+)\s+elapsed\s+([\d.]+) s")
-KOFN = re.compile(r"rank \d+: K of N dropped this replica's gradients in (\d+) of (\d+) steps")
+KOFN = re.compile(r"rank \d+: K of N: computed (\d+) of the job's (\d+) steps, (\d+) of them dropped")
 PS = re.compile(r"ps rank \d+: mode \S+ version (\d+) updates (\d+) gradients (\d+) applied (\d+) dropped (\d+) "
                 r"staleness mean ([\d.]+) p50 (\d+) p99 (\d+) max (\d+) update_lag mean ([\d.]+) p50 (\d+) p99 (\d+) "
                 r"max (\d+) max_lead (\d+)")
@@ -50,7 +50,7 @@ def run(launcher, program, name, flags, servers, workers, epochs, straggler, ext
         raise SystemExit(f"{name}: fashion_mnist failed with status {p.returncode}")
     curve = [(int(m[1]), float(m[2]), float(m[3]), float(m[4])) for m in EPOCH.finditer(p.stdout)]
     ps = [tuple(float(x) for x in m.groups()) for m in PS.finditer(p.stdout)]
-    k_of_n = [(int(m[1]), int(m[2])) for m in KOFN.finditer(p.stdout)]
+    k_of_n = [(int(m[1]), int(m[2]), int(m[3])) for m in KOFN.finditer(p.stdout)]  # computed, job's steps, dropped
     return {"curve": curve, "ps": ps, "k_of_n": k_of_n, "wall": wall, "output": p.stdout}
 
 
@@ -64,8 +64,8 @@ def summarise(name, straggler, r, target):
            "final_accuracy": final, "train_seconds": train_s, "samples_per_s": samples,
            "gradients": "", "dropped": "", "staleness_mean": "", "staleness_p50": "", "staleness_p99": "",
            "staleness_max": "", "update_lag_mean": "", "update_lag_p99": "", "update_lag_max": "", "max_lead": ""}
-    if r["k_of_n"]:  # every replica says how often it was left out; the sum is the gradients dropped
-        row.update({"gradients": sum(n for _, n in r["k_of_n"]), "dropped": sum(d for d, _ in r["k_of_n"])})
+    if r["k_of_n"]:  # every replica says what it computed and what of it was dropped
+        row.update({"gradients": sum(c for c, _, _ in r["k_of_n"]), "dropped": sum(d for _, _, d in r["k_of_n"])})
     if r["ps"]:
         s = r["ps"][0]  # every server sees every gradient; server 0 speaks for them
         row.update({"gradients": int(s[2]), "dropped": int(s[4]), "staleness_mean": s[5],

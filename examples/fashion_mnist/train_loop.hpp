@@ -129,10 +129,13 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
   // Cosine decay from lr to 0 over the run, set per step: the last epochs average out
   // the noise of the step, so the final accuracy does not depend on where it stopped.
   const std::size_t total_steps = steps * static_cast<std::size_t>(o.epochs);
-  auto set_lr = [&](std::size_t global_step) {
-    if (o.schedule != "cosine") return;
+  auto cosine = [lr = *o.lr, total_steps](std::uint64_t global_step) {
     constexpr double pi = 3.14159265358979323846;
-    strategy.optimizer().set_lr(*o.lr * 0.5 * (1.0 + std::cos(pi * double(global_step) / double(total_steps))));
+    return lr * 0.5 * (1.0 + std::cos(pi * double(global_step) / double(total_steps)));
+  };
+  auto set_lr = [&](std::size_t global_step) {
+    if (o.schedule != "cosine" || o.backup_workers > 0) return;
+    strategy.optimizer().set_lr(cosine(global_step));
   };
 
   // Checkpoints: replicas of every strategy but local_sgd hold the same parameters, so one
@@ -151,6 +154,14 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
                     (unsigned long long)(steps * static_cast<std::uint64_t>(o.epochs)),
                     resumed >= steps * static_cast<std::uint64_t>(o.epochs) ? ": the run is complete" : "");
     }
+  }
+  // K of N: a replica that was late applies the steps it missed in one finish, each at its
+  // own step's rate, so the schedule goes to the strategy (counting from its construction,
+  // which a resumed run's steps come after) instead of being set before each step.
+  constexpr bool k_of_n = requires(Strategy& s) { s.aggregation().last_steps_advanced(); };
+  if constexpr (k_of_n) {
+    if (o.backup_workers > 0 && o.schedule == "cosine")
+      strategy.schedule_lr([cosine, resumed](std::uint64_t s) { return cosine(resumed + s); });
   }
   auto save = [&](std::uint64_t done) {
     const int saver = o.strategy == "central_storage" ? o.owner.value_or(0) : 0;
@@ -205,9 +216,25 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     // (all-reduce, waiting for the slowest replica, optimizer).
     steady::duration compute_time{}, step_time{};
     gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
+    std::size_t planned_until = 0;  // K of N: the steps planned run up to here (this epoch's numbering)
     for (std::size_t step = 0; step < steps; ++step) {
       const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
       if (global_step < resumed) continue;
+      // K of N: plan the steps up to the next point where every replica does something of
+      // its own (an evaluation, a checkpoint, the epoch's end), so that a late replica's
+      // communicator thread goes on through them without it.
+      if constexpr (k_of_n) {
+        if (o.backup_workers > 0 && step >= planned_until) {
+          std::size_t end = steps;
+          if (eval_every) end = std::min(end, (step / eval_every + 1) * eval_every);
+          if (o.checkpoint_every)
+            end = std::min<std::size_t>(end, static_cast<std::size_t>((global_step / o.checkpoint_every + 1) *
+                                                                      o.checkpoint_every -
+                                                                      static_cast<std::uint64_t>(epoch - 1) * steps));
+          strategy.aggregation().plan_steps(end - step);
+          planned_until = end;
+        }
+      }
       const auto step_start = time.now();
       // K of N: the step opens before the forward pass, so that this replica's close watch
       // listens while it computes, and a slow replica is left out without being waited for.
@@ -232,6 +259,9 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
       compute_time += computed - step_start;
       step_time += time.now() - computed;
       ++steps_done;
+      // K of N: a late replica's finish may apply steps the others took while it computed;
+      // its loop skips them (within the plan, so never past an evaluation or a checkpoint).
+      if constexpr (k_of_n) step += static_cast<std::size_t>(strategy.aggregation().last_steps_advanced() - 1);
       if (o.checkpoint_every && (global_step + 1) % o.checkpoint_every == 0) save(global_step + 1);
       if (eval_every && (step + 1) % eval_every == 0 && step + 1 < steps) {
         double correct = test_correct(static_cast<std::size_t>(global_step + 1));
@@ -265,10 +295,13 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     }
   }
   save(steps * static_cast<std::uint64_t>(o.epochs));
+  // K of N: of the job's steps, how many this replica computed a gradient for (the rest it
+  // skipped, catching up), and how many of those gradients came too late and were dropped.
   if (o.backup_workers > 0)
-    std::printf("rank %d: K of N dropped this replica's gradients in %llu of %llu steps\n", rank,
-                static_cast<unsigned long long>(strategy.cumulative_stats().dropped),
-                static_cast<unsigned long long>(strategy.cumulative_stats().steps));
+    std::printf("rank %d: K of N: computed %llu of the job's %llu steps, %llu of them dropped\n", rank,
+                static_cast<unsigned long long>(strategy.cumulative_stats().steps),
+                static_cast<unsigned long long>(steps * static_cast<std::uint64_t>(o.epochs) - resumed),
+                static_cast<unsigned long long>(strategy.cumulative_stats().dropped));
   print_parameter_hash(rank, model);
 }
 

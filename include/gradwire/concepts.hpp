@@ -568,6 +568,15 @@ concept dropping_agent = requires(const G& g) {
   { g.last_step_dropped() } -> std::convertible_to<bool>;
 };
 
+// Numbers the steps whose updates it applies (from 0 at setup), so that a learning-rate
+// schedule (strategy::schedule_lr) reads each update's own step: a K-of-N replica that was
+// late applies several steps in one finish.
+//   uint64_t applying_step() const
+template <class G>
+concept step_counting_agent = requires(const G& g) {
+  { g.applying_step() } -> std::convertible_to<std::uint64_t>;
+};
+
 // Replica: where strategy<> keeps this replica's parameter tensors and optimizer state, and
 // the host view of the parameters (a span per tensor) that every aggregation reads and
 // writes. The tensor's location picks it (training/replica.hpp): training::host_replica,

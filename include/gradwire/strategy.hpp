@@ -149,6 +149,24 @@ class strategy {
   // of waiting (training/finite_check.hpp). Every step then costs one read of the
   // gradients (benchmarks/finite_check). Host tensors only for now (the check runs in
   // step.ready(), which only an incremental replica has).
+  // A learning-rate schedule: before the update of step s (counted from 0 at
+  // construction), lr = schedule(s). Unlike set_lr before each step, it gives every update
+  // its own step's rate, also the several a K-of-N replica applies in one finish when it
+  // was late (docs/elastic.md). Needs Optimizer::set_lr (concepts::schedulable_optimizer).
+  template <class Schedule>
+  void schedule_lr(Schedule schedule) {
+    static_assert(concepts::schedulable_optimizer<Optimizer>,
+                  "gradwire::strategy::schedule_lr: Optimizer has no set_lr(double), so a schedule cannot set its rate "
+                  "(concepts::schedulable_optimizer)");
+    static_assert(concepts::host_tensor_type<Tensor>,
+                  "gradwire::strategy::schedule_lr: host tensors for now (a CUDA replica's one-call step sets no "
+                  "schedule yet); call optimizer().set_lr before each step");
+    static_assert(std::is_invocable_r_v<double, Schedule&, std::uint64_t>,
+                  "gradwire::strategy::schedule_lr: the schedule must take the step (std::uint64_t) and return the "
+                  "learning rate (double)");
+    driver_.schedule_lr(std::move(schedule));
+  }
+
   void check_finite_gradients(bool on) {
     if (on && !incremental)
       throw error(errc::invalid_argument,

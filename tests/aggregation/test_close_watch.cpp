@@ -46,7 +46,7 @@ std::vector<std::vector<outcome>> run_steps(int ranks, int backups, int steps, D
     gw::collective::communicator comm(std::move(t), {.timeout = 30s});
     watch_type watch(ranks, backups);
     for (int s = 0; s < steps; ++s) {
-      watch.open();
+      watch.open(static_cast<std::uint64_t>(s));
       gw::aggregation::detail::step_set set;
       struct round {
         watch_type* watch;
@@ -65,7 +65,7 @@ std::vector<std::vector<outcome>> run_steps(int ranks, int backups, int steps, D
         std::this_thread::sleep_for(delay(s, r));
       }
       auto& o = out[static_cast<std::size_t>(s)][static_cast<std::size_t>(r)];
-      o.marked_in = watch.mark_ready();
+      o.marked_in = watch.mark_ready(static_cast<std::uint64_t>(s));
       handle.wait(comm.queued_collective_deadline());
       o.in = set.in;
       o.self_in = set.self_in;
@@ -137,12 +137,32 @@ TEST_CASE("a K-of-N step whose ranks never become ready times out naming the ran
     const int r = t.rank();
     gw::collective::communicator comm(std::move(t), {.timeout = 300ms});
     watch_type watch(3, 1);
-    watch.open();
+    watch.open(0);
     const auto got = gw::testing::outcome_of([&] { watch.run(comm); });
     expect(got.kind == gw::errc::timeout, "kind: " + got.what);
     expect(got.what.find("close_watch: rank " + std::to_string(r) + " heard 0 of 2 peers") != std::string::npos &&
                got.what.find("2 of 3 ranks ready") != std::string::npos,
            got.what);
+  });
+}
+
+TEST_CASE("a caller's readiness counts for the step it names: early for a round not yet open, never for one past") {
+  gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
+    const int r = t.rank();
+    gw::collective::communicator comm(std::move(t), {.timeout = 30s});
+    watch_type watch(2, 1);
+    // Rank 0 marks step 0 ready before its round opens: the round starts ready and announces.
+    if (r == 0) expect(watch.mark_ready(0), "a step marked before its round opened counts as in");
+    watch.open(0);
+    const auto first = watch.run(comm);
+    expect(first.in == std::vector<int>{0} && first.self_in == (r == 0), "step 0: rank 0 alone is in");
+    // Rank 1's gradient of step 0 comes after the step closed: it is late, and stays out of step 1.
+    if (r == 1) expect(!watch.mark_ready(0), "a step already run does not take a gradient");
+    watch.open(1);
+    if (r == 1) expect(!watch.mark_ready(0), "a gradient of a past step does not count for the open one");
+    if (r == 0) expect(watch.mark_ready(1), "the open step takes its own gradient");
+    const auto second = watch.run(comm);
+    expect(second.in == std::vector<int>{0}, "step 1: rank 0 alone is in");
   });
 }
 

@@ -179,6 +179,115 @@ TEST_CASE("K of N without a straggler: every step holds at least N - b ranks, th
   check_against_reference(got, grads, ranks);
 }
 
+TEST_CASE("K of N with planned steps: a replica slow through them all is left out of every one, without being waited for, and catches up at each step's rate") {
+  // Reference: rank N-1 opens step 0 and marks its gradients only once every other rank has
+  // finished every planned step, which they can only do if its communicator thread runs the
+  // steps without it. Its one finish then applies them all, and the loop skips ahead.
+  const int ranks = GENERATE(2, 3, 4);
+  const int steps = 6;
+  const std::uint64_t seed = std::random_device{}();
+  CAPTURE(ranks, seed);
+  const auto grads = random_gradients(steps, ranks, seed);
+  std::vector<std::vector<std::vector<int>>> sets(static_cast<std::size_t>(ranks));  // [rank][finish]
+  std::vector<std::vector<std::uint64_t>> advanced(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<gw::host_tensor<double>>> params(static_cast<std::size_t>(ranks));
+  std::vector<double> after(static_cast<std::size_t>(ranks));
+  std::atomic<int> fast_steps_done{0};
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    const int r = t.rank();
+    const bool slow = r == ranks - 1;
+    strategy_type s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
+                    gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{
+                        .bucket_bytes = 256, .backup_workers = 1, .max_steps_behind = steps}));
+    s.schedule_lr([](std::uint64_t step) { return 0.1 / double(1 + step); });
+    s.aggregation().plan_steps(steps);
+    for (int k = 0; k < steps;) {
+      auto step = s.begin_step();
+      if (slow) {
+        const auto give_up = gw::clock::now() + 20s;
+        while (fast_steps_done.load() < (ranks - 1) * steps) {
+          if (gw::clock::now() > give_up) throw std::runtime_error("the fast ranks waited for the slow one");
+          std::this_thread::sleep_for(1ms);
+        }
+      }
+      const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
+      step.finish();
+      if (!slow) ++fast_steps_done;
+      sets[static_cast<std::size_t>(r)].push_back(s.aggregation().last_step_set().in);
+      advanced[static_cast<std::size_t>(r)].push_back(s.aggregation().last_steps_advanced());
+      k += static_cast<int>(s.aggregation().last_steps_advanced());
+    }
+    // The plan is done: the communicator is the caller's again.
+    double x = r + 1;
+    gw::collective::all_reduce(s.communicator(), std::span<double>(&x, 1));
+    after[static_cast<std::size_t>(r)] = x;
+    params[static_cast<std::size_t>(r)].assign(s.parameters().begin(), s.parameters().end());
+  });
+  std::vector<int> fast;
+  for (int q = 0; q + 1 < ranks; ++q) fast.push_back(q);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    REQUIRE(after[static_cast<std::size_t>(r)] == double(ranks * (ranks + 1) / 2));
+    if (r == ranks - 1) {
+      REQUIRE(advanced[static_cast<std::size_t>(r)] == std::vector<std::uint64_t>{steps});
+    } else {
+      REQUIRE(advanced[static_cast<std::size_t>(r)] == std::vector<std::uint64_t>(steps, 1));
+    }
+    for (const auto& set : sets[static_cast<std::size_t>(r)]) REQUIRE(set == fast);
+  }
+  // The reference: every step the mean of the fast ranks' gradients, at that step's own rate
+  // (the slow rank applied all six in one finish, each with its schedule's rate).
+  auto expected = start_params();
+  for (int k = 0; k < steps; ++k)
+    for (std::size_t t = 0; t < expected.size(); ++t)
+      for (std::size_t i = 0; i < expected[t].size(); ++i) {
+        double sum = 0;
+        for (int q : fast) sum += grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(q)][t][i];
+        expected[t][i] -= 0.1 / double(1 + k) * sum / double(fast.size());
+      }
+  for (int r = 0; r < ranks; ++r)
+    for (std::size_t t = 0; t < expected.size(); ++t)
+      for (std::size_t i = 0; i < expected[t].size(); ++i) {
+        REQUIRE(params[static_cast<std::size_t>(r)][t][i] == Approx(expected[t][i]).epsilon(1e-12).margin(1e-12));
+        REQUIRE(params[static_cast<std::size_t>(r)][t][i] == params[0][t][i]);
+      }
+}
+
+TEST_CASE("K of N keeps a late replica at most max_steps_behind steps behind: then the others wait for it") {
+  const int ranks = 3, steps = 6, behind = 2;
+  std::atomic<int> fast_steps_done{0};
+  std::atomic<int> seen_while_held{-1};
+  const auto grads = random_gradients(steps, ranks, 7);
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    const int r = t.rank();
+    const bool slow = r == ranks - 1;
+    strategy_type s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
+                    gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{
+                        .bucket_bytes = 256, .backup_workers = 1, .max_steps_behind = behind}));
+    s.aggregation().plan_steps(steps);
+    for (int k = 0; k < steps;) {
+      auto step = s.begin_step();
+      if (slow && k == 0) {
+        // The others can finish the `behind` steps this rank's buffers hold, and not a third.
+        const auto give_up = gw::clock::now() + 20s;
+        while (fast_steps_done.load() < (ranks - 1) * behind) {
+          if (gw::clock::now() > give_up) throw std::runtime_error("the fast ranks did not get the steps the buffers allow");
+          std::this_thread::sleep_for(1ms);
+        }
+        std::this_thread::sleep_for(100ms);
+        seen_while_held = fast_steps_done.load();
+      }
+      const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
+      step.finish();
+      if (!slow) ++fast_steps_done;
+      k += static_cast<int>(s.aggregation().last_steps_advanced());
+    }
+  });
+  REQUIRE(seen_while_held.load() == (ranks - 1) * behind);
+}
+
 TEST_CASE("K of N refuses backups it cannot honour, naming the option") {
   gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
     auto make = [&](int backups) {

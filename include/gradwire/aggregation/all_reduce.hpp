@@ -34,6 +34,10 @@ struct all_reduce_options {
   // applies the same sum with 1 / (ranks in). 0: every rank's gradients, every step.
   // How the ranks agree without a server: docs/elastic.md.
   int backup_workers = 0;
+  // K of N: how many steps a late replica's communicator thread may complete without its
+  // caller (within the steps planned, all_reduce_agent::plan_steps), each kept in a buffer
+  // of the model's size until the caller applies it.
+  int max_steps_behind = 3;
 };
 
 // The policy. Algorithm: collective::auto_, ring, halving_doubling or hierarchical (see
@@ -50,6 +54,7 @@ class all_reduce_with {
   explicit all_reduce_with(all_reduce_options options) : options_(options) {}
   std::size_t bucket_bytes() const noexcept { return options_.bucket_bytes; }
   int backup_workers() const noexcept { return options_.backup_workers; }
+  int max_steps_behind() const noexcept { return options_.max_steps_behind; }
 
  private:
   all_reduce_options options_;
@@ -66,7 +71,7 @@ class all_reduce_agent {
   static constexpr bool updates_only_through_apply = true;
 
   explicit all_reduce_agent(const all_reduce_with<Algorithm>& policy)
-      : buckets_(policy.bucket_bytes()), k_of_n_(policy.backup_workers()) {}
+      : buckets_(policy.bucket_bytes()), k_of_n_(policy.backup_workers(), policy.max_steps_behind()) {}
 
   std::size_t bucket_bytes() const noexcept { return buckets_.schedule().budget_bytes(); }
   // The current plan (tensors in flat order, and the buckets over them), for tests and tools.
@@ -76,30 +81,39 @@ class all_reduce_agent {
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     for (auto p : params) collective::broadcast(comm, p, 0);
     buckets_.setup(params, comm.size() > 1);
-    k_of_n_.setup(comm, buckets_.schedule().layout().total());
+    if (k_of_n_.enabled())
+      k_of_n_.setup(comm, buckets_.schedule().flat(), buckets_.schedule().buckets().size(),
+                    [](void* self, collective::communicator<Tr>& c, std::size_t k, std::span<V> flat) {
+                      static_cast<all_reduce_agent*>(self)->reduce_over(c, k, flat);
+                    });
   }
 
   void begin_step(collective::communicator<Tr>& comm) {
     buckets_.begin_step();
-    if (k_of_n_.enabled())
-      k_of_n_.begin_step(comm, [this](collective::communicator<Tr>& c, std::span<V> flat) { reduce_all(c, flat); });
+    if (k_of_n_.enabled()) k_of_n_.begin_step(comm, this);
   }
 
   void ready(collective::communicator<Tr>& comm, std::size_t i, std::span<const V> grad) {
     buckets_.ready(
         comm, i, grad, [this](collective::communicator<Tr>& c, std::size_t k) { reduce(c, k); },
-        [this](std::size_t k) { return !k_of_n_.enabled() || (k == 0 ? k_of_n_.first_bucket_ready() : !k_of_n_.late()); });
+        [this](std::size_t k) {
+          if (!k_of_n_.enabled()) return true;
+          if (k == 0) k_of_n_.first_bucket_ready();
+          k_of_n_.bucket_launched(k);  // the step's job reduces it (an in rank's), or drops it
+          return false;
+        });
   }
 
   template <class Apply>
   void finish_step(collective::communicator<Tr>& comm, std::span<const std::span<V>>, Apply&& apply) {
-    if (buckets_.applied_alone(comm, apply)) return;
+    if (buckets_.applied_alone(comm, apply)) {
+      ++applying_;
+      return;
+    }
     const auto plan = buckets_.schedule().buckets();
-    const V scale = k_of_n_.enabled() ? k_of_n_.wait(comm) : V(1) / static_cast<V>(comm.size());
-    if (k_of_n_.late()) {
-      // The round reduced zeros in this rank's place: the others' sum is in k_of_n's buffer.
-      for (const auto& b : plan) apply_bucket(b, apply, scale, k_of_n_.zeros());
-    } else if (buckets_.single_bucket()) {
+    if (k_of_n_.enabled()) return finish_k_of_n(comm, plan, apply);
+    const V scale = V(1) / static_cast<V>(comm.size());
+    if (buckets_.single_bucket()) {
       reduce(comm, 0);
       apply_bucket(plan[0], apply, scale, buckets_.schedule().flat());
     } else {
@@ -110,21 +124,53 @@ class all_reduce_agent {
       }
       buckets_.waited_all();
     }
+    ++applying_;
     buckets_.schedule().rebuild_once(comm);
   }
 
-  // K of N (all_reduce_options::backup_workers): who was in the latest step, the same on
-  // every rank (all ranks when there are no backups: not recorded).
+  // K of N (all_reduce_options::backup_workers). Between steps: the next n steps run back
+  // to back on every rank, so that a late replica's communicator thread may go through them
+  // without its caller (every rank must plan the same steps; the caller's own collectives
+  // wait until they are done). Without a plan, one step at a time: a late replica still
+  // opens each step itself, and so still sets the pace (docs/elastic.md).
+  void plan_steps(std::uint64_t n) { k_of_n_.plan_steps(n); }
+  // Who was in the latest step this replica applied, the same on every rank (empty without
+  // backups).
   const detail::step_set& last_step_set() const noexcept { return k_of_n_.last_set(); }
-  // Whether the latest step closed without this rank (its gradients dropped).
-  bool last_step_dropped() const noexcept { return k_of_n_.late(); }
+  // Whether the latest step closed without this replica's gradients (dropped).
+  bool last_step_dropped() const noexcept { return k_of_n_.last_dropped(); }
+  // How many steps the latest finish applied: 1, or more when this replica was late and
+  // steps closed without it while it computed (its loop skips them).
+  std::uint64_t last_steps_advanced() const noexcept { return k_of_n_.enabled() ? k_of_n_.last_advanced() : 1; }
+  // The step whose sums are being applied (counted from 0 at setup): a learning-rate
+  // schedule's input.
+  std::uint64_t applying_step() const noexcept { return applying_; }
 
  private:
-  void reduce(collective::communicator<Tr>& comm, std::size_t k) { reduce_over(comm, k, buckets_.schedule().flat()); }
-  // Every bucket of the step, in order, over `flat` (a late rank's zeros).
-  void reduce_all(collective::communicator<Tr>& comm, std::span<V> flat) {
-    for (std::size_t k = 0; k < buckets_.schedule().buckets().size(); ++k) reduce_over(comm, k, flat);
+  // K of N's finish: the step's sums bucket by bucket when this rank was in; when late,
+  // every step completed without it since its last finish, in order.
+  template <class Apply>
+  void finish_k_of_n(collective::communicator<Tr>& comm, std::span<const collective::bucket> plan, Apply& apply) {
+    if (k_of_n_.in()) {
+      const V scale = k_of_n_.wait_set(comm);
+      applying_ = k_of_n_.step();
+      for (std::size_t k = 0; k < plan.size(); ++k) {
+        k_of_n_.wait_bucket(comm, k);
+        apply_bucket(plan[k], apply, scale, buckets_.schedule().flat());
+      }
+      k_of_n_.applied(comm, applying_);
+    } else {
+      const auto missed = k_of_n_.wait_late(comm);
+      for (const auto& m : missed) {
+        applying_ = m.step;
+        for (const auto& b : plan) apply_bucket(b, apply, m.scale, m.sums);
+      }
+      k_of_n_.applied(comm, applying_);
+    }
+    ++applying_;
   }
+
+  void reduce(collective::communicator<Tr>& comm, std::size_t k) { reduce_over(comm, k, buckets_.schedule().flat()); }
   void reduce_over(collective::communicator<Tr>& comm, std::size_t k, std::span<V> flat) {
     const collective::bucket& b = buckets_.schedule().buckets()[k];
     auto trace = collective::trace_bucket<Tr, V>(comm, b, k);
@@ -133,7 +179,7 @@ class all_reduce_agent {
 
   // The optimizer step on every tensor of a reduced bucket, its sums read from `flat`.
   template <class Apply>
-  void apply_bucket(const collective::bucket& b, Apply& apply, V scale, std::span<V> flat) {
+  void apply_bucket(const collective::bucket& b, Apply& apply, V scale, std::span<const V> flat) {
     const flat_layout& layout = buckets_.schedule().layout();
     for (std::size_t p = b.first_tensor; p < b.end_tensor; ++p) {
       const std::size_t i = layout.order()[p];
@@ -142,7 +188,8 @@ class all_reduce_agent {
   }
 
   detail::bucketed_reduction<V, Tr> buckets_;  // its reductions in flight end before the agent goes
-  detail::k_of_n<V, Tr> k_of_n_;  // last: its round (which reads the buckets' plan) ends first
+  std::uint64_t applying_ = 0;
+  detail::k_of_n<V, Tr> k_of_n_;  // last: its job (which reduces in the buckets' buffer) ends first
 };
 
 static_assert(concepts::incremental_aggregation<all_reduce, float, concepts::detail::transport_archetype>);

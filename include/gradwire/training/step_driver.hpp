@@ -10,7 +10,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +51,12 @@ class step_driver {
   // GRADWIRE_CHECK_FINITE is read here, before the strategy communicates.
   explicit step_driver(const std::vector<Tensor>& parameters)
       : session_(parameters.size()), accumulation_(parameters), check_finite_(finite_check_from_env()) {}
+
+  // strategy::schedule_lr: before the update of step s (from 0 at setup), lr = schedule(s).
+  void schedule_lr(std::function<double(std::uint64_t)> schedule) {
+    lr_schedule_ = std::move(schedule);
+    lr_step_.reset();
+  }
 
   step_meter<Transport>& meter() noexcept { return meter_; }
   const step_meter<Transport>& meter() const noexcept { return meter_; }
@@ -105,9 +114,11 @@ class step_driver {
       try {
         p.agent.finish_step(p.comm, p.replica.parameters(),
                             [this, &p](std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
+                              follow_schedule(p);
                               meter_.timed_optimizer(p.comm, i, grad.size_bytes(),
                                                      [&] { p.replica.apply(p.optimizer, i, grad, grad_scale); });
                             });
+        if constexpr (!concepts::step_counting_agent<Agent>) ++steps_applied_;
       } catch (...) {
         session_.fall_out_of_step("a step failed in finish() (some of its update may be applied here only)",
                                   p.comm.rank(), p.comm.size());
@@ -135,10 +146,25 @@ class step_driver {
   }
 
  private:
+  // The schedule's rate for the step being applied, set once per step.
+  void follow_schedule(parts& p) {
+    if constexpr (concepts::schedulable_optimizer<Optimizer>) {
+      if (!lr_schedule_) return;
+      std::uint64_t step = steps_applied_;
+      if constexpr (concepts::step_counting_agent<Agent>) step = p.agent.applying_step();
+      if (lr_step_ == step) return;
+      p.optimizer.set_lr(lr_schedule_(step));
+      lr_step_ = step;
+    }
+  }
+
   step_session<Tensor> session_;          // the incremental step in progress
   accumulation<value_type> accumulation_;  // no_sync micro-batches; an unused tensor's zeros
   step_meter<Transport> meter_;            // time, traffic, timeline and logs of each step
   bool check_finite_ = false;              // strategy::check_finite_gradients
+  std::function<double(std::uint64_t)> lr_schedule_;  // strategy::schedule_lr
+  std::optional<std::uint64_t> lr_step_;               // the step whose rate is set
+  std::uint64_t steps_applied_ = 0;                    // an agent that does not count them
 };
 
 }  // namespace gradwire::training

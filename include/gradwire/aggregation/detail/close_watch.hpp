@@ -1,7 +1,8 @@
 // K of N's agreement on who is in a step: the close watch (docs/elastic.md, "K of N: the close watch").
 //
-// N ranks, b backups. The caller's thread says when this rank's first bucket is complete
-// (mark_ready); the communicator's thread runs the step's round (run): it announces `in`
+// N ranks, b backups. The caller's thread says when this rank's first bucket of a step is
+// complete (mark_ready(step)); the communicator's thread opens each step's round (open)
+// and runs it (run): it announces `in`
 // to every peer when the rank is ready and the step has not closed, and closes the step
 // once it has counted N - b announcements; a rank that closes without having announced
 // is late and says `out` to every peer instead. Each rank sends one message, the same,
@@ -48,16 +49,26 @@ class close_watch {
                                               std::to_string(size) + " ranks: K of N needs 0 < backups < ranks");
   }
 
-  // The caller's thread, before a step's round runs or while it runs: a new step opens.
-  void open() {
+  // Step `step`'s round is next (the communicator's thread, before run()). A caller that
+  // already marked this step ready is counted ready from the start.
+  void open(std::uint64_t step) {
     std::lock_guard lock(mutex_);
-    state_ = state::open;
+    current_ = step;
+    opened_ = true;
+    state_ = marked_ == step ? state::ready : state::open;
   }
 
-  // The caller's thread: this rank's first bucket is complete. Returns whether the rank is
-  // in (the round will announce it) or late (the step closed without it: drop the gradients).
-  bool mark_ready() {
+  // The caller's thread: its first bucket of step `step` (the step its gradients were
+  // computed for) is complete. Returns whether the rank is in (the round announces it,
+  // or will: a round that opens already ready announces first) or late (the step closed
+  // without it, or is past: drop the gradients).
+  bool mark_ready(std::uint64_t step) {
     std::lock_guard lock(mutex_);
+    if (opened_ && step < current_) return false;
+    if (!opened_ || step > current_) {  // its round has not opened yet
+      marked_ = step;
+      return true;
+    }
     if (state_ == state::open) state_ = state::ready;
     ready_.notify_one();
     return state_ != state::late;
@@ -161,6 +172,9 @@ class close_watch {
   std::mutex mutex_;
   std::condition_variable ready_;
   state state_ = state::open;
+  std::uint64_t current_ = 0;  // the step of the round open or last run
+  bool opened_ = false;        // whether any round has opened
+  std::optional<std::uint64_t> marked_;  // a step the caller marked ready before its round opened
 };
 
 }  // namespace gradwire::aggregation::detail
