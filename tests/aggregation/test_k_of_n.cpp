@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <gradwire/gradwire.hpp>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -230,7 +231,12 @@ TEST_CASE("K of N with planned steps: a replica slow through them all is left ou
     CAPTURE(r);
     REQUIRE(after[static_cast<std::size_t>(r)] == double(ranks * (ranks + 1) / 2));
     if (r == ranks - 1) {
-      REQUIRE(advanced[static_cast<std::size_t>(r)] == std::vector<std::uint64_t>{steps});
+      // One finish applies every step (or all but the last, when the others finished before
+      // this rank's own share of the last reduction came in: then a second finish takes it).
+      const auto& a = advanced[static_cast<std::size_t>(r)];
+      REQUIRE(std::accumulate(a.begin(), a.end(), std::uint64_t{0}) == steps);
+      REQUIRE(a.size() <= 2);
+      REQUIRE(a.front() >= steps - 1);
     } else {
       REQUIRE(advanced[static_cast<std::size_t>(r)] == std::vector<std::uint64_t>(steps, 1));
     }
