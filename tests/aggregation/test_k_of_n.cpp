@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <gradwire/gradwire.hpp>
+#include <gradwire/transport/simulated.hpp>
 #include <numeric>
 #include <random>
 #include <string>
@@ -305,6 +306,20 @@ TEST_CASE("K of N refuses backups it cannot honour, naming the option") {
                                                  std::string::npos)
       throw std::runtime_error("backup_workers = 2 on 2 ranks: " + too_many.what);
   });
+  // The simulator runs a rank's communicator work inline, so a late rank could not go on
+  // without its caller: refused on every rank, naming why.
+  std::vector<std::string> simulated(2);
+  gw::simulation::run(gw::simulation::parse_cluster_model("hosts=2"), [&](gw::transport::simulated t) {
+    const int r = t.rank();
+    using simulated_strategy =
+        gw::strategy<gw::host_tensor<double>, gw::optim::sgd, gw::aggregation::all_reduce, gw::transport::simulated>;
+    simulated[static_cast<std::size_t>(r)] = gw::testing::outcome_of([&] {
+      simulated_strategy s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
+                           gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{.backup_workers = 1}));
+    }).what;
+  });
+  for (const auto& what : simulated)
+    REQUIRE_THAT(what, Catch::Contains("backup_workers = 1: K of N does not run in the simulator yet"));
   const auto [kind, what] = gw::testing::error_of([] {
     gw::aggregation::all_reduce_agent<gw::collective::auto_, double, gw::transport::inproc> agent(
         gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{.backup_workers = -1}));
