@@ -89,6 +89,8 @@ std::vector<plan::strategy_cost> predict_strategies(const plan_options& o, const
   for (const auto a : {all_reduce_algorithm::auto_, all_reduce_algorithm::ring, all_reduce_algorithm::halving_doubling,
                        all_reduce_algorithm::hierarchical})
     add(std::string("all_reduce<") + plan::name_of(a) + ">", [&] { return costs.all_reduce(a); });
+  add("all_reduce<auto_>, backup_workers",
+      [&] { return costs.all_reduce_backup_workers(all_reduce_algorithm::auto_, o.backup_workers); });
   add("parameter_server<sync>", [&] { return costs.ps_sync(o.servers); });
   add("parameter_server<backup_workers>", [&] { return costs.ps_backup_workers(o.servers, o.backup_workers); });
   add("parameter_server<async>", [&] { return costs.ps_async(o.servers); });
@@ -219,6 +221,9 @@ int main(int argc, char** argv) {
     const auto all = predict_strategies(o, costs);
     print_strategies(all, costs);
     print_recommendation(all);
+    std::printf("# all-reduce backup workers (K of N): %d apply the most gradients' samples per second under these "
+                "stragglers (all_reduce_options::backup_workers; 0: plain all-reduce)\n",
+                costs.best_all_reduce_backups());
     if (o.simulate && !run_simulation(o, program, all)) return 1;
     return 0;
   } catch (const gradwire::error& e) {

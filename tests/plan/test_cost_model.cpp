@@ -363,6 +363,44 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   CHECK(slowed.ps_async(1).compute == Approx(2 * step));  // the mean of 1 and 3
 }
 
+TEST_CASE("all-reduce with backup workers: the (W-k)-th compute, a round of one-byte messages, W-k gradients") {
+  // 2 workers, no stragglers: a step waits for the first of them (c, exactly), adds one
+  // round in which each rank sends one byte to the other (an overhead to send, the latency,
+  // 1 byte on the link, an overhead after the arrival) to the ring's all-reduce, and counts
+  // one worker's samples.
+  const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
+  const std::size_t p = 250'000;
+  const double step = 2e-3, o = 1e-6, a = 10e-6, bw = 1e9;
+  const plan::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
+  const auto ring = costs.all_reduce(all_reduce_algorithm::ring);
+  const auto backup = costs.all_reduce_backup_workers(all_reduce_algorithm::ring, 1);
+  CHECK(backup.compute == Approx(step));
+  CHECK(backup.communication == Approx(ring.communication + (2 * o + a + 1 / bw)));
+  CHECK(backup.samples_per_second == Approx(32 / backup.step));
+  CHECK(backup.kind == plan::strategy_kind::all_reduce_backup_workers);
+  CHECK_THAT(backup.note, Catch::Matchers::Contains("1 of 2 gradients dropped per step"));
+  for (int k : {0, 2})
+    CHECK_THROWS_WITH(costs.all_reduce_backup_workers(all_reduce_algorithm::ring, k),
+                      Catch::Matchers::Contains("all-reduce backup workers: expected 1..1"));
+  // Without stragglers dropping a gradient only loses samples: no backups is best.
+  CHECK(costs.best_all_reduce_backups() == 0);
+
+  // With a heavy tail (a tenth of the steps 10x slow) on 20 workers, a step of plain
+  // all-reduce waits for the slowest of 20 draws (almost always one slow); dropping the
+  // slowest few gains more time than samples, and the compute is that order statistic.
+  const auto tail = plan::parse_cluster_model("hosts=20 bandwidth=10Gbit latency=10us tail=0.1:1.5:10 seed=5");
+  const plan::strategy_costs slow(tail, {p, {}, 32, step});
+  const int best = slow.best_all_reduce_backups();
+  CHECK(best >= 1);
+  CHECK(best <= 10);
+  const auto chosen = slow.all_reduce_backup_workers(all_reduce_algorithm::auto_, best);
+  CHECK(chosen.compute == Approx(slow.statistics().expected_order_statistic(20 - best)));
+  CHECK(chosen.samples_per_second > slow.all_reduce(all_reduce_algorithm::auto_).samples_per_second);
+  for (int k = 1; k <= 10; ++k)
+    CHECK(slow.all_reduce_backup_workers(all_reduce_algorithm::auto_, k).samples_per_second <=
+          chosen.samples_per_second);
+}
+
 TEST_CASE("a parameter server holding nothing of the model costs the step nothing") {
   // One tensor of 50,000 floats (200 kB) is under the 256 KiB split: one piece, on server 0, so a second
   // server holds nothing (as the library's sharding leaves it) and no worker sends it

@@ -5,6 +5,8 @@
 // the workers it needs, from the straggler model (straggler_statistics.hpp); its
 // communication is priced from the messages the strategy sends (link_cost.hpp):
 //   all_reduce<A>          E[max of W] + the bucketed all-reduce of the gradient by A
+//   all_reduce<A>, K of N  E[the (W-k)-th compute] + one round of one-byte messages + the
+//                          same all-reduce; only W-k gradients count (late ranks run ahead)
 //   parameter_server<sync> close to close: the servers' replies leave one after another,
 //                          each worker computes once it has its shards and pushes them;
 //                          the next close is when the last push is in (so early workers'
@@ -71,6 +73,7 @@ struct workload {
 
 enum class strategy_kind : std::uint8_t {
   all_reduce,
+  all_reduce_backup_workers,
   ps_sync,
   ps_backup_workers,
   ps_async,
@@ -177,6 +180,43 @@ class strategy_costs {
       s.note = std::string("runs ") + name_of(ar.runs) + (ar.note.empty() ? "" : "; ") + ar.note;
     if (a == all_reduce_algorithm::one_shot) s.note = "not an aggregation tag; " + s.note;
     return finish(s, double(w_.batch) * workers());
+  }
+
+  // K of N for all-reduce (all_reduce_options::backup_workers = k, with planned steps, so
+  // that a late rank runs ahead): a step closes when the (W-k)-th worker is ready; the ranks
+  // agree in one round of one-byte messages between every pair (priced as a round of the
+  // links), then reduce as plain all-reduce does; only W-k gradients count as samples.
+  strategy_cost all_reduce_backup_workers(all_reduce_algorithm a, int backups,
+                                          std::size_t bucket_bytes = collective::default_bucket_bytes) const {
+    if (backups < 1 || backups >= workers())
+      throw error(errc::invalid_argument, "all-reduce backup workers: expected 1.." + std::to_string(workers() - 1) +
+                                              " (fewer than the " + std::to_string(workers()) + " workers), got " +
+                                              std::to_string(backups));
+    strategy_cost s = all_reduce(a, bucket_bytes);
+    s.name += ", backup_workers " + std::to_string(backups);
+    s.kind = strategy_kind::all_reduce_backup_workers;
+    s.compute = stats_.expected_order_statistic(workers() - backups);
+    std::vector<message> round;
+    for (int from = 0; from < workers(); ++from)
+      for (int to = 0; to < workers(); ++to)
+        if (from != to) round.push_back({from, to, 1.0});
+    s.communication += round_seconds(c_, round);
+    s.note = std::to_string(backups) + " of " + std::to_string(workers()) + " gradients dropped per step" +
+             (s.note.empty() ? "" : "; " + s.note);
+    return finish(s, double(w_.batch) * (workers() - backups));
+  }
+
+  // The number of backup workers k (0 .. W/2) for K-of-N all-reduce that applies the most
+  // gradients' samples per second under this cluster's stragglers: dropping the k slowest
+  // shortens every step but keeps W-k gradients of W. 0: plain all-reduce is best.
+  int best_all_reduce_backups(all_reduce_algorithm a = all_reduce_algorithm::auto_) const {
+    int best = 0;
+    double best_rate = all_reduce(a).samples_per_second;
+    for (int k = 1; k <= workers() / 2 && k < workers(); ++k) {
+      const double rate = all_reduce_backup_workers(a, k).samples_per_second;
+      if (rate > best_rate) best = k, best_rate = rate;
+    }
+    return best;
   }
 
   // Synchronous parameter servers (ps::sync): every worker pushes its gradient shards
