@@ -218,7 +218,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
     std::size_t planned_until = 0;  // K of N: the steps planned run up to here (this epoch's numbering)
     for (std::size_t step = 0; step < steps; ++step) {
-      const std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
+      std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
       if (global_step < resumed) continue;
       // K of N: plan the steps up to the next point where every replica does something of
       // its own (an evaluation, a checkpoint, the epoch's end), so that a late replica's
@@ -261,7 +261,11 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
       ++steps_done;
       // K of N: a late replica's finish may apply steps the others took while it computed;
       // its loop skips them (within the plan, so never past an evaluation or a checkpoint).
-      if constexpr (k_of_n) step += static_cast<std::size_t>(strategy.aggregation().last_steps_advanced() - 1);
+      if constexpr (k_of_n) {
+        const auto skipped = static_cast<std::size_t>(strategy.aggregation().last_steps_advanced() - 1);
+        step += skipped;
+        global_step += skipped;
+      }
       if (o.checkpoint_every && (global_step + 1) % o.checkpoint_every == 0) save(global_step + 1);
       if (eval_every && (step + 1) % eval_every == 0 && step + 1 < steps) {
         double correct = test_correct(static_cast<std::size_t>(global_step + 1));
