@@ -568,6 +568,15 @@ concept dropping_agent = requires(const G& g) {
   { g.last_step_dropped() } -> std::convertible_to<bool>;
 };
 
+// Communicates on the communicator's thread across step boundaries (K of N's run-ahead):
+// then the caller's thread must not read the transport between steps, and a step's bytes
+// are not measured.
+//   bool communicates_between_steps() const
+template <class G>
+concept background_communicating_agent = requires(const G& g) {
+  { g.communicates_between_steps() } -> std::convertible_to<bool>;
+};
+
 // Numbers the steps whose updates it applies (from 0 at setup), so that a learning-rate
 // schedule (strategy::schedule_lr) reads each update's own step: a K-of-N replica that was
 // late applies several steps in one finish.

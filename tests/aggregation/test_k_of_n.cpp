@@ -54,7 +54,7 @@ using strategy_type =
 
 struct run_result {
   std::vector<std::vector<std::vector<int>>> sets;  // [step][rank]: the set the rank saw
-  std::vector<std::vector<bool>> dropped;           // [step][rank]: its stats said dropped
+  std::vector<std::vector<char>> dropped;           // [step][rank]: its stats said dropped (not vector<bool>: ranks write it at once)
   std::vector<std::vector<gw::host_tensor<double>>> params;  // [rank]
   std::vector<std::uint64_t> dropped_total;                  // [rank]: the cumulative stats
 };
@@ -67,7 +67,7 @@ run_result train(int ranks, int backups, std::size_t bucket_bytes, const grads_t
   const int steps = static_cast<int>(grads.size());
   run_result out;
   out.sets.assign(static_cast<std::size_t>(steps), std::vector<std::vector<int>>(static_cast<std::size_t>(ranks)));
-  out.dropped.assign(static_cast<std::size_t>(steps), std::vector<bool>(static_cast<std::size_t>(ranks)));
+  out.dropped.assign(static_cast<std::size_t>(steps), std::vector<char>(static_cast<std::size_t>(ranks)));
   out.params.resize(static_cast<std::size_t>(ranks));
   out.dropped_total.resize(static_cast<std::size_t>(ranks));
   std::vector<std::atomic<int>> finished(static_cast<std::size_t>(steps));
@@ -150,7 +150,7 @@ TEST_CASE("K of N: the slow ranks' gradients are left out, and every replica app
       for (int r = 0; r < ranks; ++r) {
         CAPTURE(r);
         REQUIRE(got.sets[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)] == seen);
-        REQUIRE(got.dropped[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)] ==
+        REQUIRE(bool(got.dropped[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)]) ==
                 !std::binary_search(seen.begin(), seen.end(), r));
       }
     }

@@ -142,6 +142,9 @@ class all_reduce_agent {
   // How many steps the latest finish applied: 1, or more when this replica was late and
   // steps closed without it while it computed (its loop skips them).
   std::uint64_t last_steps_advanced() const noexcept { return k_of_n_.enabled() ? k_of_n_.last_advanced() : 1; }
+  // With backups the steps' communication runs on the communicator's thread across step
+  // boundaries (concepts::background_communicating_agent).
+  bool communicates_between_steps() const noexcept { return k_of_n_.enabled(); }
   // The step whose sums are being applied (counted from 0 at setup): a learning-rate
   // schedule's input.
   std::uint64_t applying_step() const noexcept { return applying_; }

@@ -76,6 +76,8 @@ class step_driver {
     // reads the transport (its counters) or the agent's buffers.
     if (!local_only) p.agent.begin_step(p.comm);
     session_.open(local_only);
+    if constexpr (concepts::background_communicating_agent<Agent>)
+      meter_.measure_traffic(!p.agent.communicates_between_steps());
     meter_.open(p.comm, local_only);
   }
 

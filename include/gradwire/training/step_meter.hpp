@@ -66,6 +66,10 @@ class step_meter {
     return last_step_end_ - began;
   }
 
+  // Whether a step's bytes are read from the transport: not while the agent communicates
+  // on the communicator's thread between steps (concepts::background_communicating_agent).
+  void measure_traffic(bool on) noexcept { measure_traffic_ = on; }
+
   // A step (or a micro-batch) starts: the traffic so far, its timeline scope, the step
   // number for stall reports, the optimizer's time from zero.
   observe::trace_scope start(const communicator_type& comm, const char* name) {
@@ -102,7 +106,7 @@ class step_meter {
     last_step_ = {};
     last_step_.steps = 1;
     last_step_.traffic = traffic(comm) - traffic_before_;
-    last_step_.traffic_measured = concepts::metered_transport<Transport>;
+    last_step_.traffic_measured = concepts::metered_transport<Transport> && measure_traffic_;
     last_step_.in_step = ended - began;
     last_step_.optimizer = optimizer_time_;
     last_step_.compute = began - last_step_end_;
@@ -132,17 +136,17 @@ class step_meter {
   }
 
  private:
-  static support::traffic_counters traffic(const communicator_type& comm) {
+  support::traffic_counters traffic(const communicator_type& comm) const {
     if constexpr (concepts::metered_transport<Transport>)
-      return comm.transport().traffic();
-    else
-      return {};
+      if (measure_traffic_) return comm.transport().traffic();
+    return {};
   }
 
   observe::step_stats last_step_, cumulative_;
   time_point last_step_end_;
   duration optimizer_time_{};
   support::traffic_counters traffic_before_;
+  bool measure_traffic_ = true;
   step_trace trace_;
 };
 
