@@ -49,6 +49,17 @@ std::vector<gw::host_tensor<double>> start_params() {
   return params;
 }
 
+// A slow rank waits (on a rank thread: a failure reaches the test through run_inproc) until
+// `done`, which only the other ranks' progress makes true; past 20 s the test fails with `what`.
+template <class Done>
+void wait_until(Done done, const std::string& what) {
+  const auto give_up = gw::clock::now() + 20s;
+  while (!done()) {
+    if (gw::clock::now() > give_up) throw std::runtime_error(what);
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
 using strategy_type =
     gw::strategy<gw::host_tensor<double>, gw::optim::sgd, gw::aggregation::all_reduce, gw::transport::inproc>;
 
@@ -79,13 +90,8 @@ run_result train(int ranks, int backups, std::size_t bucket_bytes, const grads_t
     for (int k = 0; k < steps; ++k) {
       auto step = s.begin_step();
       if (slow(k, r)) {
-        const auto give_up = gw::clock::now() + 20s;
-        while (finished[static_cast<std::size_t>(k)].load() < fast) {
-          if (gw::clock::now() > give_up)
-            throw std::runtime_error("rank " + std::to_string(r) + " step " + std::to_string(k) +
-                                     ": the fast ranks waited for a slow one");
-          std::this_thread::sleep_for(1ms);
-        }
+        wait_until([&] { return finished[static_cast<std::size_t>(k)].load() >= fast; },
+                   "rank " + std::to_string(r) + " step " + std::to_string(k) + ": the fast ranks waited for a slow one");
       }
       const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
       for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
@@ -206,11 +212,7 @@ TEST_CASE("K of N with planned steps: a replica slow through them all is left ou
     for (int k = 0; k < steps;) {
       auto step = s.begin_step();
       if (slow) {
-        const auto give_up = gw::clock::now() + 20s;
-        while (fast_steps_done.load() < (ranks - 1) * steps) {
-          if (gw::clock::now() > give_up) throw std::runtime_error("the fast ranks waited for the slow one");
-          std::this_thread::sleep_for(1ms);
-        }
+        wait_until([&] { return fast_steps_done.load() >= (ranks - 1) * steps; }, "the fast ranks waited for the slow one");
       }
       const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
       for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
@@ -277,11 +279,8 @@ TEST_CASE("K of N keeps a late replica at most max_steps_behind steps behind: th
       auto step = s.begin_step();
       if (slow && k == 0) {
         // The others can finish the `behind` steps this rank's buffers hold, and not a third.
-        const auto give_up = gw::clock::now() + 20s;
-        while (fast_steps_done.load() < (ranks - 1) * behind) {
-          if (gw::clock::now() > give_up) throw std::runtime_error("the fast ranks did not get the steps the buffers allow");
-          std::this_thread::sleep_for(1ms);
-        }
+        wait_until([&] { return fast_steps_done.load() >= (ranks - 1) * behind; },
+                   "the fast ranks did not get the steps the buffers allow");
         std::this_thread::sleep_for(100ms);
         seen_while_held = fast_steps_done.load();
       }

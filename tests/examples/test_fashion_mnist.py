@@ -71,6 +71,26 @@ class Case(unittest.TestCase):
                            text=True, timeout=timeout)
         return p.returncode, p.stdout, p.stderr
 
+    def run_processes(self, size, args, **env):
+        """`size` processes of the example under srun's variables (one port for all): each
+        rank's (returncode, stdout, stderr), and all of it as one text for messages."""
+        port = str(free_port())
+        procs = [subprocess.Popen([FASHION_MNIST, *args, "--data", self.data],
+                                  env=ParameterServerUnderSrun.srun_env(r, size, MASTER_PORT=port, **env),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(size)]
+        outputs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                outputs.append((p.returncode, out, err))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        text = "\n".join(f"rank {r}: rc {rc}\n{out}{err}" for r, (rc, out, err) in enumerate(outputs))
+        return outputs, text
+
     def accuracy_lines(self, text):
         return re.findall(r"^(?:\[\d+\] )?final test accuracy", text, re.MULTILINE)
 
@@ -188,22 +208,8 @@ class ParameterServerUnderSrun(Case):
 
     def test_gradwire_num_ps_under_srun_trains(self):
         """What the error and the docs say, done: 2 workers and 1 server with srun's variables."""
-        port = str(free_port())
-        procs = [subprocess.Popen([FASHION_MNIST, "--strategy", "parameter_server", "--transport", "tcp", "--epochs",
-                                   "1", "--batch", "32", "--data", self.data],
-                                  env=self.srun_env(r, 3, MASTER_PORT=port, GRADWIRE_NUM_PS="1", GRADWIRE_TIMEOUT="60"),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
-        outputs = []
-        try:
-            for p in procs:
-                out, err = p.communicate(timeout=120)
-                outputs.append((p.returncode, out, err))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        text = "\n".join(f"rank {r}: rc {rc}\n{out}{err}" for r, (rc, out, err) in enumerate(outputs))
+        outputs, text = self.run_processes(3, ["--strategy", "parameter_server", "--transport", "tcp", "--epochs", "1",
+                                               "--batch", "32"], GRADWIRE_NUM_PS="1", GRADWIRE_TIMEOUT="60")
         self.assertEqual([rc for rc, _, _ in outputs], [0, 0, 0], text)
         self.assertIn("2 workers + 1 servers", outputs[0][1], text)
         self.assertEqual(len(self.accuracy_lines(outputs[0][1])), 1, text)
@@ -232,22 +238,8 @@ class FinalParameterHash(Case):
         threads = self.threads()
         self.assertEqual(sorted(threads), [0, 1], threads)
         self.assertEqual(threads[0], threads[1])
-        port = str(free_port())
-        procs = [subprocess.Popen([FASHION_MNIST, "--strategy", "multi_worker_mirrored", "--transport", "tcp",
-                                   "--epochs", "1", "--batch", "32", "--data", self.data],
-                                  env=ParameterServerUnderSrun.srun_env(r, 2, MASTER_PORT=port, GRADWIRE_TIMEOUT="60"),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-        outputs = []
-        try:
-            for p in procs:
-                out, err = p.communicate(timeout=120)
-                outputs.append((p.returncode, out, err))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        text = "\n".join(f"rank {r}: rc {rc}\n{out}{err}" for r, (rc, out, err) in enumerate(outputs))
+        outputs, text = self.run_processes(2, ["--strategy", "multi_worker_mirrored", "--transport", "tcp", "--epochs",
+                                               "1", "--batch", "32"], GRADWIRE_TIMEOUT="60")
         self.assertEqual([rc for rc, _, _ in outputs], [0, 0], text)
         processes = {}
         for _, out, _ in outputs:
@@ -275,23 +267,9 @@ class BackupWorkers(Case):
                 self.three_processes_with_a_straggler(transport)
 
     def three_processes_with_a_straggler(self, transport):
-        port = str(free_port())
-        procs = [subprocess.Popen([FASHION_MNIST, "--strategy", "multi_worker_mirrored", "--transport", transport,
-                                   "--epochs", "1", "--batch", "16", "--data", self.data, "--backup-workers", "1",
-                                   "--straggler", "2:5"],
-                                  env=ParameterServerUnderSrun.srun_env(r, 3, MASTER_PORT=port, GRADWIRE_TIMEOUT="60"),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
-        outputs = []
-        try:
-            for p in procs:
-                out, err = p.communicate(timeout=120)
-                outputs.append((p.returncode, out, err))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        text = "\n".join(f"rank {r}: rc {rc}\n{out}{err}" for r, (rc, out, err) in enumerate(outputs))
+        outputs, text = self.run_processes(3, ["--strategy", "multi_worker_mirrored", "--transport", transport,
+                                               "--epochs", "1", "--batch", "16", "--backup-workers", "1",
+                                               "--straggler", "2:5"], GRADWIRE_TIMEOUT="60")
         if transport == "ucx" and "this build has no UCX" in text:
             self.skipTest("this build of fashion_mnist has no UCX")
         self.assertEqual([rc for rc, _, _ in outputs], [0, 0, 0], text)
