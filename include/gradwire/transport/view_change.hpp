@@ -1,0 +1,302 @@
+// The survivors' agreement on the next view after a loss (docs/elastic.md §2), with no server.
+//
+// Every member of view e that is not suspected floods what it knows: the members it
+// suspects (lost by the transport, silent past the timeout, or suspected by another) and
+// each member's report (steps applied). Rounds repeat until one in which this rank's
+// suspects did not grow and every member it heard sent exactly its own set. Sets only
+// grow, so that takes at most n rounds (one, when every survivor saw the loss itself).
+// The next view is view e without the suspects, and it stands only if it keeps at least
+// min_replicas ranks and a strict majority of view e: of two sides of a partition, at
+// most one goes on. A rank that finds itself suspected learns it from the flood and fails.
+//
+// Round 0's receives are posted when the view begins (view_agreement's constructor), so
+// that a member's proposal interrupts this rank's waits in the view's collectives
+// (view_transport::watch_proposals): a survivor learns of a loss it cannot see itself.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../clock.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "view.hpp"
+
+namespace gradwire::transport {
+
+// What a member says of itself in the agreement: how many steps it has applied, and the
+// size of the view whose sums its last applied step used (its scale's denominator).
+struct member_report {
+  std::uint64_t applied = 0;
+  std::uint32_t denominator = 0;
+  friend bool operator==(const member_report&, const member_report&) = default;
+};
+
+// The agreement's outcome, the same on every member of the next view.
+struct next_view {
+  view members;
+  std::vector<int> dropped;              // job ranks of the previous view left out, ascending
+  std::vector<member_report> reports;    // one per member of the next view, in its order
+};
+
+struct view_change_options {
+  int min_replicas = 1;
+  std::chrono::milliseconds timeout{30000};  // for each round's messages
+};
+
+template <class Tr>
+  requires concepts::multiplexing_transport<Tr> && concepts::loss_tolerant_transport<Tr>
+class view_agreement {
+ public:
+  using request = typename Tr::request;
+  static constexpr std::size_t entry_bytes = 16;  // per member: suspected, known, pad, denominator, applied
+  static constexpr std::chrono::milliseconds poll{20};
+
+  // Posts round 0's receives from every other member of `current` (the proposals).
+  view_agreement(Tr& base, view current) : view_(std::move(current)), me_(view_.position_of(base.rank())) {
+    if (me_ < 0)
+      throw error(errc::invalid_argument, "view_agreement: rank " + std::to_string(base.rank()) +
+                                              " is not a member of view " + std::to_string(view_.epoch));
+    const std::size_t n = static_cast<std::size_t>(view_.size());
+    proposals_.resize(n);
+    proposal_bytes_.assign(n, std::vector<std::byte>(n * entry_bytes));
+    for (std::size_t p = 0; p < n; ++p)
+      if (static_cast<int>(p) != me_)
+        proposals_[p] = base.async_recv(view_.members[p], tag(0), std::span(proposal_bytes_[p]));
+    outcome_.assign(n, outcome::pending);
+    for (auto& r : proposals_)
+      if (r) watched_.push_back(&*r);
+  }
+  view_agreement(const view_agreement&) = delete;
+  view_agreement& operator=(const view_agreement&) = delete;
+
+  const transport::view& current() const noexcept { return view_; }
+
+  // Whether a member has proposed the next view (its round-0 message arrived). A round-0
+  // receive that failed instead (the member finished, said goodbye, or was lost) is set
+  // aside: a member that finished training is not a proposal, and a lost one is the
+  // transport's to report.
+  bool proposed(Tr& base) {
+    const time_source time = concepts::time_of(base);
+    while (!watched_.empty()) {
+      std::size_t i = 0;
+      try {
+        i = base.wait_any(std::span<request* const>(watched_), time.now());
+      } catch (const error& e) {
+        if (e.kind() != errc::timeout) throw;
+        return false;
+      }
+      const std::size_t p = position_of_request(watched_[i]);
+      watched_.erase(watched_.begin() + static_cast<std::ptrdiff_t>(i));
+      try {
+        base.wait(*proposals_[p], time.now());
+        outcome_[p] = outcome::received;
+        return true;
+      } catch (const error& e) {
+        if (e.kind() != errc::peer_lost) throw;
+        outcome_[p] = outcome::failed;
+      }
+    }
+    return false;
+  }
+  // For view_transport::watch_proposals.
+  static bool proposed_in(void* self, Tr& base) { return static_cast<view_agreement*>(self)->proposed(base); }
+
+  // Runs the agreement (every surviving member calls it once the view's step failed).
+  // Throws peer_lost when this rank is left out, or when the next view would keep fewer
+  // than min_replicas ranks or no strict majority of this one.
+  next_view agree(Tr& base, member_report mine, const view_change_options& options) {
+    const std::size_t n = static_cast<std::size_t>(view_.size());
+    const auto me = static_cast<std::size_t>(me_);
+    std::vector<std::uint8_t> suspected(n, 0), known(n, 0);
+    std::vector<member_report> reports(n);
+    known[me] = 1;
+    reports[me] = mine;
+    suspect_lost(base, suspected);
+
+    for (std::uint32_t round = 0;; ++round) {
+      if (round > n + 1)
+        throw error(errc::protocol, "view change from view " + std::to_string(view_.epoch) + ": no agreement after " +
+                                        std::to_string(round) + " rounds (a member keeps changing its suspects)");
+      const std::vector<std::uint8_t> before = suspected;
+      const std::vector<std::byte> message = encode(suspected, known, reports);
+      std::vector<std::size_t> listen;
+      for (std::size_t p = 0; p < n; ++p)
+        if (p != me && !suspected[p]) listen.push_back(p);
+
+      std::vector<request> sends;
+      for (std::size_t p : listen) sends.push_back(base.async_send(view_.members[p], tag(round), std::span(message)));
+      std::vector<std::vector<std::byte>> heard_bytes;
+      std::vector<std::optional<request>> fresh(n);
+      if (round > 0) {
+        heard_bytes.assign(n, std::vector<std::byte>(n * entry_bytes));
+        for (std::size_t p : listen) fresh[p] = base.async_recv(view_.members[p], tag(round), std::span(heard_bytes[p]));
+      }
+      auto receive_of = [&](std::size_t p) -> request& { return round == 0 ? *proposals_[p] : *fresh[p]; };
+      auto bytes_of = [&](std::size_t p) -> std::span<const std::byte> {
+        return round == 0 ? std::span<const std::byte>(proposal_bytes_[p]) : std::span<const std::byte>(heard_bytes[p]);
+      };
+
+      bool all_equal = true;
+      std::vector<std::size_t> waiting;
+      for (std::size_t p : listen) {
+        if (round == 0 && outcome_[p] == outcome::failed) {
+          suspected[p] = 1;  // it finished or was lost before the agreement began
+        } else if (round == 0 && outcome_[p] == outcome::received) {
+          all_equal = merge(p, bytes_of(p), before, suspected, known, reports) && all_equal;
+        } else {
+          waiting.push_back(p);
+        }
+      }
+      const time_source time = concepts::time_of(base);
+      const deadline until = time.deadline_after(options.timeout);
+      while (!waiting.empty()) {
+        for (int lost : base.lost_peers()) {  // a member lost meanwhile: stop waiting for it
+          const int q = view_.position_of(lost);
+          if (q < 0) continue;
+          const auto it = std::find(waiting.begin(), waiting.end(), static_cast<std::size_t>(q));
+          if (it != waiting.end()) waiting.erase(it);
+          suspected[static_cast<std::size_t>(q)] = 1;
+        }
+        if (waiting.empty()) break;
+        std::vector<request*> pending;
+        for (std::size_t p : waiting) pending.push_back(&receive_of(p));
+        std::size_t got = 0;
+        try {
+          got = base.wait_any(std::span<request* const>(pending), std::min(until, time.deadline_after(poll)));
+        } catch (const error& e) {
+          if (e.kind() != errc::timeout) throw;
+          if (time.now() >= until) {  // silent past the timeout: suspected
+            for (std::size_t p : waiting) suspected[p] = 1;
+            waiting.clear();
+          }
+          continue;
+        }
+        const std::size_t p = waiting[got];
+        waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(got));
+        try {
+          base.wait(receive_of(p), until);
+        } catch (const error& e) {
+          if (e.kind() != errc::peer_lost) throw;
+          suspected[p] = 1;
+          continue;
+        }
+        if (round == 0) outcome_[p] = outcome::received;
+        all_equal = merge(p, bytes_of(p), before, suspected, known, reports) && all_equal;
+      }
+      for (auto& s : sends) {
+        try {
+          base.wait(s, until);
+        } catch (const error& e) {
+          if (e.kind() != errc::peer_lost) throw;
+        }
+      }
+      if (all_equal && suspected == before) return decide(suspected, reports, options);
+    }
+  }
+
+ private:
+  std::uint64_t tag(std::uint32_t round) const noexcept {
+    return view_change_tag_base | (std::uint64_t{(view_.epoch + 1) & 0xFFFFFFu} << 16) | (round & 0xFFFFu);
+  }
+
+  void suspect_lost(Tr& base, std::vector<std::uint8_t>& suspected) const {
+    for (int lost : base.lost_peers())
+      if (const int q = view_.position_of(lost); q >= 0) suspected[static_cast<std::size_t>(q)] = 1;
+  }
+
+  std::vector<std::byte> encode(const std::vector<std::uint8_t>& suspected, const std::vector<std::uint8_t>& known,
+                                const std::vector<member_report>& reports) const {
+    std::vector<std::byte> out(suspected.size() * entry_bytes);
+    for (std::size_t p = 0; p < suspected.size(); ++p) {
+      std::byte* e = out.data() + p * entry_bytes;
+      e[0] = std::byte{suspected[p]};
+      e[1] = std::byte{known[p]};
+      std::memcpy(e + 4, &reports[p].denominator, 4);
+      std::memcpy(e + 8, &reports[p].applied, 8);
+    }
+    return out;
+  }
+
+  // Folds member p's message into what this rank knows; returns whether p's suspects were
+  // exactly `before` (this rank's at the round's start).
+  bool merge(std::size_t p, std::span<const std::byte> bytes, const std::vector<std::uint8_t>& before,
+             std::vector<std::uint8_t>& suspected, std::vector<std::uint8_t>& known,
+             std::vector<member_report>& reports) const {
+    bool equal = true;
+    for (std::size_t q = 0; q < suspected.size(); ++q) {
+      const std::byte* e = bytes.data() + q * entry_bytes;
+      const auto s = std::to_integer<std::uint8_t>(e[0]), k = std::to_integer<std::uint8_t>(e[1]);
+      if (s > 1 || k > 1)
+        throw error(errc::protocol, "view change from view " + std::to_string(view_.epoch) + ": rank " +
+                                        std::to_string(view_.members[p]) + " sent a malformed proposal");
+      if (s && q == static_cast<std::size_t>(me_))
+        throw error(errc::peer_lost, "rank " + std::to_string(view_.members[me_]) + " was left out of view " +
+                                         std::to_string(view_.epoch + 1) + ": rank " + std::to_string(view_.members[p]) +
+                                         " suspects it (silent past the timeout, or cut off); it stops");
+      equal = equal && s == before[q];
+      suspected[q] |= s;
+      if (k && !known[q]) {
+        known[q] = 1;
+        std::memcpy(&reports[q].denominator, e + 4, 4);
+        std::memcpy(&reports[q].applied, e + 8, 8);
+      }
+    }
+    return equal;
+  }
+
+  next_view decide(const std::vector<std::uint8_t>& suspected, const std::vector<member_report>& reports,
+                   const view_change_options& options) const {
+    next_view next;
+    next.members.epoch = view_.epoch + 1;
+    for (std::size_t p = 0; p < suspected.size(); ++p) {
+      if (suspected[p]) {
+        next.dropped.push_back(view_.members[p]);
+      } else {
+        next.members.members.push_back(view_.members[p]);
+        next.reports.push_back(reports[p]);
+      }
+    }
+    const int kept = next.members.size(), had = view_.size();
+    auto lost_words = [&] {
+      std::string s;
+      for (int r : next.dropped) s += (s.empty() ? "rank " : ", rank ") + std::to_string(r);
+      return s;
+    };
+    if (kept < options.min_replicas)
+      throw error(errc::peer_lost, "elastic: lost " + lost_words() + "; " + std::to_string(kept) + " of view " +
+                                       std::to_string(view_.epoch) + "'s " + std::to_string(had) +
+                                       " ranks remain, fewer than min_replicas = " + std::to_string(options.min_replicas));
+    if (2 * kept <= had)
+      throw error(errc::peer_lost, "elastic: lost " + lost_words() + "; " + std::to_string(kept) + " of view " +
+                                       std::to_string(view_.epoch) + "'s " + std::to_string(had) +
+                                       " ranks remain, not a strict majority: the other side of a partition may go on, "
+                                       "so this side stops (docs/elastic.md)");
+    return next;
+  }
+
+  enum class outcome : std::uint8_t { pending, received, failed };
+
+  std::size_t position_of_request(const request* r) const {
+    std::size_t p = 0;
+    while (!proposals_[p] || &*proposals_[p] != r) ++p;
+    return p;
+  }
+
+  view view_;
+  int me_;
+  std::vector<std::optional<request>> proposals_;
+  std::vector<outcome> outcome_;
+  std::vector<std::vector<std::byte>> proposal_bytes_;
+  std::vector<request*> watched_;
+};
+
+}  // namespace gradwire::transport

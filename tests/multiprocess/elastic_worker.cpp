@@ -1,0 +1,181 @@
+// One rank of an elastic all-reduce job (aggregation::elastic_all_reduce), started by scripts/gradwire-run
+// --keep-going over loopback TCP (or UCX), for test_elastic.py.
+//
+//   elastic_worker shrink VICTIM STEP STEPS
+//       Trains STEPS steps of least squares with SGD. Rank VICTIM (-1: none) raises SIGKILL at
+//       the start of its step STEP, once every other rank has finished step STEP - 1 (each
+//       rank writes $GW_TEST_SYNC_DIR/done-R-K after its step K): a loss at a chosen point.
+//       Each survivor then checks its parameters against a float64 serial reference that
+//       sums every rank's gradients before step STEP and the survivors' from it on, and prints
+//         rank R: PASS view E members A,B,C lost V redone X hash H diff D
+//   elastic_worker train STEPS PACE_MS
+//       Trains STEPS steps of PACE_MS each, for a test that kills or stops ranks from outside
+//       (each rank writes its pid to $GW_TEST_SYNC_DIR/pid-R at the start, and step10-R after
+//       its step 10); survivors print the same PASS line without the reference check (diff -1).
+//
+// A rank that fails prints "rank R: EXPECTED <errc>: <what>" for peer_lost (the test says
+// whether that was expected) or "rank R: FAIL <what>", and exits 1.
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <gradwire/aggregation/elastic_all_reduce.hpp>
+#include <gradwire/asio.hpp>
+#include <gradwire/gradwire.hpp>
+#include <gradwire/support/fnv1a.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "helpers/least_squares.hpp"
+
+namespace gw = gradwire;
+using gw::testing::batch_data;
+using transport_type = gw::transport::asio_tcp;
+using strategy_type =
+    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, transport_type>;
+
+namespace {
+
+int my_rank = -1;
+const gw::testing::least_squares model{16, 4, 8};
+constexpr double learning_rate = 0.1;
+
+// Rank w's batch at step k, the same wherever it is computed.
+batch_data batch(int w, int k) {
+  std::mt19937_64 gen(1000003ull * static_cast<std::uint64_t>(k) + static_cast<std::uint64_t>(w) + 7);
+  return model.random_batch(gen);
+}
+
+std::vector<double> start_values(std::size_t tensor) {
+  std::vector<double> v(tensor == 0 ? model.outputs * model.inputs : model.outputs);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = tensor == 0 ? 0.1 * std::sin(double(i)) : 0.05 * double(i);
+  return v;
+}
+
+std::filesystem::path sync_dir() {
+  const char* d = std::getenv("GW_TEST_SYNC_DIR");
+  if (d == nullptr || *d == '\0') throw std::runtime_error("GW_TEST_SYNC_DIR is not set");
+  return d;
+}
+
+void mark_done(int rank, int step) { std::ofstream(sync_dir() / ("done-" + std::to_string(rank) + "-" + std::to_string(step))); }
+
+// A bounded poll of the files the other ranks write after each step.
+void await_others_done(int size, int victim, int step) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < size; ++r) {
+    if (r == victim) continue;
+    while (!std::filesystem::exists(sync_dir() / ("done-" + std::to_string(r) + "-" + std::to_string(step)))) {
+      if (std::chrono::steady_clock::now() > give_up) throw std::runtime_error("rank " + std::to_string(r) + " never finished step " + std::to_string(step));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+}
+
+// The float64 serial reference: SGD on the mean of the gradients of `in(k)` ranks at step k.
+template <class In>
+std::vector<std::vector<double>> reference(int size, int steps, In in) {
+  std::vector<std::vector<double>> p{start_values(0), start_values(1)};
+  for (int k = 0; k < steps; ++k) {
+    std::vector<std::vector<double>> sum{std::vector<double>(p[0].size()), std::vector<double>(p[1].size())};
+    int count = 0;
+    for (int w = 0; w < size; ++w) {
+      if (!in(w, k)) continue;
+      ++count;
+      const auto g = model.gradients<double>(p[0].data(), p[1].data(), batch(w, k));
+      for (std::size_t t = 0; t < 2; ++t)
+        for (std::size_t i = 0; i < sum[t].size(); ++i) sum[t][i] += g[t][i];
+    }
+    for (std::size_t t = 0; t < 2; ++t)
+      for (std::size_t i = 0; i < p[t].size(); ++i) p[t][i] -= learning_rate * sum[t][i] / count;
+  }
+  return p;
+}
+
+std::uint64_t hash_of(std::span<const gw::host_tensor<float>> params) {
+  gw::support::fnv1a h;
+  for (const auto& t : params) h.add(std::as_bytes(std::span<const float>(t.data(), t.size())));
+  return h.value();
+}
+
+std::string joined(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s.empty() ? "-" : s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (!((mode == "shrink" && argc == 5) || (mode == "train" && argc == 4))) {
+    std::fprintf(stderr, "usage: elastic_worker shrink VICTIM STEP STEPS | train STEPS PACE_MS\n");
+    return 2;
+  }
+  try {
+    transport_type t = gw::cluster::join_tcp();
+    my_rank = t.rank();
+    const int size = t.size();
+    std::vector<gw::host_tensor<float>> params;
+    for (std::size_t tensor = 0; tensor < 2; ++tensor) {
+      const auto v = start_values(tensor);
+      params.emplace_back(gw::shape{v.size()});
+      for (std::size_t i = 0; i < v.size(); ++i) params.back()[i] = my_rank == 0 ? float(v[i]) : 99.f;  // rank 0's win
+    }
+    strategy_type s(std::move(t), std::move(params), gw::optim::sgd({.lr = float(learning_rate)}));
+    const int victim = mode == "shrink" ? std::stoi(argv[2]) : -1;
+    const int lose_at = mode == "shrink" ? std::stoi(argv[3]) : -1;
+    const int steps = std::stoi(argv[mode == "shrink" ? 4 : 2]);
+    const int pace_ms = mode == "train" ? std::stoi(argv[3]) : 0;
+    if (mode == "train") std::ofstream(sync_dir() / ("pid-" + std::to_string(my_rank))) << getpid() << std::flush;
+    for (int k = 0; k < steps; ++k) {
+      if (mode == "train" && k == 11) std::ofstream(sync_dir() / ("step10-" + std::to_string(my_rank)));
+      if (my_rank == victim && k == lose_at) {
+        if (k > 0) await_others_done(size, victim, k - 1);
+        std::printf("rank %d: DYING at step %d\n", my_rank, k);
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      }
+      if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));  // stands for compute
+      const auto p = s.parameters();
+      s.step(model.gradients<float>(p[0].data(), p[1].data(), batch(my_rank, k)));
+      if (mode == "shrink") mark_done(my_rank, k);
+    }
+    double diff = -1;
+    if (mode == "shrink") {
+      const auto want = reference(size, steps, [&](int w, int k) { return w != victim || k < lose_at; });
+      diff = 0;
+      for (std::size_t tensor = 0; tensor < 2; ++tensor)
+        for (std::size_t i = 0; i < want[tensor].size(); ++i)
+          diff = std::max(diff, std::abs(double(s.parameters()[tensor][i]) - want[tensor][i]));
+      if (!(diff < 1e-5)) {
+        std::printf("rank %d: FAIL parameters differ from the float64 reference by %g\n", my_rank, diff);
+        return 1;
+      }
+    }
+    const auto& agent = s.aggregation();
+    std::printf("rank %d: PASS view %u members %s lost %s redone %llu hash %016llx diff %.3g\n", my_rank,
+                agent.view().epoch, joined(agent.view().members).c_str(), joined(agent.lost_ranks()).c_str(),
+                static_cast<unsigned long long>(agent.redone_steps()),
+                static_cast<unsigned long long>(hash_of(s.parameters())), diff);
+    std::fflush(stdout);
+  } catch (const gw::error& e) {
+    if (e.kind() == gw::errc::peer_lost) {
+      std::printf("rank %d: EXPECTED peer_lost: %s\n", my_rank, e.what());
+      std::fflush(stdout);
+      return 1;
+    }
+    std::printf("rank %d: FAIL %s\n", my_rank, e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::printf("rank %d: FAIL %s\n", my_rank, e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Elastic all-reduce in real processes (elastic_worker.cpp, over loopback TCP): a job that
+shrinks past a lost rank and goes on, its replicas bit-identical and equal to a float64
+reference over exactly the gradients the survivors summed; and one that fails, naming the
+lost rank, below min_replicas.
+
+usage: test_elastic.py GRADWIRE_RUN ELASTIC_WORKER [unittest args]
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from mp_support import poll_until, rank_lines
+
+LAUNCHER = WORKER = None
+RANKS = 4
+PASS = re.compile(r"rank (\d+): PASS view (\d+) members (\S+) lost (\S+) redone (\d+) hash ([0-9a-f]{16}) diff (\S+)")
+
+
+def passes(lines):
+    """{rank: (view, members, lost, redone, hash)} of the ranks that printed PASS."""
+    out = {}
+    for rank, ls in lines.items():
+        for l in ls:
+            m = PASS.match(l)
+            if m:
+                out[rank] = (int(m.group(2)), m.group(3), m.group(4), int(m.group(5)), m.group(6))
+    return out
+
+
+def start(args, sync, env=None):
+    e = dict(os.environ, GW_TEST_SYNC_DIR=sync, GRADWIRE_TIMEOUT="30", **(env or {}))
+    cmd = [LAUNCHER, "-n", str(RANKS), "--keep-going", "--", WORKER, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
+                            start_new_session=True)
+
+
+def finish(p, bound=120):
+    try:
+        out, _ = p.communicate(timeout=bound)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return out, rank_lines(out)
+
+
+def run(*args, env=None):
+    with tempfile.TemporaryDirectory(prefix="gw-elastic-") as sync:
+        return finish(start(args, sync, env))
+
+
+class Shrink(unittest.TestCase):
+    def assert_survived(self, out, lines, victim, redone=None):
+        got = passes(lines)
+        survivors = [r for r in range(RANKS) if r != victim]
+        self.assertEqual(sorted(got), survivors, out)
+        members = ",".join(str(r) for r in survivors)
+        for r in survivors:
+            view, m, lost, done, _ = got[r]
+            self.assertEqual((view, m, lost), (1, members, str(victim)), out)
+            if redone is not None:
+                self.assertEqual(done, redone, out)
+        self.assertEqual(len({got[r][4] for r in survivors}), 1, f"replicas differ after the loss:\n{out}")
+
+    def test_without_a_loss_every_step_sums_every_rank(self):
+        out, lines = run("shrink", "-1", "5", "12")
+        got = passes(lines)
+        self.assertEqual(sorted(got), list(range(RANKS)), out)
+        for r in range(RANKS):
+            self.assertEqual(got[r][:4], (0, "0,1,2,3", "-", 0), out)
+        self.assertEqual(len({v[4] for v in got.values()}), 1, out)
+
+    def check_loss_at_step(self, victim):
+        # The victim dies at the start of step 5, once the others have finished step 4: the
+        # survivors, waiting in step 5, agree on view 1 and sum their step-5 gradients again.
+        # The worker checks its parameters against the float64 reference itself (diff < 1e-5).
+        out, lines = run("shrink", str(victim), "5", "12")
+        self.assertIn(f"rank {victim}: DYING at step 5", out)
+        self.assert_survived(out, lines, victim, redone=1)
+
+    def test_loss_of_rank_0(self):
+        self.check_loss_at_step(0)
+
+    def test_loss_of_a_middle_rank(self):
+        self.check_loss_at_step(2)
+
+    def test_loss_of_the_last_rank(self):
+        self.check_loss_at_step(RANKS - 1)
+
+    def test_below_min_replicas_every_survivor_fails_naming_the_lost_rank(self):
+        out, lines = run("shrink", "1", "5", "12", env={"GRADWIRE_MIN_REPLICAS": "4"})
+        self.assertEqual(passes(lines), {}, out)
+        for r in (0, 2, 3):
+            said = "\n".join(lines.get(r, []))
+            self.assertIn(f"rank {r}: EXPECTED peer_lost: elastic: lost rank 1; 3 of view 0's 4 ranks remain, "
+                          "fewer than min_replicas = 4", said, out)
+
+    def test_min_replicas_that_is_not_a_number_is_refused(self):
+        out, lines = run("shrink", "-1", "5", "12", env={"GRADWIRE_MIN_REPLICAS": "three"})
+        for r in range(RANKS):
+            self.assertIn(f'rank {r}: FAIL GRADWIRE_MIN_REPLICAS="three": expected a positive integer',
+                          "\n".join(lines.get(r, [])), out)
+
+    def outside(self, victim, act, env=None):
+        """Runs `train` and applies act(pid) to `victim` once it has done 10 steps."""
+        with tempfile.TemporaryDirectory(prefix="gw-elastic-") as sync:
+            p = start(["train", "80", "20"], sync, env)
+            try:
+                pid_file = os.path.join(sync, f"pid-{victim}")
+                poll_until(lambda: os.path.exists(pid_file) and os.path.getsize(pid_file) > 0, 60, "the victim's pid")
+                poll_until(lambda: os.path.exists(os.path.join(sync, f"step10-{victim}")) or p.poll() is not None, 60,
+                           "the victim's step 10")
+                with open(pid_file) as f:
+                    act(int(f.read()))
+            except BaseException:
+                os.killpg(p.pid, signal.SIGKILL)
+                raise
+            return finish(p)
+
+    def test_kill_9_mid_run(self):
+        victim = 1
+        out, lines = self.outside(victim, lambda pid: os.kill(pid, signal.SIGKILL))
+        self.assertIn(f"rank {victim} was killed by SIGKILL", out)
+        self.assert_survived(out, lines, victim)
+
+    def test_sigstop_past_the_stall_timeout(self):
+        # A stopped process keeps its connections (its kernel answers): the survivors' waits
+        # give up after GRADWIRE_STALL_TIMEOUT, and the agreement suspects the silent rank
+        # after as long. Continued, it finds itself left out and stops, saying so.
+        victim = 2
+
+        def freeze(pid):
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(6)  # past the stall timeout and the agreement's wait (2 s each)
+            os.kill(pid, signal.SIGCONT)
+
+        out, lines = self.outside(victim, freeze, env={"GRADWIRE_STALL_TIMEOUT": "2"})
+        self.assert_survived(out, lines, victim)
+        said = "\n".join(lines.get(victim, []))
+        self.assertIn(f"rank {victim}: EXPECTED peer_lost", said, out)
+
+
+if __name__ == "__main__":
+    LAUNCHER, WORKER = sys.argv[1], sys.argv[2]
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
