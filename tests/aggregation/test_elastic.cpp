@@ -1,0 +1,306 @@
+// Elastic all-reduce's parts on asio_tcp ranks that are threads of this process: a view as a transport (its
+// members renumbered, its messages apart from every other view's), the survivors' agreement on the next view
+// (who is dropped, what each reported, when it refuses), and the interrupted step settled from a survivor that
+// had already applied it, bit-identical on every replica and equal to a float64 reference.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <gradwire/aggregation/elastic_all_reduce.hpp>
+#include <gradwire/asio.hpp>
+#include <gradwire/gradwire.hpp>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "helpers/errors.hpp"
+#include "helpers/event.hpp"
+
+namespace gw = gradwire;
+using gw::transport::asio_tcp;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::chrono::milliseconds patience = 10s;
+
+std::uint16_t free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+// Runs fn(t) on `ranks` asio_tcp ranks, one thread each; returns what each rank threw (or
+// nullptr). A rank that throws aborts its transport, as a failed process does: the others
+// lose it.
+std::vector<std::exception_ptr> run_job(int ranks, const std::function<void(asio_tcp&)>& fn) {
+  const std::uint16_t port = free_port();
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        gw::transport::asio_tcp_options o;
+        o.rank = r;
+        o.size = ranks;
+        o.job_token = "test-elastic";
+        o.store_port = port;
+        o.connect_timeout = patience;
+        asio_tcp t(o);
+        fn(t);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    if (e) std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return "";
+}
+
+struct lost_on_purpose : std::runtime_error {
+  lost_on_purpose() : std::runtime_error("lost on purpose") {}
+};
+
+// Until `t` has lost every rank of `ranks` (bounded). The engine reads only inside a wait:
+// a receive from each that nobody sends, waited for in short slices, lets it see them go.
+void await_lost(asio_tcp& t, const std::vector<int>& ranks) {
+  const auto give_up = gw::clock::now() + patience;
+  std::byte never[1];
+  std::vector<asio_tcp::request> probes;
+  for (int r : ranks) probes.push_back(t.async_recv(r, 12345, std::span(never)));
+  std::vector<asio_tcp::request*> pending;
+  for (auto& p : probes) pending.push_back(&p);
+  for (;;) {
+    const auto lost = t.lost_peers();
+    if (std::ranges::all_of(ranks, [&](int r) { return std::ranges::count(lost, r) > 0; })) return;
+    if (gw::clock::now() > give_up) throw std::runtime_error("the loss was never seen");
+    try {
+      const std::size_t i = t.wait_any(pending, gw::clock::now() + 20ms);
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));  // failed: its rank is lost
+    } catch (const gw::error& e) {
+      if (e.kind() != gw::errc::timeout) throw;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a view renumbers its members, and its messages never meet another view's", "[elastic]") {
+  const gw::transport::view whole = gw::transport::view::whole(3), pair{1, {0, 2}};
+  REQUIRE(whole.salt() != pair.salt());  // the two views this case runs apart
+  CHECK(pair.position_of(2) == 1);
+  CHECK(pair.position_of(1) == -1);
+  std::vector<float> got(3, -1.f);
+  const auto errors = run_job(3, [&](asio_tcp& t) {
+    const int me = t.rank();
+    if (me == 1) {
+      // A message of the whole job's view, with the tag the pair's first all-reduce will use.
+      gw::transport::view_transport<asio_tcp> all(t, whole);
+      float stray = 1000.f;
+      auto s = all.async_send(0, gw::collective::make_tag(1, 0), std::as_bytes(std::span(&stray, 1)));
+      all.wait(s, gw::clock::now() + patience);
+      return;
+    }
+    gw::collective::communicator<gw::transport::view_transport<asio_tcp>> comm(
+        gw::transport::view_transport<asio_tcp>(t, pair), {.timeout = patience});
+    CHECK(comm.size() == 2);
+    CHECK(comm.rank() == (me == 0 ? 0 : 1));
+    float v = static_cast<float>(me + 1);
+    gw::collective::all_reduce(comm, std::span(&v, 1));
+    got[static_cast<std::size_t>(me)] = v;
+  });
+  for (auto& e : errors) CHECK(what_of(e) == "");
+  CHECK(got[0] == 4.f);  // 1 + 3: rank 1's stray 1000 never matched
+  CHECK(got[2] == 4.f);
+}
+
+TEST_CASE("the survivors agree on the next view: the lost rank dropped, every report known to all", "[elastic]") {
+  constexpr int ranks = 4, victim = 3;
+  std::vector<gw::transport::next_view> next(ranks);
+  const auto errors = run_job(ranks, [&](asio_tcp& t) {
+    const int me = t.rank();
+    for (int p = 0; p < ranks; ++p)
+      if (p != me) t.tolerate_loss(p);
+    gw::transport::view_agreement<asio_tcp> agreement(t, gw::transport::view::whole(ranks));
+    if (me == victim) throw lost_on_purpose();
+    await_lost(t, {victim});
+    next[static_cast<std::size_t>(me)] = agreement.agree(
+        t, {.applied = 10u + static_cast<unsigned>(me), .denominator = 4}, {.min_replicas = 3, .timeout = patience});
+  });
+  CHECK_THAT(what_of(errors[victim]), Catch::Equals("lost on purpose"));
+  for (int r = 0; r < victim; ++r) {
+    INFO("rank " << r);
+    CHECK(what_of(errors[static_cast<std::size_t>(r)]) == "");
+    const auto& n = next[static_cast<std::size_t>(r)];
+    CHECK(n.members.epoch == 1);
+    CHECK(n.members.members == std::vector<int>{0, 1, 2});
+    CHECK(n.dropped == std::vector<int>{victim});
+    REQUIRE(n.reports.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) CHECK(n.reports[i] == gw::transport::member_report{10u + i, 4});
+  }
+}
+
+TEST_CASE("the agreement refuses a next view below min_replicas or without a strict majority, naming the lost",
+          "[elastic]") {
+  struct refusal {
+    int victims, min_replicas;
+    std::string words;
+  };
+  const auto [victims, min_replicas, words] =
+      GENERATE(refusal{1, 4, "elastic: lost rank 3; 3 of view 0's 4 ranks remain, fewer than min_replicas = 4"},
+               refusal{2, 1, "elastic: lost rank 2, rank 3; 2 of view 0's 4 ranks remain, not a strict majority"});
+  constexpr int ranks = 4;
+  std::vector<int> lost;
+  for (int v = ranks - victims; v < ranks; ++v) lost.push_back(v);
+  std::atomic<int> decided{0};
+  const auto errors = run_job(ranks, [&](asio_tcp& t) {
+    const int me = t.rank();
+    for (int p = 0; p < ranks; ++p)
+      if (p != me) t.tolerate_loss(p);
+    gw::transport::view_agreement<asio_tcp> agreement(t, gw::transport::view::whole(ranks));
+    if (me >= ranks - victims) throw lost_on_purpose();
+    await_lost(t, lost);
+    std::string refused;
+    try {
+      agreement.agree(t, {}, {.min_replicas = min_replicas, .timeout = patience});
+    } catch (const gw::error& e) {
+      refused = e.what();
+    }
+    // A rank that fails exits, and a survivor still in the agreement would lose it too:
+    // every survivor has decided before any leaves.
+    decided.fetch_add(1);
+    const auto give_up = std::chrono::steady_clock::now() + patience;
+    while (decided.load() < ranks - victims && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(1ms);  // a bounded poll of the other threads' count
+    if (!refused.empty()) throw std::runtime_error(refused);
+  });
+  for (int r = 0; r < ranks - victims; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(what_of(errors[static_cast<std::size_t>(r)]), Catch::StartsWith(words));
+  }
+}
+
+namespace {
+
+// asio_tcp whose rank `victim` sends the messages of view operation `cut` to rank `hidden`
+// under another tag (they arrive, and match nothing): rank `hidden` cannot finish that
+// operation while every other rank can. What a loss mid-all-reduce does to one survivor.
+struct cut_tcp {
+  using request = asio_tcp::request;
+  asio_tcp t;
+  int victim, hidden;
+  std::shared_ptr<std::atomic<std::uint64_t>> cut;  // the view operation's sequence number (0: none)
+
+  int rank() const { return t.rank(); }
+  int size() const { return t.size(); }
+  const gw::cluster::topology& topology() const { return t.topology(); }
+  request async_send(int peer, std::uint64_t tag, std::span<const std::byte> bytes) {
+    const std::uint64_t sequence = (tag & ((std::uint64_t{1} << gw::transport::view_tag_bits) - 1)) >> 16;
+    const bool hide = rank() == victim && peer == hidden && sequence != 0 && sequence == cut->load();
+    return t.async_send(peer, hide ? tag ^ (std::uint64_t{1} << 39) : tag, bytes);
+  }
+  request async_recv(int peer, std::uint64_t tag, std::span<std::byte> bytes) { return t.async_recv(peer, tag, bytes); }
+  void wait(request& r, gw::deadline until) { t.wait(r, until); }
+  std::size_t wait_any(std::span<request* const> rs, gw::deadline until) { return t.wait_any(rs, until); }
+  void tolerate_loss(int peer) { t.tolerate_loss(peer); }
+  std::vector<int> lost_peers() const { return t.lost_peers(); }
+};
+static_assert(gw::concepts::loss_tolerant_transport<cut_tcp> && gw::concepts::multiplexing_transport<cut_tcp>);
+
+}  // namespace
+
+TEST_CASE("a step one survivor applied before the loss is applied by the others from its sums, bit-identical",
+          "[elastic]") {
+  // 3 ranks, plain SGD on fixed gradients. Rank 2 hides its step-`at` messages from rank 1
+  // and is lost once rank 0 has applied that step (over all three ranks' gradients; lost
+  // earlier, its messages not yet read would go with it), while rank 1 could not. Rank 1 must apply rank 0's sums of step `at` with
+  // scale 1/3, then both sum steps after it without rank 2, scale 1/2.
+  constexpr int ranks = 3, victim = 2, steps = 8, at = 4;
+  const std::vector<std::size_t> sizes{40, 7};
+  constexpr float lr = 0.25f;
+  auto gradient = [](int step, int rank, std::size_t tensor, std::size_t i) {
+    return static_cast<float>(0.125 * double((step * 7 + rank * 3 + int(tensor) * 5 + int(i)) % 11) - 0.5);
+  };
+  auto start = [](std::size_t tensor, std::size_t i) { return static_cast<float>(0.5 * double(i % 5) - double(tensor)); };
+
+  std::vector<std::vector<std::vector<float>>> finals(ranks);
+  std::vector<std::uint64_t> redone(ranks), epochs(ranks);
+  auto cut = std::make_shared<std::atomic<std::uint64_t>>(0);
+  gw::testing::event rank0_applied;
+  const auto port = free_port();
+  std::vector<std::exception_ptr> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        gw::transport::asio_tcp_options o;
+        o.rank = r;
+        o.size = ranks;
+        o.job_token = "test-elastic-take";
+        o.store_port = port;
+        o.connect_timeout = patience;
+        std::vector<gw::host_tensor<float>> params;
+        for (std::size_t t = 0; t < sizes.size(); ++t) {
+          params.emplace_back(gw::shape{sizes[t]});
+          for (std::size_t i = 0; i < sizes[t]; ++i) params.back()[i] = start(t, i);
+        }
+        gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, cut_tcp> s(
+            cut_tcp{asio_tcp(o), victim, 1, cut}, std::move(params), gw::optim::sgd({.lr = lr}),
+            gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}),
+            {.timeout = patience});
+        for (int k = 0; k < steps; ++k) {
+          if (r == victim && k == at) cut->store(static_cast<std::uint64_t>(at) + 1);  // the view's operation of step `at`
+          std::vector<std::vector<float>> g(sizes.size());
+          for (std::size_t t = 0; t < sizes.size(); ++t)
+            for (std::size_t i = 0; i < sizes[t]; ++i) g[t].push_back(gradient(k, r, t, i));
+          s.step(g);
+          if (r == 0 && k == at) rank0_applied.raise();
+          if (r == victim && k == at) {
+            rank0_applied.await("rank 0 to apply step `at`");
+            throw lost_on_purpose();
+          }
+        }
+        for (const auto& p : s.parameters()) finals[static_cast<std::size_t>(r)].emplace_back(p.data(), p.data() + p.size());
+        redone[static_cast<std::size_t>(r)] = s.aggregation().redone_steps();
+        epochs[static_cast<std::size_t>(r)] = s.aggregation().view().epoch;
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK_THAT(what_of(errors[victim]), Catch::Equals("lost on purpose"));
+  REQUIRE(what_of(errors[0]) == "");
+  REQUIRE(what_of(errors[1]) == "");
+
+  // The float64 reference: every rank's gradients through step `at`, the survivors' after.
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      double p = start(t, i);
+      for (int k = 0; k < steps; ++k) {
+        const int in = k <= at ? ranks : ranks - 1;
+        double sum = 0;
+        for (int w = 0; w < in; ++w) sum += gradient(k, w, t, i);
+        p -= double(lr) * sum / in;
+      }
+      INFO("tensor " << t << " element " << i);
+      CHECK(finals[0][t][i] == Approx(p).margin(1e-5));
+    }
+  CHECK(finals[0] == finals[1]);  // bit for bit
+  CHECK(epochs[0] == 1);
+  CHECK(epochs[1] == 1);
+  CHECK(redone[0] == 1);  // rank 0 summed step at + 1 again in view 1
+  CHECK(redone[1] == 0);  // rank 1 took step `at` from rank 0
+}
