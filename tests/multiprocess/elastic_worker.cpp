@@ -1,5 +1,5 @@
 // One rank of an elastic all-reduce job (aggregation::elastic_all_reduce), started by scripts/gradwire-run
-// --keep-going over loopback TCP (or UCX), for test_elastic.py.
+// --keep-going over loopback TCP or UCX, for test_elastic.py.
 //
 //   elastic_worker shrink VICTIM STEP STEPS
 //       Trains STEPS steps of least squares with SGD. Rank VICTIM (-1: none) raises SIGKILL at
@@ -24,6 +24,9 @@
 #include <fstream>
 #include <gradwire/aggregation/elastic_all_reduce.hpp>
 #include <gradwire/asio.hpp>
+#if GRADWIRE_TEST_UCX
+#include <gradwire/ucx.hpp>
+#endif
 #include <gradwire/gradwire.hpp>
 #include <gradwire/support/fnv1a.hpp>
 #include <random>
@@ -36,7 +39,14 @@
 
 namespace gw = gradwire;
 using gw::testing::batch_data;
+// Built twice: over Boost.Asio TCP (elastic_worker) and UCX (elastic_worker_ucx).
+#if GRADWIRE_TEST_UCX
+using transport_type = gw::transport::ucx;
+transport_type join_job() { return gw::cluster::join_ucx(); }
+#else
 using transport_type = gw::transport::asio_tcp;
+transport_type join_job() { return gw::cluster::join_tcp(); }
+#endif
 using strategy_type =
     gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, transport_type>;
 
@@ -119,7 +129,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    transport_type t = gw::cluster::join_tcp();
+    transport_type t = join_job();
     my_rank = t.rank();
     const int size = t.size();
     std::vector<gw::host_tensor<float>> params;
