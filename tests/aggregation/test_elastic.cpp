@@ -108,28 +108,32 @@ TEST_CASE("a view renumbers its members, and its messages never meet another vie
   CHECK(pair.salt() != gw::transport::view{1, {1, 2}}.salt());
   CHECK(pair.position_of(2) == 1);
   CHECK(pair.position_of(1) == -1);
-  std::vector<float> got(3, -1.f);
+  constexpr std::size_t n = 1000;  // a ring over two ranks: parts of 500 floats
+  std::vector<std::vector<float>> got(3);
   const auto errors = run_job(3, [&](asio_tcp& t) {
     const int me = t.rank();
-    if (me == 1) {
-      // A message of the whole job's view, with the tag the pair's first all-reduce will use.
+    if (me == 1) return;  // not in the pair
+    if (me == 2) {
+      // Leftovers of an abandoned view: messages of the whole job's view to rank 0, each
+      // with a tag and size the pair's first all-reduce uses.
       gw::transport::view_transport<asio_tcp> all(t, whole);
-      float stray = 1000.f;
-      auto s = all.async_send(0, gw::collective::make_tag(1, 0), std::as_bytes(std::span(&stray, 1)));
-      all.wait(s, gw::clock::now() + patience);
-      return;
+      std::vector<float> stray(n / 2, 1000.f);
+      for (std::uint32_t step = 0; step < 4; ++step) {
+        auto s = all.async_send(0, gw::collective::make_tag(1, step), std::as_bytes(std::span(stray)));
+        all.wait(s, gw::clock::now() + patience);
+      }
     }
     gw::collective::communicator<gw::transport::view_transport<asio_tcp>> comm(
         gw::transport::view_transport<asio_tcp>(t, pair), {.timeout = patience});
     CHECK(comm.size() == 2);
     CHECK(comm.rank() == (me == 0 ? 0 : 1));
-    float v = static_cast<float>(me + 1);
-    gw::collective::all_reduce(comm, std::span(&v, 1));
+    std::vector<float> v(n, static_cast<float>(me + 1));
+    gw::collective::all_reduce<gw::collective::ring>(comm, std::span(v));
     got[static_cast<std::size_t>(me)] = v;
   });
   for (auto& e : errors) CHECK(what_of(e) == "");
-  CHECK(got[0] == 4.f);  // 1 + 3: rank 1's stray 1000 never matched
-  CHECK(got[2] == 4.f);
+  CHECK(got[0] == std::vector<float>(n, 4.f));  // 1 + 3: none of the strays matched
+  CHECK(got[2] == std::vector<float>(n, 4.f));
 }
 
 TEST_CASE("the survivors agree on the next view: the lost rank dropped, every report known to all", "[elastic]") {
@@ -377,4 +381,40 @@ TEST_CASE("in the simulator, a rank that dies at a virtual time is dropped and t
   }
   INFO("the survivors' parameters match the reference that leaves rank " << victim << " out from step " << matched);
   CHECK(matched > 0);
+}
+
+TEST_CASE("elastic_all_reduce refuses options it cannot honour, naming them", "[elastic]") {
+  namespace agg = gw::aggregation;
+  using gw::testing::error_of;
+  const auto [kind, what] = GENERATE(
+      std::pair{0, std::string("elastic_options::min_replicas = -1: must be positive (0: GRADWIRE_MIN_REPLICAS, else 1)")},
+      std::pair{1, std::string("elastic_options::suspect_after must not be negative")},
+      std::pair{2, std::string("elastic_options::bucket_bytes = 0: a bucket must hold something")});
+  CAPTURE(what);
+  agg::elastic_options o;
+  if (kind == 0) o.min_replicas = -1;
+  if (kind == 1) o.suspect_after = -1ms;
+  if (kind == 2) o.bucket_bytes = 0;
+  const auto [errc, message] = error_of([&] { agg::elastic_all_reduce p(o); });
+  CHECK(errc == gw::errc::invalid_argument);
+  CHECK_THAT(message, Catch::StartsWith(what));
+}
+
+TEST_CASE("elastic_all_reduce refuses a min_replicas above the job's size on every rank at construction", "[elastic]") {
+  namespace sim = gw::simulation;
+  std::vector<gw::testing::outcome> outcomes(2);
+  sim::run(sim::parse_cluster_model("hosts=2"), [&](gw::transport::simulated t) {
+    const int r = t.rank();
+    outcomes[static_cast<std::size_t>(r)] = gw::testing::outcome_of([&] {
+      std::vector<gw::host_tensor<float>> params;
+      params.emplace_back(gw::shape{4});
+      gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, gw::transport::simulated>
+          s(std::move(t), std::move(params), gw::optim::sgd(),
+            gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 3}));
+    });
+  });
+  for (const auto& o : outcomes) {
+    CHECK(o.kind == gw::errc::config);
+    CHECK_THAT(o.what, Catch::StartsWith("elastic_all_reduce: min_replicas = 3 but the job has 2 ranks"));
+  }
 }

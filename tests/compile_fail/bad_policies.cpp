@@ -107,6 +107,11 @@ using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, aggregation_namin
 #elif CASE == 10
 using S = gw::parameter_server<gw::host_tensor<float>, optimizer_without_set_lr, gw::ps::sync>;
 void serve(S& s) { s.serve(schedule); }
+#elif CASE == 11
+// Elastic all-reduce over a transport that cannot go on without a lost peer.
+#include <gradwire/aggregation/elastic_all_reduce.hpp>
+using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, gw::transport::inproc>;
+static_assert(sizeof(S) > 0);
 #endif
 
 int main() { return sizeof(S) > 0 ? 0 : 1; }
