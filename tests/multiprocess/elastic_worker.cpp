@@ -11,7 +11,12 @@
 //   elastic_worker train STEPS PACE_MS
 //       Trains STEPS steps of PACE_MS each, for a test that kills or stops ranks from outside
 //       (each rank writes its pid to $GW_TEST_SYNC_DIR/pid-R at the start, and step10-R after
-//       its step 10); survivors print the same PASS line without the reference check (diff -1).
+//       its step 10). When a step completes in a new view, a survivor prints
+//         rank R: RECOVERED view E step K at NS
+//       (NS: the steady clock, CLOCK_MONOTONIC, in ns: a harness on the same machine subtracts
+//       the time it killed the rank). With one rank lost, the survivor then looks for the step
+//       from which the float64 reference leaves that rank out and matches its parameters, and
+//       prints the same PASS line with that reference's diff and " cut K" (K -1: none matched).
 //
 // A rank that fails prints "rank R: EXPECTED <errc>: <what>" for peer_lost (the test says
 // whether that was expected) or "rank R: FAIL <what>", and exits 1.
@@ -144,6 +149,7 @@ int main(int argc, char** argv) {
     const int steps = std::stoi(argv[mode == "shrink" ? 4 : 2]);
     const int pace_ms = mode == "train" ? std::stoi(argv[3]) : 0;
     if (mode == "train") std::ofstream(sync_dir() / ("pid-" + std::to_string(my_rank))) << getpid() << std::flush;
+    std::uint32_t epoch = 0;
     for (int k = 0; k < steps; ++k) {
       if (mode == "train" && k == 11) std::ofstream(sync_dir() / ("step10-" + std::to_string(my_rank)));
       if (my_rank == victim && k == lose_at) {
@@ -156,24 +162,45 @@ int main(int argc, char** argv) {
       const auto p = s.parameters();
       s.step(model.gradients<float>(p[0].data(), p[1].data(), batch(my_rank, k)));
       if (mode == "shrink") mark_done(my_rank, k);
+      if (s.aggregation().view().epoch != epoch) {
+        epoch = s.aggregation().view().epoch;
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch()).count();
+        std::printf("rank %d: RECOVERED view %u step %d at %lld\n", my_rank, epoch, k, static_cast<long long>(ns));
+        std::fflush(stdout);
+      }
     }
-    double diff = -1;
-    if (mode == "shrink") {
-      const auto want = reference(size, steps, [&](int w, int k) { return w != victim || k < lose_at; });
-      diff = 0;
+    auto diff_from = [&](const std::vector<std::vector<double>>& want) {
+      double d = 0;
       for (std::size_t tensor = 0; tensor < 2; ++tensor)
         for (std::size_t i = 0; i < want[tensor].size(); ++i)
-          diff = std::max(diff, std::abs(double(s.parameters()[tensor][i]) - want[tensor][i]));
+          d = std::max(d, std::abs(double(s.parameters()[tensor][i]) - want[tensor][i]));
+      return d;
+    };
+    double diff = -1;
+    int cut = -1;
+    if (mode == "shrink") {
+      diff = diff_from(reference(size, steps, [&](int w, int k) { return w != victim || k < lose_at; }));
       if (!(diff < 1e-5)) {
         std::printf("rank %d: FAIL parameters differ from the float64 reference by %g\n", my_rank, diff);
         return 1;
       }
     }
     const auto& agent = s.aggregation();
-    std::printf("rank %d: PASS view %u members %s lost %s redone %llu hash %016llx diff %.3g\n", my_rank,
+    if (mode == "train" && agent.lost_ranks().size() == 1) {
+      const int lost = agent.lost_ranks()[0];
+      for (int c = 0; c <= steps && cut < 0; ++c) {
+        const double d = diff_from(reference(size, steps, [&](int w, int k) { return w != lost || k < c; }));
+        if (d < 1e-5) {
+          cut = c;
+          diff = d;
+        }
+      }
+    }
+    std::printf("rank %d: PASS view %u members %s lost %s redone %llu hash %016llx diff %.3g cut %d\n", my_rank,
                 agent.view().epoch, joined(agent.view().members).c_str(), joined(agent.lost_ranks()).c_str(),
                 static_cast<unsigned long long>(agent.redone_steps()),
-                static_cast<unsigned long long>(hash_of(s.parameters())), diff);
+                static_cast<unsigned long long>(hash_of(s.parameters())), diff, cut);
     std::fflush(stdout);
   } catch (const gw::error& e) {
     if (e.kind() == gw::errc::peer_lost) {

@@ -19,17 +19,18 @@ from mp_support import poll_until, rank_lines
 
 LAUNCHER = WORKER = None
 RANKS = 4
-PASS = re.compile(r"rank (\d+): PASS view (\d+) members (\S+) lost (\S+) redone (\d+) hash ([0-9a-f]{16}) diff (\S+)")
+PASS = re.compile(r"rank (\d+): PASS view (\d+) members (\S+) lost (\S+) redone (\d+) hash ([0-9a-f]{16}) diff (\S+) "
+                  r"cut (-?\d+)")
 
 
 def passes(lines):
-    """{rank: (view, members, lost, redone, hash)} of the ranks that printed PASS."""
+    """{rank: (view, members, lost, redone, hash, cut)} of the ranks that printed PASS."""
     out = {}
     for rank, ls in lines.items():
         for l in ls:
             m = PASS.match(l)
             if m:
-                out[rank] = (int(m.group(2)), m.group(3), m.group(4), int(m.group(5)), m.group(6))
+                out[rank] = (int(m.group(2)), m.group(3), m.group(4), int(m.group(5)), m.group(6), int(m.group(8)))
     return out
 
 
@@ -62,7 +63,7 @@ class Shrink(unittest.TestCase):
         self.assertEqual(sorted(got), survivors, out)
         members = ",".join(str(r) for r in survivors)
         for r in survivors:
-            view, m, lost, done, _ = got[r]
+            view, m, lost, done, _, _ = got[r]
             self.assertEqual((view, m, lost), (1, members, str(victim)), out)
             if redone is not None:
                 self.assertEqual(done, redone, out)
@@ -128,11 +129,19 @@ class Shrink(unittest.TestCase):
                 raise
             return finish(p)
 
+    def assert_matches_a_reference(self, out, lines, victim):
+        """The survivors of a loss at an unknown step: each found the step from which the
+        float64 reference without the victim matches its parameters, the same one, mid-run."""
+        cuts = {v[5] for r, v in passes(lines).items() if r != victim}
+        self.assertEqual(len(cuts), 1, out)
+        self.assertTrue(10 < cuts.pop() < 80, out)
+
     def test_kill_9_mid_run(self):
         victim = 1
         out, lines = self.outside(victim, lambda pid: os.kill(pid, signal.SIGKILL))
         self.assertIn(f"rank {victim} was killed by SIGKILL", out)
         self.assert_survived(out, lines, victim)
+        self.assert_matches_a_reference(out, lines, victim)
 
     def test_sigstop_past_the_stall_timeout(self):
         # A stopped process keeps its connections (its kernel answers): the survivors' waits
@@ -147,6 +156,7 @@ class Shrink(unittest.TestCase):
 
         out, lines = self.outside(victim, freeze, env={"GRADWIRE_STALL_TIMEOUT": "2"})
         self.assert_survived(out, lines, victim)
+        self.assert_matches_a_reference(out, lines, victim)
         said = "\n".join(lines.get(victim, []))
         self.assertIn(f"rank {victim}: EXPECTED peer_lost", said, out)
 
