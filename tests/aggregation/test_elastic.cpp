@@ -12,6 +12,7 @@
 #include <gradwire/aggregation/elastic_all_reduce.hpp>
 #include <gradwire/asio.hpp>
 #include <gradwire/gradwire.hpp>
+#include <gradwire/training/elastic_sampler.hpp>
 #include <gradwire/transport/simulated.hpp>
 #include <memory>
 #include <random>
@@ -247,6 +248,7 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
 
   std::vector<std::vector<std::vector<float>>> finals(ranks);
   std::vector<std::uint64_t> redone(ranks), epochs(ranks);
+  std::vector<gw::transport::view> last_views(ranks);
   auto cut = std::make_shared<std::atomic<std::uint64_t>>(0);
   gw::testing::event rank0_applied;
   const auto port = free_port();
@@ -284,6 +286,7 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
         }
         for (const auto& p : s.parameters()) finals[static_cast<std::size_t>(r)].emplace_back(p.data(), p.data() + p.size());
         redone[static_cast<std::size_t>(r)] = s.aggregation().redone_steps();
+        last_views[static_cast<std::size_t>(r)] = s.aggregation().last_step_view();
         epochs[static_cast<std::size_t>(r)] = s.aggregation().view().epoch;
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -312,6 +315,9 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
   CHECK(epochs[1] == 1);
   CHECK(redone[0] == 1);  // rank 0 summed step at + 1 again in view 1
   CHECK(redone[1] == 0);  // rank 1 took step `at` from rank 0
+  // Both summed their last steps over view 1's members.
+  CHECK(last_views[0] == gw::transport::view{1, {0, 1}});
+  CHECK(last_views[1] == gw::transport::view{1, {0, 1}});
 }
 
 TEST_CASE("in the simulator, a rank that dies at a virtual time is dropped and the survivors go on bit-identical",
@@ -417,4 +423,64 @@ TEST_CASE("elastic_all_reduce refuses a min_replicas above the job's size on eve
     CHECK(o.kind == gw::errc::config);
     CHECK_THAT(o.what, Catch::StartsWith("elastic_all_reduce: min_replicas = 3 but the job has 2 ranks"));
   }
+}
+
+TEST_CASE("elastic_sampler: however the views change, an epoch applies each sample at most once and every one but "
+          "less than a global batch",
+          "[elastic]") {
+  // A job of 5 replicas that loses ranks at random steps, some of them mid-step (their share
+  // not summed); every replica keeps its own sampler and feeds it the same facts.
+  const std::uint64_t seed = GENERATE(1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u);
+  CAPTURE(seed);
+  constexpr std::size_t samples = 1003, batch = 8;
+  std::mt19937_64 gen(seed);
+  gw::training::elastic_sampler a(samples, batch, 42), b(samples, batch, 42);
+  gw::transport::view partition = gw::transport::view::whole(5);
+  for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+    a.begin_epoch(epoch);
+    b.begin_epoch(epoch);
+    std::size_t steps = 0;
+    while (a.has_step(partition)) {
+      REQUIRE(b.has_step(partition));
+      // Every member's share is its own slice of one global batch: disjoint, and the same on
+      // every replica's sampler.
+      std::vector<std::size_t> read;
+      for (int r : partition.members) {
+        const auto share = a.share(partition, r);
+        CHECK(std::ranges::equal(share, b.share(partition, r)));
+        read.insert(read.end(), share.begin(), share.end());
+      }
+      std::ranges::sort(read);
+      CHECK(std::adjacent_find(read.begin(), read.end()) == read.end());
+      // One step in ten loses a member (never below 2) before the step is summed.
+      std::vector<int> summed = partition.members;
+      if (partition.size() > 2 && gen() % 10 == 0) summed.erase(summed.begin() + static_cast<std::ptrdiff_t>(gen() % summed.size()));
+      a.step_applied(partition, summed);
+      b.step_applied(partition, summed);
+      partition = gw::transport::view{partition.epoch + (summed.size() < partition.members.size() ? 1u : 0u), summed};
+      ++steps;
+    }
+    CHECK(a.left() < batch * static_cast<std::size_t>(partition.size()));
+    std::size_t once = 0;
+    for (std::uint32_t c : a.spent()) {
+      CHECK(c <= 1);
+      once += c;
+    }
+    CHECK(once + a.left() == samples);  // none lost, none twice
+    CHECK(std::ranges::equal(a.spent(), b.spent()));
+    CHECK(steps > 0);
+  }
+}
+
+TEST_CASE("elastic_sampler refuses a share it cannot give, naming why", "[elastic]") {
+  gw::training::elastic_sampler s(10, 4, 1);
+  s.begin_epoch(0);
+  const gw::transport::view two = gw::transport::view::whole(2);
+  CHECK_THAT(gw::testing::error_of([&] { (void)s.share(gw::transport::view{0, {0, 1}}, 5); }).second,
+             Catch::StartsWith("elastic_sampler: rank 5 is not in the step's partition view"));
+  s.step_applied(two, std::vector<int>{0, 1});
+  CHECK(!s.has_step(two));  // 2 left, a global batch is 8
+  CHECK_THAT(gw::testing::error_of([&] { (void)s.share(two, 0); }).second,
+             Catch::StartsWith("elastic_sampler: rank 0 asked for a share past the epoch's end"));
+  CHECK(gw::testing::error_of([] { gw::training::elastic_sampler(10, 0, 1); }).first == gw::errc::invalid_argument);
 }

@@ -140,6 +140,7 @@ class elastic_all_reduce_agent {
     grads_.assign(layout_.total(), V(0));
     for (auto& s : sums_) s.assign(layout_.total(), V(0));
     start_view(comm, transport::view::whole(n));
+    last_step_view_ = view();
   }
 
   void begin_step(collective::communicator<Tr>& comm) { view_comm_->transport().rebind(comm.transport()); }
@@ -164,7 +165,7 @@ class elastic_all_reduce_agent {
         ++redone_;
         continue;
       }
-      apply_sums(apply, sums, static_cast<std::uint32_t>(view_comm_->size()));
+      apply_sums(apply, sums, view());
       return;
     }
   }
@@ -177,20 +178,27 @@ class elastic_all_reduce_agent {
   std::uint64_t redone_steps() const noexcept { return redone_; }
   // Steps applied since setup (a learning-rate schedule's input).
   std::uint64_t applying_step() const noexcept { return applied_; }
+  // The view whose members' gradients the latest applied step summed: the partition of the
+  // next step's data (training/elastic_sampler.hpp). The current view, except on a rank
+  // that took the interrupted step from another: that step summed the old view's.
+  const transport::view& last_step_view() const noexcept { return last_step_view_; }
 
  private:
   // A member lost, or silent past a timeout (a stopped process, a stall timeout): the
   // agreement finds out which.
   static bool recoverable(const error& e) noexcept { return e.kind() == errc::peer_lost || e.kind() == errc::timeout; }
 
+  // Applies `sums`, the sum over the members of `summed`.
   template <class Apply>
-  void apply_sums(Apply& apply, std::span<const V> sums, std::uint32_t denominator) {
+  void apply_sums(Apply& apply, std::span<const V> sums, const transport::view& summed) {
+    const auto denominator = static_cast<std::uint32_t>(summed.size());
     const V scale = V(1) / static_cast<V>(denominator);
     for (std::size_t p = 0; p < layout_.tensor_count(); ++p) {
       const std::size_t i = layout_.order()[p];
       apply(i, layout_.slice(sums, i), scale);
     }
     last_denominator_ = denominator;
+    last_step_view_ = summed;
     ++applied_;
   }
 
@@ -208,6 +216,7 @@ class elastic_all_reduce_agent {
   // when every survivor sums its own gradients of the step again.
   template <class Apply>
   bool recover(collective::communicator<Tr>& comm, const error& cause, Apply& apply) {
+    const transport::view began = view();  // where this rank's step was being summed
     for (;;) {
       const transport::view old = view();
       const transport::next_view next =
@@ -235,7 +244,6 @@ class elastic_all_reduce_agent {
       // its sums (the previous step's buffer, untouched by the step it has begun since).
       int root = 0;
       while (next.reports[static_cast<std::size_t>(root)].applied != ahead) ++root;
-      const std::uint32_t denominator = next.reports[static_cast<std::size_t>(root)].denominator;
       std::vector<V>& sums = sums_[(ahead - 1) % 2];
       try {
         collective::broadcast(*view_comm_, std::span<V>(sums), root);
@@ -244,7 +252,16 @@ class elastic_all_reduce_agent {
         continue;  // lost again meanwhile: agree on the view after this one
       }
       if (applied_ == ahead) return false;  // this rank sent them, and redoes the step it has begun
-      apply_sums(apply, sums, denominator);
+      // The sums are over the view in which this rank was summing the step (all of its
+      // members contributed, or no survivor could have finished it); the survivor that
+      // applied them reports that view's size.
+      if (static_cast<std::uint32_t>(began.size()) != next.reports[static_cast<std::size_t>(root)].denominator)
+        throw error(errc::protocol, "elastic: rank " + std::to_string(comm.rank()) + " took step " + std::to_string(applied_) +
+                                        "'s sums over " +
+                                        std::to_string(next.reports[static_cast<std::size_t>(root)].denominator) +
+                                        " ranks, but it was summing that step in view " + std::to_string(began.epoch) +
+                                        " of " + std::to_string(began.size()));
+      apply_sums(apply, sums, began);
       return true;
     }
   }
@@ -257,6 +274,7 @@ class elastic_all_reduce_agent {
   std::vector<V> sums_[2];  // step s's sums in sums_[s % 2]: the previous step's stay while this one runs
   std::uint64_t applied_ = 0;
   std::uint32_t last_denominator_ = 0;
+  transport::view last_step_view_;
   std::uint64_t redone_ = 0;
   std::vector<int> lost_;
   std::unique_ptr<agreement> agreement_;
