@@ -320,11 +320,14 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
   CHECK(last_views[1] == gw::transport::view{1, {0, 1}});
 }
 
-TEST_CASE("in the simulator, a rank that dies at a virtual time is dropped and the survivors go on bit-identical",
-          "[elastic]") {
-  // die=2@T: rank 2 is gone from virtual time T (mid-run: each step computes 1 ms). The
-  // survivors agree on view 1 and go on; their parameters equal the float64 reference that
-  // sums rank 2's gradients up to some step and not after, the same step for all of them.
+TEMPLATE_TEST_CASE("in the simulator, a rank that dies at a virtual time is dropped and the survivors go on "
+                   "bit-identical",
+                   "[elastic]", gw::collective::auto_, gw::collective::ring, gw::collective::halving_doubling,
+                   gw::collective::hierarchical) {
+  // die=R@T: rank R is gone from virtual time T (mid-run: each step computes 1 ms), on 2
+  // hosts of 2 ranks. The survivors agree on view 1 and go on, each algorithm planned again
+  // for 3 ranks (the hierarchical one for hosts of 2 and 1); their parameters equal the
+  // float64 reference that sums R's gradients up to some step and not after.
   namespace sim = gw::simulation;
   constexpr int ranks = 4, steps = 30;
   constexpr float lr = 0.125f;
@@ -332,8 +335,8 @@ TEST_CASE("in the simulator, a rank that dies at a virtual time is dropped and t
   auto gradient = [](int step, int rank, std::size_t i) {
     return static_cast<float>(0.0625 * double((step * 5 + rank * 7 + int(i)) % 13) - 0.375);
   };
-  const auto model = GENERATE(as<std::string>{}, "hosts=4 latency=50us bandwidth=1Gbit die=2@10500us",
-                              "hosts=4 latency=50us bandwidth=1Gbit die=0@4200us");
+  const auto model = GENERATE(as<std::string>{}, "hosts=2 ranks_per_host=2 latency=50us bandwidth=1Gbit die=2@10500us",
+                              "hosts=2 ranks_per_host=2 latency=50us bandwidth=1Gbit die=0@4200us");
   const int victim = model.find("die=0") != std::string::npos ? 0 : 2;
   CAPTURE(model);
   std::vector<std::vector<float>> finals(ranks);
@@ -343,9 +346,9 @@ TEST_CASE("in the simulator, a rank that dies at a virtual time is dropped and t
     const int r = t.rank();
     std::vector<gw::host_tensor<float>> params;
     params.emplace_back(gw::shape{n});
-    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, gw::transport::simulated>
-        s(std::move(t), std::move(params), gw::optim::sgd({.lr = lr}),
-          gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 3}));
+    using elastic = gw::aggregation::elastic_all_reduce_with<TestType>;
+    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, elastic, gw::transport::simulated> s(
+        std::move(t), std::move(params), gw::optim::sgd({.lr = lr}), elastic(gw::aggregation::elastic_options{.min_replicas = 3}));
     for (int k = 0; k < steps; ++k) {
       sim::compute(std::chrono::milliseconds(1));
       std::vector<float> g(n);
