@@ -248,7 +248,7 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
 
   std::vector<std::vector<std::vector<float>>> finals(ranks);
   std::vector<std::uint64_t> redone(ranks), epochs(ranks);
-  std::vector<gw::transport::view> last_views(ranks);
+  std::vector<gw::transport::view> last_views(ranks), at_step(ranks);
   auto cut = std::make_shared<std::atomic<std::uint64_t>>(0);
   gw::testing::event rank0_applied;
   const auto port = free_port();
@@ -278,6 +278,7 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
           for (std::size_t t = 0; t < sizes.size(); ++t)
             for (std::size_t i = 0; i < sizes[t]; ++i) g[t].push_back(gradient(k, r, t, i));
           s.step(g);
+          if (k == at) at_step[static_cast<std::size_t>(r)] = s.aggregation().last_step_view();
           if (r == 0 && k == at) rank0_applied.raise();
           if (r == victim && k == at) {
             rank0_applied.await("rank 0 to apply step `at`");
@@ -315,7 +316,11 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
   CHECK(epochs[1] == 1);
   CHECK(redone[0] == 1);  // rank 0 summed step at + 1 again in view 1
   CHECK(redone[1] == 0);  // rank 1 took step `at` from rank 0
-  // Both summed their last steps over view 1's members.
+  // Step `at` summed view 0's three ranks on both, rank 1 included although its view was
+  // view 1 by the time it applied it (the next step's data is partitioned by view 0's), and
+  // their last steps view 1's two.
+  CHECK(at_step[0] == gw::transport::view::whole(3));
+  CHECK(at_step[1] == gw::transport::view::whole(3));
   CHECK(last_views[0] == gw::transport::view{1, {0, 1}});
   CHECK(last_views[1] == gw::transport::view{1, {0, 1}});
 }
