@@ -7,6 +7,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <gradwire/aggregation/elastic_all_reduce.hpp>
@@ -491,4 +492,47 @@ TEST_CASE("elastic_sampler refuses a share it cannot give, naming why", "[elasti
   CHECK_THAT(gw::testing::error_of([&] { (void)s.share(two, 0); }).second,
              Catch::StartsWith("elastic_sampler: rank 0 asked for a share past the epoch's end"));
   CHECK(gw::testing::error_of([] { gw::training::elastic_sampler(10, 0, 1); }).first == gw::errc::invalid_argument);
+}
+
+namespace {
+// Sets an environment variable for one test case's scope.
+struct scoped_env {
+  const char* name;
+  scoped_env(const char* n, const char* value) : name(n) { ::setenv(n, value, 1); }
+  ~scoped_env() { ::unsetenv(name); }
+};
+
+template <class Aggregation>
+gw::testing::outcome construct_under_min_replicas() {
+  namespace sim = gw::simulation;
+  std::vector<gw::testing::outcome> outcomes(2);
+  sim::run(sim::parse_cluster_model("hosts=2"), [&](gw::transport::simulated t) {
+    const int r = t.rank();
+    outcomes[static_cast<std::size_t>(r)] = gw::testing::outcome_of([&] {
+      std::vector<gw::host_tensor<float>> params;
+      params.emplace_back(gw::shape{4});
+      gw::strategy<gw::host_tensor<float>, gw::optim::sgd, Aggregation, gw::transport::simulated> s(
+          std::move(t), std::move(params), gw::optim::sgd(), Aggregation());
+    });
+  });
+  CHECK(outcomes[0].what == outcomes[1].what);  // every rank, the same words
+  return outcomes[0];
+}
+}  // namespace
+
+TEST_CASE("an aggregation that cannot shrink refuses GRADWIRE_MIN_REPLICAS on every rank, naming itself",
+          "[elastic]") {
+  const scoped_env env("GRADWIRE_MIN_REPLICAS", "2");
+  namespace agg = gw::aggregation;
+  for (const auto& [o, name] : {std::pair{construct_under_min_replicas<agg::all_reduce>(), "aggregation::all_reduce"},
+                                std::pair{construct_under_min_replicas<agg::central>(), "aggregation::central"},
+                                std::pair{construct_under_min_replicas<agg::averaging<4>>(), "aggregation::averaging"}}) {
+    CAPTURE(name);
+    CHECK(o.kind == gw::errc::config);
+    CHECK_THAT(o.what, Catch::StartsWith(std::string("GRADWIRE_MIN_REPLICAS=2 asks for a job that goes on past a lost "
+                                                     "replica, but ") + name));
+    CHECK_THAT(o.what, Catch::Contains("use aggregation::elastic_all_reduce"));
+  }
+  // The elastic one takes it.
+  CHECK(construct_under_min_replicas<agg::elastic_all_reduce>().kind == gw::errc{});
 }

@@ -20,6 +20,7 @@
 #include "../concepts.hpp"
 #include "detail/bucketed_reduction.hpp"
 #include "detail/k_of_n.hpp"
+#include "detail/shrink_refusal.hpp"
 
 namespace gradwire::aggregation {
 
@@ -79,6 +80,7 @@ class all_reduce_agent {
   std::span<const collective::bucket> buckets() const noexcept { return buckets_.schedule().buckets(); }
 
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    detail::refuse_min_replicas("aggregation::all_reduce", "a lost rank ends every step of the job");
     for (auto p : params) collective::broadcast(comm, p, 0);
     buckets_.setup(params, comm.size() > 1);
     if (k_of_n_.enabled())

@@ -35,6 +35,7 @@
 #include "../error.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../tensor/flat_layout.hpp"
+#include "detail/shrink_refusal.hpp"
 
 namespace gradwire::aggregation {
 
@@ -111,6 +112,7 @@ class averaging_agent {
   std::uint64_t steps() const noexcept { return steps_; }  // local steps since setup
 
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    detail::refuse_min_replicas("aggregation::averaging (local_sgd)", "every averaging waits for every rank");
     for (auto p : params) collective::broadcast(comm, p, 0);
     steps_ = 0;
     grads_.assign(params.size(), {});

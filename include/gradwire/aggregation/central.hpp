@@ -21,6 +21,7 @@
 #include "../collective/reduce.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "detail/shrink_refusal.hpp"
 #include "detail/bucketed_reduction.hpp"
 
 namespace gradwire::aggregation {
@@ -64,6 +65,8 @@ class central_agent {
   // Replicas start with the owner's parameters; also sizes (and pre-faults) the buckets,
   // whose flat buffer the broadcast uses in a job of one rank too.
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    detail::refuse_min_replicas("aggregation::central (central_storage)",
+                                "the owner holds the only optimizer state, and every step waits for every rank");
     policy_.check_owner(comm.size());
     buckets_.setup(params, true);
     broadcast_parameters(comm, params);
