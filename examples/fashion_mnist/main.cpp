@@ -3,6 +3,7 @@
 //
 //   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|parameter_server]
 //                 [--transport inproc|tcp|ucx|simulated] [--replicas N] [--owner R] [--period H] [--backup-workers B]
+//                 [--min-replicas M]
 //                 [--cluster MODEL] [--step-compute SECONDS] [--evals-per-epoch K]
 //                 [--ps S] [--ps-mode sync|async|bounded:S|backup:B] [--checkpoint-dir D] [--checkpoint-every K]
 //                 [--epochs E] [--batch B] [--lr LR] [--optimizer sgd|momentum|adam|adamw]
@@ -33,6 +34,7 @@
 
 #include <gradwire/error.hpp>
 #if GRADWIRE_HAS_ASIO
+#include <gradwire/aggregation/elastic_all_reduce.hpp>  // min_replicas_from_environment
 #include <gradwire/cluster/spec.hpp>
 #endif
 
@@ -80,6 +82,11 @@ constexpr const char* usage_text =
     "  --backup-workers B               mirrored / multi_worker_mirrored: K of N, a step closes when all but B\n"
     "                                   replicas have their gradients in; the late ones' are dropped (default 0;\n"
     "                                   docs/elastic.md)\n"
+    "  --min-replicas M                 multi_worker_mirrored (or mirrored over simulated): elastic, the job\n"
+    "                                   shrinks past a lost replica and goes on while M remain (and a majority of\n"
+    "                                   the ranks before the loss); each epoch's samples are re-partitioned so\n"
+    "                                   none is lost or read twice. GRADWIRE_MIN_REPLICAS=M does the same for a\n"
+    "                                   launcher-started job (docs/elastic.md)\n"
     "  --ps S                           parameter_server over inproc: S of the threads serve (default 1); over tcp\n"
     "                                   the launcher says: scripts/gradwire-run -n N --ps S, TF_CONFIG's ps, or\n"
     "                                   under srun or mpirun GRADWIRE_NUM_PS=S on every rank (the last S ranks serve)\n"
@@ -171,6 +178,8 @@ options parse(int argc, char** argv) {
       o.period = parse_int<int>(flag, next(), 1);
     } else if (flag == "--backup-workers") {
       o.backup_workers = parse_int<int>(flag, next(), 0);
+    } else if (flag == "--min-replicas") {
+      o.min_replicas = parse_int<int>(flag, next(), 1);
     } else if (flag == "--straggler") {
       const std::string_view text = next();
       const auto colon = text.find(':');
@@ -255,6 +264,19 @@ options parse(int argc, char** argv) {
   if (o.backup_workers > 0 && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
     throw usage_error("--backup-workers is for --strategy mirrored or multi_worker_mirrored (parameter_server has "
                       "its own: --ps-mode backup), not " + o.strategy);
+  // GRADWIRE_MIN_REPLICAS: how a launcher-started job asks for the elastic all-reduce; a
+  // strategy that cannot shrink refuses it rather than fail at the first loss.
+  if (o.min_replicas == 0) o.min_replicas = gradwire::aggregation::min_replicas_from_environment(0);
+  if (o.min_replicas > 0) {
+    if (o.strategy != "multi_worker_mirrored" && !(o.strategy == "mirrored" && o.transport == "simulated"))
+      throw usage_error("--min-replicas is for --strategy multi_worker_mirrored (or mirrored over --transport "
+                        "simulated): the elastic all-reduce needs replicas that can be lost one by one, not " +
+                        o.strategy + " over " + o.transport);
+    if (o.backup_workers > 0)
+      throw usage_error("--min-replicas and --backup-workers do not combine yet (docs/elastic.md)");
+    if (!o.checkpoint_dir.empty() || o.evals_per_epoch > 1 || o.device == "cuda")
+      throw usage_error("--min-replicas does not take --checkpoint-dir, --evals-per-epoch or --device cuda yet");
+  }
   const bool ps = o.strategy == "parameter_server";
   if (!ps && (o.servers || o.ps_mode != "sync"))
     throw usage_error("--ps and --ps-mode are for --strategy parameter_server");
@@ -296,6 +318,9 @@ options parse(int argc, char** argv) {
     if (o.backup_workers >= o.replicas)
       throw usage_error("--backup-workers " + std::to_string(o.backup_workers) + " leaves no replica of " +
                         std::to_string(o.replicas) + " in a step: it must be below the replica count");
+    if (o.min_replicas > o.replicas)
+      throw usage_error("--min-replicas " + std::to_string(o.min_replicas) + " is more than the " +
+                        std::to_string(o.replicas) + " replica(s) of the job");
   }
   if (o.device == "cuda") {
 #if !GRADWIRE_HAS_CUDA
@@ -386,6 +411,8 @@ int process_rank(const options& o) {
   if (o.backup_workers >= spec.world_size)
     throw usage_error("--backup-workers " + std::to_string(o.backup_workers) + " leaves no replica of" + world +
                       " in a step: it must be below the process count");
+  if (o.min_replicas > spec.world_size)
+    throw usage_error("--min-replicas " + std::to_string(o.min_replicas) + " is more than the replicas of" + world);
   return spec.rank;
 #else
   throw std::runtime_error("--strategy " + o.strategy +

@@ -18,6 +18,8 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"mirrored", "inproc", train_all_reduce_inproc},
       {"mirrored", "simulated", train_all_reduce_simulated},
       {"multi_worker_mirrored", "simulated", train_all_reduce_simulated},
+      {"mirrored elastic", "simulated", train_elastic_simulated},
+      {"multi_worker_mirrored elastic", "simulated", train_elastic_simulated},
       {"central_storage", "inproc", train_central_inproc},
       {"central_storage", "simulated", train_central_simulated},
       {"local_sgd", "inproc", train_local_sgd_inproc},
@@ -32,6 +34,7 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"parameter_server many_backup", "simulated", train_ps_many_backup_simulated},
 #if GRADWIRE_HAS_ASIO
       {"multi_worker_mirrored", "tcp", train_all_reduce_tcp},
+      {"multi_worker_mirrored elastic", "tcp", train_elastic_tcp},
       {"central_storage", "tcp", train_central_tcp},
       {"local_sgd", "tcp", train_local_sgd_tcp},
       {"parameter_server sync", "tcp", train_ps_sync_tcp},
@@ -41,6 +44,7 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
 #endif
 #if GRADWIRE_HAS_UCX
       {"multi_worker_mirrored", "ucx", train_all_reduce_ucx},
+      {"multi_worker_mirrored elastic", "ucx", train_elastic_ucx},
       {"central_storage", "ucx", train_central_ucx},
       {"local_sgd", "ucx", train_local_sgd_ucx},
       {"parameter_server sync", "ucx", train_ps_sync_ucx},
@@ -59,6 +63,7 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
                 : mode.starts_with("backup")               ? " many_backup"
                                                            : " sync";
   }
+  if (o.min_replicas > 0) strategy += " elastic";
   for (const entry& e : trainers)
     if (e.strategy == strategy && e.transport == o.transport) return e.train;
   // parse() and process_rank() have refused what this build lacks.

@@ -28,6 +28,7 @@ struct options {
   std::optional<int> owner;   // central_storage only
   std::optional<int> period;  // local_sgd only
   int backup_workers = 0;     // mirrored / multi_worker_mirrored: K of N
+  int min_replicas = 0;       // multi_worker_mirrored: > 0 for the elastic all-reduce (shrinks past a loss)
   int epochs = 10;
   int batch = 64;
   std::optional<double> lr;
@@ -88,6 +89,9 @@ summary train_all_reduce_inproc(const options&, const data_set&);  // mirrored
 summary train_all_reduce_simulated(const options&, const data_set&);
 summary train_all_reduce_tcp(const options&, const data_set&);     // multi_worker_mirrored
 summary train_all_reduce_ucx(const options&, const data_set&);
+summary train_elastic_tcp(const options&, const data_set&);  // multi_worker_mirrored --min-replicas M
+summary train_elastic_ucx(const options&, const data_set&);
+summary train_elastic_simulated(const options&, const data_set&);
 summary train_central_inproc(const options&, const data_set&);     // central_storage
 summary train_central_simulated(const options&, const data_set&);
 summary train_central_tcp(const options&, const data_set&);

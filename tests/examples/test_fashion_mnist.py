@@ -306,6 +306,98 @@ class BackupWorkers(Case):
         self.assertEqual(sorted(hashes), [0, 1, 2], out)
         self.assertEqual(len(set(hashes.values())), 1, out)
 
+
+class Elastic(Case):
+    """--min-replicas M (the elastic all-reduce): four processes over TCP lose rank 0 mid-run;
+    the other three go on to the end with one parameter hash, the lowest of them now printing,
+    and every epoch applies each training sample at most once and all but fewer than a global
+    batch (the example checks its sampler's count on every replica and prints it)."""
+
+    SAMPLES = re.compile(r"^rank (\d+): epoch (\d+) samples: (\d+) applied once, (\d+) left over, none twice$",
+                         re.MULTILINE)
+    VIEW = re.compile(r"^rank (\d+): view 1 at step (\d+): ranks 1,2,3 go on \(lost 0\)$", re.MULTILINE)
+
+    def test_rank_0_lost_mid_run(self):
+        for transport in ("tcp", "ucx"):
+            with self.subTest(transport=transport):
+                self.rank_0_lost_mid_run(transport)
+
+    def rank_0_lost_mid_run(self, transport):
+        size, epochs = 4, 20
+        port = str(free_port())
+        args = ["--strategy", "multi_worker_mirrored", "--transport", transport, "--epochs", str(epochs), "--batch", "8",
+                "--min-replicas", "2", "--data", self.data]
+        procs = [subprocess.Popen([FASHION_MNIST, *args], env=ParameterServerUnderSrun.srun_env(r, size, MASTER_PORT=port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(size)]
+        outputs = {}
+        try:
+            # Rank 0 (the chief) is killed once it has reported its third epoch.
+            seen = []
+            for line in procs[0].stdout:
+                seen.append(line)
+                if "this build has no UCX" in line:
+                    self.skipTest("this build of fashion_mnist has no UCX")
+                if line.startswith("rank 0: epoch 3 samples:"):
+                    procs[0].kill()
+                    break
+            procs[0].wait()
+            self.assertTrue(any(l.startswith("rank 0: epoch 3 samples:") for l in seen), "".join(seen))
+            for r in range(1, size):
+                out, _ = procs[r].communicate(timeout=120)
+                outputs[r] = (procs[r].returncode, out)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        text = "".join(seen) + "\n".join(f"rank {r}: rc {rc}\n{out}" for r, (rc, out) in outputs.items())
+        self.assertEqual([rc for rc, _ in outputs.values()], [0, 0, 0], text)
+        hashes, samples, views = {}, {}, {}
+        for _, out in outputs.values():
+            hashes.update({int(r): h for r, h in FinalParameterHash.HASH.findall(out)})
+            views.update({int(r): int(step) for r, step in self.VIEW.findall(out)})
+            for r, e, once, left in self.SAMPLES.findall(out):
+                samples[int(e)] = (int(r), int(once), int(left))
+        for r, e, once, left in self.SAMPLES.findall("".join(seen)):
+            samples[int(e)] = (int(r), int(once), int(left))
+        self.assertEqual(sorted(hashes), [1, 2, 3], text)
+        self.assertEqual(len(set(hashes.values())), 1, text)
+        self.assertEqual(sorted(views), [1, 2, 3], text)
+        self.assertEqual(len(set(views.values())), 1, text)  # the same step on every survivor
+        self.assertEqual(sorted(samples), list(range(1, epochs + 1)), text)
+        for e, (r, once, left) in samples.items():
+            self.assertEqual(once + left, 256, text)
+            self.assertLess(left, 8 * 4, text)  # less than a global batch (of the most replicas)
+            self.assertEqual(r, 0 if e <= 3 else 1, text)
+
+    def test_flags_it_cannot_honour_are_refused(self):
+        for args, env, words in (
+                (["--strategy", "local_sgd", "--min-replicas", "1"], {},
+                 "--min-replicas is for --strategy multi_worker_mirrored"),
+                (["--strategy", "central_storage"], {"GRADWIRE_MIN_REPLICAS": "2"},
+                 "--min-replicas is for --strategy multi_worker_mirrored"),
+                (["--strategy", "mirrored", "--transport", "simulated", "--replicas", "2", "--min-replicas", "3"], {},
+                 "--min-replicas 3 is more than the 2 replica(s) of the job"),
+                (["--strategy", "mirrored", "--transport", "simulated", "--min-replicas", "1", "--backup-workers", "1"],
+                 {}, "--min-replicas and --backup-workers do not combine yet")):
+            with self.subTest(args=args, env=env):
+                rc, out, err = self.run_example(*args, env=clean_env(**env))
+                self.assertEqual(rc, 2, out + err)
+                self.assertIn(words, err)
+
+    def test_a_rank_that_dies_in_virtual_time(self):
+        # The simulator: rank 2 of 4 dies at a virtual time mid-run; the rest finish with one hash.
+        rc, out, err = self.run_example("--strategy", "mirrored", "--transport", "simulated", "--replicas", "4",
+                                        "--epochs", "3", "--batch", "8", "--min-replicas", "2",
+                                        "--cluster", "hosts=4 latency=50us bandwidth=1Gbit compute=modelled die=2@20ms",
+                                        "--step-compute", "0.001", env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        hashes = {int(r): h for r, h in FinalParameterHash.HASH.findall(out)}
+        self.assertEqual(sorted(hashes), [0, 1, 3], out)
+        self.assertEqual(len(set(hashes.values())), 1, out)
+        self.assertEqual(len(re.findall(r"^rank \d: view 1 at step \d+: ranks 0,1,3 go on \(lost 2\)$", out,
+                                        re.MULTILINE)), 3, out)
+
 if __name__ == "__main__":
     FASHION_MNIST, GRADWIRE_RUN, LAUNCHING_MD = sys.argv[1:4]
     unittest.main(argv=[sys.argv[0]] + sys.argv[4:])
