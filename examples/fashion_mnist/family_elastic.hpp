@@ -27,13 +27,12 @@ void train_elastic_replica(Strategy& strategy, model_type& model, const data_set
   std::vector<int> y(batch);
   auto gradients = model.gradient_views();
 
-  // The schedule runs over the steps the whole job would take; after a loss an epoch has
-  // more steps (smaller global batches), and the cosine simply reaches 0 a little early.
-  const std::size_t planned = n_train / (batch * static_cast<std::size_t>(strategy.size())) * static_cast<std::size_t>(o.epochs);
-  auto set_lr = [&](std::uint64_t global_step) {
+  // The cosine runs over the run's samples rather than its steps: after a loss an epoch has
+  // more, smaller steps, and the schedule still ends with the last epoch.
+  auto set_lr = [&](double epochs_done) {
     if (o.schedule != "cosine") return;
     constexpr double pi = 3.14159265358979323846;
-    const double t = std::min(1.0, double(global_step) / double(planned));
+    const double t = std::min(1.0, epochs_done / double(o.epochs));
     strategy.optimizer().set_lr(*o.lr * 0.5 * (1.0 + std::cos(pi * t)));
   };
   auto chief = [&] { return agent.view().members.front() == rank; };
@@ -62,7 +61,7 @@ void train_elastic_replica(Strategy& strategy, model_type& model, const data_set
       loss_sum += model.loss_and_gradient(x, y);
       gradwire::simulation::compute(o.step_compute);  // modelled work: nothing unless simulated
       if (straggling) std::this_thread::sleep_for((time.now() - step_start) * (o.straggler_factor - 1));
-      set_lr(global_step);
+      set_lr(double(epoch - 1) + double(samples_read) / double(n_train));
       strategy.step(gradients);
       sampler.step_applied(partition, agent.last_step_view().members);
       samples_read += batch * static_cast<std::size_t>(partition.size());
