@@ -3,8 +3,9 @@
 // Every member of view e that is not suspected floods what it knows: the members it
 // suspects (lost by the transport, silent past the timeout, or suspected by another) and
 // each member's report (steps applied). Rounds repeat until one in which this rank's
-// suspects did not grow and every member it heard sent exactly its own set. Sets only
-// grow, so that takes at most n rounds (one, when every survivor saw the loss itself).
+// suspects did not grow and every member it heard sent exactly its own set (round 1 at the
+// earliest: round 0's proposals may be stale). Sets only grow, so that takes at most n + 1
+// rounds (two, when every survivor saw the loss itself).
 // The next view is view e without the suspects, and it stands only if it keeps at least
 // min_replicas ranks and a strict majority of view e: of two sides of a partition, at
 // most one goes on. A rank that finds itself suspected learns it from the flood and fails.
@@ -199,7 +200,11 @@ class view_agreement {
           if (e.kind() != errc::peer_lost) throw;
         }
       }
-      if (all_equal && suspected == before) return decide(suspected, reports, options);
+      // Round 0's messages are proposals, sent when each member entered: one that entered
+      // long before this rank (this rank was stopped) may since have suspected it. Deciding
+      // only after a round of fresh messages lets such a rank find out, instead of deciding
+      // a view the others never form.
+      if (round > 0 && all_equal && suspected == before) return decide(suspected, reports, options);
     }
   }
 
