@@ -536,3 +536,44 @@ TEST_CASE("an aggregation that cannot shrink refuses GRADWIRE_MIN_REPLICAS on ev
   // The elastic one takes it.
   CHECK(construct_under_min_replicas<agg::elastic_all_reduce>().kind == gw::errc{});
 }
+
+TEST_CASE("a rank that enters the agreement after the others dropped it fails instead of deciding from their "
+          "proposals",
+          "[elastic]") {
+  // Rank 3 is silent (stopped) while ranks 0-2 agree: they time out on it and form view 1
+  // without it. Then rank 3 enters: the proposals waiting for it still say "nobody
+  // suspected"; it must not decide a view of all four from them (one nobody else holds),
+  // but wait for a round of fresh messages, which never comes, and fail.
+  constexpr int ranks = 4;
+  gw::testing::event others_decided, late_done;
+  std::atomic<int> decided{0};
+  std::vector<gw::transport::next_view> next(ranks);
+  const auto errors = run_job(ranks, [&](asio_tcp& t) {
+    const int me = t.rank();
+    for (int p = 0; p < ranks; ++p)
+      if (p != me) t.tolerate_loss(p);
+    gw::transport::view_agreement<asio_tcp> agreement(t, gw::transport::view::whole(ranks));
+    const gw::transport::view_change_options options{.min_replicas = 1, .timeout = 500ms};
+    if (me == 3) {
+      others_decided.await("ranks 0-2 to agree without rank 3");
+      try {
+        next[3] = agreement.agree(t, {}, options);
+      } catch (...) {
+        late_done.raise();
+        throw;
+      }
+      late_done.raise();
+      return;
+    }
+    next[static_cast<std::size_t>(me)] = agreement.agree(t, {}, options);
+    if (++decided == 3) others_decided.raise();
+    late_done.await("rank 3 to finish");  // alive meanwhile: rank 3 must not see them lost
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK(what_of(errors[static_cast<std::size_t>(r)]) == "");
+    CHECK(next[static_cast<std::size_t>(r)].members == gw::transport::view{1, {0, 1, 2}});
+  }
+  CHECK(next[3].members.members.empty());
+  CHECK_THAT(what_of(errors[3]), Catch::StartsWith("elastic: lost rank 0, rank 1, rank 2; 1 of view 0's 4 ranks remain"));
+}

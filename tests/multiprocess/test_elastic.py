@@ -159,6 +159,9 @@ class Shrink(unittest.TestCase):
         self.assert_matches_a_reference(out, lines, victim)
         said = "\n".join(lines.get(victim, []))
         self.assertIn(f"rank {victim}: EXPECTED peer_lost", said, out)
+        # Resumed, it must not take the others' stale proposals for agreement and form a view
+        # that keeps everyone (which nobody else holds).
+        self.assertNotRegex(said, r"keeps (\d+) of \1 ranks", out)
 
 
 if __name__ == "__main__":
