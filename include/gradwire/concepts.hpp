@@ -244,6 +244,15 @@ concept loss_tolerant_transport = transport<T> && requires(T& t, const T& ct, in
   { ct.lost_peers() } -> std::convertible_to<std::vector<int>>;
 };
 
+// Optional capability of a loss-tolerant transport: of the lost peers, those whose process is
+// gone for sure (a closed or reset connection, its own abort), not merely silent (a
+// partition, a stopped process): a peer gone for sure cannot go on as another job.
+//   vector<int> gone_peers() const
+template <class T>
+concept certain_loss_transport = loss_tolerant_transport<T> && requires(const T& ct) {
+  { ct.gone_peers() } -> std::convertible_to<std::vector<int>>;
+};
+
 // Optional capability of a loss-tolerant transport: take back a process that replaces a
 // lost peer (a restarted worker), and tell a process that it is such a replacement.
 //   void allow_rejoin(int peer)       bool rejoined() const

@@ -101,6 +101,8 @@ class endpoint {
     scheduler_->tolerate_loss(rank_, peer);
   }
   std::vector<int> lost_peers() const { return scheduler_->lost_peers(rank_); }
+  // A simulated rank is lost only when it dies or fails: always gone for sure.
+  std::vector<int> gone_peers() const { return lost_peers(); }
 
   support::traffic_counters traffic() const noexcept { return scheduler_->state(rank_).traffic; }
 

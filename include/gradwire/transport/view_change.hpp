@@ -7,8 +7,10 @@
 // earliest: round 0's proposals may be stale). Sets only grow, so that takes at most n + 1
 // rounds (two, when every survivor saw the loss itself).
 // The next view is view e without the suspects, and it stands only if it keeps at least
-// min_replicas ranks and a strict majority of view e: of two sides of a partition, at
-// most one goes on. A rank that finds itself suspected learns it from the flood and fails.
+// min_replicas ranks and a strict majority of view e, unless every rank it drops is gone
+// for sure (concepts::certain_loss_transport: a closed connection, its own abort; not a
+// silence): of two sides of a partition, at most one goes on, while a job of two survives
+// a kill. A rank that finds itself suspected learns it from the flood and fails.
 //
 // Round 0's receives are posted when the view begins (view_agreement's constructor), so
 // that a member's proposal interrupts this rank's waits in the view's collectives
@@ -58,7 +60,7 @@ template <class Tr>
 class view_agreement {
  public:
   using request = typename Tr::request;
-  static constexpr std::size_t entry_bytes = 16;  // per member: suspected, known, pad, denominator, applied
+  static constexpr std::size_t entry_bytes = 16;  // per member: suspected, known, gone, pad, denominator, applied
   static constexpr std::chrono::milliseconds poll{20};
 
   // Posts round 0's receives from every other member of `current` (the proposals).
@@ -117,18 +119,18 @@ class view_agreement {
   next_view agree(Tr& base, member_report mine, const view_change_options& options) {
     const std::size_t n = static_cast<std::size_t>(view_.size());
     const auto me = static_cast<std::size_t>(me_);
-    std::vector<std::uint8_t> suspected(n, 0), known(n, 0);
+    std::vector<std::uint8_t> suspected(n, 0), known(n, 0), gone(n, 0);
     std::vector<member_report> reports(n);
     known[me] = 1;
     reports[me] = mine;
-    suspect_lost(base, suspected);
+    suspect_lost(base, suspected, gone);
 
     for (std::uint32_t round = 0;; ++round) {
       if (round > n + 1)
         throw error(errc::protocol, "view change from view " + std::to_string(view_.epoch) + ": no agreement after " +
                                         std::to_string(round) + " rounds (a member keeps changing its suspects)");
-      const std::vector<std::uint8_t> before = suspected;
-      const std::vector<std::byte> message = encode(suspected, known, reports);
+      const std::vector<std::uint8_t> before = suspected, before_gone = gone;
+      const std::vector<std::byte> message = encode(suspected, known, gone, reports);
       std::vector<std::size_t> listen;
       for (std::size_t p = 0; p < n; ++p)
         if (p != me && !suspected[p]) listen.push_back(p);
@@ -152,7 +154,7 @@ class view_agreement {
         if (round == 0 && outcome_[p] == outcome::failed) {
           suspected[p] = 1;  // it finished or was lost before the agreement began
         } else if (round == 0 && outcome_[p] == outcome::received) {
-          all_equal = merge(p, bytes_of(p), before, suspected, known, reports) && all_equal;
+          all_equal = merge(p, bytes_of(p), before, before_gone, suspected, known, gone, reports) && all_equal;
         } else {
           waiting.push_back(p);
         }
@@ -160,13 +162,8 @@ class view_agreement {
       const time_source time = concepts::time_of(base);
       const deadline until = time.deadline_after(options.timeout);
       while (!waiting.empty()) {
-        for (int lost : base.lost_peers()) {  // a member lost meanwhile: stop waiting for it
-          const int q = view_.position_of(lost);
-          if (q < 0) continue;
-          const auto it = std::find(waiting.begin(), waiting.end(), static_cast<std::size_t>(q));
-          if (it != waiting.end()) waiting.erase(it);
-          suspected[static_cast<std::size_t>(q)] = 1;
-        }
+        suspect_lost(base, suspected, gone);  // a member lost meanwhile: stop waiting for it
+        std::erase_if(waiting, [&](std::size_t q) { return suspected[q] != 0; });
         if (waiting.empty()) break;
         std::vector<request*> pending;
         for (std::size_t p : waiting) pending.push_back(&receive_of(p));
@@ -191,7 +188,7 @@ class view_agreement {
           continue;
         }
         if (round == 0) outcome_[p] = outcome::received;
-        all_equal = merge(p, bytes_of(p), before, suspected, known, reports) && all_equal;
+        all_equal = merge(p, bytes_of(p), before, before_gone, suspected, known, gone, reports) && all_equal;
       }
       for (auto& s : sends) {
         try {
@@ -204,7 +201,8 @@ class view_agreement {
       // long before this rank (this rank was stopped) may since have suspected it. Deciding
       // only after a round of fresh messages lets such a rank find out, instead of deciding
       // a view the others never form.
-      if (round > 0 && all_equal && suspected == before) return decide(suspected, reports, options);
+      if (round > 0 && all_equal && suspected == before && gone == before_gone)
+        return decide(suspected, gone, reports, options);
     }
   }
 
@@ -213,42 +211,50 @@ class view_agreement {
     return view_change_tag_base | (std::uint64_t{(view_.epoch + 1) & 0xFFFFFFu} << 16) | (round & 0xFFFFu);
   }
 
-  void suspect_lost(Tr& base, std::vector<std::uint8_t>& suspected) const {
+  // The members the transport has lost are suspects; those gone for sure are marked so.
+  void suspect_lost(Tr& base, std::vector<std::uint8_t>& suspected, std::vector<std::uint8_t>& gone) const {
     for (int lost : base.lost_peers())
       if (const int q = view_.position_of(lost); q >= 0) suspected[static_cast<std::size_t>(q)] = 1;
+    if constexpr (concepts::certain_loss_transport<Tr>)
+      for (int r : base.gone_peers())
+        if (const int q = view_.position_of(r); q >= 0) gone[static_cast<std::size_t>(q)] = 1;
   }
 
   std::vector<std::byte> encode(const std::vector<std::uint8_t>& suspected, const std::vector<std::uint8_t>& known,
-                                const std::vector<member_report>& reports) const {
+                                const std::vector<std::uint8_t>& gone, const std::vector<member_report>& reports) const {
     std::vector<std::byte> out(suspected.size() * entry_bytes);
     for (std::size_t p = 0; p < suspected.size(); ++p) {
       std::byte* e = out.data() + p * entry_bytes;
       e[0] = std::byte{suspected[p]};
       e[1] = std::byte{known[p]};
+      e[2] = std::byte{gone[p]};
       std::memcpy(e + 4, &reports[p].denominator, 4);
       std::memcpy(e + 8, &reports[p].applied, 8);
     }
     return out;
   }
 
-  // Folds member p's message into what this rank knows; returns whether p's suspects were
-  // exactly `before` (this rank's at the round's start).
+  // Folds member p's message into what this rank knows; returns whether p's suspects and
+  // gone marks were exactly `before` and `before_gone` (this rank's at the round's start).
   bool merge(std::size_t p, std::span<const std::byte> bytes, const std::vector<std::uint8_t>& before,
-             std::vector<std::uint8_t>& suspected, std::vector<std::uint8_t>& known,
+             const std::vector<std::uint8_t>& before_gone, std::vector<std::uint8_t>& suspected,
+             std::vector<std::uint8_t>& known, std::vector<std::uint8_t>& gone,
              std::vector<member_report>& reports) const {
     bool equal = true;
     for (std::size_t q = 0; q < suspected.size(); ++q) {
       const std::byte* e = bytes.data() + q * entry_bytes;
-      const auto s = std::to_integer<std::uint8_t>(e[0]), k = std::to_integer<std::uint8_t>(e[1]);
-      if (s > 1 || k > 1)
+      const auto s = std::to_integer<std::uint8_t>(e[0]), k = std::to_integer<std::uint8_t>(e[1]),
+                 g = std::to_integer<std::uint8_t>(e[2]);
+      if (s > 1 || k > 1 || g > s)
         throw error(errc::protocol, "view change from view " + std::to_string(view_.epoch) + ": rank " +
                                         std::to_string(view_.members[p]) + " sent a malformed proposal");
       if (s && q == static_cast<std::size_t>(me_))
         throw error(errc::peer_lost, "rank " + std::to_string(view_.members[me_]) + " was left out of view " +
                                          std::to_string(view_.epoch + 1) + ": rank " + std::to_string(view_.members[p]) +
                                          " suspects it (silent past the timeout, or cut off); it stops");
-      equal = equal && s == before[q];
+      equal = equal && s == before[q] && g == before_gone[q];
       suspected[q] |= s;
+      gone[q] |= g;
       if (k && !known[q]) {
         known[q] = 1;
         std::memcpy(&reports[q].denominator, e + 4, 4);
@@ -258,8 +264,8 @@ class view_agreement {
     return equal;
   }
 
-  next_view decide(const std::vector<std::uint8_t>& suspected, const std::vector<member_report>& reports,
-                   const view_change_options& options) const {
+  next_view decide(const std::vector<std::uint8_t>& suspected, const std::vector<std::uint8_t>& gone,
+                   const std::vector<member_report>& reports, const view_change_options& options) const {
     next_view next;
     next.members.epoch = view_.epoch + 1;
     for (std::size_t p = 0; p < suspected.size(); ++p) {
@@ -280,11 +286,14 @@ class view_agreement {
       throw error(errc::peer_lost, "elastic: lost " + lost_words() + "; " + std::to_string(kept) + " of view " +
                                        std::to_string(view_.epoch) + "'s " + std::to_string(had) +
                                        " ranks remain, fewer than min_replicas = " + std::to_string(options.min_replicas));
-    if (2 * kept <= had)
+    bool all_gone = true;  // every rank dropped is gone for sure: no other side can go on
+    for (std::size_t p = 0; p < suspected.size(); ++p) all_gone = all_gone && (!suspected[p] || gone[p]);
+    if (2 * kept <= had && !all_gone)
       throw error(errc::peer_lost, "elastic: lost " + lost_words() + "; " + std::to_string(kept) + " of view " +
                                        std::to_string(view_.epoch) + "'s " + std::to_string(had) +
-                                       " ranks remain, not a strict majority: the other side of a partition may go on, "
-                                       "so this side stops (docs/elastic.md)");
+                                       " ranks remain, not a strict majority, and not every rank lost is gone for sure "
+                                       "(silent, not closed): the other side of a partition may go on, so this side "
+                                       "stops (docs/elastic.md)");
     return next;
   }
 

@@ -95,6 +95,10 @@ class network_engine {
   cluster::topology topology;                          // learnt at join; one host until then
   std::optional<std::pair<errc, std::string>> failed;  // set once: every later call throws it
   std::vector<int> lost;                               // tolerated peers that were lost
+  // Of those, the ones whose process is gone for sure: its connection closed or was reset,
+  // or it sent its own abort; not a silence (heartbeats, a partition), after which it may
+  // still run. An elastic job may go on without a majority only past such losses.
+  std::vector<int> gone;
 
  private:
   Backend& self() { return static_cast<Backend&>(*this); }

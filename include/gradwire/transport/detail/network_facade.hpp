@@ -80,6 +80,12 @@ class network_facade {
   {
     return engine_->lost;
   }
+  // Of the lost peers, those whose process is gone for sure (concepts::certain_loss_transport).
+  std::vector<int> gone_peers() const
+    requires loss_tolerant_engine<Engine>
+  {
+    return engine_->gone;
+  }
 
   // After losing `peer` (tolerated), take back a process that replaces it: receives
   // posted from it meanwhile wait for the replacement (concepts::rejoinable_transport).

@@ -59,7 +59,7 @@ GRADWIRE_DECL void tcp_engine::on_abort(tcp_link& link, const std::string& reaso
                             reason};
   const bool tolerates_lost = notice.lost >= 0 && links[notice.lost] && links[notice.lost]->state.tolerated;
   const peer_failure_outcome f = peer_failure(options.rank, link.peer, notice, link.state.tolerated, tolerates_lost);
-  if (f.isolate_only) return isolate(link, f.report.reason);
+  if (f.isolate_only) return isolate(link, f.report.reason, true);  // it aborts: it is going down
   // A loss this rank has seen itself, and waits out the grace of (await_loss_reason), is
   // reported as it saw it.
   if (notice.lost >= 0 && links[notice.lost] && links[notice.lost]->state.suspected()) return fail_from_loss();

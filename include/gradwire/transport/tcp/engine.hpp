@@ -151,7 +151,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   void broken(tcp_link& link, const boost::system::error_code& ec);
   void await_loss_reason(int extensions);
   void fail_from_loss();
-  void isolate(tcp_link& link, const std::string& why);
+  void isolate(tcp_link& link, const std::string& why, bool gone = false);
   static void fail_operations(tcp_link& link, errc cause, const std::string& why);
   void lose(tcp_link& link, errc cause, const std::string& why);
   void fail_everything(errc cause, const std::string& why);

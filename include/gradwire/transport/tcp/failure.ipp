@@ -35,7 +35,7 @@ GRADWIRE_DECL void tcp_engine::broken(tcp_link& link, const boost::system::error
                                       : "connection error: " + ec.message();
   std::string why = silent ? lost_message({{link.peer, heartbeat_limit()}}, true)
                            : lost_peer_message(options.rank, link.peer, reason);
-  if (link.state.tolerated) return isolate(link, why);
+  if (link.state.tolerated) return isolate(link, why, closed);
   // A rank that failed for a reason sends abort frames before it exits, but they may
   // arrive on other connections after this one closed: give them a moment, so the
   // rank reports the root cause rather than the echo.
@@ -75,10 +75,11 @@ GRADWIRE_DECL void tcp_engine::fail_from_loss() {
 }
 
 // A tolerated peer is gone: its operations fail, the rest of the rank goes on.
-GRADWIRE_DECL void tcp_engine::isolate(tcp_link& link, const std::string& why) {
+GRADWIRE_DECL void tcp_engine::isolate(tcp_link& link, const std::string& why, bool gone_for_sure) {
   link.alive = false;
   link.state.lose(why);
   lost.push_back(link.peer);
+  if (gone_for_sure) gone.push_back(link.peer);
   boost::system::error_code ignored;
   link.socket.close(ignored);  // after this, Asio touches none of this link's buffers
   fail_operations(link, errc::peer_lost, why);

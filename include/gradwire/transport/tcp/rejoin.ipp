@@ -121,6 +121,7 @@ GRADWIRE_DECL void tcp_engine::relink(int peer, tcp::socket socket) {
   old->receives.clear();
   replaced_links.push_back(std::move(old));
   std::erase(lost, peer);
+  std::erase(gone, peer);
   ++rejoined_peers;
   read_frames(link);
 }

@@ -62,7 +62,7 @@ GRADWIRE_DECL void ucx_engine::on_control() {
     const bool tolerates_lost = lost_rank >= 0 && peers[lost_rank].state.tolerated;
     const peer_failure_outcome f =  // every transport's rule
         peer_failure(options.rank, peer, notice, peers[peer].state.tolerated, tolerates_lost);
-    if (f.isolate_only) return isolate(peer, f.report.reason);
+    if (f.isolate_only) return isolate(peer, f.report.reason, true);  // it aborts: it is going down
     if (aborting) return;  // abort_all fails this rank with its own reason
     // A loss this rank has seen itself, and waits out the grace of, is reported as it saw it.
     if (lost_rank >= 0 && peers[lost_rank].state.suspected()) return fail_from_loss(lost_rank);

@@ -149,7 +149,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   // The sends (and puts) in flight to `peer`: what a finished peer's break settles.
   std::vector<ucx_op*> sends_to(int peer) const;
   void on_broken(int peer, ucs_status_t s);
-  void isolate(int peer, const std::string& why);
+  void isolate(int peer, const std::string& why, bool gone = false);
   void fail_everything(errc cause, const std::string& why);
   std::string why_failed(const ucx_op& op) const;
 

@@ -71,7 +71,7 @@ GRADWIRE_DECL void ucx_engine::on_broken(int peer, ucs_status_t s) {
     for (auto* op : sends) settle(*op);  // UCX lets go before anyone frees it
     return;
   }
-  if (p.state.tolerated) return isolate(peer, why);
+  if (p.state.tolerated) return isolate(peer, why, s == UCS_ERR_CONNECTION_RESET);  // a timeout may be a silence
   // Its goodbye or abort may still be on the way (another lane): give it a moment.
   if (!p.state.suspected()) p.state.suspect(clock::now() + std::chrono::milliseconds(200), reason, why);
 }
@@ -89,11 +89,12 @@ GRADWIRE_DECL void ucx_engine::fail_from_loss(int peer) {
 }
 
 // A peer is gone: its operations fail, the rest of the rank goes on.
-GRADWIRE_DECL void ucx_engine::isolate(int peer, const std::string& why) {
+GRADWIRE_DECL void ucx_engine::isolate(int peer, const std::string& why, bool gone_for_sure) {
   auto& p = peers[peer];
   if (p.state.lost()) return;
   p.state.lose(why);
   if (!p.state.finished) lost.push_back(peer);
+  if (!p.state.finished && gone_for_sure) gone.push_back(peer);
   close_endpoint(p);  // first: releases the sends to it
   for (auto* op : std::vector<ucx_op*>(in_flight))
     if (op->peer == peer) withdraw(*op, errc::peer_lost, why);
