@@ -44,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LAUNCHER = os.path.join(ROOT, "scripts", "gradwire-run")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import gwcluster  # noqa: E402  (scripts/: emulated hosts, descendants)
 
 RANKS = 4
 # kind: (victim rank, what is done to it)
@@ -101,23 +102,7 @@ def parse(argv):
     return o
 
 
-def descendants(pids):
-    """Every process below `pids` (from /proc)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], list(pids)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+descendants = gwcluster.descendants
 
 
 class Job:
@@ -333,7 +318,6 @@ def main(argv):
     os.makedirs(o.logs, exist_ok=True)
     cluster = None
     if o.mode == "hosts":
-        import gwcluster
         cluster = gwcluster.Cluster(o.cluster)
         if not cluster.state():
             sys.exit(f"elastic_trials.py: no cluster '{o.cluster}' (make it with scripts/cluster up --hosts 4 "

@@ -463,6 +463,26 @@ class Cluster:
         return "\n".join(lines)
 
 
+def descendants(pids):
+    """Every process below `pids` (from /proc), children first found first: what a launcher
+    started inside a host, to signal them (tests/cluster_ns, benchmarks/elastic_trials.py)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def in_namespace(ns, cmd):
     """argv running `cmd` in network namespace `ns` with hostname `ns` (see Cluster.exec_args)."""
     return ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', ns] + list(cmd)

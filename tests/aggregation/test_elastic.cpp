@@ -41,7 +41,8 @@ std::uint16_t free_port() {
 // Runs fn(t) on `ranks` asio_tcp ranks, one thread each; returns what each rank threw (or
 // nullptr). A rank that throws aborts its transport, as a failed process does: the others
 // lose it.
-std::vector<std::exception_ptr> run_job(int ranks, const std::function<void(asio_tcp&)>& fn) {
+std::vector<std::exception_ptr> run_job(int ranks, const std::function<void(asio_tcp&)>& fn,
+                                        const std::string& job_token = "test-elastic") {
   const std::uint16_t port = free_port();
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
   std::vector<std::thread> threads;
@@ -51,7 +52,7 @@ std::vector<std::exception_ptr> run_job(int ranks, const std::function<void(asio
         gw::transport::asio_tcp_options o;
         o.rank = r;
         o.size = ranks;
-        o.job_token = "test-elastic";
+        o.job_token = job_token;
         o.store_port = port;
         o.connect_timeout = patience;
         asio_tcp t(o);
@@ -62,6 +63,12 @@ std::vector<std::exception_ptr> run_job(int ranks, const std::function<void(asio
     });
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// What an elastic rank does first: go on without any peer it loses.
+void tolerate_every_peer(asio_tcp& t) {
+  for (int p = 0; p < t.size(); ++p)
+    if (p != t.rank()) t.tolerate_loss(p);
 }
 
 std::string what_of(const std::exception_ptr& e) {
@@ -143,8 +150,7 @@ TEST_CASE("the survivors agree on the next view: the lost rank dropped, every re
   std::vector<gw::transport::next_view> next(ranks);
   const auto errors = run_job(ranks, [&](asio_tcp& t) {
     const int me = t.rank();
-    for (int p = 0; p < ranks; ++p)
-      if (p != me) t.tolerate_loss(p);
+    tolerate_every_peer(t);
     gw::transport::view_agreement<asio_tcp> agreement(t, gw::transport::view::whole(ranks));
     if (me == victim) throw lost_on_purpose();
     await_lost(t, {victim});
@@ -190,8 +196,7 @@ TEST_CASE("the agreement refuses a next view below min_replicas, or without a ma
   std::vector<gw::transport::next_view> next(ranks);
   const auto errors = run_job(ranks, [&](asio_tcp& t) {
     const int me = t.rank();
-    for (int p = 0; p < ranks; ++p)
-      if (p != me) t.tolerate_loss(p);
+    tolerate_every_peer(t);
     gw::transport::view_agreement<asio_tcp> agreement(t, gw::transport::view::whole(ranks));
     auto all_decided = [&] {
       const auto give_up = std::chrono::steady_clock::now() + patience;
@@ -276,49 +281,36 @@ TEST_CASE("a step one survivor applied before the loss is applied by the others 
   std::vector<gw::transport::view> last_views(ranks), at_step(ranks);
   auto cut = std::make_shared<std::atomic<std::uint64_t>>(0);
   gw::testing::event rank0_applied;
-  const auto port = free_port();
-  std::vector<std::exception_ptr> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        gw::transport::asio_tcp_options o;
-        o.rank = r;
-        o.size = ranks;
-        o.job_token = "test-elastic-take";
-        o.store_port = port;
-        o.connect_timeout = patience;
-        std::vector<gw::host_tensor<float>> params;
-        for (std::size_t t = 0; t < sizes.size(); ++t) {
-          params.emplace_back(gw::shape{sizes[t]});
-          for (std::size_t i = 0; i < sizes[t]; ++i) params.back()[i] = start(t, i);
-        }
-        gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, cut_tcp> s(
-            cut_tcp{asio_tcp(o), victim, 1, cut}, std::move(params), gw::optim::sgd({.lr = lr}),
-            gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}),
-            {.timeout = patience});
-        for (int k = 0; k < steps; ++k) {
-          if (r == victim && k == at) cut->store(static_cast<std::uint64_t>(at) + 1);  // the view's operation of step `at`
-          std::vector<std::vector<float>> g(sizes.size());
-          for (std::size_t t = 0; t < sizes.size(); ++t)
-            for (std::size_t i = 0; i < sizes[t]; ++i) g[t].push_back(gradient(k, r, t, i));
-          s.step(g);
-          if (k == at) at_step[static_cast<std::size_t>(r)] = s.aggregation().last_step_view();
-          if (r == 0 && k == at) rank0_applied.raise();
-          if (r == victim && k == at) {
-            rank0_applied.await("rank 0 to apply step `at`");
-            throw lost_on_purpose();
-          }
-        }
-        for (const auto& p : s.parameters()) finals[static_cast<std::size_t>(r)].emplace_back(p.data(), p.data() + p.size());
-        redone[static_cast<std::size_t>(r)] = s.aggregation().redone_steps();
-        last_views[static_cast<std::size_t>(r)] = s.aggregation().last_step_view();
-        epochs[static_cast<std::size_t>(r)] = s.aggregation().view().epoch;
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
+  auto replica = [&](asio_tcp& t) {
+    const int r = t.rank();
+    std::vector<gw::host_tensor<float>> params;
+    for (std::size_t j = 0; j < sizes.size(); ++j) {
+      params.emplace_back(gw::shape{sizes[j]});
+      for (std::size_t i = 0; i < sizes[j]; ++i) params.back()[i] = start(j, i);
+    }
+    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, cut_tcp> s(
+        cut_tcp{std::move(t), victim, 1, cut}, std::move(params), gw::optim::sgd({.lr = lr}),
+        gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}),
+        {.timeout = patience});
+    for (int k = 0; k < steps; ++k) {
+      if (r == victim && k == at) cut->store(static_cast<std::uint64_t>(at) + 1);  // the view's operation of step `at`
+      std::vector<std::vector<float>> g(sizes.size());
+      for (std::size_t j = 0; j < sizes.size(); ++j)
+        for (std::size_t i = 0; i < sizes[j]; ++i) g[j].push_back(gradient(k, r, j, i));
+      s.step(g);
+      if (k == at) at_step[static_cast<std::size_t>(r)] = s.aggregation().last_step_view();
+      if (r == 0 && k == at) rank0_applied.raise();
+      if (r == victim && k == at) {
+        rank0_applied.await("rank 0 to apply step `at`");
+        throw lost_on_purpose();
       }
-    });
-  for (auto& t : threads) t.join();
+    }
+    for (const auto& p : s.parameters()) finals[static_cast<std::size_t>(r)].emplace_back(p.data(), p.data() + p.size());
+    redone[static_cast<std::size_t>(r)] = s.aggregation().redone_steps();
+    last_views[static_cast<std::size_t>(r)] = s.aggregation().last_step_view();
+    epochs[static_cast<std::size_t>(r)] = s.aggregation().view().epoch;
+  };
+  const auto errors = run_job(ranks, replica, "test-elastic-take");
   CHECK_THAT(what_of(errors[victim]), Catch::Equals("lost on purpose"));
   REQUIRE(what_of(errors[0]) == "");
   REQUIRE(what_of(errors[1]) == "");
@@ -439,7 +431,10 @@ TEST_CASE("elastic_all_reduce refuses options it cannot honour, naming them", "[
   CHECK_THAT(message, Catch::StartsWith(what));
 }
 
-TEST_CASE("elastic_all_reduce refuses a min_replicas above the job's size on every rank at construction", "[elastic]") {
+namespace {
+// What constructing a strategy over `aggregation` ends with on each of two simulated ranks.
+template <class Aggregation>
+std::vector<gw::testing::outcome> construct_on_two_ranks(const Aggregation& aggregation) {
   namespace sim = gw::simulation;
   std::vector<gw::testing::outcome> outcomes(2);
   sim::run(sim::parse_cluster_model("hosts=2"), [&](gw::transport::simulated t) {
@@ -447,12 +442,17 @@ TEST_CASE("elastic_all_reduce refuses a min_replicas above the job's size on eve
     outcomes[static_cast<std::size_t>(r)] = gw::testing::outcome_of([&] {
       std::vector<gw::host_tensor<float>> params;
       params.emplace_back(gw::shape{4});
-      gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, gw::transport::simulated>
-          s(std::move(t), std::move(params), gw::optim::sgd(),
-            gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 3}));
+      gw::strategy<gw::host_tensor<float>, gw::optim::sgd, Aggregation, gw::transport::simulated> s(
+          std::move(t), std::move(params), gw::optim::sgd(), aggregation);
     });
   });
-  for (const auto& o : outcomes) {
+  return outcomes;
+}
+}  // namespace
+
+TEST_CASE("elastic_all_reduce refuses a min_replicas above the job's size on every rank at construction", "[elastic]") {
+  for (const auto& o : construct_on_two_ranks(
+           gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 3}))) {
     CHECK(o.kind == gw::errc::config);
     CHECK_THAT(o.what, Catch::StartsWith("elastic_all_reduce: min_replicas = 3 but the job has 2 ranks"));
   }
@@ -526,31 +526,20 @@ struct scoped_env {
   ~scoped_env() { ::unsetenv(name); }
 };
 
-template <class Aggregation>
-gw::testing::outcome construct_under_min_replicas() {
-  namespace sim = gw::simulation;
-  std::vector<gw::testing::outcome> outcomes(2);
-  sim::run(sim::parse_cluster_model("hosts=2"), [&](gw::transport::simulated t) {
-    const int r = t.rank();
-    outcomes[static_cast<std::size_t>(r)] = gw::testing::outcome_of([&] {
-      std::vector<gw::host_tensor<float>> params;
-      params.emplace_back(gw::shape{4});
-      gw::strategy<gw::host_tensor<float>, gw::optim::sgd, Aggregation, gw::transport::simulated> s(
-          std::move(t), std::move(params), gw::optim::sgd(), Aggregation());
-    });
-  });
-  CHECK(outcomes[0].what == outcomes[1].what);  // every rank, the same words
-  return outcomes[0];
-}
 }  // namespace
 
 TEST_CASE("an aggregation that cannot shrink refuses GRADWIRE_MIN_REPLICAS on every rank, naming itself",
           "[elastic]") {
   const scoped_env env("GRADWIRE_MIN_REPLICAS", "2");
   namespace agg = gw::aggregation;
-  for (const auto& [o, name] : {std::pair{construct_under_min_replicas<agg::all_reduce>(), "aggregation::all_reduce"},
-                                std::pair{construct_under_min_replicas<agg::central>(), "aggregation::central"},
-                                std::pair{construct_under_min_replicas<agg::averaging<4>>(), "aggregation::averaging"}}) {
+  auto on_every_rank = [](const std::vector<gw::testing::outcome>& both) {
+    CHECK(both[0].what == both[1].what);  // every rank, the same words
+    return both[0];
+  };
+  for (const auto& [o, name] :
+       {std::pair{on_every_rank(construct_on_two_ranks(agg::all_reduce())), "aggregation::all_reduce"},
+        std::pair{on_every_rank(construct_on_two_ranks(agg::central())), "aggregation::central"},
+        std::pair{on_every_rank(construct_on_two_ranks(agg::averaging<4>())), "aggregation::averaging"}}) {
     CAPTURE(name);
     CHECK(o.kind == gw::errc::config);
     CHECK_THAT(o.what, Catch::StartsWith(std::string("GRADWIRE_MIN_REPLICAS=2 asks for a job that goes on past a lost "
@@ -558,7 +547,7 @@ TEST_CASE("an aggregation that cannot shrink refuses GRADWIRE_MIN_REPLICAS on ev
     CHECK_THAT(o.what, Catch::Contains("use aggregation::elastic_all_reduce"));
   }
   // The elastic one takes it.
-  CHECK(construct_under_min_replicas<agg::elastic_all_reduce>().kind == gw::errc{});
+  for (const auto& o : construct_on_two_ranks(agg::elastic_all_reduce())) CHECK(o.kind == gw::errc{});
 }
 
 TEST_CASE("a rank that enters the agreement after the others dropped it fails instead of deciding from their "
@@ -574,8 +563,7 @@ TEST_CASE("a rank that enters the agreement after the others dropped it fails in
   std::vector<gw::transport::next_view> next(ranks);
   const auto errors = run_job(ranks, [&](asio_tcp& t) {
     const int me = t.rank();
-    for (int p = 0; p < ranks; ++p)
-      if (p != me) t.tolerate_loss(p);
+    tolerate_every_peer(t);
     gw::transport::view_agreement<asio_tcp> agreement(t, gw::transport::view::whole(ranks));
     const gw::transport::view_change_options options{.min_replicas = 1, .timeout = 500ms};
     if (me == 3) {

@@ -72,23 +72,7 @@ def listening(c, host):
     return sockets
 
 
-def descendants(pids):
-    """Every process below `pids` (from /proc), children first found first."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], list(pids)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+descendants = gwcluster.descendants
 
 
 class Job:
