@@ -171,7 +171,7 @@ TEST_CASE("the survivors agree on the next view: the lost rank dropped, every re
 }
 
 TEST_CASE("the agreement refuses a next view below min_replicas, or without a majority past a silence, naming the "
-          "lost; a minority goes on when the rest are gone for sure",
+          "lost, and a minority goes on when the rest are gone for sure",
           "[elastic]") {
   // The last `victims` ranks are lost: gone for sure (they abort, as a failed process does),
   // or silent (alive, connected, never answering: a stopped process, a partition seen from
