@@ -32,9 +32,9 @@
 #include <string_view>
 #include <system_error>
 
+#include <gradwire/aggregation/min_replicas.hpp>
 #include <gradwire/error.hpp>
 #if GRADWIRE_HAS_ASIO
-#include <gradwire/aggregation/elastic_all_reduce.hpp>  // min_replicas_from_environment
 #include <gradwire/cluster/spec.hpp>
 #endif
 

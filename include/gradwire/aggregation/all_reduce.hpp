@@ -20,7 +20,7 @@
 #include "../concepts.hpp"
 #include "detail/bucketed_reduction.hpp"
 #include "detail/k_of_n.hpp"
-#include "detail/shrink_refusal.hpp"
+#include "min_replicas.hpp"
 
 namespace gradwire::aggregation {
 

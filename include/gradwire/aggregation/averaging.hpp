@@ -35,7 +35,7 @@
 #include "../error.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../tensor/flat_layout.hpp"
-#include "detail/shrink_refusal.hpp"
+#include "min_replicas.hpp"
 
 namespace gradwire::aggregation {
 

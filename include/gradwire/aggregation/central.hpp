@@ -21,7 +21,7 @@
 #include "../collective/reduce.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
-#include "detail/shrink_refusal.hpp"
+#include "min_replicas.hpp"
 #include "detail/bucketed_reduction.hpp"
 
 namespace gradwire::aggregation {

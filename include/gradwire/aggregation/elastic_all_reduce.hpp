@@ -18,7 +18,6 @@
 #pragma once
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +26,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "../collective/all_reduce.hpp"
@@ -41,6 +39,7 @@
 #include "../timeouts.hpp"
 #include "../transport/view.hpp"
 #include "../transport/view_change.hpp"
+#include "min_replicas.hpp"
 
 namespace gradwire::aggregation {
 
@@ -60,19 +59,6 @@ struct elastic_options {
   // Keep it above the longest compute of a step: a member answers at its next wait.
   std::chrono::milliseconds suspect_after{0};
 };
-
-// GRADWIRE_MIN_REPLICAS, or `fallback` when unset; a value that is not a positive integer
-// is refused.
-inline int min_replicas_from_environment(int fallback = 1) {
-  const char* text = std::getenv("GRADWIRE_MIN_REPLICAS");
-  if (text == nullptr || *text == '\0') return fallback;
-  const std::string_view s(text);
-  int value = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc{} || end != s.data() + s.size() || value < 1)
-    throw error(errc::config, "GRADWIRE_MIN_REPLICAS=\"" + std::string(s) + "\": expected a positive integer");
-  return value;
-}
 
 // The policy. Algorithm: collective::auto_, ring, halving_doubling or hierarchical; each
 // view plans it again for its own members and hosts.
