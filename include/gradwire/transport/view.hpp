@@ -52,7 +52,7 @@ struct view {
 
 // Tags of a view's collectives stay below 2^40 (sequence numbers below 2^24 per view);
 // bits 40..47 hold the view's salt. Tags of the agreement on the next view
-// (aggregation/detail/view_change.hpp) live in their own range above.
+// (transport/view_change.hpp) live in their own range above.
 inline constexpr std::uint64_t view_tag_bits = 40;
 inline constexpr std::uint64_t view_change_tag_base = std::uint64_t{0xF6} << 40;
 
@@ -70,8 +70,9 @@ class view_transport {
     if (position_ < 0)
       throw error(errc::invalid_argument, "view_transport: rank " + std::to_string(base.rank()) +
                                               " is not a member of view " + std::to_string(view_.epoch));
+    const cluster::topology job = topology_of(base);
     std::vector<int> hosts;
-    for (int r : view_.members) hosts.push_back(topology_of(base).host(r));
+    for (int r : view_.members) hosts.push_back(job.host(r));
     topology_ = cluster::topology(std::move(hosts));
   }
 
@@ -115,6 +116,12 @@ class view_transport {
     requires concepts::metered_transport<Tr>
   {
     return base_->traffic();
+  }
+  // A disagreement a collective finds (a mismatched call) fails the whole job, as without views.
+  void fail(errc cause, const std::string& reason)
+    requires concepts::failable_transport<Tr>
+  {
+    base_->fail(cause, reason);
   }
 
  private:
