@@ -184,7 +184,7 @@ int run(Transport transport, const options& o, const std::string& described) {
   for (std::size_t c = 0; c < std::size(cases); ++c) {
     const double m = median(medians[c]);
     std::printf("%-26s %12.2f %14.3f %12llu\n", cases[c].name, m, m / base, static_cast<unsigned long long>(dropped[c]));
-    if (csv) csv << cases[c].name << ',' << size << ',' << described << ',' << o.bytes << ',' << o.compute_ms << ','
+    if (csv) csv << '"' << cases[c].name << "\"," << size << ',' << described << ',' << o.bytes << ',' << o.compute_ms << ','
                  << o.straggler_factor << ',' << m << ',' << m / base << ',' << dropped[c] << '\n';
   }
   std::printf("K of N without a straggler vs all_reduce: %.3f; with one slow rank, K of N vs all_reduce: %.3f; "

@@ -138,11 +138,9 @@ def run_once(o, cluster, rate, size, port, stem):
 
 
 def step_ms(path):
-    """{case: step ms} from k_of_n's CSV, whose case names hold unquoted commas ("all_reduce, one slow rank")."""
-    with open(path) as f:
-        rows = list(csv.reader(f))
-    tail = len(rows[0]) - 1  # the columns after the case
-    return {",".join(r[:-tail]): float(r[-tail:][rows[0].index("step_ms") - 1]) for r in rows[1:] if r}
+    """{case: step ms} from k_of_n's CSV (case names quoted: they hold commas)."""
+    with open(path, newline="") as f:
+        return {r["case"]: float(r["step_ms"]) for r in csv.DictReader(f)}
 
 
 def summarize(o, runs, results):
