@@ -8,8 +8,9 @@
 //   the others apply them with the old view's scale;
 // - otherwise every survivor sums its own gradients of the step again, scale 1 / |view|.
 // Either way every survivor applies the same update, so replicas stay bit-identical.
-// Below min_replicas (or without a strict majority of the old view) the job fails with
-// peer_lost naming the lost ranks. Nothing after the start needs rank 0 or the rendezvous
+// Below min_replicas, or without a strict majority of the old view unless every rank lost
+// is gone for sure (a closed connection, not a silence), the job fails with peer_lost
+// naming the lost ranks. Nothing after the start needs rank 0 or the rendezvous
 // store, so any rank may be lost, rank 0 included.
 //
 // The price: a copy of the step's gradients (an in-place all-reduce overwrites what a
