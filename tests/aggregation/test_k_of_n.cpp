@@ -294,6 +294,70 @@ TEST_CASE("K of N keeps a late replica at most max_steps_behind steps behind: th
   REQUIRE(seen_while_held.load() == (ranks - 1) * behind);
 }
 
+TEST_CASE("K of N: a late replica whose communicator thread finished the plan without it catches up, and opens no step again") {
+  // Rank N-1's finish of step 0 returns as soon as that step is done; only then do the others
+  // go on, through the rest of the plan, without it (it has not opened step 1). Its
+  // communicator thread runs those steps and ends with the plan. Its next step (1) was run
+  // already: it must take the others' sums, not open step 1's round a second time (which no
+  // other rank would join: it hung until the step timeout).
+  const int ranks = 3, steps = 4;
+  const auto grads = random_gradients(steps, ranks, 11);
+  std::atomic<int> fast_steps_done{0};
+  std::atomic<bool> slow_finished_first{false};
+  std::vector<std::vector<std::uint64_t>> advanced(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<gw::host_tensor<double>>> params(static_cast<std::size_t>(ranks));
+  std::vector<double> after(static_cast<std::size_t>(ranks));
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    const int r = t.rank();
+    const bool slow = r == ranks - 1;
+    strategy_type s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
+                    gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{
+                        .bucket_bytes = 256, .backup_workers = 1, .max_steps_behind = steps}),
+                    gw::collective::communicator_options{.timeout = 30s});  // a regression fails, not hangs 5 min
+    s.aggregation().plan_steps(steps);
+    for (int k = 0; k < steps;) {
+      if (!slow && k == 1)
+        wait_until([&] { return slow_finished_first.load(); }, "the slow rank did not finish step 0");
+      if (slow && k == 1) {
+        wait_until([&] { return fast_steps_done.load() >= (ranks - 1) * steps; }, "the fast ranks did not finish the plan");
+        std::this_thread::sleep_for(50ms);  // its communicator thread ends the plan's job
+      }
+      auto step = s.begin_step();
+      if (slow && k == 0)
+        wait_until([&] { return fast_steps_done.load() >= ranks - 1; }, "the fast ranks did not close step 0");
+      const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
+      step.finish();
+      if (!slow) ++fast_steps_done;
+      if (slow && k == 0) slow_finished_first = true;
+      advanced[static_cast<std::size_t>(r)].push_back(s.aggregation().last_steps_advanced());
+      k += static_cast<int>(s.aggregation().last_steps_advanced());
+    }
+    double x = r + 1;
+    gw::collective::all_reduce(s.communicator(), std::span<double>(&x, 1));
+    after[static_cast<std::size_t>(r)] = x;
+    params[static_cast<std::size_t>(r)].assign(s.parameters().begin(), s.parameters().end());
+  });
+  REQUIRE(advanced[ranks - 1] == std::vector<std::uint64_t>{1, steps - 1});
+  auto expected = start_params();
+  for (int k = 0; k < steps; ++k)
+    for (std::size_t t = 0; t < expected.size(); ++t)
+      for (std::size_t i = 0; i < expected[t].size(); ++i) {
+        double sum = 0;
+        for (int q = 0; q + 1 < ranks; ++q) sum += grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(q)][t][i];
+        expected[t][i] -= 0.1 * sum / double(ranks - 1);
+      }
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    REQUIRE(after[static_cast<std::size_t>(r)] == double(ranks * (ranks + 1) / 2));
+    for (std::size_t t = 0; t < expected.size(); ++t)
+      for (std::size_t i = 0; i < expected[t].size(); ++i) {
+        REQUIRE(params[static_cast<std::size_t>(r)][t][i] == Approx(expected[t][i]).epsilon(1e-12).margin(1e-12));
+        REQUIRE(params[static_cast<std::size_t>(r)][t][i] == params[0][t][i]);
+      }
+  }
+}
+
 TEST_CASE("K of N refuses backups it cannot honour, naming the option") {
   gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
     auto make = [&](int backups) {

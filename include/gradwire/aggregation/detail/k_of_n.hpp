@@ -113,7 +113,7 @@ class k_of_n {
   bool in() const noexcept { return in_; }
 
   // The caller opens its step: the communicator's thread runs it, and the planned steps
-  // after it (started here unless it runs already; `agent` is what reduce_fn is given).
+  // after it (started here unless a job runs or ran it; `agent` is what reduce_fn is given).
   void begin_step(communicator_type& comm, void* agent) {
     shared& sh = *shared_;
     {
@@ -123,7 +123,10 @@ class k_of_n {
       in_ = false;
       sh.launched = 0;
       sh.budget = std::max(sh.budget, step_);
-      if (sh.running) return;
+      // The job runs this step already, or ran it: it went on through the plan while this
+      // rank was late, and the caller takes those steps' sums. A new job here would open a
+      // step's round that every other rank has closed (a hang until the step timeout).
+      if (sh.running || sh.done > step_) return;
       sh.running = true;
       sh.start = step_;
       sh.agent = agent;
