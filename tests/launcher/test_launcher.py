@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/gradwire-run: environment per rank, prefixes, failures, signals, timeouts, usage.
+"""scripts/gradwire-run: environment per rank, prefixes, failures, restarts, signals, timeouts, usage.
 
 Usage: test_launcher.py path/to/gradwire-run [unittest args]
 
@@ -387,6 +387,194 @@ class Signals(unittest.TestCase):
             self.assertFalse(any(os.path.exists(f) for f in files("count")), "a rank finished instead of being killed")
 
 
+class Restarts(unittest.TestCase):
+    """--max-restarts R: a failed rank is started again alone, with GRADWIRE_REJOIN=1 and
+    GRADWIRE_RESTART_COUNT=k, up to R times; the other ranks go on."""
+    # argv: DIR ACTION-OF-RANK-0 ACTION-OF-RANK-1 ...; every run appends its environment (a JSON
+    # line) to DIR/runs.RANK, then acts ("finish": exits 0). A wait is a bounded poll: the rank
+    # exits 9 after 30 s.
+    RANK_PROGRAM = """if 1:
+        import json, os, signal, subprocess, sys, time
+        d, rank = sys.argv[1], os.environ["RANK"]
+        action = sys.argv[2 + int(rank)]
+        replacement = os.environ.get("GRADWIRE_REJOIN") == "1"
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "GRADWIRE_JOB_TOKEN", "GRADWIRE_REJOIN", "GRADWIRE_RESTART_COUNT")
+        run = {n: os.environ.get(n) for n in names}
+        run.update(pid=os.getpid(), started=time.monotonic())
+
+        def runs(r):
+            try:
+                with open(os.path.join(d, "runs." + r)) as f:
+                    return [json.loads(line) for line in f if line.endswith("\\n")]
+            except FileNotFoundError:
+                return []
+
+        def wait_for(condition):
+            give_up = time.monotonic() + 30
+            while not condition():
+                if time.monotonic() > give_up:
+                    sys.exit(9)
+                time.sleep(0.01)
+
+        def ended(r):  # its last run was reaped by the launcher (a zombie still answers kill 0)
+            try:
+                os.kill(runs(r)[-1]["pid"], 0)
+                return False
+            except (IndexError, ProcessLookupError):
+                return bool(runs(r))
+
+        if action == "kill-once" and not replacement:  # leaves a child in its process group
+            run["child"] = subprocess.Popen(["sleep", "30"]).pid
+        run["ending"] = time.monotonic()
+        with open(os.path.join(d, "runs." + rank), "a") as f:
+            f.write(json.dumps(run) + "\\n")
+        if action == "kill-once" and not replacement:
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "exit-3" or (action == "exit-3-once" and not replacement):
+            sys.exit(3)
+        elif action.startswith("await-replacement-of-"):
+            wait_for(lambda: len(runs(action.rsplit("-", 1)[1])) >= 2)
+            open(os.path.join(d, "done." + rank), "w").close()
+        elif action.startswith("await-end-of-"):
+            wait_for(lambda: ended(action.rsplit("-", 1)[1]))
+        elif action == "await-go":  # the test never says go: only the launcher ends it
+            wait_for(lambda: os.path.exists(os.path.join(d, "go")))
+    """
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.program = os.path.join(self.dir, "rank.py")
+        pathlib.Path(self.program).write_text(self.RANK_PROGRAM)
+        self.env = {k: v for k, v in os.environ.items() if k not in ("GRADWIRE_REJOIN", "GRADWIRE_RESTART_COUNT")}
+
+    def launch(self, options, actions):
+        """Runs the launcher with `options` on one rank per action; returns (code, stderr)."""
+        code, _, err, _ = run("-n", str(len(actions)), *options, sys.executable, self.program, self.dir, *actions,
+                              env=self.env)
+        return code, err
+
+    def runs(self, rank):
+        path = pathlib.Path(self.dir, f"runs.{rank}")
+        lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        return [json.loads(line) for line in lines if line.endswith("\n")]
+
+    def clear(self):
+        """Forgets the runs of an earlier launch."""
+        for name in os.listdir(self.dir):
+            if name != "rank.py":
+                os.remove(os.path.join(self.dir, name))
+
+    def test_a_failed_rank_is_restarted_alone_with_its_environment_and_the_job_succeeds(self):
+        # Rank 1 fails on its first run; ranks 0 and 2 wait for its replacement, then end 0: they
+        # ran through the failure (the launcher did not stop them).
+        for failure, description in (("kill-once", "was killed by SIGKILL"), ("exit-3-once", "exited with status 3")):
+            with self.subTest(failure=failure):
+                self.clear()
+                code, err = self.launch(["--max-restarts", "2", "--restart-delay", "0.2"],
+                                        ["await-replacement-of-1", failure, "await-replacement-of-1"])
+                self.assertEqual(code, 0, err)
+                self.assertIn(f"gradwire-run: rank 1 {description}; restarting it in 0.2 s (restart 1 of 2) "
+                              f"with GRADWIRE_REJOIN=1\n", err)
+                self.assertNotIn("stopping", err)
+                first, replacement = self.runs(1)
+                self.assertEqual((first["GRADWIRE_REJOIN"], first["GRADWIRE_RESTART_COUNT"]), (None, None))
+                self.assertEqual((replacement["GRADWIRE_REJOIN"], replacement["GRADWIRE_RESTART_COUNT"]), ("1", "1"))
+                same = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                        "GRADWIRE_JOB_TOKEN")
+                self.assertEqual({n: replacement[n] for n in same}, {n: first[n] for n in same})
+                self.assertEqual((first["RANK"], first["WORLD_SIZE"]), ("1", "3"))
+                for rank in (0, 2):
+                    self.assertEqual(len(self.runs(rank)), 1, f"rank {rank} was restarted")
+                    self.assertTrue(pathlib.Path(self.dir, f"done.{rank}").exists(), f"rank {rank} did not finish")
+                if "child" in first:  # what the killed run left in its group does not meet its replacement
+                    poll_until(lambda: not alive(first["child"]), 10, "the killed rank's child survived its restart")
+
+    def test_the_replacement_starts_after_the_default_delay(self):
+        code, err = self.launch(["--max-restarts", "1"], ["await-replacement-of-1", "exit-3-once"])
+        self.assertEqual(code, 0, err)
+        self.assertIn("gradwire-run: rank 1 exited with status 3; restarting it in 1 s (restart 1 of 1) "
+                      "with GRADWIRE_REJOIN=1\n", err)
+        first, replacement = self.runs(1)
+        # A lower bound only (one monotonic clock for all processes): load only makes it later.
+        self.assertGreaterEqual(replacement["started"] - first["ending"], 1.0)
+
+    def test_restarts_are_capped_then_the_failure_stops_the_job(self):
+        # Rank 1 fails every time: started R+1 = 3 times, then the job fails with its status and
+        # rank 0 (still waiting) is stopped as without restarts.
+        code, err = self.launch(["--max-restarts", "2", "--restart-delay", "0"], ["await-go", "exit-3"])
+        self.assertEqual(code, 3, err)
+        runs = self.runs(1)
+        self.assertEqual([(r["GRADWIRE_REJOIN"], r["GRADWIRE_RESTART_COUNT"]) for r in runs],
+                         [(None, None), ("1", "1"), ("1", "2")])
+        for k in (1, 2):
+            self.assertIn(f"gradwire-run: rank 1 exited with status 3; restarting it in 0 s (restart {k} of 2) "
+                          f"with GRADWIRE_REJOIN=1\n", err)
+        self.assertIn("gradwire-run: rank 1 exited with status 3 after 2 restarts; stopping the other ranks\n", err)
+        (waiting,) = self.runs(0)
+        self.assertFalse(alive(waiting["pid"]), "rank 0 was not stopped")
+
+    def test_the_job_waits_for_a_replacement_when_no_other_rank_runs(self):
+        code, err = self.launch(["--max-restarts", "1", "--restart-delay", "0.2"], ["exit-3-once"])
+        self.assertEqual(code, 0, err)
+        self.assertEqual([r["GRADWIRE_RESTART_COUNT"] for r in self.runs(0)], [None, "1"])
+
+    def test_a_rank_that_exits_0_is_not_restarted(self):
+        # Rank 0 runs on until the launcher has reaped rank 1: with no delay, a restart would
+        # have started before the job ends.
+        code, err = self.launch(["--max-restarts", "3", "--restart-delay", "0"], ["await-end-of-1", "finish"])
+        self.assertEqual(code, 0, err)
+        self.assertEqual([len(self.runs(r)) for r in (0, 1)], [1, 1])
+        self.assertNotIn("restart", err)
+
+    def test_zero_restarts_is_the_old_behaviour(self):
+        for options in ([], ["--max-restarts", "0"]):
+            with self.subTest(options=options):
+                self.clear()
+                code, err = self.launch(options, ["await-go", "exit-3"])
+                self.assertEqual(code, 3, err)
+                self.assertEqual(err, "gradwire-run: rank 1 exited with status 3; stopping the other ranks\n")
+                self.assertEqual(len(self.runs(1)), 1)
+                self.assertNotIn("GRADWIRE_REJOIN=1", err)
+
+    def test_no_restart_once_the_launcher_stops_the_job(self):
+        # --timeout during the delay: the pending restart is dropped. (5 s: rank 1 has failed by then.)
+        code, err = self.launch(["--max-restarts", "1", "--restart-delay", "60", "--timeout", "5"],
+                                ["await-go", "exit-3"])
+        self.assertEqual(code, 124, err)
+        self.assertIn("restarting it in 60 s (restart 1 of 1)", err)
+        self.assertEqual(len(self.runs(1)), 1)
+        # SIGTERM to the launcher: the ranks it ends are not restarted.
+        self.clear()
+        launcher = subprocess.Popen([sys.executable, LAUNCHER, "-n", "2", "--max-restarts", "3", "--restart-delay",
+                                     "0", sys.executable, self.program, self.dir, "await-go", "await-go"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env)
+        try:
+            poll_until(lambda: self.runs(0) and self.runs(1), 20, "the ranks did not start")
+            launcher.send_signal(signal.SIGTERM)
+            _, err = launcher.communicate(timeout=20)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate()
+        self.assertEqual(launcher.returncode, 128 + signal.SIGTERM, err)
+        self.assertNotIn("restart", err)
+        self.assertEqual([len(self.runs(r)) for r in (0, 1)], [1, 1])
+
+    def test_bad_values_exit_2_naming_the_option(self):
+        for args, message in ((["--max-restarts", "-1"], "--max-restarts -1: give 0 or more"),
+                              (["--max-restarts", "x"], "--max-restarts"),
+                              (["--restart-delay", "-0.5"], "--restart-delay -0.5: give a number of seconds"),
+                              (["--restart-delay", "nan"], "--restart-delay nan"),
+                              (["--restart-delay", "inf"], "--restart-delay inf")):
+            with self.subTest(args=args):
+                code, _, err, _ = run("-n", "2", *args, "true")
+                self.assertEqual(code, 2, err)
+                self.assertIn("usage:", err)
+                self.assertIn(message, err)
+
+
 class MultiNode(unittest.TestCase):
     """--nnodes: one launcher per node; here every "node" is this machine (the namespace tests
     in tests/cluster_ns run them on emulated hosts)."""
@@ -530,6 +718,8 @@ class Usage(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertIn("gradwire-run -n N", out)
         self.assertIn("--keep-going", out)
+        self.assertIn("--max-restarts", out)
+        self.assertIn("GRADWIRE_REJOIN=1", out)
 
     def test_program_options_are_not_the_launchers(self):
         code, out, err, _ = run("-n", "1", "sh", "-c", 'printf "%s\\n" "$*"', "sh", "-n", "5", "--timeout", "x")
