@@ -546,14 +546,16 @@ concept scheduling_agent =
     };
 
 // Says whether it keeps the replicas' optimizer state in step (local SGD's
-// average_optimizer_state): a question without a state type, asked before any step.
+// average_optimizer_state, elastic_all_reduce's joins): a question without a state type,
+// asked before any step.
 //   bool averages_optimizer_state() const        whether it touches the states at all
 template <class G>
 concept state_averaging_agent = requires(const G& cg) {
   { cg.averages_optimizer_state() } -> std::convertible_to<bool>;
 };
 
-// ...and does it: called after every step with this replica's states, one per tensor.
+// ...and does it: called after setup and after every step with this replica's states, one
+// per tensor (local SGD averages them; an elastic all-reduce hands them to a replacement).
 //   void synchronise_state<V>(comm, span<State>)
 template <class G, class V, class Transport, class State>
 concept state_synchronising_agent =

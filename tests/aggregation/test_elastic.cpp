@@ -7,6 +7,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -168,6 +169,60 @@ TEST_CASE("the survivors agree on the next view: the lost rank dropped, every re
     REQUIRE(n.reports.size() == 3);
     for (std::size_t i = 0; i < 3; ++i) CHECK(n.reports[i] == gw::transport::member_report{10u + i, 4});
   }
+}
+
+TEST_CASE("the agreement takes a replacement in only at a clean step boundary: every member level, nobody dropped",
+          "[elastic]") {
+  // View 5 holds ranks 0..2; rank 3 is out, and only rank 0 names it among its admits (the
+  // admits flood like the suspects). Level: rank 3 joins with the members' report. A member
+  // a step behind (an unsettled step), or a member lost: the view does not grow.
+  enum class shape { level, behind, lost };
+  const shape c = GENERATE(shape::level, shape::behind, shape::lost);
+  CAPTURE(static_cast<int>(c));
+  constexpr int ranks = 4, out = 3, victim = 2;
+  const gw::transport::view current{5, {0, 1, 2}};
+  std::vector<gw::transport::next_view> next(ranks);
+  const auto errors = run_job(ranks, [&](asio_tcp& t) {
+    const int me = t.rank();
+    if (me == out) return;
+    tolerate_every_peer(t);
+    gw::transport::view_agreement<asio_tcp> agreement(t, current);
+    if (c == shape::lost && me == victim) throw lost_on_purpose();
+    if (c == shape::lost) await_lost(t, {victim});
+    const std::uint64_t applied = (c == shape::behind && me == 1) ? 6 : 7;
+    const std::vector<int> admits = me == 0 ? std::vector<int>{out} : std::vector<int>{};
+    next[static_cast<std::size_t>(me)] =
+        agreement.agree(t, {.applied = applied, .denominator = 3}, {.min_replicas = 2, .timeout = patience}, admits);
+  });
+  for (int r = 0; r < out; ++r) {
+    INFO("rank " << r);
+    if (c == shape::lost && r == victim) continue;
+    REQUIRE(what_of(errors[static_cast<std::size_t>(r)]) == "");
+    const auto& n = next[static_cast<std::size_t>(r)];
+    CHECK(n.members.epoch == 6);
+    if (c == shape::level) {
+      CHECK(n.members.members == std::vector<int>{0, 1, 2, 3});
+      CHECK(n.joined == std::vector<int>{out});
+      CHECK(n.reports == std::vector<gw::transport::member_report>(4, {7, 3}));
+    } else {
+      CHECK(n.joined.empty());
+      CHECK(n.members.members == (c == shape::lost ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2}));
+    }
+  }
+  // An admit of a member, or of no job rank, is refused at once.
+  run_job(2, [&](asio_tcp& t) {
+    if (t.rank() != 0) return;
+    tolerate_every_peer(t);
+    gw::transport::view_agreement<asio_tcp> agreement(t, gw::transport::view::whole(2));
+    for (int bad : {1, 2, -1}) {
+      const std::vector<int> admits{bad};
+      const auto [kind, what] = gw::testing::error_of([&] {
+        agreement.agree(t, {}, {.min_replicas = 1, .timeout = patience}, admits);
+      });
+      CHECK(kind == gw::errc::invalid_argument);
+      CHECK_THAT(what, Catch::Contains("cannot join view 0"));
+    }
+  });
 }
 
 TEST_CASE("the agreement refuses a next view below min_replicas, or without a majority past a silence, naming the "
@@ -588,4 +643,160 @@ TEST_CASE("a rank that enters the agreement after the others dropped it fails in
   }
   CHECK(next[3].members.members.empty());
   CHECK_THAT(what_of(errors[3]), Catch::StartsWith("elastic: lost rank 0, rank 1, rank 2; 1 of view 0's 4 ranks remain"));
+}
+
+TEST_CASE("a lost rank's replacement joins at a step boundary, takes parameters, Adam state and step count from the "
+          "members, and every replica is bit-identical after its first step",
+          "[elastic]") {
+  // 3 ranks, Adam over float64 gradients that depend on (step, rank). Rank 2 is lost after
+  // step `at`; once both survivors are in view 1, a replacement (asio_tcp rejoin, as
+  // GRADWIRE_REJOIN=1 makes it) asks to join; the survivors take it in after some step J - 1
+  // (the first whose sums show both hold its request). From step J all three sum again, 5
+  // more steps. Reference: float64 Adam over exactly those sets: steps 0..at all three,
+  // at+1..J-1 ranks 0 and 1, J..J+4 all three.
+  constexpr int ranks = 3, victim = 2, at = 3, after_join = 5;
+  const std::vector<std::size_t> sizes{33, 0, 5};
+  const gw::optim::adam::options adam_options{.lr = 0.01};
+  auto gradient = [](std::uint64_t step, int rank, std::size_t tensor, std::size_t i) {
+    return 0.03125 * double((step * 13 + static_cast<std::uint64_t>(rank) * 7 + tensor * 5 + i) % 17) - 0.25;
+  };
+  auto start = [](std::size_t tensor, std::size_t i) { return 0.5 * double(i % 5) - double(tensor); };
+  using strategy_type = gw::strategy<gw::host_tensor<double>, gw::optim::adam, gw::aggregation::elastic_all_reduce, asio_tcp>;
+  auto make_params = [&](bool garbage) {
+    std::vector<gw::host_tensor<double>> params;
+    for (std::size_t j = 0; j < sizes.size(); ++j) {
+      params.emplace_back(gw::shape{sizes[j]});
+      for (std::size_t i = 0; i < sizes[j]; ++i) params.back()[i] = garbage ? 1e6 : start(j, i);
+    }
+    return params;
+  };
+  auto step_of = [&](strategy_type& s, std::uint64_t k, int r) {
+    std::vector<std::vector<double>> g(sizes.size());
+    for (std::size_t j = 0; j < sizes.size(); ++j)
+      for (std::size_t i = 0; i < sizes[j]; ++i) g[j].push_back(gradient(k, r, j, i));
+    s.step(g);
+  };
+  struct final_state {
+    std::vector<std::vector<double>> params, m, v;
+    std::vector<long> counts;
+    std::uint64_t steps = 0, joined_at = 0;
+    gw::transport::view view;
+    std::vector<int> joined;
+  };
+  std::vector<final_state> finals(ranks + 1);  // the last: the replacement
+  auto keep = [&](strategy_type& s, final_state& f) {
+    for (const auto& p : s.parameters()) f.params.emplace_back(p.data(), p.data() + p.size());
+    for (auto& st : s.optimizer_states()) {
+      f.m.emplace_back(st.m.data(), st.m.data() + st.m.size());
+      f.v.emplace_back(st.v.data(), st.v.data() + st.v.size());
+      f.counts.push_back(st.step);
+    }
+    f.steps = s.aggregation().applying_step();
+    f.view = s.aggregation().view();
+    f.joined = s.aggregation().joined_ranks();
+  };
+  gw::testing::event survivor_shrunk[2]{gw::testing::event(patience), gw::testing::event(patience)};
+  gw::testing::event survivor_applied[2]{gw::testing::event(patience), gw::testing::event(patience)};
+
+  const std::uint16_t port = free_port();
+  auto options_for = [&](int r, bool rejoin) {
+    gw::transport::asio_tcp_options o;
+    o.rank = r;
+    o.size = ranks;
+    o.job_token = "test-elastic-join";
+    o.store_port = port;
+    o.connect_timeout = patience;
+    o.rejoin = rejoin;
+    return o;
+  };
+  std::vector<std::exception_ptr> errors(ranks + 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        strategy_type s(asio_tcp(options_for(r, false)), make_params(false), gw::optim::adam(adam_options),
+                        gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}),
+                        {.timeout = patience});
+        std::uint64_t stop = 0;  // J + after_join, once the replacement is in
+        for (std::uint64_t k = 0; stop == 0 || k < stop; ++k) {
+          if (k > at + 400) throw std::runtime_error("the replacement was never taken in");
+          step_of(s, k, r);
+          if (r != victim && k == at) survivor_applied[r].raise();
+          if (r == victim && k == at) {
+            // Lost once the others applied step `at` over its gradients (lost earlier, its
+            // messages not yet read would go with it, and they would sum step `at` again).
+            survivor_applied[0].await("rank 0 to apply step `at`");
+            survivor_applied[1].await("rank 1 to apply step `at`");
+            throw lost_on_purpose();
+          }
+          if (k > at && s.aggregation().view().epoch == 1) survivor_shrunk[r].raise();
+          if (stop == 0 && !s.aggregation().joined_ranks().empty()) {
+            finals[static_cast<std::size_t>(r)].joined_at = s.aggregation().applying_step();
+            stop = s.aggregation().applying_step() + after_join;
+          }
+          if (stop == 0 && k > at) std::this_thread::sleep_for(5ms);  // the replacement's request comes meanwhile
+        }
+        keep(s, finals[static_cast<std::size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  threads.emplace_back([&] {
+    try {
+      survivor_shrunk[0].await("rank 0 to go on without rank 2");
+      survivor_shrunk[1].await("rank 1 to go on without rank 2");
+      strategy_type s(asio_tcp(options_for(victim, true)), make_params(true), gw::optim::adam(adam_options),
+                      gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}),
+                      {.timeout = patience});
+      finals[ranks].joined_at = s.aggregation().applying_step();
+      for (std::uint64_t k = s.aggregation().applying_step(); k < finals[ranks].joined_at + after_join; ++k)
+        step_of(s, k, victim);
+      keep(s, finals[ranks]);
+    } catch (...) {
+      errors[ranks] = std::current_exception();
+    }
+  });
+  for (auto& t : threads) t.join();
+  CHECK_THAT(what_of(errors[victim]), Catch::Equals("lost on purpose"));
+  REQUIRE(what_of(errors[0]) == "");
+  REQUIRE(what_of(errors[1]) == "");
+  REQUIRE(what_of(errors[ranks]) == "");
+
+  const std::uint64_t joined_at = finals[0].joined_at;
+  CAPTURE(joined_at);
+  REQUIRE(joined_at > at + 1);
+  REQUIRE(finals[1].joined_at == joined_at);
+  REQUIRE(finals[ranks].joined_at == joined_at);  // the replacement starts where the members are
+  for (int f : {0, 1, ranks}) {
+    CAPTURE(f);
+    const auto& x = finals[static_cast<std::size_t>(f)];
+    CHECK(x.steps == joined_at + after_join);
+    CHECK(x.view.members == std::vector<int>{0, 1, 2});
+    CHECK(x.view.epoch == finals[0].view.epoch);
+    CHECK(x.joined == std::vector<int>{2});
+    // Bit for bit: parameters and the optimizer's state, its step counts included.
+    CHECK(x.params == finals[0].params);
+    CHECK(x.m == finals[0].m);
+    CHECK(x.v == finals[0].v);
+    CHECK(x.counts == std::vector<long>(sizes.size(), static_cast<long>(joined_at + after_join)));
+  }
+
+  // The float64 reference (PyTorch's Adam), over the sets each step summed.
+  const double b1 = adam_options.beta1, b2 = adam_options.beta2, eps = adam_options.eps, lr = adam_options.lr;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      double p = start(t, i), m = 0, v = 0;
+      for (std::uint64_t k = 0; k < joined_at + after_join; ++k) {
+        const int in = (k <= at || k >= joined_at) ? ranks : ranks - 1;
+        double g = 0;
+        for (int w = 0; w < in; ++w) g += gradient(k, w, t, i);
+        g /= in;
+        m = b1 * m + (1 - b1) * g;
+        v = b2 * v + (1 - b2) * g * g;
+        const double step = double(k + 1);
+        p -= lr / (1 - std::pow(b1, step)) * m / (std::sqrt(v) / std::sqrt(1 - std::pow(b2, step)) + eps);
+      }
+      INFO("tensor " << t << " element " << i);
+      CHECK(finals[0].params[t][i] == Approx(p).epsilon(1e-9).margin(1e-12));
+    }
 }

@@ -13,6 +13,12 @@
 // naming the lost ranks. Nothing after the start needs rank 0 or the rendezvous
 // store, so any rank may be lost, rank 0 included.
 //
+// Over a transport that takes a lost rank's replacement back (asio_tcp), the job also
+// grows again (docs/elastic.md §3, detail/elastic_join.hpp): a process started with
+// GRADWIRE_REJOIN=1 asks to join, the members let it in at a step boundary agreed through
+// control slots in the step's own all-reduce, and it takes the parameters, the optimizer
+// state and the step count from them, no checkpoint read.
+//
 // The price: a copy of the step's gradients (an in-place all-reduce overwrites what a
 // redo needs) and the previous step's sums (a survivor behind may need them), three
 // model-sized buffers; and the reduction starts at finish, not during backward.
@@ -27,9 +33,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "../collective/all_reduce.hpp"
+#include "../collective/barrier.hpp"
 #include "../collective/broadcast.hpp"
 #include "../collective/bucketing.hpp"
 #include "../collective/communicator.hpp"
@@ -40,6 +49,7 @@
 #include "../timeouts.hpp"
 #include "../transport/view.hpp"
 #include "../transport/view_change.hpp"
+#include "detail/elastic_join.hpp"
 #include "min_replicas.hpp"
 
 namespace gradwire::aggregation {
@@ -59,6 +69,10 @@ struct elastic_options {
   // suspects it. 0: GRADWIRE_STALL_TIMEOUT when set, else the communicator's step timeout.
   // Keep it above the longest compute of a step: a member answers at its next wait.
   std::chrono::milliseconds suspect_after{0};
+  // Take a lost rank's replacement (a process started with GRADWIRE_REJOIN=1) back in at a
+  // step boundary, with its state from the members. Only where the transport can take one
+  // back (concepts::rejoinable_transport: asio_tcp); elsewhere a replacement is refused.
+  bool joins = true;
 };
 
 // The policy. Algorithm: collective::auto_, ring, halving_doubling or hierarchical; each
@@ -86,6 +100,7 @@ class elastic_all_reduce_with {
   int min_replicas() const noexcept { return options_.min_replicas; }
   std::size_t bucket_bytes() const noexcept { return options_.bucket_bytes; }
   std::chrono::milliseconds suspect_after() const noexcept { return options_.suspect_after; }
+  bool joins() const noexcept { return options_.joins; }
 
  private:
   elastic_options options_;
@@ -101,6 +116,7 @@ class elastic_all_reduce_agent {
                 "an MPI job ends with its first lost rank");
   using view_transport = transport::view_transport<Tr>;
   using agreement = transport::view_agreement<Tr>;
+  static constexpr bool can_take_back = concepts::rejoinable_transport<Tr>;
 
  public:
   using algorithm = Algorithm;
@@ -109,10 +125,17 @@ class elastic_all_reduce_agent {
   explicit elastic_all_reduce_agent(const elastic_all_reduce_with<Algorithm>& policy)
       : min_replicas_(policy.min_replicas()),
         bucket_elements_(std::max<std::size_t>(1, policy.bucket_bytes() / sizeof(V))),
-        suspect_after_(policy.suspect_after()) {}
+        suspect_after_(policy.suspect_after()),
+        joins_(policy.joins() && can_take_back) {}
 
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     const int n = comm.size();
+    const bool replacement = concepts::rejoined(comm.transport());
+    if (replacement && !joins_)
+      throw error(errc::config, "elastic_all_reduce: rank " + std::to_string(comm.rank()) +
+                                    " replaces a lost rank (GRADWIRE_REJOIN=1), but " +
+                                    (can_take_back ? "elastic_options::joins is off"
+                                                   : "this transport cannot take a replacement back (asio_tcp can)"));
     if (!concepts::tolerates_loss(comm.transport()))
       throw error(errc::config, "elastic_all_reduce: this transport cannot go on without a lost peer");
     if (min_replicas_ > n)
@@ -120,12 +143,22 @@ class elastic_all_reduce_agent {
                                     std::to_string(n) + " ranks");
     for (int p = 0; p < n; ++p)
       if (p != comm.rank()) comm.transport().tolerate_loss(p);
-    for (auto p : params) collective::broadcast(comm, p, 0);
     std::vector<std::size_t> sizes;
     for (auto p : params) sizes.push_back(p.size());
     layout_ = flat_layout(sizes);
-    grads_.assign(layout_.total(), V(0));
-    for (auto& s : sums_) s.assign(layout_.total(), V(0));
+    params_.assign(params.begin(), params.end());
+    // After the gradients, with joins, one control slot per job rank (detail/elastic_join.hpp).
+    control_ = layout_.total();
+    const std::size_t slots = joins_ ? static_cast<std::size_t>(n) : 0;
+    grads_.assign(control_ + slots, V(0));
+    for (auto& s : sums_) s.assign(control_ + slots, V(0));
+    if constexpr (can_take_back)
+      if (joins_) listener_.emplace(n);
+    if (replacement) {
+      enter_as_replacement(comm);
+      return;
+    }
+    for (auto p : params) collective::broadcast(comm, p, 0);
     start_view(comm, transport::view::whole(n));
     last_step_view_ = view();
   }
@@ -143,17 +176,38 @@ class elastic_all_reduce_agent {
       std::vector<V>& sums = sums_[applied_ % 2];
       try {
         std::copy(grads_.begin(), grads_.end(), sums.begin());
+        mark_join_requests(comm, sums);
         for (std::size_t at = 0; at < sums.size(); at += bucket_elements_)
           collective::all_reduce<Algorithm>(*view_comm_,
                                             std::span<V>(sums).subspan(at, std::min(bucket_elements_, sums.size() - at)));
       } catch (const error& e) {
         if (!recoverable(e)) throw;
-        if (recover(comm, e, apply)) return;  // this step came applied from a survivor's sums
+        if (recover(comm, e.what(), apply)) return;  // this step came applied from a survivor's sums
         ++redone_;
         continue;
       }
       apply_sums(apply, sums, view());
+      if (const std::vector<int> admits = admitted(sums); !admits.empty()) admit(comm, apply, admits);
       return;
+    }
+  }
+
+  // Joins: strategy<> calls this after setup and after every step. After a step that let a
+  // replacement in (and after a replacement's setup) the members hand it the model's state.
+  bool averages_optimizer_state() const noexcept { return joins_; }
+  template <class W, class State>
+  void synchronise_state(collective::communicator<Tr>& comm, std::span<State> states) {
+    if constexpr (!concepts::buffer_visiting_state<State>) {
+      if (joins_)
+        throw error(errc::config, "elastic_all_reduce: joins hand a replacement the optimizer state, and this "
+                                  "optimizer's state does not show its buffers (for_each_buffer; see "
+                                  "gradwire/optim/adam.hpp): set elastic_options::joins = false");
+    } else {
+      if (!transfer_) return;
+      const state_transfer transfer = std::move(*transfer_);
+      transfer_.reset();
+      view_comm_->transport().rebind(comm.transport());
+      hand_over_state(comm, states, transfer);
     }
   }
 
@@ -163,7 +217,10 @@ class elastic_all_reduce_agent {
   const std::vector<int>& lost_ranks() const noexcept { return lost_; }
   // Steps this rank summed again in a new view after a loss interrupted them.
   std::uint64_t redone_steps() const noexcept { return redone_; }
-  // Steps applied since setup (a learning-rate schedule's input).
+  // Every job rank taken back in so far (replacements), in the order they joined.
+  const std::vector<int>& joined_ranks() const noexcept { return joined_; }
+  // Steps applied since the job began (a learning-rate schedule's input); a replacement
+  // starts from the members' count, and its training loop from there.
   std::uint64_t applying_step() const noexcept { return applied_; }
   // The view whose members' gradients the latest applied step summed: the partition of the
   // next step's data (training/elastic_sampler.hpp). The current view, except on a rank
@@ -198,23 +255,37 @@ class elastic_all_reduce_agent {
     view_comm_.emplace(std::move(t), comm.options());
   }
 
-  // After a loss: agree on the next view and settle the interrupted step. Returns true
-  // when this rank applied the step from a survivor's sums (its finish is over), false
-  // when every survivor sums its own gradients of the step again.
+  // After a loss (or a step whose sums admit replacements: `admits`, this rank's step
+  // applied): agree on the next view and settle the interrupted step. Returns true when
+  // this rank applied the step from a survivor's sums (its finish is over), false when
+  // every survivor sums its own gradients of the step again (or there was none to settle).
   template <class Apply>
-  bool recover(collective::communicator<Tr>& comm, const error& cause, Apply& apply) {
+  bool recover(collective::communicator<Tr>& comm, const std::string& cause, Apply& apply, std::span<const int> admits = {}) {
     const transport::view began = view();  // where this rank's step was being summed
     for (;;) {
       const transport::view old = view();
       const transport::next_view next =
           agreement_->agree(comm.transport(), {applied_, last_denominator_},
                             {.min_replicas = min_replicas_,
-                             .timeout = suspect_after_.count() > 0 ? suspect_after_ : comm.options().timeout});
+                             .timeout = suspect_after_.count() > 0 ? suspect_after_ : comm.options().timeout},
+                            admits);
+      admits = {};  // asked once: a later agreement (a loss meanwhile) only shrinks
       lost_.insert(lost_.end(), next.dropped.begin(), next.dropped.end());
-      if (observe::log_enabled(observe::log_level::warning))
+      if (observe::log_enabled(observe::log_level::warning)) {
+        std::string joined;
+        for (int r : next.joined) joined += (joined.empty() ? " and takes rank " : ", rank ") + std::to_string(r) + " back";
         observe::log(comm.time(), observe::log_level::warning, comm.rank(), comm.size(), "elastic: view ", next.members.epoch,
-                     " keeps ", next.members.size(), " of ", old.size(), " ranks (", cause.what(), ")");
+                     " keeps ", next.members.size() - static_cast<int>(next.joined.size()), " of ", old.size(), " ranks",
+                     joined, " (", cause, ")");
+      }
       start_view(comm, next.members);
+      if constexpr (can_take_back)
+        if (joins_)
+          for (int r : next.dropped) listener_->listen(comm.transport(), r);
+      if (!next.joined.empty()) {  // a clean step boundary: nobody dropped, nobody behind
+        welcome_joiners(comm, next);
+        return false;
+      }
 
       std::uint64_t ahead = 0;
       for (const auto& r : next.reports) ahead = std::max(ahead, r.applied);
@@ -253,10 +324,190 @@ class elastic_all_reduce_agent {
     }
   }
 
+  // Joins (detail/elastic_join.hpp). Into the step's control slots: 1 for each job rank
+  // outside the view whose replacement asked this member to join.
+  void mark_join_requests(collective::communicator<Tr>& comm, std::span<V> sums) {
+    if constexpr (can_take_back) {
+      if (!joins_) return;
+      for (int r = 0; r < comm.size(); ++r)
+        if (view().position_of(r) < 0 && r != comm.rank())
+          sums[control_ + static_cast<std::size_t>(r)] = listener_->asked(comm.transport(), r) ? V(1) : V(0);
+    }
+  }
+  // The ranks every member heard from: their slot sums to the view's size (the same sums,
+  // so the same answer, on every member).
+  std::vector<int> admitted(std::span<const V> sums) const {
+    std::vector<int> admits;
+    if (!joins_) return admits;
+    for (std::size_t r = 0; r + control_ < sums.size(); ++r)
+      if (sums[control_ + r] == static_cast<V>(view().size())) admits.push_back(static_cast<int>(r));
+    return admits;
+  }
+
+  // After a step whose sums admit replacements (this rank applied it): the agreement that
+  // takes them in. A barrier first, so that no member is still inside the step's all-reduce
+  // when the agreement's proposals arrive (they end every wait in the view: that member
+  // would give up a step it was about to complete, and the join would wait for another).
+  // A member woken in the barrier has applied the step too, so every report is level.
+  template <class Apply>
+  void admit(collective::communicator<Tr>& comm, Apply& apply, const std::vector<int>& admits) {
+    try {
+      collective::barrier(*view_comm_);
+    } catch (const error& e) {
+      if (!recoverable(e)) throw;
+    }
+    recover(comm, "every member holds a replacement's request to join", apply, admits);  // this step stays applied
+  }
+
+  // What a step that let replacements in leaves for synchronise_state: who sends the state
+  // and who receives it (positions in the new view).
+  struct state_transfer {
+    std::vector<int> senders, joiners;
+  };
+
+  // A member, after the agreement that took replacements in: the first old member welcomes
+  // them; every member then owes them the state (synchronise_state, right after this step).
+  void welcome_joiners(collective::communicator<Tr>& comm, const transport::next_view& next) {
+    state_transfer transfer;
+    for (int p = 0; p < next.members.size(); ++p) {
+      const int r = next.members.members[static_cast<std::size_t>(p)];
+      const bool joining = std::find(next.joined.begin(), next.joined.end(), r) != next.joined.end();
+      (joining ? transfer.joiners : transfer.senders).push_back(p);
+    }
+    for (int r : next.joined) {
+      if constexpr (can_take_back) listener_->admitted(r);
+      joined_.push_back(r);
+    }
+    last_step_view_ = view();  // the next step's data is shared over the new view
+    const int first_old = next.members.members[static_cast<std::size_t>(transfer.senders.front())];
+    if (comm.rank() == first_old) {
+      const detail::welcome w{view(), next.joined, applied_, last_denominator_};
+      const std::vector<std::byte> bytes = w.encode(comm.size());
+      const deadline until = comm.time().deadline_after(comm.options().timeout);
+      std::vector<typename Tr::request> sends;
+      for (int r : next.joined) sends.push_back(comm.transport().async_send(r, detail::welcome_tag, std::span(bytes)));
+      for (auto& s : sends) try {
+          comm.transport().wait(s, until);
+        } catch (const error& e) {  // a replacement lost again: the state's transfer finds out
+          if (!recoverable(e)) throw;
+        }
+    }
+    transfer_ = std::move(transfer);
+  }
+
+  // A replacement's setup: asks every member it reaches, takes the first welcome (the view
+  // it enters, the step count), and owes itself the state (synchronise_state, next).
+  void enter_as_replacement(collective::communicator<Tr>& comm) {
+    auto& base = comm.transport();
+    const int me = comm.rank(), n = comm.size();
+    const deadline until = comm.time().deadline_after(comm.options().timeout);
+    const std::vector<int> lost = base.lost_peers();
+    std::vector<int> from;
+    std::vector<std::vector<std::byte>> bytes;
+    for (int p = 0; p < n; ++p)
+      if (p != me && std::find(lost.begin(), lost.end(), p) == lost.end()) from.push_back(p);
+    const std::string who = "elastic_all_reduce: rank " + std::to_string(me) + ", a replacement (GRADWIRE_REJOIN=1),";
+    if (from.empty()) throw error(errc::peer_lost, who + " reaches no member of the job");
+    bytes.assign(from.size(), std::vector<std::byte>(detail::welcome::bytes(n)));
+    std::vector<typename Tr::request> receives;
+    for (std::size_t i = 0; i < from.size(); ++i) receives.push_back(base.async_recv(from[i], detail::welcome_tag, std::span(bytes[i])));
+    detail::ask_to_join(base, until);
+    std::vector<typename Tr::request*> pending;
+    std::vector<std::size_t> pending_at;
+    for (std::size_t i = 0; i < receives.size(); ++i) {
+      pending.push_back(&receives[i]);
+      pending_at.push_back(i);
+    }
+    std::optional<detail::welcome> w;
+    int sender = -1;
+    while (!w) {
+      if (pending.empty()) throw error(errc::peer_lost, who + " lost every member it asked before one let it in");
+      std::size_t got = 0;
+      try {
+        got = base.wait_any(std::span<typename Tr::request* const>(pending), until);
+      } catch (const error& e) {
+        if (e.kind() != errc::timeout) throw;
+        throw error(errc::timeout, who + " asked " + std::to_string(from.size()) +
+                                       " members to join, and none let it in before the deadline (they admit it at "
+                                       "a step boundary once every member has its request)");
+      }
+      const std::size_t i = pending_at[got];
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(got));
+      pending_at.erase(pending_at.begin() + static_cast<std::ptrdiff_t>(got));
+      try {
+        base.wait(receives[i], until);
+      } catch (const error& e) {
+        if (e.kind() != errc::peer_lost) throw;
+        continue;
+      }
+      sender = from[i];
+      w = detail::welcome::decode(bytes[i], n, me, sender);
+    }
+    applied_ = w->applied;
+    last_denominator_ = w->denominator;
+    start_view(comm, w->members);
+    last_step_view_ = view();
+    joined_ = w->joined;
+    state_transfer transfer;
+    for (int p = 0; p < view().size(); ++p) {
+      const int r = view().members[static_cast<std::size_t>(p)];
+      (std::find(w->joined.begin(), w->joined.end(), r) != w->joined.end() ? transfer.joiners : transfer.senders)
+          .push_back(p);
+    }
+    transfer_ = std::move(transfer);
+    if constexpr (can_take_back)  // the ranks still out may send replacements of their own
+      for (int r = 0; r < n; ++r)
+        if (view().position_of(r) < 0) listener_->listen(base, r);
+    if (observe::log_enabled(observe::log_level::warning))
+      observe::log(comm.time(), observe::log_level::warning, me, n, "elastic: rank ", me, " joined view ", view().epoch,
+                   " of ", view().size(), " ranks at step ", applied_, " (welcomed by rank ", sender, ")");
+  }
+
+  // The state, from the old members to the replacements: parameters, optimizer buffers and
+  // counters, in place on the replacements. A loss meanwhile: a replacement fails (it lacks
+  // part of its state; the launcher may start it again), the members agree on the next view.
+  template <class State>
+  void hand_over_state(collective::communicator<Tr>& comm, std::span<State> states, const state_transfer& transfer) {
+    const bool joining = std::find(transfer.joiners.begin(), transfer.joiners.end(), view_comm_->rank()) !=
+                         transfer.joiners.end();
+    std::vector<std::span<std::byte>> segments;
+    for (auto p : params_) segments.push_back(std::as_writable_bytes(p));
+    for (auto& st : states) st.for_each_buffer([&](std::span<V> b) { segments.push_back(std::as_writable_bytes(b)); });
+    counters_.clear();
+    if constexpr (concepts::counter_visiting_state<State>)
+      for (auto& st : states) st.for_each_counter([&](long& c) { counters_.push_back(static_cast<std::int64_t>(c)); });
+    segments.push_back(std::as_writable_bytes(std::span(counters_)));
+    try {
+      detail::transfer_state(*view_comm_, std::span<const std::span<std::byte>>(segments), transfer.senders,
+                             transfer.joiners, comm.time().deadline_after(comm.options().timeout));
+    } catch (const error& e) {
+      if (joining || !recoverable(e))
+        throw error(e.kind(), std::string(joining ? "elastic_all_reduce: a replacement could not take its state: " : "") +
+                                  e.details());
+      auto none = [](std::size_t, std::span<const V>, V) {
+        throw error(errc::protocol, "elastic: a step to settle after a state transfer (members were at one step)");
+      };
+      recover(comm, e.what(), none);
+      return;
+    }
+    if constexpr (concepts::counter_visiting_state<State>)
+      if (joining) {
+        std::size_t i = 0;
+        for (auto& st : states) st.for_each_counter([&](long& c) { c = static_cast<long>(counters_[i++]); });
+      }
+  }
+
   int min_replicas_;
   std::size_t bucket_elements_;
   std::chrono::milliseconds suspect_after_;
+  bool joins_;
   flat_layout layout_;
+  std::vector<std::span<V>> params_;  // the replica's, as setup gave them (a replacement's state goes there)
+  std::size_t control_ = 0;           // where grads_ and sums_ hold the join slots
+  std::conditional_t<can_take_back, std::optional<detail::join_listener<Tr>>, std::monostate> listener_;
+  std::optional<state_transfer> transfer_;  // owed after this step (or this replacement's setup)
+  std::vector<std::int64_t> counters_;      // the optimizer's counters, in transit
+  std::vector<int> joined_;
   std::vector<V> grads_;
   std::vector<V> sums_[2];  // step s's sums in sums_[s % 2]: the previous step's stay while this one runs
   std::uint64_t applied_ = 0;

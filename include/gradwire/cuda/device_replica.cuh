@@ -60,8 +60,9 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
     if constexpr (concepts::state_averaging_agent<Agent>)
       if (agent.averages_optimizer_state())
         throw error(errc::invalid_argument,
-                    "gradwire::strategy: average_optimizer_state() is not available for CUDA tensors yet (the "
-                    "optimizer state lives on the device); leave it off");
+                    "gradwire::strategy: this aggregation keeps the replicas' optimizer state in step (local SGD's "
+                    "average_optimizer_state(), elastic_all_reduce's joins), which CUDA tensors do not support yet "
+                    "(the optimizer state lives on the device); turn it off");
     init(tensors, optimizer);
     view_.reserve(tensors.size());
     grad_spans_.reserve(tensors.size());

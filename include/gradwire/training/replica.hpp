@@ -43,6 +43,10 @@ class host_replica {
       view_.emplace_back(p.data(), p.size());
     }
     agent.setup(comm, parameters());
+    // An aggregation that keeps the replicas' optimizer state in step gets it once after
+    // setup too: a replica that joined a running job takes its state there (elastic_all_reduce).
+    if constexpr (concepts::state_synchronising_agent<Agent, value_type, Transport, state_type>)
+      agent.template synchronise_state<value_type>(comm, states());
   }
   std::span<const std::span<value_type>> parameters() const noexcept { return view_; }
   std::span<state_type> states() noexcept { return states_; }

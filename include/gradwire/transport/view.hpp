@@ -52,9 +52,11 @@ struct view {
 
 // Tags of a view's collectives stay below 2^40 (sequence numbers below 2^24 per view);
 // bits 40..47 hold the view's salt. Tags of the agreement on the next view
-// (transport/view_change.hpp) live in their own range above.
+// (transport/view_change.hpp) and of joins (a replacement's request and its welcome,
+// aggregation/detail/elastic_join.hpp) live in their own ranges above.
 inline constexpr std::uint64_t view_tag_bits = 40;
 inline constexpr std::uint64_t view_change_tag_base = std::uint64_t{0xF6} << 40;
+inline constexpr std::uint64_t join_tag_base = std::uint64_t{0xF7} << 40;
 
 template <class Tr>
   requires concepts::multiplexing_transport<Tr> && concepts::loss_tolerant_transport<Tr>

@@ -12,6 +12,12 @@
 // silence): of two sides of a partition, at most one goes on, while a job of two survives
 // a kill. A rank that finds itself suspected learns it from the flood and fails.
 //
+// Joins ride the same agreement (docs/elastic.md §3): a member that applied a step whose
+// sums say every member has a replacement's join request enters it with that rank among its
+// admits; the admits flood like the suspects, and the next view takes them in only if it
+// drops nobody and every member reports the same steps applied (a join at a clean step
+// boundary; otherwise the view only shrinks and the replacement is counted again later).
+//
 // Round 0's receives are posted when the view begins (view_agreement's constructor), so
 // that a member's proposal interrupts this rank's waits in the view's collectives
 // (view_transport::watch_proposals): a survivor learns of a loss it cannot see itself.
@@ -48,6 +54,7 @@ struct next_view {
   view members;
   std::vector<int> dropped;              // job ranks of the previous view left out, ascending
   std::vector<member_report> reports;    // one per member of the next view, in its order
+  std::vector<int> joined;               // job ranks taken in (replacements), ascending
 };
 
 struct view_change_options {
@@ -64,13 +71,14 @@ class view_agreement {
   static constexpr std::chrono::milliseconds poll{20};
 
   // Posts round 0's receives from every other member of `current` (the proposals).
-  view_agreement(Tr& base, view current) : view_(std::move(current)), me_(view_.position_of(base.rank())) {
+  view_agreement(Tr& base, view current)
+      : view_(std::move(current)), me_(view_.position_of(base.rank())), world_(static_cast<std::size_t>(base.size())) {
     if (me_ < 0)
       throw error(errc::invalid_argument, "view_agreement: rank " + std::to_string(base.rank()) +
                                               " is not a member of view " + std::to_string(view_.epoch));
     const std::size_t n = static_cast<std::size_t>(view_.size());
     proposals_.resize(n);
-    proposal_bytes_.assign(n, std::vector<std::byte>(n * entry_bytes));
+    proposal_bytes_.assign(n, std::vector<std::byte>(message_bytes()));
     for (std::size_t p = 0; p < n; ++p)
       if (static_cast<int>(p) != me_)
         proposals_[p] = base.async_recv(view_.members[p], tag(0), std::span(proposal_bytes_[p]));
@@ -113,13 +121,21 @@ class view_agreement {
   // For view_transport::watch_proposals.
   static bool proposed_in(void* self, Tr& base) { return static_cast<view_agreement*>(self)->proposed(base); }
 
-  // Runs the agreement (every surviving member calls it once the view's step failed).
+  // Runs the agreement (every surviving member calls it once the view's step failed, or
+  // once a step's sums admit a replacement: `admits`, job ranks outside the view).
   // Throws peer_lost when this rank is left out, or when the next view would keep fewer
   // than min_replicas ranks or no strict majority of this one.
-  next_view agree(Tr& base, member_report mine, const view_change_options& options) {
+  next_view agree(Tr& base, member_report mine, const view_change_options& options, std::span<const int> admits = {}) {
     const std::size_t n = static_cast<std::size_t>(view_.size());
     const auto me = static_cast<std::size_t>(me_);
-    std::vector<std::uint8_t> suspected(n, 0), known(n, 0), gone(n, 0);
+    std::vector<std::uint8_t> suspected(n, 0), known(n, 0), gone(n, 0), admit(world_, 0);
+    for (int r : admits) {
+      if (r < 0 || static_cast<std::size_t>(r) >= world_ || view_.position_of(r) >= 0)
+        throw error(errc::invalid_argument, "view_agreement: rank " + std::to_string(r) +
+                                                " cannot join view " + std::to_string(view_.epoch) +
+                                                " (not a job rank outside it)");
+      admit[static_cast<std::size_t>(r)] = 1;
+    }
     std::vector<member_report> reports(n);
     known[me] = 1;
     reports[me] = mine;
@@ -129,8 +145,8 @@ class view_agreement {
       if (round > n + 1)
         throw error(errc::protocol, "view change from view " + std::to_string(view_.epoch) + ": no agreement after " +
                                         std::to_string(round) + " rounds (a member keeps changing its suspects)");
-      const std::vector<std::uint8_t> before = suspected, before_gone = gone;
-      const std::vector<std::byte> message = encode(suspected, known, gone, reports);
+      const std::vector<std::uint8_t> before = suspected, before_gone = gone, before_admit = admit;
+      const std::vector<std::byte> message = encode(suspected, known, gone, admit, reports);
       std::vector<std::size_t> listen;
       for (std::size_t p = 0; p < n; ++p)
         if (p != me && !suspected[p]) listen.push_back(p);
@@ -140,7 +156,7 @@ class view_agreement {
       std::vector<std::vector<std::byte>> heard_bytes;
       std::vector<std::optional<request>> fresh(n);
       if (round > 0) {
-        heard_bytes.assign(n, std::vector<std::byte>(n * entry_bytes));
+        heard_bytes.assign(n, std::vector<std::byte>(message_bytes()));
         for (std::size_t p : listen) fresh[p] = base.async_recv(view_.members[p], tag(round), std::span(heard_bytes[p]));
       }
       auto receive_of = [&](std::size_t p) -> request& { return round == 0 ? *proposals_[p] : *fresh[p]; };
@@ -154,7 +170,8 @@ class view_agreement {
         if (round == 0 && outcome_[p] == outcome::failed) {
           suspected[p] = 1;  // it finished or was lost before the agreement began
         } else if (round == 0 && outcome_[p] == outcome::received) {
-          all_equal = merge(p, bytes_of(p), before, before_gone, suspected, known, gone, reports) && all_equal;
+          all_equal = merge(p, bytes_of(p), before, before_gone, before_admit, suspected, known, gone, admit, reports) &&
+                    all_equal;
         } else {
           waiting.push_back(p);
         }
@@ -188,7 +205,8 @@ class view_agreement {
           continue;
         }
         if (round == 0) outcome_[p] = outcome::received;
-        all_equal = merge(p, bytes_of(p), before, before_gone, suspected, known, gone, reports) && all_equal;
+        all_equal = merge(p, bytes_of(p), before, before_gone, before_admit, suspected, known, gone, admit, reports) &&
+                    all_equal;
       }
       for (auto& s : sends) {
         try {
@@ -201,12 +219,15 @@ class view_agreement {
       // long before this rank (this rank was stopped) may since have suspected it. Deciding
       // only after a round of fresh messages lets such a rank find out, instead of deciding
       // a view the others never form.
-      if (round > 0 && all_equal && suspected == before && gone == before_gone)
-        return decide(suspected, gone, reports, options);
+      if (round > 0 && all_equal && suspected == before && gone == before_gone && admit == before_admit)
+        return decide(suspected, gone, admit, reports, options);
     }
   }
 
  private:
+  // Per member an entry; then one byte per job rank: whether it is admitted.
+  std::size_t message_bytes() const noexcept { return static_cast<std::size_t>(view_.size()) * entry_bytes + world_; }
+
   std::uint64_t tag(std::uint32_t round) const noexcept {
     return view_change_tag_base | (std::uint64_t{(view_.epoch + 1) & 0xFFFFFFu} << 16) | (round & 0xFFFFu);
   }
@@ -221,8 +242,9 @@ class view_agreement {
   }
 
   std::vector<std::byte> encode(const std::vector<std::uint8_t>& suspected, const std::vector<std::uint8_t>& known,
-                                const std::vector<std::uint8_t>& gone, const std::vector<member_report>& reports) const {
-    std::vector<std::byte> out(suspected.size() * entry_bytes);
+                                const std::vector<std::uint8_t>& gone, const std::vector<std::uint8_t>& admit,
+                                const std::vector<member_report>& reports) const {
+    std::vector<std::byte> out(message_bytes());
     for (std::size_t p = 0; p < suspected.size(); ++p) {
       std::byte* e = out.data() + p * entry_bytes;
       e[0] = std::byte{suspected[p]};
@@ -231,16 +253,26 @@ class view_agreement {
       std::memcpy(e + 4, &reports[p].denominator, 4);
       std::memcpy(e + 8, &reports[p].applied, 8);
     }
+    for (std::size_t r = 0; r < world_; ++r) out[suspected.size() * entry_bytes + r] = std::byte{admit[r]};
     return out;
   }
 
-  // Folds member p's message into what this rank knows; returns whether p's suspects and
-  // gone marks were exactly `before` and `before_gone` (this rank's at the round's start).
+  // Folds member p's message into what this rank knows; returns whether p's suspects, gone
+  // marks and admits were exactly this rank's at the round's start.
   bool merge(std::size_t p, std::span<const std::byte> bytes, const std::vector<std::uint8_t>& before,
-             const std::vector<std::uint8_t>& before_gone, std::vector<std::uint8_t>& suspected,
-             std::vector<std::uint8_t>& known, std::vector<std::uint8_t>& gone,
-             std::vector<member_report>& reports) const {
+             const std::vector<std::uint8_t>& before_gone, const std::vector<std::uint8_t>& before_admit,
+             std::vector<std::uint8_t>& suspected, std::vector<std::uint8_t>& known, std::vector<std::uint8_t>& gone,
+             std::vector<std::uint8_t>& admit, std::vector<member_report>& reports) const {
     bool equal = true;
+    for (std::size_t r = 0; r < world_; ++r) {
+      const auto a = std::to_integer<std::uint8_t>(bytes[suspected.size() * entry_bytes + r]);
+      if (a > 1 || (a && view_.position_of(static_cast<int>(r)) >= 0))
+        throw error(errc::protocol, "view change from view " + std::to_string(view_.epoch) + ": rank " +
+                                        std::to_string(view_.members[p]) + " sent a malformed admit of rank " +
+                                        std::to_string(r));
+      equal = equal && a == before_admit[r];
+      admit[r] |= a;
+    }
     for (std::size_t q = 0; q < suspected.size(); ++q) {
       const std::byte* e = bytes.data() + q * entry_bytes;
       const auto s = std::to_integer<std::uint8_t>(e[0]), k = std::to_integer<std::uint8_t>(e[1]),
@@ -265,7 +297,8 @@ class view_agreement {
   }
 
   next_view decide(const std::vector<std::uint8_t>& suspected, const std::vector<std::uint8_t>& gone,
-                   const std::vector<member_report>& reports, const view_change_options& options) const {
+                   const std::vector<std::uint8_t>& admit, const std::vector<member_report>& reports,
+                   const view_change_options& options) const {
     next_view next;
     next.members.epoch = view_.epoch + 1;
     for (std::size_t p = 0; p < suspected.size(); ++p) {
@@ -294,6 +327,20 @@ class view_agreement {
                                        " ranks remain, not a strict majority, and not every rank lost is gone for sure "
                                        "(silent, not closed): the other side of a partition may go on, so this side "
                                        "stops (docs/elastic.md)");
+    // Replacements enter only at a clean step boundary: nobody dropped, every member at the
+    // same step (the joiners' reports say that step too).
+    const bool level = std::all_of(next.reports.begin(), next.reports.end(),
+                                   [&](const member_report& r) { return r.applied == next.reports.front().applied; });
+    if (next.dropped.empty() && level)
+      for (std::size_t r = 0; r < world_; ++r) {
+        if (!admit[r]) continue;
+        const int rank = static_cast<int>(r);
+        const auto at = std::lower_bound(next.members.members.begin(), next.members.members.end(), rank);
+        const member_report level_report = next.reports.front();
+        next.reports.insert(next.reports.begin() + (at - next.members.members.begin()), level_report);
+        next.members.members.insert(at, rank);
+        next.joined.push_back(rank);
+      }
     return next;
   }
 
@@ -307,6 +354,7 @@ class view_agreement {
 
   view view_;
   int me_;
+  std::size_t world_;  // job ranks (the admits' bitmap)
   std::vector<std::optional<request>> proposals_;
   std::vector<outcome> outcome_;
   std::vector<std::vector<std::byte>> proposal_bytes_;

@@ -1,0 +1,216 @@
+// Joins of an elastic all-reduce: a lost rank's replacement asks, the members let it in at a step
+// boundary, and it takes the model's state from them (docs/elastic.md §3).
+//
+// - The request: after a view drops rank r, every member takes r's replacement back
+//   (concepts::rejoinable_transport::allow_rejoin) and keeps a receive posted for its join
+//   request (join_listener). The replacement sends one to every peer it reaches.
+// - The admission rides the step's own all-reduce (elastic_all_reduce.hpp): a control slot
+//   per job rank, 1 where this member holds r's request; a slot that sums to the view's size
+//   means every member holds it, and every member knows that from the same sums. The
+//   members then run the view agreement with r among its admits (view_change.hpp), which
+//   takes r in only at a clean step boundary.
+// - The welcome: the first old member of the new view sends r the view and where training
+//   stands (steps applied, the last step's denominator); then the state (transfer_state):
+//   parameters, optimizer buffers and counters, cut in chunks that the old members send at
+//   once, each its share, all in flight together.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../../clock.hpp"
+#include "../../collective/communicator.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../transport/view.hpp"
+
+namespace gradwire::aggregation::detail {
+
+inline constexpr std::uint64_t join_request_tag = transport::join_tag_base | 1;
+inline constexpr std::uint64_t welcome_tag = transport::join_tag_base | 2;
+inline constexpr std::uint64_t join_word = 0x6777'6a6f'696e'0001ULL;  // "gwjoin", version 1: both messages start so
+
+// What the first old member tells a replacement: the view it enters and where training stands.
+struct welcome {
+  transport::view members;        // the view the replacement enters
+  std::vector<int> joined;        // the replacements it takes in (this one among them), ascending
+  std::uint64_t applied = 0;      // steps applied: the schedule's and the data's position
+  std::uint32_t denominator = 0;  // the size of the view the last step summed
+
+  // Fixed size per job (the replacement posts its receive before it knows the view): word,
+  // epoch, member count, applied, denominator, joined count, then `world` slots of members
+  // and `world` of joined.
+  static std::size_t bytes(int world) { return 32 + 8 * static_cast<std::size_t>(world); }
+
+  std::vector<std::byte> encode(int world) const {
+    std::vector<std::byte> out(bytes(world));
+    const auto count = static_cast<std::uint32_t>(members.size()), joining = static_cast<std::uint32_t>(joined.size());
+    std::memcpy(out.data(), &join_word, 8);
+    std::memcpy(out.data() + 8, &members.epoch, 4);
+    std::memcpy(out.data() + 12, &count, 4);
+    std::memcpy(out.data() + 16, &applied, 8);
+    std::memcpy(out.data() + 24, &denominator, 4);
+    std::memcpy(out.data() + 28, &joining, 4);
+    const std::size_t w = static_cast<std::size_t>(world);
+    for (std::size_t i = 0; i < members.members.size(); ++i) std::memcpy(out.data() + 32 + 4 * i, &members.members[i], 4);
+    for (std::size_t i = 0; i < joined.size(); ++i) std::memcpy(out.data() + 32 + 4 * (w + i), &joined[i], 4);
+    return out;
+  }
+
+  // `from`: the job rank that sent it (named in the error for a malformed one).
+  static welcome decode(std::span<const std::byte> in, int world, int me, int from) {
+    auto malformed = [&](const std::string& why) {
+      return error(errc::protocol, "elastic: rank " + std::to_string(me) + " got a malformed welcome from rank " +
+                                       std::to_string(from) + ": " + why);
+    };
+    if (in.size() != bytes(world)) throw malformed("its size");
+    std::uint64_t word = 0;
+    std::uint32_t count = 0, joining = 0;
+    welcome w;
+    std::memcpy(&word, in.data(), 8);
+    std::memcpy(&w.members.epoch, in.data() + 8, 4);
+    std::memcpy(&count, in.data() + 12, 4);
+    std::memcpy(&w.applied, in.data() + 16, 8);
+    std::memcpy(&w.denominator, in.data() + 24, 4);
+    std::memcpy(&joining, in.data() + 28, 4);
+    if (word != join_word) throw malformed("not a gradwire welcome, or another version");
+    if (count < 2 || count > static_cast<std::uint32_t>(world) || joining < 1 || joining >= count)
+      throw malformed(std::to_string(count) + " members, " + std::to_string(joining) + " of them joining");
+    auto ranks = [&](std::size_t first, std::uint32_t n, std::vector<int>& out) {
+      for (std::uint32_t i = 0; i < n; ++i) {
+        int r = 0;
+        std::memcpy(&r, in.data() + 32 + 4 * (first + i), 4);
+        if (r < 0 || r >= world || (!out.empty() && r <= out.back())) throw malformed("its ranks are not ascending job ranks");
+        out.push_back(r);
+      }
+    };
+    ranks(0, count, w.members.members);
+    ranks(static_cast<std::size_t>(world), joining, w.joined);
+    const bool holds_me = std::find(w.joined.begin(), w.joined.end(), me) != w.joined.end();
+    const bool sender_old = w.members.position_of(from) >= 0 && std::find(w.joined.begin(), w.joined.end(), from) == w.joined.end();
+    if (!holds_me || !sender_old) throw malformed("it does not take this rank in, from a member");
+    for (int r : w.joined)
+      if (w.members.position_of(r) < 0) throw malformed("a joining rank outside its view");
+    return w;
+  }
+};
+
+// A member's posted receives for replacements' join requests, one per job rank it listens for.
+// (Instantiated over concepts::rejoinable_transport only: elastic_all_reduce uses it under
+// `if constexpr`.)
+template <class Tr>
+class join_listener {
+ public:
+  explicit join_listener(int world)
+      : requests_(static_cast<std::size_t>(world)), words_(static_cast<std::size_t>(world)), asked_(requests_.size(), 0) {}
+
+  // Rank r left the view: take its replacement back, and listen for its request.
+  void listen(Tr& base, int r) {
+    base.allow_rejoin(r);
+    post(base, r);
+  }
+
+  // Whether r's replacement has asked to join (its request arrived, and was not yet admitted).
+  bool asked(Tr& base, int r) {
+    auto& req = requests_[static_cast<std::size_t>(r)];
+    if (!req) return false;
+    if (asked_[static_cast<std::size_t>(r)]) return true;
+    const time_source time = concepts::time_of(base);
+    typename Tr::request* one[] = {&*req};
+    try {
+      base.wait_any(std::span<typename Tr::request* const>(one), time.now());
+    } catch (const error& e) {
+      if (e.kind() != errc::timeout) throw;
+      return false;  // not yet
+    }
+    try {
+      base.wait(*req, time.now());
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost && e.kind() != errc::timeout) throw;
+      post(base, r);  // the replacement was lost before its request came: listen for the next
+      return false;
+    }
+    if (words_[static_cast<std::size_t>(r)] != join_word)
+      throw error(errc::protocol, "elastic: rank " + std::to_string(base.rank()) + " got a join request from rank " +
+                                      std::to_string(r) + " that is not a gradwire one of this version");
+    asked_[static_cast<std::size_t>(r)] = 1;
+    return true;
+  }
+
+  // r entered a view: stop listening for it (until it leaves one again).
+  void admitted(int r) {
+    requests_[static_cast<std::size_t>(r)].reset();
+    asked_[static_cast<std::size_t>(r)] = 0;
+  }
+
+ private:
+  void post(Tr& base, int r) {
+    const auto i = static_cast<std::size_t>(r);
+    asked_[i] = 0;
+    requests_[i] = base.async_recv(r, join_request_tag, std::as_writable_bytes(std::span(&words_[i], 1)));
+  }
+
+  std::vector<std::optional<typename Tr::request>> requests_;
+  std::vector<std::uint64_t> words_;
+  std::vector<char> asked_;  // its request arrived (the receive is spent)
+};
+
+// The replacement's side: a join request to every peer it reaches (a lost one is skipped).
+template <class Tr>
+void ask_to_join(Tr& base, deadline until) {
+  std::vector<typename Tr::request> sends;
+  const auto word = std::as_bytes(std::span(&join_word, 1));
+  std::vector<int> lost = base.lost_peers();
+  for (int p = 0; p < base.size(); ++p)
+    if (p != base.rank() && std::find(lost.begin(), lost.end(), p) == lost.end())
+      sends.push_back(base.async_send(p, join_request_tag, word));
+  for (auto& s : sends) try {
+      base.wait(s, until);
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost) throw;
+    }
+}
+
+// The model's state as the members and a replacement exchange it: segments of bytes, the
+// same count and sizes on every member of the view.
+inline constexpr std::size_t state_chunk_bytes = std::size_t{4} << 20;
+
+// Every old member (`senders`, positions in the view) sends its share of the chunks of
+// `segments` to every joiner (`joiners`, positions); each joiner receives every chunk in
+// place. Chunk j goes from senders[j % senders.size()]: a joiner takes the state from all
+// old members at once. Collective over the view: every member calls it.
+template <class VTr>
+void transfer_state(collective::communicator<VTr>& comm, std::span<const std::span<std::byte>> segments,
+                    const std::vector<int>& senders, const std::vector<int>& joiners, deadline until) {
+  std::size_t total = 0;
+  for (auto s : segments) total += s.size();
+  // At most 2^16 chunks (a tag's step field), at least state_chunk_bytes each.
+  const std::size_t chunk = std::max(state_chunk_bytes, (total + 0xFFFF) / 0x10000);
+  const std::uint64_t sequence = comm.begin_operation();
+  auto& t = comm.transport();
+  const int me = comm.rank();
+  const auto mine = std::find(senders.begin(), senders.end(), me);
+  const bool joining = std::find(joiners.begin(), joiners.end(), me) != joiners.end();
+  std::vector<typename VTr::request> requests;
+  std::uint32_t j = 0;
+  for (auto segment : segments)
+    for (std::size_t at = 0; at < segment.size(); at += chunk, ++j) {
+      const auto piece = segment.subspan(at, std::min(chunk, segment.size() - at));
+      const int from = senders[j % senders.size()];
+      const std::uint64_t tag = collective::make_tag(sequence, j);
+      if (joining) {
+        requests.push_back(t.async_recv(from, tag, piece));
+      } else if (mine != senders.end() && *mine == from) {
+        for (int to : joiners) requests.push_back(t.async_send(to, tag, std::span<const std::byte>(piece)));
+      }
+    }
+  for (auto& r : requests) t.wait(r, until);
+}
+
+}  // namespace gradwire::aggregation::detail
