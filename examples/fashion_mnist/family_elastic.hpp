@@ -5,8 +5,13 @@
 // batch comes from an elastic sampler partitioned by the view the previous step summed, so
 // that within an epoch no sample is lost or read twice; every replica evaluates the whole
 // test set itself (the replicas are identical, and a collective could meet the next loss);
-// the lowest rank still in prints and records.
+// the lowest rank still in prints and records. Over TCP a replacement of a lost replica
+// (GRADWIRE_REJOIN=1: scripts/gradwire-run --max-restarts) is taken back in: it receives the
+// model, the optimizer state, the step count and the sampler's state from the others, and
+// goes on from their epoch and step.
 #pragma once
+
+#include <algorithm>
 
 #include <gradwire/aggregation/elastic_all_reduce.hpp>
 #include <gradwire/training/elastic_sampler.hpp>
@@ -46,25 +51,42 @@ void train_elastic_replica(Strategy& strategy, model_type& model, const data_set
   const bool straggling = rank == o.straggler_rank && o.straggler_factor > 1;
 
   const auto start = time.now();
-  std::uint64_t global_step = 0;
-  std::uint32_t seen_epoch = 0;
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-    sampler.begin_epoch(static_cast<std::uint64_t>(epoch));
+  gradwire::transport::view partition;  // the current step's
+  // A replacement's sampler comes from the member that welcomes it: the sampler as this
+  // step leaves it (on_join runs inside the step, once it is applied).
+  agent.on_join([&] {
+    gradwire::training::elastic_sampler after = sampler;
+    after.step_applied(partition, agent.last_step_view().members);
+    return after.save();
+  });
+  const bool replacement = std::ranges::count(agent.joined_ranks(), rank) > 0;
+  int first_epoch = 1;
+  if (replacement) {
+    sampler.restore(agent.loop_state());
+    first_epoch = static_cast<int>(sampler.epoch());
+    std::printf("rank %d: rejoined at step %llu, epoch %d, %zu samples into it\n", rank,
+                static_cast<unsigned long long>(agent.applying_step()), first_epoch, sampler.read());
+    std::fflush(stdout);
+  }
+  std::uint64_t global_step = agent.applying_step();
+  std::uint32_t seen_epoch = agent.view().epoch;
+  for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
+    if (!(replacement && epoch == first_epoch)) sampler.begin_epoch(static_cast<std::uint64_t>(epoch));
     const auto epoch_start = time.now();
+    const std::size_t read_before = sampler.read();
     double loss_sum = 0;
-    std::size_t steps_done = 0, samples_read = 0;
+    std::size_t steps_done = 0;
     while (sampler.has_step(agent.last_step_view())) {
-      const gradwire::transport::view partition = agent.last_step_view();
+      partition = agent.last_step_view();
       const auto share = sampler.share(partition, rank);
       const auto step_start = time.now();
       load_batch(data, share, 0, x, y);
       loss_sum += model.loss_and_gradient(x, y);
       gradwire::simulation::compute(o.step_compute);  // modelled work: nothing unless simulated
       if (straggling) std::this_thread::sleep_for((time.now() - step_start) * (o.straggler_factor - 1));
-      set_lr(double(epoch - 1) + double(samples_read) / double(n_train));
+      set_lr(double(epoch - 1) + double(sampler.read()) / double(n_train));
       strategy.step(gradients);
       sampler.step_applied(partition, agent.last_step_view().members);
-      samples_read += batch * static_cast<std::size_t>(partition.size());
       ++steps_done;
       ++global_step;
       if (agent.view().epoch != seen_epoch) {
@@ -100,7 +122,7 @@ void train_elastic_replica(Strategy& strategy, model_type& model, const data_set
       const double accuracy = double(correct) / double(n_test);
       std::printf("epoch %2d/%d  train_loss %.4f  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s  replicas %d\n",
                   epoch, o.epochs, loss_sum / double(std::max<std::size_t>(1, steps_done)), 100.0 * accuracy,
-                  double(samples_read) / train_seconds, elapsed, agent.view().size());
+                  double(sampler.read() - read_before) / train_seconds, elapsed, agent.view().size());
       std::printf("rank %d: epoch %d samples: %zu applied once, %zu left over, none twice\n", rank, epoch, once,
                   sampler.left());
       std::fflush(stdout);

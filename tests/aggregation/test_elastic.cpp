@@ -514,10 +514,11 @@ TEST_CASE("elastic_all_reduce refuses a min_replicas above the job's size on eve
 }
 
 TEST_CASE("elastic_sampler: however the views change, an epoch applies each sample at most once and every one but "
-          "less than a global batch",
+          "less than a global batch, and a replacement's restored sampler goes on as the others'",
           "[elastic]") {
   // A job of 5 replicas that loses ranks at random steps, some of them mid-step (their share
-  // not summed); every replica keeps its own sampler and feeds it the same facts.
+  // not summed); every replica keeps its own sampler and feeds it the same facts. One step in
+  // seven, replica b is a replacement: its sampler restored from a's save().
   const std::uint64_t seed = GENERATE(1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u);
   CAPTURE(seed);
   constexpr std::size_t samples = 1003, batch = 8;
@@ -546,6 +547,12 @@ TEST_CASE("elastic_sampler: however the views change, an epoch applies each samp
       a.step_applied(partition, summed);
       b.step_applied(partition, summed);
       partition = gw::transport::view{partition.epoch + (summed.size() < partition.members.size() ? 1u : 0u), summed};
+      if (gen() % 7 == 0) {
+        b = gw::training::elastic_sampler(samples, batch, 42);
+        b.restore(a.save());
+        CHECK(b.epoch() == epoch);
+        CHECK(b.read() == a.read());
+      }
       ++steps;
     }
     CHECK(a.left() < batch * static_cast<std::size_t>(partition.size()));
@@ -571,6 +578,19 @@ TEST_CASE("elastic_sampler refuses a share it cannot give, naming why", "[elasti
   CHECK_THAT(gw::testing::error_of([&] { (void)s.share(two, 0); }).second,
              Catch::StartsWith("elastic_sampler: rank 0 asked for a share past the epoch's end"));
   CHECK(gw::testing::error_of([] { gw::training::elastic_sampler(10, 0, 1); }).first == gw::errc::invalid_argument);
+  // A state of another sampler, or bytes that are none, is refused, and the sampler is unchanged.
+  gw::training::elastic_sampler other(10, 2, 1);
+  other.begin_epoch(0);
+  CHECK_THAT(gw::testing::error_of([&] { s.restore(other.save()); }).second,
+             Catch::StartsWith("elastic_sampler: cannot restore this state: it is of a sampler of 10 samples, batch 2"));
+  auto cut = other.save();
+  cut.resize(cut.size() - 8);
+  gw::training::elastic_sampler same(10, 2, 1);
+  CHECK_THAT(gw::testing::error_of([&] { same.restore(cut); }).second,
+             Catch::StartsWith("elastic_sampler: cannot restore this state: its sizes do not add up"));
+  CHECK_THAT(gw::testing::error_of([&] { same.restore(std::vector<std::byte>(12)); }).second,
+             Catch::StartsWith("elastic_sampler: cannot restore this state: not a saved sampler (12 bytes)"));
+  CHECK(s.read() == 8);
 }
 
 namespace {

@@ -18,6 +18,13 @@
 //       from which the float64 reference leaves that rank out and matches its parameters, and
 //       prints the same PASS line with that reference's diff and " cut K" (K -1: none matched).
 //
+//   elastic_worker rejoin VICTIM STEP AFTER
+//       As shrink, but scripts/gradwire-run --max-restarts starts the victim again
+//       (GRADWIRE_REJOIN=1): the survivors step on (20 ms a step) until the replacement is
+//       taken in after some step J - 1, then AFTER more steps; the replacement starts at J.
+//       Each checks the float64 reference that leaves the victim out of steps STEP..J-1 and
+//       prints the PASS line with cut J.
+//
 // A rank that fails prints "rank R: EXPECTED <errc>: <what>" for peer_lost (the test says
 // whether that was expected) or "rank R: FAIL <what>", and exits 1.
 #include <chrono>
@@ -129,13 +136,14 @@ std::string joined(const std::vector<int>& v) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (!((mode == "shrink" && argc == 5) || (mode == "train" && argc == 4))) {
-    std::fprintf(stderr, "usage: elastic_worker shrink VICTIM STEP STEPS | train STEPS PACE_MS\n");
+  if (!(((mode == "shrink" || mode == "rejoin") && argc == 5) || (mode == "train" && argc == 4))) {
+    std::fprintf(stderr, "usage: elastic_worker shrink VICTIM STEP STEPS | rejoin VICTIM STEP AFTER | train STEPS PACE_MS\n");
     return 2;
   }
   try {
     transport_type t = join_job();
     my_rank = t.rank();
+    const bool replacement = gw::concepts::rejoined(t);
     const int size = t.size();
     std::vector<gw::host_tensor<float>> params;
     for (std::size_t tensor = 0; tensor < 2; ++tensor) {
@@ -144,13 +152,22 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < v.size(); ++i) params.back()[i] = my_rank == 0 ? float(v[i]) : 99.f;  // rank 0's win
     }
     strategy_type s(std::move(t), std::move(params), gw::optim::sgd({.lr = float(learning_rate)}));
-    const int victim = mode == "shrink" ? std::stoi(argv[2]) : -1;
-    const int lose_at = mode == "shrink" ? std::stoi(argv[3]) : -1;
-    const int steps = std::stoi(argv[mode == "shrink" ? 4 : 2]);
+    const bool scripted = mode == "shrink" || mode == "rejoin";
+    const int victim = scripted ? std::stoi(argv[2]) : -1;
+    const int lose_at = scripted ? std::stoi(argv[3]) : -1;
+    int steps = mode == "rejoin" ? 0 : std::stoi(argv[mode == "shrink" ? 4 : 2]);
+    const int after = mode == "rejoin" ? std::stoi(argv[4]) : 0;
+    int joined_at = -1;  // rejoin: the first step the replacement's gradients are in
+    if (replacement) {
+      joined_at = static_cast<int>(s.aggregation().applying_step());
+      steps = joined_at + after;
+      std::printf("rank %d: REJOINED at step %d\n", my_rank, joined_at);
+      std::fflush(stdout);
+    }
     const int pace_ms = mode == "train" ? std::stoi(argv[3]) : 0;
     if (mode == "train") std::ofstream(sync_dir() / ("pid-" + std::to_string(my_rank))) << getpid() << std::flush;
-    std::uint32_t epoch = 0;
-    for (int k = 0; k < steps; ++k) {
+    std::uint32_t epoch = replacement ? s.aggregation().view().epoch : 0;
+    for (int k = replacement ? joined_at : 0; mode == "rejoin" && joined_at < 0 ? k < 3000 : k < steps; ++k) {
       if (mode == "train" && k == 11) std::ofstream(sync_dir() / ("step10-" + std::to_string(my_rank)));
       if (my_rank == victim && k == lose_at) {
         if (k > 0) await_others_done(size, victim, k - 1);
@@ -161,7 +178,15 @@ int main(int argc, char** argv) {
       if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));  // stands for compute
       const auto p = s.parameters();
       s.step(model.gradients<float>(p[0].data(), p[1].data(), batch(my_rank, k)));
-      if (mode == "shrink") mark_done(my_rank, k);
+      if (scripted) mark_done(my_rank, k);
+      if (mode == "rejoin" && joined_at < 0) {
+        if (!s.aggregation().joined_ranks().empty()) {
+          joined_at = static_cast<int>(s.aggregation().applying_step());
+          steps = joined_at + after;
+        } else if (k >= lose_at) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the replacement asks meanwhile
+        }
+      }
       if (s.aggregation().view().epoch != epoch) {
         epoch = s.aggregation().view().epoch;
         const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -179,8 +204,14 @@ int main(int argc, char** argv) {
     };
     double diff = -1;
     int cut = -1;
-    if (mode == "shrink") {
-      diff = diff_from(reference(size, steps, [&](int w, int k) { return w != victim || k < lose_at; }));
+    if (mode == "rejoin" && joined_at < 0) {
+      std::printf("rank %d: FAIL the replacement of rank %d was not taken in within 3000 steps\n", my_rank, victim);
+      return 1;
+    }
+    if (scripted) {
+      const int back = mode == "rejoin" ? joined_at : steps;
+      cut = mode == "rejoin" ? joined_at : -1;
+      diff = diff_from(reference(size, steps, [&](int w, int k) { return w != victim || k < lose_at || k >= back; }));
       if (!(diff < 1e-5)) {
         std::printf("rank %d: FAIL parameters differ from the float64 reference by %g\n", my_rank, diff);
         return 1;

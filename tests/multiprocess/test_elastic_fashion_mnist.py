@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Fashion-MNIST with the elastic all-reduce (multi_worker_mirrored --min-replicas 2) through chaos:
-4 replicas, one killed with SIGKILL at a seeded moment (any rank, rank 0 included), a second
-one frozen with SIGSTOP past the stall timeout; the two left train to the end, agree bit for
-bit, reach 88% test accuracy, and every epoch reads each sample at most once.
+4 replicas, one killed with SIGKILL at a seeded moment (any rank, rank 0 included) and started
+again (GRADWIRE_REJOIN=1: it rejoins and takes its state from the others; over TCP rank 0
+cannot, it serves the rendezvous store), a second one frozen with SIGSTOP past the stall
+timeout; the replicas left train to the end, agree bit for bit, reach 88% test accuracy, and
+every epoch reads each sample at most once.
 
 usage: test_elastic_fashion_mnist.py FASHION_MNIST DATA_DIR [unittest args]
 GRADWIRE_CHAOS_SEED and GRADWIRE_CHAOS_EPOCHS change the seed (7) and the epochs (10).
@@ -48,11 +50,20 @@ class Chaos(unittest.TestCase):
         def anyone_alive():
             return any(job.alive(r) for r in range(4))
 
+        restarted = killed != 0
+
+        def rejoined():
+            return any(l.startswith(f"rank {killed}: rejoined at step") for l in job.current(killed).lines)
+
         job.start()
         try:
             self.assertTrue(wait_until(lambda: len(epoch_lines()) >= 1 or not anyone_alive(), 300), job.output())
             time.sleep(rng.uniform(0.0, 1.0))
             job.kill(killed)
+            if restarted:
+                time.sleep(1.0)  # the others drop it first (as gradwire-run --restart-delay does)
+                job.replace(killed)
+                self.assertTrue(wait_until(lambda: rejoined() or not job.alive(killed), 300), job.output())
             self.assertTrue(wait_until(lambda: len(epoch_lines()) >= 3 or not anyone_alive(), 300), job.output())
             time.sleep(rng.uniform(0.0, 1.0))
             job.freeze(frozen, 9.0)  # past the stall timeout (3 s) and the agreement's wait (3 s)
@@ -61,7 +72,9 @@ class Chaos(unittest.TestCase):
             job.stop()
         out = job.output() + f"\nkilled rank {killed}, froze rank {frozen}\nevents: " + repr(job.events)
         print(out)
-        survivors = [r for r in range(4) if r not in (killed, frozen)]
+        survivors = [r for r in range(4) if r != frozen and (restarted or r != killed)]
+        if restarted:
+            self.assertTrue(rejoined(), out)
         for r in survivors:
             self.assertEqual(job.current(r).proc.returncode, 0, out)
         self.assertNotEqual(job.current(frozen).proc.returncode, 0, out)  # left out: it stops, saying so
@@ -73,7 +86,7 @@ class Chaos(unittest.TestCase):
         self.assertEqual(len(set(hashes.values())), 1, out)
         lines = epoch_lines()
         self.assertEqual([int(m.group(1)) for m in lines], list(range(1, epochs + 1)), out)
-        self.assertEqual(int(lines[-1].group(3)), 2, out)  # two replicas at the end
+        self.assertEqual(int(lines[-1].group(3)), len(survivors), out)  # three replicas at the end (two without the restart)
         self.assertGreaterEqual(float(lines[-1].group(2)), 88.0, out)
         counted = [m for r in range(4) for l in job.current(r).lines if (m := SAMPLES.match(l))]
         self.assertEqual(sorted(int(m.group(2)) for m in counted), list(range(1, epochs + 1)), out)

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -217,6 +218,14 @@ class elastic_all_reduce_agent {
   const std::vector<int>& lost_ranks() const noexcept { return lost_; }
   // Steps this rank summed again in a new view after a loss interrupted them.
   std::uint64_t redone_steps() const noexcept { return redone_; }
+  // Joins: what a replacement needs besides the model, the training loop's own position
+  // (its data sampler: training::elastic_sampler::save). `save` runs on the member that
+  // welcomes a replacement, inside the finish of the step that lets it in, once that step
+  // is applied (it must describe the loop after the step); the replacement reads the bytes
+  // with loop_state() once its strategy is constructed.
+  void on_join(std::function<std::vector<std::byte>()> save) { save_loop_state_ = std::move(save); }
+  // On a replacement: the bytes the welcoming member's on_join gave (empty elsewhere).
+  std::span<const std::byte> loop_state() const noexcept { return loop_state_; }
   // Every job rank taken back in so far (replacements), in the order they joined.
   const std::vector<int>& joined_ranks() const noexcept { return joined_; }
   // Steps applied since the job began (a learning-rate schedule's input); a replacement
@@ -378,20 +387,24 @@ class elastic_all_reduce_agent {
       if constexpr (can_take_back) listener_->admitted(r);
       joined_.push_back(r);
     }
-    last_step_view_ = view();  // the next step's data is shared over the new view
     const int first_old = next.members.members[static_cast<std::size_t>(transfer.senders.front())];
     if (comm.rank() == first_old) {
-      const detail::welcome w{view(), next.joined, applied_, last_denominator_};
+      const std::vector<std::byte> loop = save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
+      const detail::welcome w{view(), next.joined, applied_, last_denominator_, loop.size()};
       const std::vector<std::byte> bytes = w.encode(comm.size());
       const deadline until = comm.time().deadline_after(comm.options().timeout);
       std::vector<typename Tr::request> sends;
-      for (int r : next.joined) sends.push_back(comm.transport().async_send(r, detail::welcome_tag, std::span(bytes)));
+      for (int r : next.joined) {
+        sends.push_back(comm.transport().async_send(r, detail::welcome_tag, std::span(bytes)));
+        if (!loop.empty()) sends.push_back(comm.transport().async_send(r, detail::loop_state_tag, std::span(loop)));
+      }
       for (auto& s : sends) try {
           comm.transport().wait(s, until);
         } catch (const error& e) {  // a replacement lost again: the state's transfer finds out
           if (!recoverable(e)) throw;
         }
     }
+    last_step_view_ = view();  // the next step's data is shared over the new view
     transfer_ = std::move(transfer);
   }
 
@@ -442,6 +455,11 @@ class elastic_all_reduce_agent {
       }
       sender = from[i];
       w = detail::welcome::decode(bytes[i], n, me, sender);
+    }
+    loop_state_.resize(static_cast<std::size_t>(w->loop_state));
+    if (!loop_state_.empty()) {
+      auto r = base.async_recv(sender, detail::loop_state_tag, std::span(loop_state_));
+      base.wait(r, until);
     }
     applied_ = w->applied;
     last_denominator_ = w->denominator;
@@ -508,6 +526,8 @@ class elastic_all_reduce_agent {
   std::optional<state_transfer> transfer_;  // owed after this step (or this replacement's setup)
   std::vector<std::int64_t> counters_;      // the optimizer's counters, in transit
   std::vector<int> joined_;
+  std::function<std::vector<std::byte>()> save_loop_state_;  // on_join
+  std::vector<std::byte> loop_state_;                         // a replacement's, from its welcome
   std::vector<V> grads_;
   std::vector<V> sums_[2];  // step s's sums in sums_[s % 2]: the previous step's stay while this one runs
   std::uint64_t applied_ = 0;

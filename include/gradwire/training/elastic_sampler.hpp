@@ -11,11 +11,15 @@
 // previous step summed (elastic_all_reduce_agent::last_step_view()): a survivor that had to
 // take the interrupted step from another ends that step in the old view too, so both read
 // the next step's shares from the same partition.
+//
+// A replacement that joins a running job (docs/elastic.md §3) takes the sampler's state from
+// the members: save() there, restore() on the replacement (elastic_all_reduce's on_join).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <span>
@@ -36,6 +40,7 @@ class elastic_sampler {
 
   // Starts epoch `epoch`: a fresh permutation, nothing spent.
   void begin_epoch(std::uint64_t epoch) {
+    epoch_ = epoch;
     pool_.resize(samples_);
     std::iota(pool_.begin(), pool_.end(), std::size_t{0});
     std::mt19937_64 rng(seed_ * 0x9e3779b97f4a7c15ULL + epoch);
@@ -77,14 +82,54 @@ class elastic_sampler {
     }
   }
 
+  // The epoch begun last, and the samples its steps have read so far (spent or requeued).
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  std::size_t read() const noexcept { return cursor_; }
+
+  // The whole state, as bytes another replica's restore() takes: the epoch, the pool, how
+  // far it is read and what was spent.
+  std::vector<std::byte> save() const {
+    std::vector<std::uint64_t> words{state_word, samples_, batch_, seed_, epoch_, cursor_, pool_.size(), spent_.size()};
+    words.insert(words.end(), pool_.begin(), pool_.end());
+    words.insert(words.end(), spent_.begin(), spent_.end());
+    std::vector<std::byte> out(words.size() * 8);
+    std::memcpy(out.data(), words.data(), out.size());
+    return out;
+  }
+  // Takes the state a save() of a sampler with the same samples, batch and seed gave.
+  void restore(std::span<const std::byte> bytes) {
+    auto refuse = [](const std::string& why) {
+      return error(errc::invalid_argument, "elastic_sampler: cannot restore this state: " + why);
+    };
+    if (bytes.size() % 8 != 0 || bytes.size() < 64) throw refuse("not a saved sampler (" + std::to_string(bytes.size()) + " bytes)");
+    std::vector<std::uint64_t> w(bytes.size() / 8);
+    std::memcpy(w.data(), bytes.data(), bytes.size());
+    if (w[0] != state_word) throw refuse("not a saved sampler, or another version");
+    if (w[1] != samples_ || w[2] != batch_ || w[3] != seed_)
+      throw refuse("it is of a sampler of " + std::to_string(w[1]) + " samples, batch " + std::to_string(w[2]) +
+                   ", seed " + std::to_string(w[3]) + "; this one has " + std::to_string(samples_) + ", " +
+                   std::to_string(batch_) + ", " + std::to_string(seed_));
+    if (w[7] != samples_ || w[6] > w.size() || w.size() != 8 + w[6] + w[7] || w[5] > w[6])
+      throw refuse("its sizes do not add up");
+    for (std::size_t i = 0; i < w[6]; ++i)
+      if (w[8 + i] >= samples_) throw refuse("its pool holds sample " + std::to_string(w[8 + i]));
+    epoch_ = w[4];
+    cursor_ = static_cast<std::size_t>(w[5]);
+    pool_.assign(w.begin() + 8, w.begin() + 8 + static_cast<std::ptrdiff_t>(w[6]));
+    spent_.assign(w.begin() + 8 + static_cast<std::ptrdiff_t>(w[6]), w.end());
+  }
+
   // How often each sample's gradient was applied this epoch (a check: 0 or 1 each).
   std::span<const std::uint32_t> spent() const noexcept { return spent_; }
   // Samples of the epoch not yet read (fewer than a global batch at its end).
   std::size_t left() const noexcept { return pool_.size() - cursor_; }
 
  private:
+  static constexpr std::uint64_t state_word = 0x6777'7361'6d70'0001ULL;  // "gwsamp", version 1
+
   std::size_t samples_, batch_;
   std::uint64_t seed_;
+  std::uint64_t epoch_ = 0;
   std::vector<std::size_t> pool_;
   std::size_t cursor_ = 0;
   std::vector<std::uint32_t> spent_;

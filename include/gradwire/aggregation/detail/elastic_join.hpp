@@ -34,6 +34,8 @@ namespace gradwire::aggregation::detail {
 
 inline constexpr std::uint64_t join_request_tag = transport::join_tag_base | 1;
 inline constexpr std::uint64_t welcome_tag = transport::join_tag_base | 2;
+inline constexpr std::uint64_t loop_state_tag = transport::join_tag_base | 3;  // the training loop's bytes (on_join)
+inline constexpr std::uint64_t max_loop_state_bytes = std::uint64_t{1} << 32;
 inline constexpr std::uint64_t join_word = 0x6777'6a6f'696e'0001ULL;  // "gwjoin", version 1: both messages start so
 
 // What the first old member tells a replacement: the view it enters and where training stands.
@@ -42,11 +44,13 @@ struct welcome {
   std::vector<int> joined;        // the replacements it takes in (this one among them), ascending
   std::uint64_t applied = 0;      // steps applied: the schedule's and the data's position
   std::uint32_t denominator = 0;  // the size of the view the last step summed
+  std::uint64_t loop_state = 0;   // bytes of the training loop's state that follow (on_join)
 
   // Fixed size per job (the replacement posts its receive before it knows the view): word,
-  // epoch, member count, applied, denominator, joined count, then `world` slots of members
-  // and `world` of joined.
-  static std::size_t bytes(int world) { return 32 + 8 * static_cast<std::size_t>(world); }
+  // epoch, member count, applied, denominator, joined count, loop state bytes, then `world`
+  // slots of members and `world` of joined.
+  static constexpr std::size_t header = 40;
+  static std::size_t bytes(int world) { return header + 8 * static_cast<std::size_t>(world); }
 
   std::vector<std::byte> encode(int world) const {
     std::vector<std::byte> out(bytes(world));
@@ -57,9 +61,11 @@ struct welcome {
     std::memcpy(out.data() + 16, &applied, 8);
     std::memcpy(out.data() + 24, &denominator, 4);
     std::memcpy(out.data() + 28, &joining, 4);
+    std::memcpy(out.data() + 32, &loop_state, 8);
     const std::size_t w = static_cast<std::size_t>(world);
-    for (std::size_t i = 0; i < members.members.size(); ++i) std::memcpy(out.data() + 32 + 4 * i, &members.members[i], 4);
-    for (std::size_t i = 0; i < joined.size(); ++i) std::memcpy(out.data() + 32 + 4 * (w + i), &joined[i], 4);
+    for (std::size_t i = 0; i < members.members.size(); ++i)
+      std::memcpy(out.data() + header + 4 * i, &members.members[i], 4);
+    for (std::size_t i = 0; i < joined.size(); ++i) std::memcpy(out.data() + header + 4 * (w + i), &joined[i], 4);
     return out;
   }
 
@@ -79,13 +85,15 @@ struct welcome {
     std::memcpy(&w.applied, in.data() + 16, 8);
     std::memcpy(&w.denominator, in.data() + 24, 4);
     std::memcpy(&joining, in.data() + 28, 4);
+    std::memcpy(&w.loop_state, in.data() + 32, 8);
     if (word != join_word) throw malformed("not a gradwire welcome, or another version");
+    if (w.loop_state > max_loop_state_bytes) throw malformed(std::to_string(w.loop_state) + " bytes of loop state");
     if (count < 2 || count > static_cast<std::uint32_t>(world) || joining < 1 || joining >= count)
       throw malformed(std::to_string(count) + " members, " + std::to_string(joining) + " of them joining");
     auto ranks = [&](std::size_t first, std::uint32_t n, std::vector<int>& out) {
       for (std::uint32_t i = 0; i < n; ++i) {
         int r = 0;
-        std::memcpy(&r, in.data() + 32 + 4 * (first + i), 4);
+        std::memcpy(&r, in.data() + header + 4 * (first + i), 4);
         if (r < 0 || r >= world || (!out.empty() && r <= out.back())) throw malformed("its ranks are not ascending job ranks");
         out.push_back(r);
       }
