@@ -28,6 +28,11 @@ inline constexpr std::chrono::milliseconds default_stall_warn{std::chrono::secon
 // (GRADWIRE_STALL_TIMEOUT); 0: never before the operation deadline (default_timeout).
 inline constexpr std::chrono::milliseconds default_stall_timeout{0};
 
+// An operation withdrawn while its frame is half through the connection (a collective that
+// every rank of an elastic view abandons at once when a member is lost) is let finish for
+// up to this long, so that the link stays in step; past it the connection is closed.
+inline constexpr std::chrono::milliseconds withdraw_grace{std::chrono::seconds(2)};
+
 // Waits for what a live peer sends at once (a parameter-server worker's end-of-job done
 // leaving for its servers and standbys, an elastic replacement's welcome from each rank):
 // a stopped or partitioned peer costs this much, not default_timeout.

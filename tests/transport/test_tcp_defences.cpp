@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -1141,6 +1142,67 @@ TEST_CASE("an early_bytes below the 64 KiB frame buffer still gets a link's earl
     CHECK(parked == sent);
     CHECK(posted == sent);
   }
+}
+
+TEST_CASE("an operation withdrawn mid-message is let finish, so that the link stays in step: a receive dropped "
+          "while its frame arrives, a send dropped while it is written",
+          "[tcp][cancel]") {
+  // A collective that every rank of an elastic view abandons at once (a member was lost)
+  // drops its requests with frames half through the connection between two survivors;
+  // cutting the stream there would lose the survivors to each other. The side that drops
+  // its request first waits 1 ms for it: a send is under way from its post (the kernel took
+  // part of it), a receive once that wait has read the frame's header (it is in the socket:
+  // the other side said so), and 64 MiB take far longer than 1 ms.
+  std::vector<float> big(16 << 20);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 65521) + 0.5f;
+  std::vector<float> landed(big.size()), taken(big.size());
+  float word = 0, answer = 0;
+  event first_sent, second_posted;
+  auto let_it_start = [](asio_tcp& t, asio_tcp::request& r) {
+    try {
+      t.wait_any(std::span<asio_tcp::request* const>(std::array{&r}), gw::clock::now() + 1ms);
+      FAIL("64 MiB went through in 1 ms: the frame was never withdrawn mid-message");
+    } catch (const gw::error& e) {
+      REQUIRE(e.kind() == gw::errc::timeout);
+    }
+  };
+  run_ranks({[&](asio_tcp& t) {
+               // A receive dropped mid-frame, then the next message on the same link.
+               first_sent.await("rank 1's first send");
+               {
+                 auto r = t.async_recv(1, 1, std::as_writable_bytes(std::span(landed)));
+                 let_it_start(t, r);
+               }
+               auto w = t.async_recv(1, 2, std::as_writable_bytes(std::span(&word, 1)));
+               finish(t, w);
+               // The other side drops its send mid-frame: this receive still gets all of it.
+               auto r3 = t.async_recv(1, 3, std::as_writable_bytes(std::span(taken)));
+               second_posted.raise();
+               finish(t, r3);
+               const float reply = word + 1;
+               auto s = t.async_send(1, 4, std::as_bytes(std::span(&reply, 1)));
+               finish(t, s);
+             },
+             [&](asio_tcp& t) {
+               auto s1 = t.async_send(0, 1, std::as_bytes(std::span(big)));
+               first_sent.raise();
+               const float forty_two = 42;
+               auto s2 = t.async_send(0, 2, std::as_bytes(std::span(&forty_two, 1)));
+               finish(t, s1);
+               finish(t, s2);
+               second_posted.await("rank 0's tag-3 receive");
+               {
+                 auto s3 = t.async_send(0, 3, std::as_bytes(std::span(big)));
+                 let_it_start(t, s3);
+               }
+               auto a = t.async_recv(0, 4, std::as_writable_bytes(std::span(&answer, 1)));
+               finish(t, a);
+               CHECK(t.lost_peers().empty());
+             }},
+            [](int, asio_tcp_options&) {});
+  CHECK(word == 42);
+  CHECK(taken == big);
+  CHECK(answer == 43);
 }
 
 // --- before a wait sleeps: the hot-poll window and parked messages ----------------------

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "../../support/asio.hpp"
+#include "../../timeouts.hpp"
 #include "engine.hpp"
 
 namespace gradwire::transport::detail {
@@ -52,16 +53,26 @@ GRADWIRE_DECL void tcp_engine::poll_briefly(const tcp_op& op) {
 }
 
 // Withdraws an op that will not be waited for. One that Asio is reading into or
-// writing from cannot be taken back mid-frame: its connection is closed, which
-// fails the job (a stream cut mid-frame cannot be resynchronised).
+// writing from cannot be taken back mid-frame (a stream cut there cannot be
+// resynchronised): it is let finish, for up to withdraw_grace, as a wait would (its peer
+// is most often withdrawing the other end of it, and finishing it too); past that its
+// connection is closed, which loses the peer.
 GRADWIRE_DECL void tcp_engine::cancel(tcp_op& op) noexcept {
   if (op.state == status::done || op.state == status::cancelled) return;
   if (op.peer == options.rank) {
     std::erase(self_receives, &op);
   } else if (auto& link = links[op.peer]) {
-    const bool active = op.is_send ? (link->writing && !link->sends.empty() && link->sends.front() == &op)
-                                   : link->reading == &op;
-    if (active) {
+    auto active = [&] {
+      return op.is_send ? (link->writing && !link->sends.empty() && link->sends.front() == &op) : link->reading == &op;
+    };
+    if (active() && link->alive) {
+      try {
+        support::run_until(io, [&] { return op.state == status::done; }, clock::now() + withdraw_grace);
+      } catch (...) {  // a handler's failure is the link's: the op fails with it below
+      }
+      if (op.state == status::done) return;
+    }
+    if (active()) {
       if (op.is_send) link->sends.pop_front(); else link->reading = nullptr;
       lose(*link, errc::peer_lost, abandoned_message(op.peer));
     } else {
