@@ -226,6 +226,13 @@ class elastic_all_reduce_agent {
   void on_join(std::function<std::vector<std::byte>()> save) { save_loop_state_ = std::move(save); }
   // On a replacement: the bytes the welcoming member's on_join gave (empty elsewhere).
   std::span<const std::byte> loop_state() const noexcept { return loop_state_; }
+  // The latest state handed to replacements (a member) or taken (a replacement): its bytes,
+  // and the seconds from the first chunk posted to the last one done.
+  struct state_transfer_stats {
+    std::uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  const state_transfer_stats& last_state_transfer() const noexcept { return transfer_stats_; }
   // Every job rank taken back in so far (replacements), in the order they joined.
   const std::vector<int>& joined_ranks() const noexcept { return joined_; }
   // Steps applied since the job began (a learning-rate schedule's input); a replacement
@@ -374,8 +381,9 @@ class elastic_all_reduce_agent {
     std::vector<int> senders, joiners;
   };
 
-  // A member, after the agreement that took replacements in: the first old member welcomes
-  // them; every member then owes them the state (synchronise_state, right after this step).
+  // A member, after the agreement that took replacements in: every old member welcomes them
+  // (the same welcome: a replacement takes the first); every member then owes them the
+  // state (synchronise_state, right after this step).
   void welcome_joiners(collective::communicator<Tr>& comm, const transport::next_view& next) {
     state_transfer transfer;
     for (int p = 0; p < next.members.size(); ++p) {
@@ -387,23 +395,20 @@ class elastic_all_reduce_agent {
       if constexpr (can_take_back) listener_->admitted(r);
       joined_.push_back(r);
     }
-    const int first_old = next.members.members[static_cast<std::size_t>(transfer.senders.front())];
-    if (comm.rank() == first_old) {
-      const std::vector<std::byte> loop = save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
-      const detail::welcome w{view(), next.joined, applied_, last_denominator_, loop.size()};
-      const std::vector<std::byte> bytes = w.encode(comm.size());
-      const deadline until = comm.time().deadline_after(comm.options().timeout);
-      std::vector<typename Tr::request> sends;
-      for (int r : next.joined) {
-        sends.push_back(comm.transport().async_send(r, detail::welcome_tag, std::span(bytes)));
-        if (!loop.empty()) sends.push_back(comm.transport().async_send(r, detail::loop_state_tag, std::span(loop)));
-      }
-      for (auto& s : sends) try {
-          comm.transport().wait(s, until);
-        } catch (const error& e) {  // a replacement lost again: the state's transfer finds out
-          if (!recoverable(e)) throw;
-        }
+    const std::vector<std::byte> loop = save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
+    const detail::welcome w{view(), next.joined, applied_, last_denominator_, loop.size()};
+    const std::vector<std::byte> bytes = w.encode(comm.size());
+    const deadline until = comm.time().deadline_after(comm.options().timeout);
+    std::vector<typename Tr::request> sends;
+    for (int r : next.joined) {
+      sends.push_back(comm.transport().async_send(r, detail::welcome_tag, std::span(bytes)));
+      if (!loop.empty()) sends.push_back(comm.transport().async_send(r, detail::loop_state_tag, std::span(loop)));
     }
+    for (auto& s : sends) try {
+        comm.transport().wait(s, until);
+      } catch (const error& e) {  // a replacement lost again: the state's transfer finds out
+        if (!recoverable(e)) throw;
+      }
     last_step_view_ = view();  // the next step's data is shared over the new view
     transfer_ = std::move(transfer);
   }
@@ -440,9 +445,16 @@ class elastic_all_reduce_agent {
         got = base.wait_any(std::span<typename Tr::request* const>(pending), until);
       } catch (const error& e) {
         if (e.kind() != errc::timeout) throw;
-        throw error(errc::timeout, who + " asked " + std::to_string(from.size()) +
-                                       " members to join, and none let it in before the deadline (they admit it at "
-                                       "a step boundary once every member has its request)");
+        std::string unreached;
+        for (int p : lost) unreached += (unreached.empty() ? "" : ", ") + std::to_string(p);
+        throw error(errc::timeout, who + " asked ranks it reached to join, and none let it in before the deadline: "
+                                       "they admit it at a step boundary once every member holds its request" +
+                                       (unreached.empty() ? std::string()
+                                                          : "; it did not reach ranks " + unreached +
+                                                                " (gone, a member that had not yet dropped this rank "
+                                                                "and refused its replacement: start it later, "
+                                                                "gradwire-run --restart-delay; or another "
+                                                                "replacement: those do not listen over asio_tcp)"));
       }
       const std::size_t i = pending_at[got];
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(got));
@@ -495,9 +507,13 @@ class elastic_all_reduce_agent {
     if constexpr (concepts::counter_visiting_state<State>)
       for (auto& st : states) st.for_each_counter([&](long& c) { counters_.push_back(static_cast<std::int64_t>(c)); });
     segments.push_back(std::as_writable_bytes(std::span(counters_)));
+    const auto began = comm.time().now();
     try {
       detail::transfer_state(*view_comm_, std::span<const std::span<std::byte>>(segments), transfer.senders,
                              transfer.joiners, comm.time().deadline_after(comm.options().timeout));
+      transfer_stats_.bytes = 0;
+      for (auto segment : segments) transfer_stats_.bytes += segment.size();
+      transfer_stats_.seconds = std::chrono::duration<double>(comm.time().now() - began).count();
     } catch (const error& e) {
       if (joining || !recoverable(e))
         throw error(e.kind(), std::string(joining ? "elastic_all_reduce: a replacement could not take its state: " : "") +
@@ -525,6 +541,7 @@ class elastic_all_reduce_agent {
   std::conditional_t<can_take_back, std::optional<detail::join_listener<Tr>>, std::monostate> listener_;
   std::optional<state_transfer> transfer_;  // owed after this step (or this replacement's setup)
   std::vector<std::int64_t> counters_;      // the optimizer's counters, in transit
+  state_transfer_stats transfer_stats_;
   std::vector<int> joined_;
   std::function<std::vector<std::byte>()> save_loop_state_;  // on_join
   std::vector<std::byte> loop_state_;                         // a replacement's, from its welcome

@@ -25,6 +25,9 @@
 
 namespace gradwire::transport {
 
+// Salts of views take the bytes below this in bits 40..47 of a tag (see below).
+inline constexpr std::uint8_t view_salt_end = 0xF0;
+
 // Who is in: the epoch (0 for the job as it started) and the job ranks, ascending.
 struct view {
   std::uint32_t epoch = 0;
@@ -41,22 +44,25 @@ struct view {
     const auto it = std::lower_bound(members.begin(), members.end(), rank);
     return it != members.end() && *it == rank ? static_cast<int>(it - members.begin()) : -1;
   }
-  // One byte of the view's epoch and members (tags carry it, view_transport::salted).
+  // One byte of the view's epoch and members (tags carry it, view_transport::salted),
+  // below view_salt_end: the bytes above belong to the agreement's and the joins' tags.
   std::uint8_t salt() const noexcept {
     const std::uint64_t h =
         support::fnv1a().add(std::as_bytes(std::span(&epoch, 1))).add(std::as_bytes(std::span(members))).value();
-    return static_cast<std::uint8_t>(h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24));
+    return static_cast<std::uint8_t>(static_cast<std::uint8_t>(h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24)) % view_salt_end);
   }
   friend bool operator==(const view&, const view&) = default;
 };
 
 // Tags of a view's collectives stay below 2^40 (sequence numbers below 2^24 per view);
-// bits 40..47 hold the view's salt. Tags of the agreement on the next view
-// (transport/view_change.hpp) and of joins (a replacement's request and its welcome,
-// aggregation/detail/elastic_join.hpp) live in their own ranges above.
+// bits 40..47 hold the view's salt, below view_salt_end. Tags of the agreement on the next
+// view (transport/view_change.hpp) and of joins (a replacement's request and its welcome,
+// aggregation/detail/elastic_join.hpp) live in their own ranges above it, which no
+// collective's salted tag can reach.
 inline constexpr std::uint64_t view_tag_bits = 40;
 inline constexpr std::uint64_t view_change_tag_base = std::uint64_t{0xF6} << 40;
 inline constexpr std::uint64_t join_tag_base = std::uint64_t{0xF7} << 40;
+static_assert((view_change_tag_base >> view_tag_bits) >= view_salt_end && (join_tag_base >> view_tag_bits) >= view_salt_end);
 
 template <class Tr>
   requires concepts::multiplexing_transport<Tr> && concepts::loss_tolerant_transport<Tr>

@@ -16,7 +16,8 @@
 // sums say every member has a replacement's join request enters it with that rank among its
 // admits; the admits flood like the suspects, and the next view takes them in only if it
 // drops nobody and every member reports the same steps applied (a join at a clean step
-// boundary; otherwise the view only shrinks and the replacement is counted again later).
+// boundary; otherwise the view only shrinks and the replacement is counted again later),
+// the lowest admitted rank alone per agreement.
 //
 // Round 0's receives are posted when the view begins (view_agreement's constructor), so
 // that a member's proposal interrupts this rank's waits in the view's collectives
@@ -331,6 +332,8 @@ class view_agreement {
     // same step (the joiners' reports say that step too).
     const bool level = std::all_of(next.reports.begin(), next.reports.end(),
                                    [&](const member_report& r) { return r.applied == next.reports.front().applied; });
+    // One at a time: a replacement cannot dial another (asio_tcp's replacements do not
+    // listen), so two admitted together could not reach each other.
     if (next.dropped.empty() && level)
       for (std::size_t r = 0; r < world_; ++r) {
         if (!admit[r]) continue;
@@ -340,6 +343,7 @@ class view_agreement {
         next.reports.insert(next.reports.begin() + (at - next.members.members.begin()), level_report);
         next.members.members.insert(at, rank);
         next.joined.push_back(rank);
+        break;
       }
     return next;
   }

@@ -9,10 +9,11 @@
 //   means every member holds it, and every member knows that from the same sums. The
 //   members then run the view agreement with r among its admits (view_change.hpp), which
 //   takes r in only at a clean step boundary.
-// - The welcome: the first old member of the new view sends r the view and where training
-//   stands (steps applied, the last step's denominator); then the state (transfer_state):
-//   parameters, optimizer buffers and counters, cut in chunks that the old members send at
-//   once, each its share, all in flight together.
+// - The welcome: every old member of the new view sends r the same view and where training
+//   stands (steps applied, the last step's denominator) and the training loop's bytes
+//   (on_join); r takes the first (a member lost meanwhile does not leave it waiting). Then
+//   the state (transfer_state): parameters, optimizer buffers and counters, cut in chunks
+//   that the old members send at once, each its share, all in flight together.
 #pragma once
 
 #include <algorithm>
@@ -137,16 +138,19 @@ class join_listener {
       if (e.kind() != errc::timeout) throw;
       return false;  // not yet
     }
+    // A replacement is never a reason for a member to fail: one lost before its request
+    // came, or whose request is not this version's (another size: mismatch; another word),
+    // is not counted, and the member listens for the next.
     try {
       base.wait(*req, time.now());
-    } catch (const error& e) {
-      if (e.kind() != errc::peer_lost && e.kind() != errc::timeout) throw;
-      post(base, r);  // the replacement was lost before its request came: listen for the next
+    } catch (const error&) {
+      post(base, r);
       return false;
     }
-    if (words_[static_cast<std::size_t>(r)] != join_word)
-      throw error(errc::protocol, "elastic: rank " + std::to_string(base.rank()) + " got a join request from rank " +
-                                      std::to_string(r) + " that is not a gradwire one of this version");
+    if (words_[static_cast<std::size_t>(r)] != join_word) {
+      post(base, r);
+      return false;
+    }
     asked_[static_cast<std::size_t>(r)] = 1;
     return true;
   }
@@ -198,8 +202,14 @@ void transfer_state(collective::communicator<VTr>& comm, std::span<const std::sp
                     const std::vector<int>& senders, const std::vector<int>& joiners, deadline until) {
   std::size_t total = 0;
   for (auto s : segments) total += s.size();
-  // At most 2^16 chunks (a tag's step field), at least state_chunk_bytes each.
+  // At most 2^16 chunks (a tag's step field; checked below: segments round up), at least
+  // state_chunk_bytes each.
   const std::size_t chunk = std::max(state_chunk_bytes, (total + 0xFFFF) / 0x10000);
+  std::size_t chunks = 0;
+  for (auto s : segments) chunks += (s.size() + chunk - 1) / chunk;
+  if (chunks > 0x10000)
+    throw error(errc::invalid_argument, "elastic: a state of " + std::to_string(segments.size()) +
+                                            " segments is more than 65536 chunks to hand over (fewer, larger tensors)");
   const std::uint64_t sequence = comm.begin_operation();
   auto& t = comm.transport();
   const int me = comm.rank();
