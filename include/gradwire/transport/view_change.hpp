@@ -19,6 +19,12 @@
 // boundary; otherwise the view only shrinks and the replacement is counted again later),
 // the lowest admitted rank alone per agreement.
 //
+// A member the next view drops for its silence (not gone for sure: a stopped process, a
+// partition) is told so by each survivor, a one-byte notice on a tag of its own that every
+// member listens on from the view's start: resumed, it fails with peer_lost instead of
+// taking the others' closed connections (they finished meanwhile) for losses and going on
+// alone.
+//
 // Round 0's receives are posted when the view begins (view_agreement's constructor), so
 // that a member's proposal interrupts this rank's waits in the view's collectives
 // (view_transport::watch_proposals): a survivor learns of a loss it cannot see itself.
@@ -86,6 +92,11 @@ class view_agreement {
     outcome_.assign(n, outcome::pending);
     for (auto& r : proposals_)
       if (r) watched_.push_back(&*r);
+    left_out_.resize(n);
+    left_out_bytes_.assign(n, std::byte{0});
+    for (std::size_t p = 0; p < n; ++p)
+      if (static_cast<int>(p) != me_)
+        left_out_[p] = base.async_recv(view_.members[p], tag(left_out_round), std::span(&left_out_bytes_[p], 1));
   }
   view_agreement(const view_agreement&) = delete;
   view_agreement& operator=(const view_agreement&) = delete;
@@ -98,6 +109,7 @@ class view_agreement {
   // transport's to report.
   bool proposed(Tr& base) {
     const time_source time = concepts::time_of(base);
+    if (told_left_out(base)) return true;  // agree() says so
     while (!watched_.empty()) {
       std::size_t i = 0;
       try {
@@ -140,6 +152,9 @@ class view_agreement {
     std::vector<member_report> reports(n);
     known[me] = 1;
     reports[me] = mine;
+    // Before this rank sends anything: a stopped rank's first write to a survivor that has
+    // finished meanwhile fails, and closes the connection with the notice in it unread.
+    throw_if_left_out(base, poll);
     suspect_lost(base, suspected, gone);
 
     for (std::uint32_t round = 0;; ++round) {
@@ -180,6 +195,7 @@ class view_agreement {
       const time_source time = concepts::time_of(base);
       const deadline until = time.deadline_after(options.timeout);
       while (!waiting.empty()) {
+        throw_if_left_out(base);
         suspect_lost(base, suspected, gone);  // a member lost meanwhile: stop waiting for it
         std::erase_if(waiting, [&](std::size_t q) { return suspected[q] != 0; });
         if (waiting.empty()) break;
@@ -220,12 +236,69 @@ class view_agreement {
       // long before this rank (this rank was stopped) may since have suspected it. Deciding
       // only after a round of fresh messages lets such a rank find out, instead of deciding
       // a view the others never form.
-      if (round > 0 && all_equal && suspected == before && gone == before_gone && admit == before_admit)
-        return decide(suspected, gone, admit, reports, options);
+      if (round > 0 && all_equal && suspected == before && gone == before_gone && admit == before_admit) {
+        next_view next = decide(suspected, gone, admit, reports, options);
+        tell_left_out(base, suspected, gone, time);
+        return next;
+      }
     }
   }
 
  private:
+  static constexpr std::uint32_t left_out_round = 0xFFFF;  // the notice's tag (rounds stop at n + 1)
+
+  // Whether a survivor told this rank that the next view leaves it out (reading what has
+  // arrived for up to `look`).
+  bool told_left_out(Tr& base, std::chrono::milliseconds look = std::chrono::milliseconds(0)) {
+    const time_source time = concepts::time_of(base);
+    const deadline until = time.deadline_after(look);
+    for (;;) {
+      std::vector<request*> pending;
+      std::vector<std::size_t> at;
+      for (std::size_t p = 0; p < left_out_.size(); ++p)
+        if (left_out_[p]) {
+          pending.push_back(&*left_out_[p]);
+          at.push_back(p);
+        }
+      if (pending.empty()) return false;
+      std::size_t i = 0;
+      try {
+        i = base.wait_any(std::span<request* const>(pending), until);
+      } catch (const error& e) {
+        if (e.kind() != errc::timeout) throw;
+        return false;  // nothing yet
+      }
+      try {
+        base.wait(*left_out_[at[i]], until);
+      } catch (const error&) {  // that member finished or was lost: no notice from it
+        left_out_[at[i]].reset();
+        continue;
+      }
+      return true;
+    }
+  }
+  void throw_if_left_out(Tr& base, std::chrono::milliseconds look = std::chrono::milliseconds(0)) {
+    if (told_left_out(base, look))
+      throw error(errc::peer_lost, "rank " + std::to_string(view_.members[static_cast<std::size_t>(me_)]) +
+                                       " was left out of view " + std::to_string(view_.epoch + 1) +
+                                       ": the others went on without it (it was silent past the timeout: stopped, "
+                                       "or cut off); it stops");
+  }
+  // Each member the next view drops for a silence hears it (a moment's wait for each: a
+  // stopped process's kernel still takes the byte).
+  void tell_left_out(Tr& base, const std::vector<std::uint8_t>& suspected, const std::vector<std::uint8_t>& gone,
+                     const time_source& time) {
+    static constexpr std::byte out{1};
+    for (std::size_t p = 0; p < suspected.size(); ++p) {
+      if (!suspected[p] || gone[p] || static_cast<int>(p) == me_) continue;
+      try {
+        auto r = base.async_send(view_.members[p], tag(left_out_round), std::span(&out, 1));
+        base.wait(r, time.deadline_after(std::chrono::milliseconds(200)));
+      } catch (const error&) {  // lost meanwhile, or too busy to take it: it finds out otherwise
+      }
+    }
+  }
+
   // Per member an entry; then one byte per job rank: whether it is admitted.
   std::size_t message_bytes() const noexcept { return static_cast<std::size_t>(view_.size()) * entry_bytes + world_; }
 
@@ -363,6 +436,8 @@ class view_agreement {
   std::vector<outcome> outcome_;
   std::vector<std::vector<std::byte>> proposal_bytes_;
   std::vector<request*> watched_;
+  std::vector<std::optional<request>> left_out_;  // each member's notice that this rank is out
+  std::vector<std::byte> left_out_bytes_;
 };
 
 }  // namespace gradwire::transport
