@@ -146,7 +146,9 @@ TEST_CASE("a view renumbers its members, and its messages never meet another vie
   CHECK(got[2] == std::vector<float>(n, 4.f));
 }
 
-TEST_CASE("a view's salt never reaches the tag bytes of the agreement or of joins", "[elastic]") {
+TEST_CASE("a view's salt never reaches the tag bytes of the agreement or of joins, nor a view's fewer than 15 "
+          "epochs away",
+          "[elastic]") {
   // Every view of up to 8 ranks, epochs 0..15: a collective's salted tag must never equal a
   // proposal's (0xF6 in bits 40..47) or a join's (0xF7), or its messages would be taken for them.
   std::size_t views = 0;
@@ -160,6 +162,21 @@ TEST_CASE("a view's salt never reaches the tag bytes of the agreement or of join
     }
   CHECK(views == 255 * 16);
   CHECK((gw::transport::view_change_tag_base >> gw::transport::view_tag_bits) >= gw::transport::view_salt_end);
+  // Views fewer than 15 epochs apart never share a salt, whatever their members: a frame left
+  // unread from an abandoned view cannot meet a later view's collective (views 2 {0,1,2,3}
+  // and 3 {1,2,3} shared one under a hash of both, and a chaos run summed a stale frame).
+  CHECK(gw::transport::view{2, {0, 1, 2, 3}}.salt() != gw::transport::view{3, {1, 2, 3}}.salt());
+  for (std::uint32_t epoch = 0; epoch < 30; ++epoch)
+    for (std::uint32_t apart = 1; apart < 15; ++apart)
+      for (std::uint32_t a = 1; a < 256; a += 17)
+        for (std::uint32_t b = 1; b < 256; b += 13) {
+          gw::transport::view x{epoch, {}}, y{epoch + apart, {}};
+          for (int r = 0; r < 8; ++r) {
+            if (a & (1u << r)) x.members.push_back(r);
+            if (b & (1u << r)) y.members.push_back(r);
+          }
+          if (x.salt() == y.salt()) FAIL("views " << epoch << " and " << epoch + apart << " share salt " << int(x.salt()));
+        }
 }
 
 TEST_CASE("the survivors agree on the next view: the lost rank dropped, every report known to all", "[elastic]") {

@@ -382,8 +382,8 @@ class elastic_all_reduce_agent {
   };
 
   // A member, after the agreement that took replacements in: every old member welcomes them
-  // (the same welcome: a replacement takes the first); every member then owes them the
-  // state (synchronise_state, right after this step).
+  // (the same view and step: a replacement takes the first); every member then owes them
+  // the state (synchronise_state, right after this step).
   void welcome_joiners(collective::communicator<Tr>& comm, const transport::next_view& next) {
     state_transfer transfer;
     for (int p = 0; p < next.members.size(); ++p) {
@@ -395,7 +395,12 @@ class elastic_all_reduce_agent {
       if constexpr (can_take_back) listener_->admitted(r);
       joined_.push_back(r);
     }
-    const std::vector<std::byte> loop = save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
+    // The loop's bytes come from the first old member alone: a large message nobody receives
+    // would hold up the connection it was sent on (asio_tcp leaves it unread until a
+    // receive asks for it), and the state's chunks behind it with it.
+    const bool first_old = comm.rank() == next.members.members[static_cast<std::size_t>(transfer.senders.front())];
+    const std::vector<std::byte> loop =
+        first_old && save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
     const detail::welcome w{view(), next.joined, applied_, last_denominator_, loop.size()};
     const std::vector<std::byte> bytes = w.encode(comm.size());
     const deadline until = comm.time().deadline_after(comm.options().timeout);
@@ -468,9 +473,28 @@ class elastic_all_reduce_agent {
       sender = from[i];
       w = detail::welcome::decode(bytes[i], n, me, sender);
     }
+    // The loop's bytes, from the first old member (only its welcome says how many).
+    int first_old = -1;
+    for (int r : w->members.members)
+      if (std::find(w->joined.begin(), w->joined.end(), r) == w->joined.end()) {
+        first_old = r;
+        break;
+      }
+    if (sender != first_old) {
+      const auto at = std::find(from.begin(), from.end(), first_old);
+      try {
+        if (at == from.end()) throw error(errc::peer_lost, "it did not reach that rank");
+        const auto i = static_cast<std::size_t>(at - from.begin());
+        base.wait(receives[i], until);
+        w->loop_state = detail::welcome::decode(bytes[i], n, me, first_old).loop_state;
+      } catch (const error& e) {
+        throw error(e.kind(), who + " could not take the training loop's state from rank " + std::to_string(first_old) +
+                                  ": " + e.details());
+      }
+    }
     loop_state_.resize(static_cast<std::size_t>(w->loop_state));
     if (!loop_state_.empty()) {
-      auto r = base.async_recv(sender, detail::loop_state_tag, std::span(loop_state_));
+      auto r = base.async_recv(first_old, detail::loop_state_tag, std::span(loop_state_));
       base.wait(r, until);
     }
     applied_ = w->applied;
