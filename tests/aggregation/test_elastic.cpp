@@ -854,3 +854,90 @@ TEST_CASE("a lost rank's replacement joins at a step boundary, takes parameters,
       CHECK(finals[0].params[t][i] == Approx(p).epsilon(1e-9).margin(1e-12));
     }
 }
+
+TEST_CASE("a replacement whose model is not the members' is refused with mismatch before it takes anything, and the "
+          "members go on without it",
+          "[elastic]") {
+  // 3 ranks, SGD; rank 2 is lost after step 1, and its replacement builds one tensor with
+  // an element more. The members admit it (they cannot see its model), welcome it; it finds
+  // the welcome's model fingerprint is not its own and fails; the members drop it again.
+  constexpr int ranks = 3, victim = 2;
+  using strategy_type = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, asio_tcp>;
+  auto params_of = [](std::size_t last) {
+    std::vector<gw::host_tensor<float>> p;
+    for (std::size_t n : {std::size_t{7}, last}) {
+      p.emplace_back(gw::shape{n});
+      for (std::size_t i = 0; i < n; ++i) p.back()[i] = 0.5f;
+    }
+    return p;
+  };
+  gw::testing::event shrunk[2]{gw::testing::event(patience), gw::testing::event(patience)};
+  gw::testing::event applied[2]{gw::testing::event(patience), gw::testing::event(patience)};
+  std::atomic<bool> replacement_done{false};
+  std::vector<gw::transport::view> final_views(ranks);
+  const std::uint16_t port = free_port();
+  auto options_for = [&](int r, bool rejoin) {
+    gw::transport::asio_tcp_options o;
+    o.rank = r;
+    o.size = ranks;
+    o.job_token = "test-elastic-wrong-model";
+    o.store_port = port;
+    o.connect_timeout = patience;
+    o.rejoin = rejoin;
+    return o;
+  };
+  std::vector<std::exception_ptr> errors(ranks + 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        strategy_type s(asio_tcp(options_for(r, false)), params_of(3), gw::optim::sgd({.lr = 0.1f}),
+                        gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}),
+                        {.timeout = patience});
+        const std::vector<std::vector<float>> g{std::vector<float>(7, 0.25f), std::vector<float>(3, 0.5f)};
+        const auto give_up = gw::clock::now() + 3 * patience;
+        for (int k = 0;; ++k) {
+          s.step(g);
+          if (r != victim && k == 1) applied[r].raise();
+          if (r == victim && k == 1) {
+            applied[0].await("rank 0 to apply step 1");
+            applied[1].await("rank 1 to apply step 1");
+            throw lost_on_purpose();
+          }
+          if (k > 1 && s.aggregation().view().epoch == 1) shrunk[r].raise();
+          // Done once the replacement was taken in and dropped again (and it has given up).
+          if (!s.aggregation().joined_ranks().empty() && s.aggregation().view().members == std::vector<int>{0, 1} &&
+              replacement_done.load())
+            break;
+          if (gw::clock::now() > give_up) throw std::runtime_error("the replacement was never taken in and dropped");
+          std::this_thread::sleep_for(5ms);
+        }
+        final_views[static_cast<std::size_t>(r)] = s.aggregation().view();
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  threads.emplace_back([&] {
+    try {
+      shrunk[0].await("rank 0 to go on without rank 2");
+      shrunk[1].await("rank 1 to go on without rank 2");
+      strategy_type s(asio_tcp(options_for(victim, true)), params_of(4), gw::optim::sgd({.lr = 0.1f}),
+                      gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}),
+                      {.timeout = patience});
+    } catch (...) {
+      errors[ranks] = std::current_exception();
+    }
+    replacement_done = true;
+  });
+  for (auto& t : threads) t.join();
+  CHECK_THAT(what_of(errors[victim]), Catch::Equals("lost on purpose"));
+  REQUIRE(what_of(errors[0]) == "");
+  REQUIRE(what_of(errors[1]) == "");
+  const auto [kind, what] = gw::testing::error_of([&] {
+    if (errors[ranks]) std::rethrow_exception(errors[ranks]);
+  });
+  CHECK(kind == gw::errc::mismatch);
+  CHECK_THAT(what, Catch::Contains("a replacement (GRADWIRE_REJOIN=1), holds a model that is not the members'"));
+  CHECK(final_views[0].members == std::vector<int>{0, 1});
+  CHECK(final_views[0] == final_views[1]);
+}

@@ -147,6 +147,7 @@ class elastic_all_reduce_agent {
     std::vector<std::size_t> sizes;
     for (auto p : params) sizes.push_back(p.size());
     layout_ = flat_layout(sizes);
+    model_ = detail::model_fingerprint(sizeof(V), sizes);
     params_.assign(params.begin(), params.end());
     // After the gradients, with joins, one control slot per job rank (detail/elastic_join.hpp).
     control_ = layout_.total();
@@ -401,7 +402,7 @@ class elastic_all_reduce_agent {
     const bool first_old = comm.rank() == next.members.members[static_cast<std::size_t>(transfer.senders.front())];
     const std::vector<std::byte> loop =
         first_old && save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
-    const detail::welcome w{view(), next.joined, applied_, last_denominator_, loop.size()};
+    const detail::welcome w{view(), next.joined, applied_, last_denominator_, loop.size(), model_};
     const std::vector<std::byte> bytes = w.encode(comm.size());
     const deadline until = comm.time().deadline_after(comm.options().timeout);
     std::vector<typename Tr::request> sends;
@@ -497,6 +498,10 @@ class elastic_all_reduce_agent {
       auto r = base.async_recv(first_old, detail::loop_state_tag, std::span(loop_state_));
       base.wait(r, until);
     }
+    if (w->model != model_)
+      throw error(errc::mismatch, who + " holds a model that is not the members' (element size, tensor count or a "
+                                        "tensor's size differs): every replica must build the same model; nothing "
+                                        "was taken");
     applied_ = w->applied;
     last_denominator_ = w->denominator;
     start_view(comm, w->members);
@@ -562,6 +567,7 @@ class elastic_all_reduce_agent {
   flat_layout layout_;
   std::vector<std::span<V>> params_;  // the replica's, as setup gave them (a replacement's state goes there)
   std::size_t control_ = 0;           // where grads_ and sums_ hold the join slots
+  std::uint64_t model_ = 0;           // detail::model_fingerprint of the parameters
   std::conditional_t<can_take_back, std::optional<detail::join_listener<Tr>>, std::monostate> listener_;
   std::optional<state_transfer> transfer_;  // owed after this step (or this replacement's setup)
   std::vector<std::int64_t> counters_;      // the optimizer's counters, in transit

@@ -29,6 +29,7 @@
 #include "../../collective/communicator.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
+#include "../../support/fnv1a.hpp"
 #include "../../transport/view.hpp"
 
 namespace gradwire::aggregation::detail {
@@ -37,6 +38,14 @@ inline constexpr std::uint64_t join_request_tag = transport::join_tag_base | 1;
 inline constexpr std::uint64_t welcome_tag = transport::join_tag_base | 2;
 inline constexpr std::uint64_t loop_state_tag = transport::join_tag_base | 3;  // the training loop's bytes (on_join)
 inline constexpr std::uint64_t max_loop_state_bytes = std::uint64_t{1} << 32;
+
+// What a replacement's model must share with the members' for their state to fit it: the
+// element size and every tensor's element count, in order (a hash: the welcome carries it).
+inline std::uint64_t model_fingerprint(std::size_t element_bytes, const std::vector<std::size_t>& sizes) {
+  std::vector<std::uint64_t> words{element_bytes, sizes.size()};
+  words.insert(words.end(), sizes.begin(), sizes.end());
+  return support::fnv1a().add(std::as_bytes(std::span(words))).value();
+}
 inline constexpr std::uint64_t join_word = 0x6777'6a6f'696e'0001ULL;  // "gwjoin", version 1: both messages start so
 
 // What the first old member tells a replacement: the view it enters and where training stands.
@@ -46,11 +55,12 @@ struct welcome {
   std::uint64_t applied = 0;      // steps applied: the schedule's and the data's position
   std::uint32_t denominator = 0;  // the size of the view the last step summed
   std::uint64_t loop_state = 0;   // bytes of the training loop's state that follow (on_join)
+  std::uint64_t model = 0;        // the members' model_fingerprint: a replacement checks its own
 
   // Fixed size per job (the replacement posts its receive before it knows the view): word,
-  // epoch, member count, applied, denominator, joined count, loop state bytes, then `world`
-  // slots of members and `world` of joined.
-  static constexpr std::size_t header = 40;
+  // epoch, member count, applied, denominator, joined count, loop state bytes, model, then
+  // `world` slots of members and `world` of joined.
+  static constexpr std::size_t header = 48;
   static std::size_t bytes(int world) { return header + 8 * static_cast<std::size_t>(world); }
 
   std::vector<std::byte> encode(int world) const {
@@ -63,6 +73,7 @@ struct welcome {
     std::memcpy(out.data() + 24, &denominator, 4);
     std::memcpy(out.data() + 28, &joining, 4);
     std::memcpy(out.data() + 32, &loop_state, 8);
+    std::memcpy(out.data() + 40, &model, 8);
     const std::size_t w = static_cast<std::size_t>(world);
     for (std::size_t i = 0; i < members.members.size(); ++i)
       std::memcpy(out.data() + header + 4 * i, &members.members[i], 4);
@@ -87,6 +98,7 @@ struct welcome {
     std::memcpy(&w.denominator, in.data() + 24, 4);
     std::memcpy(&joining, in.data() + 28, 4);
     std::memcpy(&w.loop_state, in.data() + 32, 8);
+    std::memcpy(&w.model, in.data() + 40, 8);
     if (word != join_word) throw malformed("not a gradwire welcome, or another version");
     if (w.loop_state > max_loop_state_bytes) throw malformed(std::to_string(w.loop_state) + " bytes of loop state");
     if (count < 2 || count > static_cast<std::uint32_t>(world) || joining < 1 || joining >= count)
