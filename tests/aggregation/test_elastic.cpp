@@ -39,6 +39,19 @@ std::uint16_t free_port() {
   return a.local_endpoint().port();
 }
 
+// Rank r of a job of `ranks` asio_tcp ranks on this host (`rejoin`: a lost rank's replacement).
+gw::transport::asio_tcp_options job_options(int r, int ranks, std::uint16_t port, const std::string& job_token,
+                                            bool rejoin = false) {
+  gw::transport::asio_tcp_options o;
+  o.rank = r;
+  o.size = ranks;
+  o.job_token = job_token;
+  o.store_port = port;
+  o.connect_timeout = patience;
+  o.rejoin = rejoin;
+  return o;
+}
+
 // Runs fn(t) on `ranks` asio_tcp ranks, one thread each; returns what each rank threw (or
 // nullptr). A rank that throws aborts its transport, as a failed process does: the others
 // lose it.
@@ -50,13 +63,7 @@ std::vector<std::exception_ptr> run_job(int ranks, const std::function<void(asio
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       try {
-        gw::transport::asio_tcp_options o;
-        o.rank = r;
-        o.size = ranks;
-        o.job_token = job_token;
-        o.store_port = port;
-        o.connect_timeout = patience;
-        asio_tcp t(o);
+        asio_tcp t(job_options(r, ranks, port, job_token));
         fn(t);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -752,16 +759,7 @@ TEST_CASE("a lost rank's replacement joins at a step boundary, takes parameters,
   gw::testing::event survivor_applied[2]{gw::testing::event(patience), gw::testing::event(patience)};
 
   const std::uint16_t port = free_port();
-  auto options_for = [&](int r, bool rejoin) {
-    gw::transport::asio_tcp_options o;
-    o.rank = r;
-    o.size = ranks;
-    o.job_token = "test-elastic-join";
-    o.store_port = port;
-    o.connect_timeout = patience;
-    o.rejoin = rejoin;
-    return o;
-  };
+  auto options_for = [&](int r, bool rejoin) { return job_options(r, ranks, port, "test-elastic-join", rejoin); };
   std::vector<std::exception_ptr> errors(ranks + 1);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
@@ -876,16 +874,7 @@ TEST_CASE("a replacement whose model is not the members' is refused with mismatc
   std::atomic<bool> replacement_done{false};
   std::vector<gw::transport::view> final_views(ranks);
   const std::uint16_t port = free_port();
-  auto options_for = [&](int r, bool rejoin) {
-    gw::transport::asio_tcp_options o;
-    o.rank = r;
-    o.size = ranks;
-    o.job_token = "test-elastic-wrong-model";
-    o.store_port = port;
-    o.connect_timeout = patience;
-    o.rejoin = rejoin;
-    return o;
-  };
+  auto options_for = [&](int r, bool rejoin) { return job_options(r, ranks, port, "test-elastic-wrong-model", rejoin); };
   std::vector<std::exception_ptr> errors(ranks + 1);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)

@@ -380,18 +380,24 @@ class elastic_all_reduce_agent {
   // and who receives it (positions in the new view).
   struct state_transfer {
     std::vector<int> senders, joiners;
+    int first_old = -1;  // job rank of the first sender: the loop's bytes come from it
+
+    static state_transfer of(const transport::view& v, const std::vector<int>& joined) {
+      state_transfer t;
+      for (int p = 0; p < v.size(); ++p) {
+        const int r = v.members[static_cast<std::size_t>(p)];
+        (std::find(joined.begin(), joined.end(), r) != joined.end() ? t.joiners : t.senders).push_back(p);
+      }
+      t.first_old = v.members[static_cast<std::size_t>(t.senders.front())];
+      return t;
+    }
   };
 
   // A member, after the agreement that took replacements in: every old member welcomes them
   // (the same view and step: a replacement takes the first); every member then owes them
   // the state (synchronise_state, right after this step).
   void welcome_joiners(collective::communicator<Tr>& comm, const transport::next_view& next) {
-    state_transfer transfer;
-    for (int p = 0; p < next.members.size(); ++p) {
-      const int r = next.members.members[static_cast<std::size_t>(p)];
-      const bool joining = std::find(next.joined.begin(), next.joined.end(), r) != next.joined.end();
-      (joining ? transfer.joiners : transfer.senders).push_back(p);
-    }
+    state_transfer transfer = state_transfer::of(next.members, next.joined);
     for (int r : next.joined) {
       if constexpr (can_take_back) listener_->admitted(r);
       joined_.push_back(r);
@@ -399,9 +405,8 @@ class elastic_all_reduce_agent {
     // The loop's bytes come from the first old member alone: a large message nobody receives
     // would hold up the connection it was sent on (asio_tcp leaves it unread until a
     // receive asks for it), and the state's chunks behind it with it.
-    const bool first_old = comm.rank() == next.members.members[static_cast<std::size_t>(transfer.senders.front())];
     const std::vector<std::byte> loop =
-        first_old && save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
+        comm.rank() == transfer.first_old && save_loop_state_ ? save_loop_state_() : std::vector<std::byte>{};
     const detail::welcome w{view(), next.joined, applied_, last_denominator_, loop.size(), model_};
     const std::vector<std::byte> bytes = w.encode(comm.size());
     const deadline until = comm.time().deadline_after(comm.options().timeout);
@@ -474,13 +479,13 @@ class elastic_all_reduce_agent {
       sender = from[i];
       w = detail::welcome::decode(bytes[i], n, me, sender);
     }
+    if (w->model != model_)
+      throw error(errc::mismatch, who + " holds a model that is not the members' (element size, tensor count or a "
+                                        "tensor's size differs): every replica must build the same model; nothing "
+                                        "was taken");
+    state_transfer transfer = state_transfer::of(w->members, w->joined);
     // The loop's bytes, from the first old member (only its welcome says how many).
-    int first_old = -1;
-    for (int r : w->members.members)
-      if (std::find(w->joined.begin(), w->joined.end(), r) == w->joined.end()) {
-        first_old = r;
-        break;
-      }
+    const int first_old = transfer.first_old;
     if (sender != first_old) {
       const auto at = std::find(from.begin(), from.end(), first_old);
       try {
@@ -498,21 +503,11 @@ class elastic_all_reduce_agent {
       auto r = base.async_recv(first_old, detail::loop_state_tag, std::span(loop_state_));
       base.wait(r, until);
     }
-    if (w->model != model_)
-      throw error(errc::mismatch, who + " holds a model that is not the members' (element size, tensor count or a "
-                                        "tensor's size differs): every replica must build the same model; nothing "
-                                        "was taken");
     applied_ = w->applied;
     last_denominator_ = w->denominator;
     start_view(comm, w->members);
     last_step_view_ = view();
     joined_ = w->joined;
-    state_transfer transfer;
-    for (int p = 0; p < view().size(); ++p) {
-      const int r = view().members[static_cast<std::size_t>(p)];
-      (std::find(w->joined.begin(), w->joined.end(), r) != w->joined.end() ? transfer.joiners : transfer.senders)
-          .push_back(p);
-    }
     transfer_ = std::move(transfer);
     if constexpr (can_take_back)  // the ranks still out may send replacements of their own
       for (int r = 0; r < n; ++r)
