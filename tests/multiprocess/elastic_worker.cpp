@@ -25,6 +25,16 @@
 //       Each checks the float64 reference that leaves the victim out of steps STEP..J-1 and
 //       prints the PASS line with cut J.
 //
+//   elastic_worker abandon
+//       The transport alone (3 ranks): the last rank posts a 64 MiB send to rank 1 and stops
+//       itself (SIGSTOP) before it is through; rank 1, which tolerates that rank's loss (as the
+//       elastic all-reduce does), gives up on the receive after 1 s and drops it. Over UCX on
+//       TCP the rendezvous is then half done and UCX still holds the receive: the transport
+//       must cut the stopped rank off, not fail. Rank 1 then kills it, ranks 0 and 1 exchange
+//       a message, and each prints
+//         rank R: PASS abandon received|abandoned lost L
+//       (L: the peers rank 1 had lost right after the drop, "-" for none).
+//
 // A rank that fails prints "rank R: EXPECTED <errc>: <what>" for peer_lost (the test says
 // whether that was expected) or "rank R: FAIL <what>", and exits 1.
 #include <chrono>
@@ -132,17 +142,75 @@ std::string joined(const std::vector<int>& v) {
   return s.empty() ? "-" : s;
 }
 
+// See "abandon" at the top.
+int abandon(transport_type& t) {
+  const int me = t.rank(), victim = t.size() - 1;
+  if (t.size() != 3) throw std::runtime_error("abandon needs 3 ranks");
+  if (me != victim) t.tolerate_loss(victim);
+  const auto soon = [] { return gw::clock::now() + std::chrono::seconds(30); };
+  std::vector<std::byte> big(std::size_t{64} << 20), word(8);
+  if (me != 0) {  // the endpoints between 1 and the victim are up before the large message
+    auto r = t.async_recv(3 - me, 1, word);
+    auto s = t.async_send(3 - me, 1, word);
+    t.wait(s, soon());
+    t.wait(r, soon());
+  }
+  if (me == victim) {
+    std::ofstream(sync_dir() / "pid-victim") << getpid() << std::flush;
+    auto s = t.async_send(1, 2, big);
+    transport_type::request* sending[] = {&s};
+    try {  // a moment's progress puts some of it on the wire, not all: rank 1 reads at most ~0.1 GB in it
+      t.wait_any(sending, gw::clock::now() + std::chrono::milliseconds(5));
+    } catch (const gw::error& e) {
+      if (e.kind() != gw::errc::timeout) throw;
+    }
+    std::raise(SIGSTOP);  // rank 1 kills it
+    return 1;
+  }
+  std::string outcome = "-", lost_at_drop = "-";
+  if (me == 1) {
+    {
+      auto r = t.async_recv(victim, 2, big);
+      try {
+        t.wait(r, gw::clock::now() + std::chrono::seconds(1));
+        outcome = "received";  // shared memory: CMA reads a stopped process's memory
+      } catch (const gw::error& e) {
+        if (e.kind() != gw::errc::timeout && e.kind() != gw::errc::peer_lost) throw;
+        outcome = "abandoned";
+      }
+    }  // dropped here (by the timeout), perhaps mid-message
+    lost_at_drop = joined(t.lost_peers());
+    long pid = 0;
+    std::ifstream(sync_dir() / "pid-victim") >> pid;
+    if (pid <= 0) throw std::runtime_error("no pid-victim file");
+    ::kill(static_cast<pid_t>(pid), SIGKILL);
+  }
+  std::uint64_t mine = 1000u + static_cast<std::uint64_t>(me), theirs = 0;
+  auto r = t.async_recv(1 - me, 3, std::as_writable_bytes(std::span(&theirs, 1)));
+  auto s = t.async_send(1 - me, 3, std::as_bytes(std::span(&mine, 1)));
+  t.wait(s, soon());
+  t.wait(r, soon());
+  if (theirs != 1000u + static_cast<std::uint64_t>(1 - me))
+    throw std::runtime_error("rank " + std::to_string(1 - me) + " sent " + std::to_string(theirs));
+  std::printf("rank %d: PASS abandon %s lost %s\n", me, outcome.c_str(), lost_at_drop.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (!(((mode == "shrink" || mode == "rejoin") && argc == 5) || (mode == "train" && argc == 4))) {
-    std::fprintf(stderr, "usage: elastic_worker shrink VICTIM STEP STEPS | rejoin VICTIM STEP AFTER | train STEPS PACE_MS\n");
+  if (!(((mode == "shrink" || mode == "rejoin") && argc == 5) || (mode == "train" && argc == 4) ||
+        (mode == "abandon" && argc == 2))) {
+    std::fprintf(stderr,
+                 "usage: elastic_worker shrink VICTIM STEP STEPS | rejoin VICTIM STEP AFTER | train STEPS PACE_MS | abandon\n");
     return 2;
   }
   try {
     transport_type t = join_job();
     my_rank = t.rank();
+    if (mode == "abandon") return abandon(t);
     const bool replacement = gw::concepts::rejoined(t);
     const int size = t.size();
     std::vector<gw::host_tensor<float>> params;

@@ -115,4 +115,9 @@ inline std::string abandoned_message(int peer) {
   return "an operation with rank " + std::to_string(peer) + " was abandoned mid-message (timeout or error)";
 }
 
+// The same, for a tolerated peer: it is cut off (lost), and the rank goes on.
+inline std::string abandoned_peer_message(int rank, int peer) {
+  return lost_peer_message(rank, peer, "an operation with it was abandoned mid-message (timeout or error)");
+}
+
 }  // namespace gradwire::transport::detail

@@ -16,7 +16,9 @@ namespace gradwire::transport::detail {
 // it failed, may still be on the way on another lane, and the rank should report that, not
 // the echo. If the grace ends with no word, the peer is lost: a tolerated peer
 // (tolerate_loss) fails only its own operations; otherwise the rank fails with it
-// (failure.hpp says how, and what the others are told).
+// (failure.hpp says how, and what the others are told). So does an operation with it
+// withdrawn mid-message (its bytes half through, e.g. after a timeout): the connection is
+// out of step, and a tolerated peer is cut off (lost) where another fails the rank.
 struct peer_state {
   bool tolerated = false;
   bool finished = false;

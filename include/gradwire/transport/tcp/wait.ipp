@@ -72,9 +72,10 @@ GRADWIRE_DECL void tcp_engine::cancel(tcp_op& op) noexcept {
       }
       if (op.state == status::done) return;
     }
-    if (active()) {
+    if (active()) {  // the link is out of step: a tolerated peer is cut off, another fails the rank
       if (op.is_send) link->sends.pop_front(); else link->reading = nullptr;
-      lose(*link, errc::peer_lost, abandoned_message(op.peer));
+      if (link->state.tolerated && link->alive) isolate(*link, abandoned_peer_message(options.rank, op.peer));
+      else lose(*link, errc::peer_lost, abandoned_message(op.peer));
     } else {
       std::erase(op.is_send ? link->sends : link->receives, &op);
     }

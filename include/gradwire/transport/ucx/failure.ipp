@@ -18,16 +18,21 @@ GRADWIRE_DECL void ucx_engine::complete_failure(ucx_op& op, errc cause, const st
 }
 
 // Withdraws an op that will not be waited for; returns once UCX no longer touches
-// its buffer. A receive is cancelled; a send cannot be, so it is given a moment to
-// finish, and otherwise its endpoint is closed (which fails the rank: a peer cannot
-// be left with half a message).
+// its buffer. A receive is cancelled, but UCX cannot cancel one already matched (a
+// rendezvous under way), nor a send: such an op is given a moment to finish, and
+// otherwise its peer's endpoint is closed, which releases it. A peer cannot be left with
+// half a message: a tolerated one is cut off (lost), another fails the rank.
 GRADWIRE_DECL void ucx_engine::cancel(ucx_op& op) noexcept {
   if (op.state == status::cancelled) return;
   if (op.request) {
     if (!op.is_send) ucp_request_cancel(worker.get(), op.request);
     settle(op);
     if (op.request) {
-      fail_everything(errc::peer_lost, "rank " + std::to_string(options.rank) + ": " + abandoned_message(op.peer));
+      auto& p = peers[op.peer];
+      if (p.state.tolerated && !p.state.lost() && !failed)
+        isolate(op.peer, abandoned_peer_message(options.rank, op.peer));
+      else
+        fail_everything(errc::peer_lost, "rank " + std::to_string(options.rank) + ": " + abandoned_message(op.peer));
       settle(op);
     }
   }
