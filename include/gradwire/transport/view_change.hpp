@@ -90,26 +90,29 @@ class view_agreement {
       if (static_cast<int>(p) != me_)
         proposals_[p] = base.async_recv(view_.members[p], tag(0), std::span(proposal_bytes_[p]));
     outcome_.assign(n, outcome::pending);
-    for (auto& r : proposals_)
-      if (r) watched_.push_back(&*r);
     left_out_.resize(n);
     left_out_bytes_.assign(n, std::byte{0});
     for (std::size_t p = 0; p < n; ++p)
       if (static_cast<int>(p) != me_)
         left_out_[p] = base.async_recv(view_.members[p], tag(left_out_round), std::span(&left_out_bytes_[p], 1));
+    for (auto& r : left_out_)  // first: a rank left out learns it before it reads a proposal
+      if (r) watched_.push_back(&*r);
+    for (auto& r : proposals_)
+      if (r) watched_.push_back(&*r);
   }
   view_agreement(const view_agreement&) = delete;
   view_agreement& operator=(const view_agreement&) = delete;
 
   const transport::view& current() const noexcept { return view_; }
 
-  // Whether a member has proposed the next view (its round-0 message arrived). A round-0
-  // receive that failed instead (the member finished, said goodbye, or was lost) is set
-  // aside: a member that finished training is not a proposal, and a lost one is the
-  // transport's to report.
+  // Whether a member has proposed the next view (its round-0 message arrived) or told this
+  // rank that the next view leaves it out (agree() then says so): one look at both, which
+  // a view_transport takes between the slices of every wait. A round-0 receive that failed
+  // instead (the member finished, said goodbye, or was lost) is set aside: a member that
+  // finished training is not a proposal, and a lost one is the transport's to report.
   bool proposed(Tr& base) {
     const time_source time = concepts::time_of(base);
-    if (told_left_out(base)) return true;  // agree() says so
+    if (told_) return true;
     while (!watched_.empty()) {
       std::size_t i = 0;
       try {
@@ -118,8 +121,13 @@ class view_agreement {
         if (e.kind() != errc::timeout) throw;
         return false;
       }
-      const std::size_t p = position_of_request(watched_[i]);
+      request* const r = watched_[i];
       watched_.erase(watched_.begin() + static_cast<std::ptrdiff_t>(i));
+      if (const auto notice = notice_position(r)) {
+        if (read_notice(base, *notice, time.now())) return true;
+        continue;
+      }
+      const std::size_t p = position_of_request(r);
       try {
         base.wait(*proposals_[p], time.now());
         outcome_[p] = outcome::received;
@@ -250,6 +258,7 @@ class view_agreement {
   // Whether a survivor told this rank that the next view leaves it out (reading what has
   // arrived for up to `look`).
   bool told_left_out(Tr& base, std::chrono::milliseconds look = std::chrono::milliseconds(0)) {
+    if (told_) return true;
     const time_source time = concepts::time_of(base);
     const deadline until = time.deadline_after(look);
     for (;;) {
@@ -268,14 +277,26 @@ class view_agreement {
         if (e.kind() != errc::timeout) throw;
         return false;  // nothing yet
       }
-      try {
-        base.wait(*left_out_[at[i]], until);
-      } catch (const error&) {  // that member finished or was lost: no notice from it
-        left_out_[at[i]].reset();
-        continue;
-      }
-      return true;
+      if (read_notice(base, at[i], until)) return true;
     }
+  }
+  // Finishes the notice receive from position p, which has completed: true if the notice
+  // came; otherwise that member finished or was lost, and no notice will come from it.
+  bool read_notice(Tr& base, std::size_t p, deadline until) {
+    try {
+      base.wait(*left_out_[p], until);
+      told_ = true;
+      return true;
+    } catch (const error&) {
+      std::erase(watched_, &*left_out_[p]);
+      left_out_[p].reset();
+      return false;
+    }
+  }
+  std::optional<std::size_t> notice_position(const request* r) const {
+    for (std::size_t p = 0; p < left_out_.size(); ++p)
+      if (left_out_[p] && &*left_out_[p] == r) return p;
+    return std::nullopt;
   }
   void throw_if_left_out(Tr& base, std::chrono::milliseconds look = std::chrono::milliseconds(0)) {
     if (told_left_out(base, look))
@@ -435,8 +456,9 @@ class view_agreement {
   std::vector<std::optional<request>> proposals_;
   std::vector<outcome> outcome_;
   std::vector<std::vector<std::byte>> proposal_bytes_;
-  std::vector<request*> watched_;
+  std::vector<request*> watched_;  // the notices and proposals not yet read, for proposed()
   std::vector<std::optional<request>> left_out_;  // each member's notice that this rank is out
+  bool told_ = false;                             // a notice came
   std::vector<std::byte> left_out_bytes_;
 };
 
