@@ -24,6 +24,12 @@
 //       taken in after some step J - 1, then AFTER more steps; the replacement starts at J.
 //       Each checks the float64 reference that leaves the victim out of steps STEP..J-1 and
 //       prints the PASS line with cut J.
+//   elastic_worker rejoin VICTIM STEP AFTER SECOND
+//       As rejoin, and once VICTIM's replacement is in (from step J1), rank SECOND is lost at
+//       step J1 + 2 and restarted too: its replacement must reach VICTIM's (which listens at the
+//       address it published) to be taken in, from some step J2. The reference leaves each
+//       victim out from its loss to its replacement's join; the PASS line has cut J2 (rank 0
+//       writes J1 to $GW_TEST_SYNC_DIR/join-1 for SECOND's replacement).
 //
 //   elastic_worker abandon
 //       The transport alone (3 ranks): the last rank posts a 64 MiB send to rank 1 and stops
@@ -201,10 +207,10 @@ int abandon(transport_type& t) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (!(((mode == "shrink" || mode == "rejoin") && argc == 5) || (mode == "train" && argc == 4) ||
-        (mode == "abandon" && argc == 2))) {
-    std::fprintf(stderr,
-                 "usage: elastic_worker shrink VICTIM STEP STEPS | rejoin VICTIM STEP AFTER | train STEPS PACE_MS | abandon\n");
+  if (!((mode == "shrink" && argc == 5) || (mode == "rejoin" && (argc == 5 || argc == 6)) ||
+        (mode == "train" && argc == 4) || (mode == "abandon" && argc == 2))) {
+    std::fprintf(stderr, "usage: elastic_worker shrink VICTIM STEP STEPS | rejoin VICTIM STEP AFTER [SECOND] | "
+                         "train STEPS PACE_MS | abandon\n");
     return 2;
   }
   try {
@@ -225,20 +231,40 @@ int main(int argc, char** argv) {
     const int lose_at = scripted ? std::stoi(argv[3]) : -1;
     int steps = mode == "rejoin" ? 0 : std::stoi(argv[mode == "shrink" ? 4 : 2]);
     const int after = mode == "rejoin" ? std::stoi(argv[4]) : 0;
-    int joined_at = -1;  // rejoin: the first step the replacement's gradients are in
+    // rejoin: the victims (a second one lost two steps after the first is back), and the
+    // step from which each one's replacement's gradients are in (J1, J2), as seen so far.
+    std::vector<int> victims{victim};
+    if (argc == 6) victims.push_back(std::stoi(argv[5]));
+    std::vector<int> joins;
+    std::size_t joins_seen = 0;  // of joined_ranks()
+    const auto join_file = sync_dir() / "join-1";
     if (replacement) {
-      joined_at = static_cast<int>(s.aggregation().applying_step());
-      steps = joined_at + after;
-      std::printf("rank %d: REJOINED at step %d\n", my_rank, joined_at);
+      const int at = static_cast<int>(s.aggregation().applying_step());
+      if (my_rank != victim) {  // the second victim's: the first join's step, as rank 0 wrote it
+        int first = -1;
+        std::ifstream(join_file) >> first;
+        if (first < 0) throw std::runtime_error("no join-1 file");
+        joins.push_back(first);
+      }
+      joins.push_back(at);
+      joins_seen = s.aggregation().joined_ranks().size();
+      std::printf("rank %d: REJOINED at step %d\n", my_rank, at);
       std::fflush(stdout);
     }
+    auto all_joined = [&] { return mode != "rejoin" || joins.size() == victims.size(); };
+    if (mode == "rejoin" && all_joined()) steps = joins.back() + after;
+    auto lost_at = [&](int w) {  // the step rank w is lost at, -1: never
+      if (mode == "shrink" || (mode == "rejoin" && w == victim)) return w == victim ? lose_at : -1;
+      if (victims.size() > 1 && w == victims[1] && !joins.empty()) return joins[0] + 2;
+      return -1;
+    };
     const int pace_ms = mode == "train" ? std::stoi(argv[3]) : 0;
     if (mode == "train") std::ofstream(sync_dir() / ("pid-" + std::to_string(my_rank))) << getpid() << std::flush;
     std::uint32_t epoch = replacement ? s.aggregation().view().epoch : 0;
-    for (int k = replacement ? joined_at : 0; mode == "rejoin" && joined_at < 0 ? k < 3000 : k < steps; ++k) {
+    for (int k = replacement ? joins.back() : 0; !all_joined() ? k < 3000 : k < steps; ++k) {
       if (mode == "train" && k == 11) std::ofstream(sync_dir() / ("step10-" + std::to_string(my_rank)));
-      if (my_rank == victim && k == lose_at) {
-        if (k > 0) await_others_done(size, victim, k - 1);
+      if (scripted && k == lost_at(my_rank)) {
+        if (k > 0) await_others_done(size, my_rank, k - 1);
         std::printf("rank %d: DYING at step %d\n", my_rank, k);
         std::fflush(stdout);
         std::raise(SIGKILL);
@@ -247,12 +273,14 @@ int main(int argc, char** argv) {
       const auto p = s.parameters();
       s.step(model.gradients<float>(p[0].data(), p[1].data(), batch(my_rank, k)));
       if (scripted) mark_done(my_rank, k);
-      if (mode == "rejoin" && joined_at < 0) {
-        if (!s.aggregation().joined_ranks().empty()) {
-          joined_at = static_cast<int>(s.aggregation().applying_step());
-          steps = joined_at + after;
+      if (!all_joined()) {
+        if (s.aggregation().joined_ranks().size() > joins_seen) {
+          joins_seen = s.aggregation().joined_ranks().size();
+          joins.push_back(static_cast<int>(s.aggregation().applying_step()));
+          if (my_rank == 0 && joins.size() == 1) std::ofstream(join_file) << joins[0] << std::flush;
+          if (all_joined()) steps = joins.back() + after;
         } else if (k >= lose_at) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the replacement asks meanwhile
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a replacement asks meanwhile
         }
       }
       if (s.aggregation().view().epoch != epoch) {
@@ -272,14 +300,24 @@ int main(int argc, char** argv) {
     };
     double diff = -1;
     int cut = -1;
-    if (mode == "rejoin" && joined_at < 0) {
-      std::printf("rank %d: FAIL the replacement of rank %d was not taken in within 3000 steps\n", my_rank, victim);
+    if (!all_joined()) {
+      std::printf("rank %d: FAIL %zu of %zu replacements were taken in within 3000 steps\n", my_rank, joins.size(),
+                  victims.size());
       return 1;
     }
     if (scripted) {
-      const int back = mode == "rejoin" ? joined_at : steps;
-      cut = mode == "rejoin" ? joined_at : -1;
-      diff = diff_from(reference(size, steps, [&](int w, int k) { return w != victim || k < lose_at || k >= back; }));
+      // Victim i is out from the step it was lost at to the step its replacement joined at.
+      auto out = [&](int w, int k) {
+        for (std::size_t i = 0; i < victims.size(); ++i)
+          if (w == victims[i]) {
+            const int from = i == 0 ? lose_at : joins[0] + 2;
+            const int back = mode == "rejoin" ? joins[i] : steps;
+            if (k >= from && k < back) return true;
+          }
+        return false;
+      };
+      cut = mode == "rejoin" ? joins.back() : -1;
+      diff = diff_from(reference(size, steps, [&](int w, int k) { return !out(w, k); }));
       if (!(diff < 1e-5)) {
         std::printf("rank %d: FAIL parameters differ from the float64 reference by %g\n", my_rank, diff);
         return 1;

@@ -216,6 +216,28 @@ class Rejoin(unittest.TestCase):
             self.skipTest("UCX cannot take a replacement back yet (test_a_replacement_over_ucx_is_refused)")
         self.check_rejoin(RANKS - 1)
 
+    def test_two_ranks_lost_in_turn_are_each_replaced_the_second_reaching_the_first_replacement(self):
+        # Rank 2 dies at step 5 and is restarted; once its replacement is in (step J1), rank 3
+        # dies at J1 + 2 and is restarted too. Its replacement must link to rank 2's, which
+        # listens at the address it published, or no member set ever holds its request.
+        if "ucx" in os.path.basename(WORKER):
+            self.skipTest("UCX cannot take a replacement back yet (test_a_replacement_over_ucx_is_refused)")
+        out, lines = run("rejoin", "2", "5", "6", "3", launcher=("--max-restarts", "1"))
+        for victim in (2, 3):
+            self.assertIn(f"rank {victim} was killed by SIGKILL; restarting it", out)
+        first = re.search(r"rank 2: REJOINED at step (\d+)", out)
+        second = re.search(r"rank 3: REJOINED at step (\d+)", out)
+        self.assertIsNotNone(first, out)
+        self.assertIsNotNone(second, out)
+        self.assertIn(f"rank 3: DYING at step {int(first.group(1)) + 2}", out)
+        got = passes(lines)
+        self.assertEqual(sorted(got), list(range(RANKS)), out)
+        for r in range(RANKS):
+            self.assertEqual(got[r][1], "0,1,2,3", out)
+            self.assertEqual(got[r][5], int(second.group(1)), out)
+        self.assertGreater(int(second.group(1)), int(first.group(1)) + 2, out)
+        self.assertEqual(len({v[4] for v in got.values()}), 1, f"replicas differ after the second rejoin:\n{out}")
+
     def test_a_replacement_over_ucx_is_refused(self):
         if "ucx" not in os.path.basename(WORKER):
             self.skipTest("asio_tcp takes replacements back")

@@ -737,6 +737,7 @@ TEST_CASE("ucx: a wait past the stall timeout fails with timeout naming the rank
   // fails after stall_timeout (0.3 s), long before its 60 s deadline; rank 1's next wait
   // then fails with rank 0's reason, as a timeout (peer_failure_kind).
   const std::string token = "stall-timeout-over-ucx";
+  gw::observe::current_step() = 0;  // the process's step: an earlier case run in this process trained
   gw::rendezvous::store_server store("127.0.0.1", 0, token);
   std::optional<std::pair<gw::errc, std::string>> at0, at1;
   std::chrono::steady_clock::duration waited0{};

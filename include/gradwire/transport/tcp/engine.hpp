@@ -91,8 +91,9 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
 
   // --- join.ipp: joining ------------------------------------------------------
   void join();
-  std::optional<tcp::acceptor> meet(rendezvous::store_client& store, const join_deadline& time, int learn,
-                                    std::vector<std::pair<std::string, std::uint16_t>>& addresses, bool listen);
+  tcp::acceptor meet(rendezvous::store_client& store, const join_deadline& time, int learn,
+                     std::vector<std::pair<std::string, std::uint16_t>>& addresses, bool publish_first);
+  void publish(rendezvous::store_client& store, const join_deadline& time, const tcp::acceptor& acceptor);
   void dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until);
   void hello(tcp::socket& socket);
   void check_welcome(int peer, tcp::socket& socket, const wire::header_bytes& reply, const boost::system::error_code& ec);
@@ -216,6 +217,7 @@ struct tcp_engine : network_engine<tcp_engine, tcp_op> {
   // link again (rejoin.ipp); links it replaced, kept until the engine goes (Asio may
   // still hold handlers that name them); how many peers came back.
   std::optional<tcp::acceptor> listener;
+  std::string reachable_host;  // where the peers reach this rank's listener (meet)
   static constexpr std::chrono::seconds hello_timeout{10};
   std::vector<std::unique_ptr<tcp_link>> replaced_links;
   int rejoined_peers = 0;

@@ -29,7 +29,7 @@ GRADWIRE_DECL void tcp_engine::join() {
   rendezvous::store_client store(options.store_host, options.store_port, options.job_token, time.left());
   // Learn every lower rank's address: they are the ones this rank dials.
   std::vector<std::pair<std::string, std::uint16_t>> addresses;
-  tcp::acceptor acceptor = std::move(*meet(store, time, me, addresses, true));
+  tcp::acceptor acceptor = meet(store, time, me, addresses, true);
 
   // Dial down, accept up, all at once, so no rank waits for another to finish.
   joining = true;
@@ -53,24 +53,21 @@ GRADWIRE_DECL void tcp_engine::join() {
   start_watch();
 }
 
-// What every join does at the store: listen and publish this rank's address (`listen`;
-// an empty listen_host: where this rank reaches the store from, the interface its peers
-// most likely reach it through; no wildcard bind), learn the addresses of ranks
-// [0, learn) but this one, and which ranks share this rank's host (one more store key
-// per rank).
-GRADWIRE_DECL std::optional<tcp::acceptor> tcp_engine::meet(rendezvous::store_client& store, const join_deadline& time, int learn,
-                                                     std::vector<std::pair<std::string, std::uint16_t>>& addresses,
-                                                     bool listen) {
+// What every join does at the store: listen (an empty listen_host: where this rank reaches
+// the store from, the interface its peers most likely reach it through; no wildcard bind),
+// publish this rank's address first when `publish_first` (the job's join: the others wait
+// for it; a replacement publishes once it is linked, publish()), learn the addresses of
+// ranks [0, learn) but this one, and which ranks share this rank's host (one more store
+// key per rank).
+GRADWIRE_DECL tcp::acceptor tcp_engine::meet(rendezvous::store_client& store, const join_deadline& time, int learn,
+                                             std::vector<std::pair<std::string, std::uint16_t>>& addresses,
+                                             bool publish_first) {
   const int me = options.rank, n = options.size;
   const std::string host = options.listen_host.empty() ? store.local_address() : options.listen_host;
   const bool wildcard = host == "0.0.0.0" || host == "::";
-  const std::string reachable = wildcard ? store.local_address() : host;
-  std::optional<tcp::acceptor> acceptor;
-  if (listen) {
-    acceptor.emplace(support::listen(io, host, options.listen_port, "rank " + std::to_string(me) + "'s listening port"));
-    store.set_timeout(time.left());
-    store.set("gradwire/tcp/" + std::to_string(me), support::address_text(reachable, acceptor->local_endpoint().port()));
-  }
+  reachable_host = wildcard ? store.local_address() : host;
+  tcp::acceptor acceptor = support::listen(io, host, options.listen_port, "rank " + std::to_string(me) + "'s listening port");
+  if (publish_first) publish(store, time, acceptor);
   addresses.assign(static_cast<std::size_t>(learn), {});
   for (int r = 0; r < learn; ++r) {
     if (r == me) continue;
@@ -79,8 +76,15 @@ GRADWIRE_DECL std::optional<tcp::acceptor> tcp_engine::meet(rendezvous::store_cl
                                          "the address rank " + std::to_string(r) + " published");
   }
   topology = rendezvous::exchange_topology(store, "gradwire/tcp/host/", me, n,
-                                           rendezvous::local_host_identity(options.host_id), reachable, time.left());
+                                           rendezvous::local_host_identity(options.host_id), reachable_host, time.left());
   return acceptor;
+}
+
+GRADWIRE_DECL void tcp_engine::publish(rendezvous::store_client& store, const join_deadline& time,
+                                       const tcp::acceptor& acceptor) {
+  store.set_timeout(time.left());
+  store.set("gradwire/tcp/" + std::to_string(options.rank),
+            support::address_text(reachable_host, acceptor.local_endpoint().port()));
 }
 
 GRADWIRE_DECL void tcp_engine::dial(int peer, const std::pair<std::string, std::uint16_t>& address, deadline until) {

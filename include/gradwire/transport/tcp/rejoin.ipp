@@ -1,7 +1,8 @@
 // asio_tcp after the join: a lost peer's replacement process links again (rejoin), on both sides.
 //
-// Every rank that joined the job keeps its listening socket (a replacement has none). A
-// hello that arrives after the join is a replacement for a lost peer: a rank takes it back
+// Every rank keeps its listening socket after its join, a replacement too (it publishes its
+// new address, so that a later replacement of another rank finds it). A hello that arrives
+// after the join is a replacement for a lost peer: a rank takes it back
 // when it allowed that peer to rejoin (allow_rejoin: an asynchronous parameter server's
 // servers, for their workers) and has lost it, and refuses it with the reason otherwise. The replacement (options.rejoin)
 // dials every peer: those that take it back are linked, the rest stay unlinked, and
@@ -126,10 +127,13 @@ GRADWIRE_DECL void tcp_engine::relink(int peer, tcp::socket socket) {
   read_frames(link);
 }
 
-// The replacement's join: no store of its own (rank 0 serves it and cannot rejoin), then
-// a hello to every peer, at once. It does not listen: nobody needs to dial it, and two
-// replacements that dialled each other's listeners before accepting would each wait out
-// the other's hello.
+// The replacement's join: no store of its own (rank 0 serves it and cannot rejoin); it
+// listens, says hello to every peer at once, and once a peer has taken it back (proof that
+// the process it replaces is gone) publishes its address in place of that process's, where
+// a later replacement of another rank dials it. (A stray second process as a live rank,
+// refused by all, must not hide the live one's address.) It answers hellos from the start:
+// another replacement dialling it meanwhile is refused at once (it has no link to take
+// back), not left to wait out its deadline.
 GRADWIRE_DECL void tcp_engine::join_back() {
   const int me = options.rank, n = options.size;
   if (me == 0)
@@ -138,7 +142,8 @@ GRADWIRE_DECL void tcp_engine::join_back() {
   const join_deadline time(options.connect_timeout);
   rendezvous::store_client store(options.store_host, options.store_port, options.job_token, time.left());
   std::vector<std::pair<std::string, std::uint16_t>> addresses;
-  meet(store, time, n, addresses, false);  // every peer's address; it neither listens nor publishes
+  tcp::acceptor acceptor = meet(store, time, n, addresses, false);  // every peer's latest address
+  keep_listening(std::move(acceptor));
   joining = true;
   join_pending = n - 1;
   for (int r = 0; r < n; ++r)
@@ -148,6 +153,8 @@ GRADWIRE_DECL void tcp_engine::join_back() {
   joining = false;
   for (int r = 0; r < n; ++r)
     if (r != me && !links[r]) mark_absent(r, "it did not answer the hello in time");
+  if (std::any_of(links.begin(), links.end(), [](const auto& l) { return l && l->alive; }))
+    publish(store, time, *listener);
   for (auto& l : links)
     if (l && l->alive) read_frames(*l);
   start_watch();
