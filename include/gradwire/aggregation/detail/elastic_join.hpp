@@ -137,11 +137,30 @@ class join_listener {
     post(base, r);
   }
 
-  // Whether r's replacement has asked to join (its request arrived, and was not yet admitted).
+  // Whether r's replacement has asked to join (its request arrived, and was not yet
+  // admitted) and is still linked. One that asked and was lost since (or before its request
+  // was read) is not counted: the members would take in a process that is gone, and a view
+  // would drop it again. The next replacement's request is listened for.
   bool asked(Tr& base, int r) {
     auto& req = requests_[static_cast<std::size_t>(r)];
     if (!req) return false;
-    if (asked_[static_cast<std::size_t>(r)]) return true;
+    if (!asked_[static_cast<std::size_t>(r)] && !read_request(base, r)) return false;
+    const std::vector<int> lost = base.lost_peers();
+    if (std::find(lost.begin(), lost.end(), r) == lost.end()) return true;
+    post(base, r);
+    return false;
+  }
+
+  // r entered a view: stop listening for it (until it leaves one again).
+  void admitted(int r) {
+    requests_[static_cast<std::size_t>(r)].reset();
+    asked_[static_cast<std::size_t>(r)] = 0;
+  }
+
+ private:
+  // Whether r's request has arrived (asked_ then holds it).
+  bool read_request(Tr& base, int r) {
+    auto& req = requests_[static_cast<std::size_t>(r)];
     const time_source time = concepts::time_of(base);
     typename Tr::request* one[] = {&*req};
     try {
@@ -167,13 +186,6 @@ class join_listener {
     return true;
   }
 
-  // r entered a view: stop listening for it (until it leaves one again).
-  void admitted(int r) {
-    requests_[static_cast<std::size_t>(r)].reset();
-    asked_[static_cast<std::size_t>(r)] = 0;
-  }
-
- private:
   void post(Tr& base, int r) {
     const auto i = static_cast<std::size_t>(r);
     asked_[i] = 0;
