@@ -464,8 +464,8 @@ class elastic_all_reduce_agent {
                                                           : "; it did not reach ranks " + unreached +
                                                                 " (gone, a member that had not yet dropped this rank "
                                                                 "and refused its replacement: start it later, "
-                                                                "gradwire-run --restart-delay; or another "
-                                                                "replacement: those do not listen over asio_tcp)"));
+                                                                "gradwire-run --restart-delay; or a replacement "
+                                                                "of another rank joining at the same moment)"));
       }
       const std::size_t i = pending_at[got];
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(got));
