@@ -106,20 +106,21 @@ descendants = gwcluster.descendants
 
 
 class Job:
-    """The launchers of one trial (one per host, or one for loopback), output to one file each."""
+    """The launchers of one job of `ranks` ranks running `argv` (one launcher per host, a rank
+    each, on `cluster`; one launcher for them all when cluster is None), output to one file
+    each. `launcher_args`: more gradwire-run options; its own --timeout (`timeout` s) stops
+    the ranks a little before a caller's bound kills everything."""
 
-    def __init__(self, o, cluster, env, port, log_stem):
+    def __init__(self, argv, cluster, env, port, log_stem, timeout, ranks=RANKS, launcher_args=()):
         self.procs, self.paths = [], []
-        argv = [o.worker, "train", str(o.steps), str(o.pace_ms)]
-        # gradwire-run's own --timeout stops its ranks a little before ours kills everything.
-        bound = ["--keep-going", "--timeout", f"{o.trial_timeout:g}"]
+        bound = ["--keep-going", "--timeout", f"{timeout:g}", *launcher_args]
         if cluster is None:
-            commands = [[sys.executable, LAUNCHER, "-n", str(RANKS), *bound, "--", *argv]]
+            commands = [[sys.executable, LAUNCHER, "-n", str(ranks), *bound, "--", *argv]]
         else:
-            common = ["--nnodes", str(RANKS), "--nproc-per-node", "1", "--master-addr", cluster.addr(0),
+            common = ["--nnodes", str(ranks), "--nproc-per-node", "1", "--master-addr", cluster.addr(0),
                       "--master-port", str(port), *bound]
             commands = [cluster.exec_args(h, [sys.executable, LAUNCHER, "--node-rank", str(h), *common, "--", *argv])
-                        for h in range(RANKS)]
+                        for h in range(ranks)]
         try:
             for i, cmd in enumerate(commands):
                 path = f"{log_stem}.{i}.out" if len(commands) > 1 else f"{log_stem}.out"
@@ -210,7 +211,7 @@ def run_trial(o, cluster, kind, trial, port):
     partitioned = False
     with tempfile.TemporaryDirectory(prefix="gw-elastic-bench-") as sync:
         env["GW_TEST_SYNC_DIR"] = sync
-        job = Job(o, cluster, env, port, stem)
+        job = Job([o.worker, "train", str(o.steps), str(o.pace_ms)], cluster, env, port, stem, o.trial_timeout)
         try:
             pid_file = os.path.join(sync, f"pid-{victim}")
             ready = wait_for(lambda: (os.path.exists(os.path.join(sync, f"step10-{victim}"))
