@@ -206,7 +206,7 @@ class elastic_all_reduce_agent {
                                   "gradwire/optim/adam.hpp): set elastic_options::joins = false");
     } else {
       if (!transfer_) return;
-      const state_transfer transfer = std::move(*transfer_);
+      const detail::state_roles transfer = std::move(*transfer_);
       transfer_.reset();
       view_comm_->transport().rebind(comm.transport());
       hand_over_state(comm, states, transfer);
@@ -376,28 +376,11 @@ class elastic_all_reduce_agent {
     recover(comm, "every member holds a replacement's request to join", apply, admits);  // this step stays applied
   }
 
-  // What a step that let replacements in leaves for synchronise_state: who sends the state
-  // and who receives it (positions in the new view).
-  struct state_transfer {
-    std::vector<int> senders, joiners;
-    int first_old = -1;  // job rank of the first sender: the loop's bytes come from it
-
-    static state_transfer of(const transport::view& v, const std::vector<int>& joined) {
-      state_transfer t;
-      for (int p = 0; p < v.size(); ++p) {
-        const int r = v.members[static_cast<std::size_t>(p)];
-        (std::find(joined.begin(), joined.end(), r) != joined.end() ? t.joiners : t.senders).push_back(p);
-      }
-      t.first_old = v.members[static_cast<std::size_t>(t.senders.front())];
-      return t;
-    }
-  };
-
   // A member, after the agreement that took replacements in: every old member welcomes them
   // (the same view and step: a replacement takes the first); every member then owes them
   // the state (synchronise_state, right after this step).
   void welcome_joiners(collective::communicator<Tr>& comm, const transport::next_view& next) {
-    state_transfer transfer = state_transfer::of(next.members, next.joined);
+    detail::state_roles transfer = detail::state_roles::of(next.members, next.joined);
     for (int r : next.joined) {
       if constexpr (can_take_back) listener_->admitted(r);
       joined_.push_back(r);
@@ -425,103 +408,32 @@ class elastic_all_reduce_agent {
   }
 
   // A replacement's setup: asks every member it reaches, takes the first welcome (the view
-  // it enters, the step count), and owes itself the state (synchronise_state, next).
+  // it enters, the step count) and the loop's bytes, and owes itself the state
+  // (synchronise_state, next).
   void enter_as_replacement(collective::communicator<Tr>& comm) {
     auto& base = comm.transport();
     const int me = comm.rank(), n = comm.size();
-    const deadline until = comm.time().deadline_after(comm.options().timeout);
-    const std::vector<int> lost = base.lost_peers();
-    std::vector<int> from;
-    std::vector<std::vector<std::byte>> bytes;
-    for (int p = 0; p < n; ++p)
-      if (p != me && std::find(lost.begin(), lost.end(), p) == lost.end()) from.push_back(p);
-    const std::string who = "elastic_all_reduce: rank " + std::to_string(me) + ", a replacement (GRADWIRE_REJOIN=1),";
-    if (from.empty()) throw error(errc::peer_lost, who + " reaches no member of the job");
-    bytes.assign(from.size(), std::vector<std::byte>(detail::welcome::bytes(n)));
-    std::vector<typename Tr::request> receives;
-    for (std::size_t i = 0; i < from.size(); ++i) receives.push_back(base.async_recv(from[i], detail::welcome_tag, std::span(bytes[i])));
-    detail::ask_to_join(base, until);
-    std::vector<typename Tr::request*> pending;
-    std::vector<std::size_t> pending_at;
-    for (std::size_t i = 0; i < receives.size(); ++i) {
-      pending.push_back(&receives[i]);
-      pending_at.push_back(i);
-    }
-    std::optional<detail::welcome> w;
-    int sender = -1;
-    while (!w) {
-      if (pending.empty()) throw error(errc::peer_lost, who + " lost every member it asked before one let it in");
-      std::size_t got = 0;
-      try {
-        got = base.wait_any(std::span<typename Tr::request* const>(pending), until);
-      } catch (const error& e) {
-        if (e.kind() != errc::timeout) throw;
-        std::string unreached;
-        for (int p : lost) unreached += (unreached.empty() ? "" : ", ") + std::to_string(p);
-        throw error(errc::timeout, who + " asked ranks it reached to join, and none let it in before the deadline: "
-                                       "they admit it at a step boundary once every member holds its request" +
-                                       (unreached.empty() ? std::string()
-                                                          : "; it did not reach ranks " + unreached +
-                                                                " (gone, a member that had not yet dropped this rank "
-                                                                "and refused its replacement: start it later, "
-                                                                "gradwire-run --restart-delay; or a replacement "
-                                                                "of another rank joining at the same moment)"));
-      }
-      const std::size_t i = pending_at[got];
-      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(got));
-      pending_at.erase(pending_at.begin() + static_cast<std::ptrdiff_t>(got));
-      try {
-        base.wait(receives[i], until);
-      } catch (const error& e) {
-        if (e.kind() != errc::peer_lost) throw;
-        continue;
-      }
-      sender = from[i];
-      w = detail::welcome::decode(bytes[i], n, me, sender);
-    }
-    if (w->model != model_)
-      throw error(errc::mismatch, who + " holds a model that is not the members' (element size, tensor count or a "
-                                        "tensor's size differs): every replica must build the same model; nothing "
-                                        "was taken");
-    state_transfer transfer = state_transfer::of(w->members, w->joined);
-    // The loop's bytes, from the first old member (only its welcome says how many).
-    const int first_old = transfer.first_old;
-    if (sender != first_old) {
-      const auto at = std::find(from.begin(), from.end(), first_old);
-      try {
-        if (at == from.end()) throw error(errc::peer_lost, "it did not reach that rank");
-        const auto i = static_cast<std::size_t>(at - from.begin());
-        base.wait(receives[i], until);
-        w->loop_state = detail::welcome::decode(bytes[i], n, me, first_old).loop_state;
-      } catch (const error& e) {
-        throw error(e.kind(), who + " could not take the training loop's state from rank " + std::to_string(first_old) +
-                                  ": " + e.details());
-      }
-    }
-    loop_state_.resize(static_cast<std::size_t>(w->loop_state));
-    if (!loop_state_.empty()) {
-      auto r = base.async_recv(first_old, detail::loop_state_tag, std::span(loop_state_));
-      base.wait(r, until);
-    }
-    applied_ = w->applied;
-    last_denominator_ = w->denominator;
-    start_view(comm, w->members);
+    detail::entry e = detail::enter(base, model_, comm.time().deadline_after(comm.options().timeout));
+    loop_state_ = std::move(e.loop_state);
+    applied_ = e.message.applied;
+    last_denominator_ = e.message.denominator;
+    start_view(comm, e.message.members);
     last_step_view_ = view();
-    joined_ = w->joined;
-    transfer_ = std::move(transfer);
+    joined_ = e.message.joined;
+    transfer_ = detail::state_roles::of(e.message.members, e.message.joined);
     if constexpr (can_take_back)  // the ranks still out may send replacements of their own
       for (int r = 0; r < n; ++r)
         if (view().position_of(r) < 0) listener_->listen(base, r);
     if (observe::log_enabled(observe::log_level::warning))
       observe::log(comm.time(), observe::log_level::warning, me, n, "elastic: rank ", me, " joined view ", view().epoch,
-                   " of ", view().size(), " ranks at step ", applied_, " (welcomed by rank ", sender, ")");
+                   " of ", view().size(), " ranks at step ", applied_, " (welcomed by rank ", e.sender, ")");
   }
 
   // The state, from the old members to the replacements: parameters, optimizer buffers and
   // counters, in place on the replacements. A loss meanwhile: a replacement fails (it lacks
   // part of its state; the launcher may start it again), the members agree on the next view.
   template <class State>
-  void hand_over_state(collective::communicator<Tr>& comm, std::span<State> states, const state_transfer& transfer) {
+  void hand_over_state(collective::communicator<Tr>& comm, std::span<State> states, const detail::state_roles& transfer) {
     const bool joining = std::find(transfer.joiners.begin(), transfer.joiners.end(), view_comm_->rank()) !=
                          transfer.joiners.end();
     std::vector<std::span<std::byte>> segments;
@@ -564,7 +476,7 @@ class elastic_all_reduce_agent {
   std::size_t control_ = 0;           // where grads_ and sums_ hold the join slots
   std::uint64_t model_ = 0;           // detail::model_fingerprint of the parameters
   std::conditional_t<can_take_back, std::optional<detail::join_listener<Tr>>, std::monostate> listener_;
-  std::optional<state_transfer> transfer_;  // owed after this step (or this replacement's setup)
+  std::optional<detail::state_roles> transfer_;  // owed after this step (or this replacement's setup)
   std::vector<std::int64_t> counters_;      // the optimizer's counters, in transit
   state_transfer_stats transfer_stats_;
   std::vector<int> joined_;

@@ -11,9 +11,10 @@
 //   takes r in only at a clean step boundary.
 // - The welcome: every old member of the new view sends r the same view and where training
 //   stands (steps applied, the last step's denominator) and the training loop's bytes
-//   (on_join); r takes the first (a member lost meanwhile does not leave it waiting). Then
-//   the state (transfer_state): parameters, optimizer buffers and counters, cut in chunks
-//   that the old members send at once, each its share, all in flight together.
+//   (on_join); r takes the first (a member lost meanwhile does not leave it waiting): enter,
+//   the replacement's side. Then the state (transfer_state, state_roles): parameters,
+//   optimizer buffers and counters, cut in chunks that the old members send at once, each
+//   its share, all in flight together.
 #pragma once
 
 #include <algorithm>
@@ -211,6 +212,114 @@ void ask_to_join(Tr& base, deadline until) {
     } catch (const error& e) {
       if (e.kind() != errc::peer_lost) throw;
     }
+}
+
+// What a step that let replacements in leaves for synchronise_state: who sends the state
+// and who receives it (positions in the new view).
+struct state_roles {
+  std::vector<int> senders, joiners;
+  int first_old = -1;  // job rank of the first sender: the loop's bytes come from it
+
+  static state_roles of(const transport::view& v, const std::vector<int>& joined) {
+    state_roles t;
+    for (int p = 0; p < v.size(); ++p) {
+      const int r = v.members[static_cast<std::size_t>(p)];
+      (std::find(joined.begin(), joined.end(), r) != joined.end() ? t.joiners : t.senders).push_back(p);
+    }
+    t.first_old = v.members[static_cast<std::size_t>(t.senders.front())];
+    return t;
+  }
+};
+
+// What a replacement takes as it enters: the first welcome, who sent it, and the training
+// loop's bytes (from the first old member).
+struct entry {
+  welcome message;
+  int sender = -1;
+  std::vector<std::byte> loop_state;
+};
+
+// The replacement's side of its admission: a receive of every reachable member's welcome,
+// a request to join to each, then the first welcome that comes (a member lost meanwhile
+// does not leave it waiting), checked against its own model (`model`, model_fingerprint),
+// and the loop's bytes. Throws peer_lost when it reaches no member or loses all it asked,
+// timeout when none lets it in by `until` (saying why that may be), mismatch for another
+// model (before it takes anything).
+template <class Tr>
+entry enter(Tr& base, std::uint64_t model, deadline until) {
+  const int me = base.rank(), n = base.size();
+  const std::vector<int> lost = base.lost_peers();
+  std::vector<int> from;
+  for (int p = 0; p < n; ++p)
+    if (p != me && std::find(lost.begin(), lost.end(), p) == lost.end()) from.push_back(p);
+  const std::string who = "elastic_all_reduce: rank " + std::to_string(me) + ", a replacement (GRADWIRE_REJOIN=1),";
+  if (from.empty()) throw error(errc::peer_lost, who + " reaches no member of the job");
+  std::vector<std::vector<std::byte>> bytes(from.size(), std::vector<std::byte>(welcome::bytes(n)));
+  std::vector<typename Tr::request> receives;
+  for (std::size_t i = 0; i < from.size(); ++i) receives.push_back(base.async_recv(from[i], welcome_tag, std::span(bytes[i])));
+  ask_to_join(base, until);
+  std::vector<typename Tr::request*> pending;
+  std::vector<std::size_t> pending_at;
+  for (std::size_t i = 0; i < receives.size(); ++i) {
+    pending.push_back(&receives[i]);
+    pending_at.push_back(i);
+  }
+  std::optional<welcome> w;
+  int sender = -1;
+  while (!w) {
+    if (pending.empty()) throw error(errc::peer_lost, who + " lost every member it asked before one let it in");
+    std::size_t got = 0;
+    try {
+      got = base.wait_any(std::span<typename Tr::request* const>(pending), until);
+    } catch (const error& e) {
+      if (e.kind() != errc::timeout) throw;
+      std::string unreached;
+      for (int p : lost) unreached += (unreached.empty() ? "" : ", ") + std::to_string(p);
+      throw error(errc::timeout, who + " asked ranks it reached to join, and none let it in before the deadline: "
+                                     "they admit it at a step boundary once every member holds its request" +
+                                     (unreached.empty() ? std::string()
+                                                        : "; it did not reach ranks " + unreached +
+                                                              " (gone, a member that had not yet dropped this rank "
+                                                              "and refused its replacement: start it later, "
+                                                              "gradwire-run --restart-delay; or a replacement "
+                                                              "of another rank joining at the same moment)"));
+    }
+    const std::size_t i = pending_at[got];
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(got));
+    pending_at.erase(pending_at.begin() + static_cast<std::ptrdiff_t>(got));
+    try {
+      base.wait(receives[i], until);
+    } catch (const error& e) {
+      if (e.kind() != errc::peer_lost) throw;
+      continue;
+    }
+    sender = from[i];
+    w = welcome::decode(bytes[i], n, me, sender);
+  }
+  if (w->model != model)
+    throw error(errc::mismatch, who + " holds a model that is not the members' (element size, tensor count or a "
+                                      "tensor's size differs): every replica must build the same model; nothing "
+                                      "was taken");
+  // The loop's bytes, from the first old member (only its welcome says how many).
+  const int first_old = state_roles::of(w->members, w->joined).first_old;
+  if (sender != first_old) {
+    const auto at = std::find(from.begin(), from.end(), first_old);
+    try {
+      if (at == from.end()) throw error(errc::peer_lost, "it did not reach that rank");
+      const auto i = static_cast<std::size_t>(at - from.begin());
+      base.wait(receives[i], until);
+      w->loop_state = welcome::decode(bytes[i], n, me, first_old).loop_state;
+    } catch (const error& e) {
+      throw error(e.kind(), who + " could not take the training loop's state from rank " + std::to_string(first_old) +
+                                ": " + e.details());
+    }
+  }
+  entry out{*w, sender, std::vector<std::byte>(static_cast<std::size_t>(w->loop_state))};
+  if (!out.loop_state.empty()) {
+    auto r = base.async_recv(first_old, loop_state_tag, std::span(out.loop_state));
+    base.wait(r, until);
+  }
+  return out;
 }
 
 // The model's state as the members and a replacement exchange it: segments of bytes, the
