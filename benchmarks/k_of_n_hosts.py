@@ -34,7 +34,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from elastic_trials import LAUNCHER, ROOT, base_env, gwcluster  # noqa: E402  (the 4-host job of elastic.sh)
+from elastic_trials import LAUNCHER, base_env, gwcluster  # noqa: E402  (the 4-host job of elastic.sh)
+import hosts_bench  # noqa: E402
 
 HOSTS = 4
 TARGETS = {"kofn": 1.05, "kofn_slow": 1.2}
@@ -72,19 +73,10 @@ def parse(argv):
         p.error("--steps and --rounds >= 1, --compute-ms >= 0, --run-timeout > 0")
     if not re.match(r"^[0-3]:\d+(\.\d+)?$", o.straggler):
         p.error(f"--straggler takes RANK:FACTOR with RANK 0..3, got {o.straggler!r}")
-    if o.binary is None:
-        candidates = [os.path.join(ROOT, d, "benchmarks", "k_of_n") for d in ("build-bench", "build")]
-        o.binary = next((c for c in candidates if os.access(c, os.X_OK)), None)
-        if o.binary is None:
-            p.error("no k_of_n in build-bench/benchmarks or build/benchmarks: `cmake --build build-bench --target "
-                    "k_of_n` (after scripts/bench has configured build-bench), or pass --binary PATH")
-    elif not os.access(o.binary, os.X_OK):
-        p.error(f"--binary {o.binary}: not an executable file")
-    if os.geteuid() != 0:
-        p.error("emulated hosts need root (network namespaces, scripts/cluster); run it as root")
-    problem = gwcluster.support_problem()
-    if problem:
-        p.error(f"emulated hosts unavailable: {problem}")
+    o.binary = hosts_bench.find_binary(p, o.binary, "build-bench/benchmarks/k_of_n",
+                                       "`cmake --build build-bench --target k_of_n` (after scripts/bench has "
+                                       "configured build-bench)")
+    hosts_bench.require_emulated_hosts(p)
     return o
 
 
@@ -169,10 +161,7 @@ def summarize(o, runs, results):
                      f"{arslow:.2f}", f"{el:.2f}", f"{r3:.3f}"))
         text.append(f"{rate:<8} {size:>6} {ar:>10.2f} {kofn:>8.2f} {r1:>8.3f} {met1:>4} {kslow:>9.2f} {r2:>6.3f} "
                     f"{met2:>4} {arslow:>8.2f} {el:>8.2f} {r3:>6.3f}")
-    with open(os.path.join(results, "summary.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
+    hosts_bench.write_csv(os.path.join(results, "summary.csv"), header, rows)
     with open(os.path.join(results, "summary.txt"), "w") as f:
         f.write("\n".join(text) + "\n")
     print("\n".join(text))
@@ -180,45 +169,36 @@ def summarize(o, runs, results):
 
 def main(argv):
     o = parse(argv)
-    results = os.path.join(os.environ.get("GRADWIRE_RESULTS_DIR", os.path.join(ROOT, "results")), "k_of_n_hosts")
-    os.makedirs(results, exist_ok=True)
-    # SIGTERM/SIGHUP as Ctrl-C: the with block below takes the cluster down on the way out.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.default_int_handler)
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
-    print(f"# k_of_n_hosts: {time.strftime('%F %T', time.gmtime())} UTC, {os.cpu_count()} cores, load {load}; "
-          f"binary {o.binary}")
+    results = hosts_bench.results_dir("k_of_n_hosts")
+    hosts_bench.begin("k_of_n_hosts", f"binary {o.binary}")
     runs, port = [], o.port
-    try:
-        with gwcluster.cluster(HOSTS, name=f"kofn{os.getpid()}") as cluster:
-            for rate in o.rates:
-                for h in range(HOSTS):
-                    cluster.shape(h, rate)
-                for size in o.sizes:
-                    stem = os.path.join(results, f"{rate}-{size}")
-                    print(f"# ===== 4 hosts x 1 rank, inter-host links {rate}, {size} per step =====", flush=True)
-                    started = time.monotonic()
-                    ok, note = run_once(o, cluster, rate, size, port, stem)
-                    port += 1
-                    with open(stem + ".txt") as f:
+
+    def rates(cluster):
+        nonlocal port
+        for rate in o.rates:
+            for h in range(HOSTS):
+                cluster.shape(h, rate)
+            for size in o.sizes:
+                stem = os.path.join(results, f"{rate}-{size}")
+                print(f"# ===== 4 hosts x 1 rank, inter-host links {rate}, {size} per step =====", flush=True)
+                started = time.monotonic()
+                ok, note = run_once(o, cluster, rate, size, port, stem)
+                port += 1
+                with open(stem + ".txt") as f:
+                    sys.stdout.write(f.read())
+                if os.path.exists(stem + ".csv"):
+                    with open(stem + ".csv") as f:
                         sys.stdout.write(f.read())
-                    if os.path.exists(stem + ".csv"):
-                        with open(stem + ".csv") as f:
-                            sys.stdout.write(f.read())
-                    print(f"# {'ok' if ok else 'FAILED: ' + note}, {time.monotonic() - started:.0f} s; "
-                          f"outputs {stem}.{{txt,csv,h0-3.out}}", flush=True)
-                    runs.append((rate, size, stem, ok, note))
-    except gwcluster.ClusterError as e:
-        print(f"k_of_n_hosts.py: emulated cluster: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("k_of_n_hosts.py: interrupted; cluster taken down", file=sys.stderr)
-        return 130
+                print(f"# {'ok' if ok else 'FAILED: ' + note}, {time.monotonic() - started:.0f} s; "
+                      f"outputs {stem}.{{txt,csv,h0-3.out}}", flush=True)
+                runs.append((rate, size, stem, ok, note))
+
+    status = hosts_bench.on_cluster("k_of_n_hosts.py", HOSTS, "kofn", rates)
+    if status is not None:
+        return status
     summarize(o, runs, results)
     print(f"# results in {results} (summary.{{txt,csv}}, RATE-BYTES.{{txt,csv}}, every host's output)")
     return 0 if all(r[3] for r in runs) else 1
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -23,17 +23,16 @@ builds it), else the test build's build/benchmarks/state_transfer.
 Environment: GRADWIRE_RESULTS_DIR (default results).
 """
 import argparse
-import csv
 import os
 import re
-import signal
 import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from elastic_trials import ROOT, Job, base_env, gwcluster  # noqa: E402  (the hosts' jobs of elastic.sh)
+from elastic_trials import base_env, gwcluster  # noqa: E402  (the hosts' jobs of elastic.sh)
+import hosts_bench  # noqa: E402
 
 HOSTS = 3
 TARGET = 0.8  # of the link, for 1 GB
@@ -68,19 +67,9 @@ def parse(argv):
             p.error(f"--sizes: {s!r} is not a size such as 100M or 1G")
     if o.rounds < 1 or o.run_timeout <= 0:
         p.error("--rounds >= 1 and --run-timeout > 0")
-    if o.binary is None:
-        candidates = [os.path.join(ROOT, d, "benchmarks", "state_transfer") for d in ("build-bench", "build")]
-        o.binary = next((c for c in candidates if os.access(c, os.X_OK)), None)
-        if o.binary is None:
-            p.error("no state_transfer in build-bench/benchmarks or build/benchmarks: run benchmarks/state_transfer.sh "
-                    "once (it builds it), or pass --binary PATH")
-    elif not os.access(o.binary, os.X_OK):
-        p.error(f"--binary {o.binary}: not an executable file")
-    if os.geteuid() != 0:
-        p.error("emulated hosts need root (network namespaces, scripts/cluster); run it as root")
-    problem = gwcluster.support_problem()
-    if problem:
-        p.error(f"emulated hosts unavailable: {problem}")
+    o.binary = hosts_bench.find_binary(p, o.binary, "build-bench/benchmarks/state_transfer",
+                                       "run benchmarks/state_transfer.sh once (it builds it)")
+    hosts_bench.require_emulated_hosts(p)
     return o
 
 
@@ -88,16 +77,10 @@ def run_once(o, cluster, size, port, stem):
     """One job: {'seconds', 'gb_per_s', 'join_seconds', 'mb'} or (None, why)."""
     env = base_env()
     env["GRADWIRE_TIMEOUT"] = "300"  # 1 GB through 1 Gbit/s takes about 9 s; a step of the members as long
-    job = Job([o.binary, "--bytes", size], cluster, env, port, stem, o.run_timeout, ranks=HOSTS,
-              launcher_args=("--max-restarts", "1"))
-    try:
-        finished = job.wait(time.monotonic() + o.run_timeout + 15)
-    finally:
-        job.kill()
-    out = job.output()
-    if not finished:
+    out, codes = hosts_bench.run_job([o.binary, "--bytes", size], cluster, env, port, stem, o.run_timeout, HOSTS,
+                                     launcher_args=("--max-restarts", "1"))
+    if codes is None:
         return None, f"still running after {o.run_timeout + 15:g} s, killed"
-    codes = [p.returncode for p in job.procs]
     took = TOOK.search(out)
     hashes = dict(HASH.findall(out))
     if any(codes) or took is None:
@@ -135,10 +118,7 @@ def summarize(o, rows, results):
                           f"{secs:.3f}", f"{join:.2f}"))
             text.append(f"{rate:<8} {size:>5} {len(rs):>4} {mb:>7.1f} {rate_gb:>6.3f} {link:>6.3f} {share:>6.1%} "
                         f"{met:>4} {secs:>8.3f} {join:>7.2f}" + (f"  ({failed} failed)" if failed else ""))
-    with open(os.path.join(results, "summary.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(table)
+    hosts_bench.write_csv(os.path.join(results, "summary.csv"), header, table)
     with open(os.path.join(results, "summary.txt"), "w") as f:
         f.write("\n".join(text) + "\n")
     print("\n".join(text))
@@ -146,47 +126,35 @@ def summarize(o, rows, results):
 
 def main(argv):
     o = parse(argv)
-    results = os.path.join(os.environ.get("GRADWIRE_RESULTS_DIR", os.path.join(ROOT, "results")),
-                           "state_transfer_hosts")
-    os.makedirs(results, exist_ok=True)
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: the cluster is taken down on the way out
-        signal.signal(sig, signal.default_int_handler)
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
-    print(f"# state_transfer_hosts: {time.strftime('%F %T', time.gmtime())} UTC, {os.cpu_count()} cores, load {load}")
+    results = hosts_bench.results_dir("state_transfer_hosts")
+    hosts_bench.begin("state_transfer_hosts", f"binary {o.binary}")
     rows, port = [], o.port
-    try:
-        with gwcluster.cluster(HOSTS, name=f"xfer{os.getpid()}") as cluster:
-            for rnd in range(1, o.rounds + 1):
-                for rate in o.rates:
-                    for h in range(HOSTS):
-                        cluster.shape(h, rate)
-                    for size in o.sizes:
-                        stem = os.path.join(results, f"{rate}-{size}-round{rnd}")
-                        started = time.monotonic()
-                        got, why = run_once(o, cluster, size, port, stem)
-                        port += 1
-                        row = dict(round=rnd, rate=rate, size=size, ok=got is not None, note=why,
-                                   **(got or dict(mb=0, seconds=0, gb_per_s=0, join_seconds=0)))
-                        rows.append(row)
-                        said = (f"{got['mb']:.1f} MB in {got['seconds']:.3f} s, {got['gb_per_s']:.3f} GB/s, join "
-                                f"{got['join_seconds']:.2f} s" if got else f"FAILED: {why}")
-                        print(f"# round {rnd}, {rate}, {size}: {said} ({time.monotonic() - started:.0f} s; "
-                              f"{stem}.*.out)", flush=True)
-    except gwcluster.ClusterError as e:
-        print(f"state_transfer_hosts.py: emulated cluster: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("state_transfer_hosts.py: interrupted; cluster taken down", file=sys.stderr)
-        return 130
-    with open(os.path.join(results, "rows.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+
+    def rounds(cluster):
+        nonlocal port
+        for rnd in range(1, o.rounds + 1):
+            for rate in o.rates:
+                for h in range(HOSTS):
+                    cluster.shape(h, rate)
+                for size in o.sizes:
+                    stem = os.path.join(results, f"{rate}-{size}-round{rnd}")
+                    started = time.monotonic()
+                    got, why = run_once(o, cluster, size, port, stem)
+                    port += 1
+                    rows.append(dict(round=rnd, rate=rate, size=size, ok=got is not None, note=why,
+                                     **(got or dict(mb=0, seconds=0, gb_per_s=0, join_seconds=0))))
+                    said = (f"{got['mb']:.1f} MB in {got['seconds']:.3f} s, {got['gb_per_s']:.3f} GB/s, join "
+                            f"{got['join_seconds']:.2f} s" if got else f"FAILED: {why}")
+                    print(f"# round {rnd}, {rate}, {size}: {said} ({time.monotonic() - started:.0f} s; "
+                          f"{stem}.*.out)", flush=True)
+
+    status = hosts_bench.on_cluster("state_transfer_hosts.py", HOSTS, "xfer", rounds)
+    if status is not None:
+        return status
+    hosts_bench.write_csv(os.path.join(results, "rows.csv"), list(rows[0]), [list(r.values()) for r in rows])
     summarize(o, rows, results)
     print(f"# results in {results}")
     return 0 if all(r["ok"] for r in rows) else 1
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
