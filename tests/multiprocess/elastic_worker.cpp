@@ -187,8 +187,11 @@ int abandon(transport_type& t) {
     }  // dropped here (by the timeout), perhaps mid-message
     lost_at_drop = joined(t.lost_peers());
     long pid = 0;
-    std::ifstream(sync_dir() / "pid-victim") >> pid;
-    if (pid <= 0) throw std::runtime_error("no pid-victim file");
+    for (int i = 0; i < 1000 && pid <= 0; ++i) {  // written before it sent: there by now, but bounded
+      std::ifstream(sync_dir() / "pid-victim") >> pid;
+      if (pid <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (pid <= 0) throw std::runtime_error("no pid-victim file after 10 s");
     ::kill(static_cast<pid_t>(pid), SIGKILL);
   }
   std::uint64_t mine = 1000u + static_cast<std::uint64_t>(me), theirs = 0;

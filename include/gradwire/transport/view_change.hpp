@@ -426,8 +426,9 @@ class view_agreement {
     // same step (the joiners' reports say that step too).
     const bool level = std::all_of(next.reports.begin(), next.reports.end(),
                                    [&](const member_report& r) { return r.applied == next.reports.front().applied; });
-    // One at a time: a replacement cannot dial another (asio_tcp's replacements do not
-    // listen), so two admitted together could not reach each other.
+    // One at a time: two replacements joining at the same moment refuse each other's hello
+    // (neither has the other's link to take back), so two admitted together could not reach
+    // each other.
     if (next.dropped.empty() && level)
       for (std::size_t r = 0; r < world_; ++r) {
         if (!admit[r]) continue;

@@ -153,8 +153,16 @@ GRADWIRE_DECL void tcp_engine::join_back() {
   joining = false;
   for (int r = 0; r < n; ++r)
     if (r != me && !links[r]) mark_absent(r, "it did not answer the hello in time");
-  if (std::any_of(links.begin(), links.end(), [](const auto& l) { return l && l->alive; }))
-    publish(store, time, *listener);
+  // Its own moment for the store (the join's deadline may be spent by now): a peer has taken
+  // it back, and only later replacements need the address, so a store that does not answer
+  // is a warning, not a failure of this join.
+  if (std::any_of(links.begin(), links.end(), [](const auto& l) { return l && l->alive; })) try {
+      publish(store, join_deadline(std::chrono::seconds(5)), *listener);
+    } catch (const error& e) {
+      observe::log_warning(options.rank, options.size, "asio_tcp: rank ", options.rank,
+                           " (a replacement) could not publish its address; a later replacement of another rank "
+                           "will not reach it: ", e.what());
+    }
   for (auto& l : links)
     if (l && l->alive) read_frames(*l);
   start_watch();
