@@ -66,8 +66,17 @@ GRADWIRE_DECL tcp::acceptor tcp_engine::meet(rendezvous::store_client& store, co
   const std::string host = options.listen_host.empty() ? store.local_address() : options.listen_host;
   const bool wildcard = host == "0.0.0.0" || host == "::";
   reachable_host = wildcard ? store.local_address() : host;
-  tcp::acceptor acceptor = support::listen(io, host, options.listen_port, "rank " + std::to_string(me) + "'s listening port");
-  if (publish_first) publish(store, time, acceptor);
+  const std::string what = "rank " + std::to_string(me) + "'s listening port";
+  std::optional<tcp::acceptor> acceptor;
+  try {
+    acceptor.emplace(support::listen(io, host, options.listen_port, what));
+  } catch (const error&) {
+    // A replacement's fixed port may still be held by the process it replaces (stopped, not
+    // yet gone): any port serves, since it publishes the one it got.
+    if (!options.rejoin || options.listen_port == 0) throw;
+    acceptor.emplace(support::listen(io, host, 0, what));
+  }
+  if (publish_first) publish(store, time, *acceptor);
   addresses.assign(static_cast<std::size_t>(learn), {});
   for (int r = 0; r < learn; ++r) {
     if (r == me) continue;
@@ -77,7 +86,7 @@ GRADWIRE_DECL tcp::acceptor tcp_engine::meet(rendezvous::store_client& store, co
   }
   topology = rendezvous::exchange_topology(store, "gradwire/tcp/host/", me, n,
                                            rendezvous::local_host_identity(options.host_id), reachable_host, time.left());
-  return acceptor;
+  return std::move(*acceptor);
 }
 
 GRADWIRE_DECL void tcp_engine::publish(rendezvous::store_client& store, const join_deadline& time,
