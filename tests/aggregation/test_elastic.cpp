@@ -871,7 +871,8 @@ TEST_CASE("a replacement whose model is not the members' is refused with mismatc
   };
   gw::testing::event shrunk[2]{gw::testing::event(patience), gw::testing::event(patience)};
   gw::testing::event applied[2]{gw::testing::event(patience), gw::testing::event(patience)};
-  std::atomic<bool> replacement_done{false};
+  gw::testing::event gave_up(patience);
+  std::atomic<int> stop_at{-1};  // the step both members stop after (set once)
   std::vector<gw::transport::view> final_views(ranks);
   const std::uint16_t port = free_port();
   auto options_for = [&](int r, bool rejoin) { return job_options(r, ranks, port, "test-elastic-wrong-model", rejoin); };
@@ -894,10 +895,19 @@ TEST_CASE("a replacement whose model is not the members' is refused with mismatc
             throw lost_on_purpose();
           }
           if (k > 1 && s.aggregation().view().epoch == 1) shrunk[r].raise();
-          // Done once the replacement was taken in and dropped again (and it has given up).
-          if (!s.aggregation().joined_ranks().empty() && s.aggregation().view().members == std::vector<int>{0, 1} &&
-              replacement_done.load())
+          // Done once the replacement was taken in and dropped again (and it has given up), at
+          // one step both members stop after: the first to see that view sets it a few steps
+          // on. (A member may see it a step before the other, whose next step then redoes the
+          // drop's agreement: stopping at once, each by itself, lost that member the other: a
+          // CI failure.)
+          if (!s.aggregation().joined_ranks().empty() && s.aggregation().view().members == std::vector<int>{0, 1}) {
+            int unset = -1;
+            stop_at.compare_exchange_strong(unset, k + 5);
+          }
+          if (const int stop = stop_at.load(); stop >= 0 && k + 1 >= stop) {
+            gave_up.await("the replacement to give up");
             break;
+          }
           if (gw::clock::now() > give_up) throw std::runtime_error("the replacement was never taken in and dropped");
           std::this_thread::sleep_for(5ms);
         }
@@ -916,7 +926,7 @@ TEST_CASE("a replacement whose model is not the members' is refused with mismatc
     } catch (...) {
       errors[ranks] = std::current_exception();
     }
-    replacement_done = true;
+    gave_up.raise();
   });
   for (auto& t : threads) t.join();
   CHECK_THAT(what_of(errors[victim]), Catch::Equals("lost on purpose"));
