@@ -420,7 +420,7 @@ class elastic_all_reduce_agent {
     start_view(comm, e.message.members);
     last_step_view_ = view();
     joined_ = e.message.joined;
-    transfer_ = detail::state_roles::of(e.message.members, e.message.joined);
+    transfer_ = std::move(e.roles);
     if constexpr (can_take_back)  // the ranks still out may send replacements of their own
       for (int r = 0; r < n; ++r)
         if (view().position_of(r) < 0) listener_->listen(base, r);

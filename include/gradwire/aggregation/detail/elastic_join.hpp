@@ -236,6 +236,7 @@ struct state_roles {
 struct entry {
   welcome message;
   int sender = -1;
+  state_roles roles;  // of the view it enters: who sends it the state
   std::vector<std::byte> loop_state;
 };
 
@@ -301,7 +302,8 @@ entry enter(Tr& base, std::uint64_t model, deadline until) {
                                       "tensor's size differs): every replica must build the same model; nothing "
                                       "was taken");
   // The loop's bytes, from the first old member (only its welcome says how many).
-  const int first_old = state_roles::of(w->members, w->joined).first_old;
+  state_roles roles = state_roles::of(w->members, w->joined);
+  const int first_old = roles.first_old;
   if (sender != first_old) {
     const auto at = std::find(from.begin(), from.end(), first_old);
     try {
@@ -314,7 +316,7 @@ entry enter(Tr& base, std::uint64_t model, deadline until) {
                                 ": " + e.details());
     }
   }
-  entry out{*w, sender, std::vector<std::byte>(static_cast<std::size_t>(w->loop_state))};
+  entry out{*w, sender, std::move(roles), std::vector<std::byte>(static_cast<std::size_t>(w->loop_state))};
   if (!out.loop_state.empty()) {
     auto r = base.async_recv(first_old, loop_state_tag, std::span(out.loop_state));
     base.wait(r, until);
