@@ -33,6 +33,18 @@ class virtual_time {
   // A training step begins (a straggler model draws the step's slowdown).
   virtual void step_began() = 0;
 
+  // A second thread of the rank's, in virtual time (K of N's communicator thread): work(context)
+  // runs on a thread the scheduler takes turns with, from the caller's time on, while the
+  // caller goes on. One at a time per rank; join_thread() waits until it returned.
+  virtual void start_thread(void (*work)(void*), void* context) = 0;
+  virtual void join_thread() noexcept = 0;
+  // Between the rank's threads: lets every thread behind the caller in virtual time run
+  // first (before the caller reads state another thread writes); waits until another thread
+  // of the rank signals or until `until_ns` (false: the deadline came first); wakes them.
+  virtual void yield() = 0;
+  virtual bool wait_signal(std::int64_t until_ns) = 0;
+  virtual void signal() = 0;
+
  protected:
   ~virtual_time() = default;
 };
@@ -73,6 +85,11 @@ class time_source {
   // A training step begins: a simulated rank's straggler model draws the step's slowdown.
   void step_began() const {
     if (virtual_) virtual_->step_began();
+  }
+  // The rank's second thread in virtual time (virtual time only; virtual_time::start_thread).
+  void start_thread(void (*work)(void*), void* context) const { virtual_->start_thread(work, context); }
+  void join_thread() const noexcept {
+    if (virtual_) virtual_->join_thread();
   }
   // The virtual clock, or null on the steady clock (for the timeline's and log's time base).
   virtual_time* virtual_clock() const noexcept { return virtual_; }

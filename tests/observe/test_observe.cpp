@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -440,6 +441,11 @@ struct stepping_clock final : gw::virtual_time {
   }
   void advance_to(std::int64_t ns) override { now = std::max(now, ns); }
   void step_began() override {}
+  void start_thread(void (*)(void*), void*) override { throw std::logic_error("stepping_clock: one thread"); }
+  void join_thread() noexcept override {}
+  void yield() override {}
+  bool wait_signal(std::int64_t) override { return false; }
+  void signal() override {}
 };
 }  // namespace
 

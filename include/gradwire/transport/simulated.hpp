@@ -45,14 +45,6 @@
 
 namespace gradwire::simulation {
 
-namespace detail {
-// The simulated rank of the calling thread (null on other threads).
-inline rank_state*& this_thread_rank() noexcept {
-  thread_local rank_state* rank = nullptr;
-  return rank;
-}
-}  // namespace detail
-
 // One simulated rank's endpoint (transport::simulated). Cheap to move; it belongs to the
 // rank's thread that run() gave it to.
 class endpoint {

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -25,6 +24,7 @@
 #include "../../collective/communicator.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
+#include "../../support/rank_condition.hpp"
 
 namespace gradwire::aggregation::detail {
 
@@ -42,8 +42,9 @@ class close_watch {
   // messages are still to come (no transport wakes a wait from another thread yet).
   static constexpr std::chrono::microseconds poll{200};
 
-  // size: the ranks of the step; backups: how many may be left out (0 < backups < size).
-  close_watch(int size, int backups) : size_(size), need_(size - backups) {
+  // size: the ranks of the step; backups: how many may be left out (0 < backups < size);
+  // time: the rank's (its two threads may be a simulated rank's virtual ones).
+  close_watch(int size, int backups, time_source time = {}) : size_(size), need_(size - backups), ready_(time) {
     if (size < 2 || backups < 1 || backups >= size)
       throw error(errc::invalid_argument, "close_watch: backups = " + std::to_string(backups) + " of " +
                                               std::to_string(size) + " ranks: K of N needs 0 < backups < ranks");
@@ -52,7 +53,7 @@ class close_watch {
   // Step `step`'s round is next (the communicator's thread, before run()). A caller that
   // already marked this step ready is counted ready from the start.
   void open(std::uint64_t step) {
-    std::lock_guard lock(mutex_);
+    const auto lock = ready_.lock(mutex_);
     current_ = step;
     opened_ = true;
     state_ = marked_ == step ? state::ready : state::open;
@@ -63,14 +64,14 @@ class close_watch {
   // or will: a round that opens already ready announces first) or late (the step closed
   // without it, or is past: drop the gradients).
   bool mark_ready(std::uint64_t step) {
-    std::lock_guard lock(mutex_);
+    const auto lock = ready_.lock(mutex_);
     if (opened_ && step < current_) return false;
     if (!opened_ || step > current_) {  // its round has not opened yet
       marked_ = step;
       return true;
     }
     if (state_ == state::open) state_ = state::ready;
-    ready_.notify_one();
+    ready_.notify_all();
     return state_ != state::late;
   }
 
@@ -109,7 +110,7 @@ class close_watch {
 
     for (;;) {
       if (!decided) {  // this rank's one decision: announce, or close without announcing
-        std::unique_lock lock(mutex_);
+        auto lock = ready_.lock(mutex_);
         if (state_ == state::ready) {
           state_ = state::in;
           mine = std::byte{1};
@@ -170,7 +171,7 @@ class close_watch {
 
   int size_, need_;
   std::mutex mutex_;
-  std::condition_variable ready_;
+  support::rank_condition ready_;
   state state_ = state::open;
   std::uint64_t current_ = 0;  // the step of the round open or last run
   bool opened_ = false;        // whether any round has opened

@@ -13,10 +13,13 @@
 // The job runs ahead only through the steps the caller planned (plan_steps, the same on
 // every rank), so that between plans the communicator is idle for the caller's own
 // collectives; and at most max_behind steps ahead of its caller (a buffer each).
+//
+// On a simulated rank the job runs on the rank's second virtual thread (clock.hpp's
+// start_thread) and the two wait for each other in virtual time (support/rank_condition.hpp),
+// so that a late replica's communicator goes on in the simulator as it does on a network.
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -31,6 +34,7 @@
 #include "../../collective/communicator.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
+#include "../../support/rank_condition.hpp"
 #include "../../tensor/aligned_buffer.hpp"
 #include "close_watch.hpp"
 
@@ -68,6 +72,7 @@ class k_of_n {
       shared_->budget = 0;  // a job still running stops after its step (at worst at the step timeout)
     }
     job_ = {};
+    shared_->time.join_thread();
   }
 
   int backups() const noexcept { return backups_; }
@@ -84,10 +89,7 @@ class k_of_n {
     if constexpr (!concepts::multiplexing_transport<Tr>)
       throw error(errc::config, asked + ": K of N needs a transport that waits for any of several messages "
                                         "(concepts::multiplexing_transport; asio_tcp, ucx, inproc and mpi have it)");
-    if (comm.time().runs_background_inline())
-      throw error(errc::config, asked + ": K of N does not run in the simulator yet (a simulated rank's "
-                                        "communicator work runs inline; docs/elastic.md)");
-    shared_ = std::make_unique<shared>(comm.size(), backups_);
+    shared_ = std::make_unique<shared>(comm.size(), backups_, comm.time());
     shared_->flat = flat;
     shared_->buckets = buckets;
     shared_->reduce = reduce;
@@ -104,7 +106,7 @@ class k_of_n {
   void plan_steps(std::uint64_t n) {
     if (n == 0) throw error(errc::invalid_argument, "all_reduce: plan_steps(0): plan at least the next step");
     if (!shared_) return;  // no backups: every step waits for every rank anyway
-    std::lock_guard lock(shared_->mutex);
+    const auto lock = shared_->changed.lock(shared_->mutex);
     shared_->budget = std::max(shared_->budget, shared_->applied + n - 1);
   }
 
@@ -117,7 +119,7 @@ class k_of_n {
   void begin_step(communicator_type& comm, void* agent) {
     shared& sh = *shared_;
     {
-      std::lock_guard lock(sh.mutex);
+      const auto lock = sh.changed.lock(sh.mutex);
       if (sh.failure) std::rethrow_exception(sh.failure);
       step_ = sh.applied;
       in_ = false;
@@ -130,9 +132,15 @@ class k_of_n {
       sh.running = true;
       sh.start = step_;
       sh.agent = agent;
+      sh.comm = &comm;
     }
     job_ = {};  // the last plan's job has ended
-    job_ = comm.async().submit([state = &sh](communicator_type& c) { state->run(c); });
+    if (sh.time.runs_background_inline()) {
+      sh.time.join_thread();
+      sh.time.start_thread([](void* state) { static_cast<shared*>(state)->run(*static_cast<shared*>(state)->comm); }, &sh);
+    } else {
+      job_ = comm.async().submit([state = &sh](communicator_type& c) { state->run(c); });
+    }
   }
 
   // The caller: its first bucket of the step is complete. Whether it is in the step (its
@@ -144,7 +152,7 @@ class k_of_n {
   // The caller: bucket k of its step is complete (buckets go in order).
   void bucket_launched(std::size_t k) {
     if (!in_) return;
-    std::lock_guard lock(shared_->mutex);
+    const auto lock = shared_->changed.lock(shared_->mutex);
     shared_->launched = k + 1;
     shared_->changed.notify_all();
   }
@@ -152,7 +160,7 @@ class k_of_n {
   // finish(), in the step: waits for its set; returns the scale, 1 / (ranks in).
   V wait_set(const communicator_type& comm) {
     shared& sh = *shared_;
-    std::unique_lock lock(sh.mutex);
+    auto lock = sh.changed.lock(sh.mutex);
     sh.wait_for(lock, comm, step_, [&] { return sh.set_known > step_; }, "the step's round");
     last_set_ = sh.record(step_).set;
     return scale_of(last_set_);
@@ -160,13 +168,13 @@ class k_of_n {
   // finish(), in the step: waits for bucket k's sums (in the caller's flat buffer).
   void wait_bucket(const communicator_type& comm, std::size_t k) {
     shared& sh = *shared_;
-    std::unique_lock lock(sh.mutex);
+    auto lock = sh.changed.lock(sh.mutex);
     sh.wait_for(lock, comm, step_, [&] { return sh.reduced > k; }, "bucket " + std::to_string(k) + "'s all-reduce");
   }
   // finish(), late: waits for the step, then gives every step completed since, in order.
   std::vector<late_sum> wait_late(const communicator_type& comm) {
     shared& sh = *shared_;
-    std::unique_lock lock(sh.mutex);
+    auto lock = sh.changed.lock(sh.mutex);
     sh.wait_for(lock, comm, step_, [&] { return sh.done > step_; }, "the step the others closed");
     std::vector<late_sum> out;
     for (const auto& r : sh.records)
@@ -179,12 +187,18 @@ class k_of_n {
   // finish(): the caller has applied step `through` and every one before it. At the end of
   // a plan, waits for the job, so that the communicator is the caller's again.
   void applied(const communicator_type& comm, std::uint64_t through) {
+    shared& sh = *shared_;
     bool plan_done;
     {
-      std::lock_guard lock(shared_->mutex);
-      shared_->applied = through + 1;
-      shared_->release_through(through);
-      plan_done = shared_->applied > shared_->budget;
+      auto lock = sh.changed.lock(sh.mutex);
+      sh.applied = through + 1;
+      sh.release_through(through);
+      plan_done = sh.applied > sh.budget;
+      if (plan_done && sh.time.runs_background_inline()) {
+        sh.wait_for(lock, comm, step_, [&] { return !sh.running; }, "the plan's last step");
+        lock.unlock();
+        sh.time.join_thread();
+      }
     }
     advanced_ = through + 1 - step_;
     if (plan_done && job_.valid()) job_.wait(comm.queued_collective_deadline());
@@ -213,9 +227,11 @@ class k_of_n {
   // What the caller and the communicator's thread share, under `mutex`; it stays put when
   // the k_of_n moves.
   struct shared {
-    shared(int size, int backups) : watch(size, backups) {}
+    shared(int size, int backups, time_source t) : time(t), watch(size, backups, t), changed(t) {}
 
+    time_source time;  // the rank's: on a simulated rank, the job runs on its second virtual thread
     close_watch<Tr> watch;
+    communicator_type* comm = nullptr;  // the running job's
     std::span<V> flat;
     std::size_t buckets = 0;
     void* agent = nullptr;
@@ -223,7 +239,7 @@ class k_of_n {
     std::vector<slot> slots;
 
     std::mutex mutex;
-    std::condition_variable changed;
+    support::rank_condition changed;
     std::deque<step_record> records;  // steps run and not yet applied
     std::uint64_t applied = 0;        // steps the caller has applied
     std::uint64_t budget = 0;         // the last planned step
@@ -269,12 +285,12 @@ class k_of_n {
     void run(communicator_type& comm) {
       try {
         if constexpr (concepts::multiplexing_transport<Tr>) {
-          std::unique_lock lock(mutex);
+          auto lock = changed.lock(mutex);
           for (std::uint64_t s = start;; ++s) {
             lock.unlock();
             watch.open(s);
             const step_set set = watch.run(comm);
-            lock.lock();
+            lock = changed.lock(mutex);
             if (set.self_in) {
               records.push_back({s, set, -1});
               set_known = s + 1;
@@ -284,7 +300,7 @@ class k_of_n {
                 job_wait(lock, comm, [&] { return launched > k; }, "its caller's bucket " + std::to_string(k));
                 lock.unlock();
                 reduce(agent, comm, k, flat);
-                lock.lock();
+                lock = changed.lock(mutex);
                 reduced = k + 1;
                 changed.notify_all();
               }
@@ -301,7 +317,7 @@ class k_of_n {
               const std::span<V> sums(free.buffer.data(), flat.size());
               std::fill(sums.begin(), sums.end(), V(0));  // this rank's part: nothing
               for (std::size_t k = 0; k < buckets; ++k) reduce(agent, comm, k, sums);
-              lock.lock();
+              lock = changed.lock(mutex);
             }
             done = s + 1;
             changed.notify_all();

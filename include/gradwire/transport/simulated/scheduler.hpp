@@ -39,6 +39,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,13 @@ inline std::string seconds(time_point t) {
 }
 
 class scheduler;
+struct rank_state;
+
+// The lane of the calling thread (null on threads that are no simulated rank's).
+inline rank_state*& this_thread_rank() noexcept {
+  thread_local rank_state* lane = nullptr;
+  return lane;
+}
 
 // Ends a transport call of a rank however it leaves (scheduler::end_call).
 struct call_end {
@@ -97,12 +105,17 @@ struct call_end {
   ~call_end();
 };
 
-// One rank: its clocks, its baton, what it waits for, and what it knows of lost peers.
+// One virtual thread, a lane: a rank's own (its main lane: the thread its function runs on),
+// or the second thread a rank started (virtual_time::start_thread; K of N's communicator
+// thread). A lane has its clocks, its baton and what it waits for; what a rank knows of
+// lost peers, its death, speed and traffic are its main lane's (home()).
 struct rank_state final : virtual_time {
   enum class status : std::uint8_t { idle, running, ready, waiting, finished };
 
   scheduler* owner = nullptr;
   int rank = 0;
+  int lane = 0;                  // its id in the agenda: the rank, or size() + rank for a second thread
+  rank_state* main = nullptr;    // a second thread's rank (null: this is the rank's main lane)
   time_point clock{};            // the caller's clock (the background clock while background work runs)
   time_point background_end{};   // when the last background work finished
   bool in_background = false;
@@ -123,21 +136,36 @@ struct rank_state final : virtual_time {
   time_point agenda_time{};  // when it is scheduled to go next
   bool in_agenda = false;
   bool deadlocked = false;  // woken to report that nobody can make progress
+  // Between a rank's lanes (virtual_time::wait_signal, join_thread).
+  bool waits_signal = false;
+  bool signalled = false;
+  bool joining = false;  // the main lane waits for its second thread to return
+  std::thread thread;    // a second thread's
   // Peers: which losses it tolerates and the peers it knows are gone (few: a list).
   std::vector<bool> tolerated;
   std::vector<peer_loss> lost;
   bool failed = false;  // this rank failed (fail(), an exception, a death)
   support::traffic_counters traffic;
 
+  rank_state& home() noexcept { return main ? *main : *this; }
+  const rank_state& home() const noexcept { return main ? *main : *this; }
+
+  // The virtual clock a rank's endpoint hands out is its main lane's; called on another
+  // lane's thread, each acts on that lane (scheduler::lane_of).
   std::int64_t now_ns() override;
   std::int64_t run_in_background(void (*work)(void*), void* context) override;
   void advance_to(std::int64_t ns) override;
   void step_began() override;
+  void start_thread(void (*work)(void*), void* context) override;
+  void join_thread() noexcept override;
+  void yield() override;
+  bool wait_signal(std::int64_t until_ns) override;
+  void signal() override;
 
   // Counts the compute since the last transport call into the clock.
   void charge_compute();
   duration stretched(duration d) const noexcept {
-    return duration(static_cast<std::int64_t>(double(d.count()) * fixed_factor * step_factor));
+    return duration(static_cast<std::int64_t>(double(d.count()) * home().fixed_factor * home().step_factor));
   }
   const peer_loss* loss_of(int peer) const noexcept {
     for (const auto& l : lost)
@@ -149,11 +177,20 @@ struct rank_state final : virtual_time {
 class scheduler {
  public:
   GRADWIRE_DECL explicit scheduler(cluster_model model);
+  GRADWIRE_DECL ~scheduler();  // joins the second threads' OS threads (their lanes have returned)
+  scheduler(const scheduler&) = delete;
+  scheduler& operator=(const scheduler&) = delete;
 
   const cluster_model& model() const noexcept { return model_; }
   const cluster::topology& topology() const noexcept { return topology_; }
   int size() const noexcept { return model_.size(); }
+  // Rank r's main lane.
   rank_state& state(int r) noexcept { return ranks_[static_cast<std::size_t>(r)]; }
+  // The lane of rank r that is running: the calling thread's when it is one of r's, else r's main lane.
+  rank_state& lane_of(int r) noexcept {
+    rank_state* t = this_thread_rank();
+    return t && t->owner == this && t->rank == r ? *t : state(r);
+  }
 
   // --- Running the ranks' threads ---------------------------------------------------
 
@@ -181,7 +218,7 @@ class scheduler {
   GRADWIRE_DECL void begin_call(int r, duration cpu = {});
 
   // The transport call is over: the CPU time it took is not the rank's compute.
-  void end_call(int r) noexcept { state(r).cpu_mark = thread_cpu_ns(); }
+  void end_call(int r) noexcept { lane_of(r).cpu_mark = thread_cpu_ns(); }
 
   GRADWIRE_DECL void post_send(sim_op& op);
 
@@ -210,6 +247,14 @@ class scheduler {
   // The peers whose failure rank r knows of by now.
   GRADWIRE_DECL std::vector<int> lost_peers(int r);
 
+  // --- A rank's second thread (virtual_time::start_thread and what goes with it) ------
+
+  GRADWIRE_DECL void start_thread(int r, void (*work)(void*), void* context);
+  GRADWIRE_DECL void join_thread(int r) noexcept;
+  // Waits on rank r's running lane until another lane of r signals, or until `until`.
+  GRADWIRE_DECL bool wait_signal(int r, time_point until);
+  GRADWIRE_DECL void signal(int r);
+
  private:
   friend struct rank_state;
 
@@ -218,15 +263,27 @@ class scheduler {
   GRADWIRE_DECL void schedule(rank_state& s, time_point at);
   GRADWIRE_DECL void unschedule(rank_state& s);
 
-  // Whether another rank must go before s: it is scheduled earlier (or as early, lower rank).
+  // Whether another lane must go before s: it is scheduled earlier (or as early, lower lane).
   bool behind(const rank_state& s) const noexcept {
-    return !agenda_.empty() && *agenda_.begin() < std::pair<time_point, int>(s.clock, s.rank);
+    return !agenda_.empty() && *agenda_.begin() < std::pair<time_point, int>(s.clock, s.lane);
   }
+  // The lane with agenda id `lane`.
+  rank_state& by_lane(int lane) noexcept {
+    return lane < size() ? state(lane) : *helpers_[static_cast<std::size_t>(lane - size())];
+  }
+  // Rank r's second lane, while one is started and has not returned (else null).
+  rank_state* live_helper(int r) noexcept {
+    rank_state* h = helpers_[static_cast<std::size_t>(r)].get();
+    return h && h->state != rank_state::status::finished ? h : nullptr;
+  }
+  // A second lane's work returned (or threw): it leaves the agenda, and its rank's main
+  // lane, when it waits to join it, goes on at its time.
+  GRADWIRE_DECL void finish_helper(rank_state& h);
 
-  // The rank to go next: first in the agenda. When the agenda is empty but ranks still
+  // The lane to go next: first in the agenda. When the agenda is empty but lanes still
   // wait (with no deadline), nobody can make progress: the lowest of them is woken to
   // report the deadlock. -1: every rank has finished.
-  GRADWIRE_DECL int next_rank();
+  GRADWIRE_DECL int next_lane();
 
   // Hands the baton on (to nobody when all have finished: the run is over).
   GRADWIRE_DECL void pass_baton();
@@ -237,7 +294,9 @@ class scheduler {
   // When a waiting rank can next make progress: the earliest known completion of what it
   // awaits, else the earliest doom of its receives or its deadline; and its death.
   time_point wake_time(const rank_state& s) const noexcept {
-    time_point t = s.died ? never : s.dies_at;
+    const rank_state& h = s.home();
+    if (h.died) return s.clock;  // its rank died on its other lane: it wakes to learn it
+    time_point t = h.dies_at;
     bool matched = false;
     for (const sim_op* op : s.awaited) {
       if (!op) continue;
@@ -252,8 +311,8 @@ class scheduler {
     return t == never ? never : std::max(t, s.clock);
   }
 
-  // Something a rank awaits changed (an operation completed, a receive was doomed): it
-  // may wake earlier.
+  // Something a rank awaits changed (an operation completed, a receive was doomed, its
+  // other lane died): its waiting lanes may wake earlier.
   GRADWIRE_DECL void reschedule_if_waiting(int r);
   void completed(sim_op& op) { reschedule_if_waiting(op.owner()); }
 
@@ -324,6 +383,7 @@ class scheduler {
   network network_;
   mailbox mailbox_;
   std::vector<rank_state> ranks_;
+  std::vector<std::unique_ptr<rank_state>> helpers_;  // [rank]: its second lane, made at its first start_thread
   std::set<std::pair<time_point, int>> agenda_;  // (when, rank): who goes next
   int finished_ = 0;
   bool aborted_ = false;

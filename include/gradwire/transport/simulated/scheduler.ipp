@@ -3,7 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
+#include <memory>
 #include <optional>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,17 +20,27 @@ GRADWIRE_DECL scheduler::scheduler(cluster_model model)
       topology_(model_.topology()),
       network_(model_),
       mailbox_(model_.size()),
-      ranks_(static_cast<std::size_t>(model_.size())) {
+      ranks_(static_cast<std::size_t>(model_.size())),
+      helpers_(static_cast<std::size_t>(model_.size())) {
   const int n = model_.size();
   for (int r = 0; r < n; ++r) {
     auto& s = state(r);
     s.owner = this;
     s.rank = r;
+    s.lane = r;
     s.fixed_factor = model_.speed * model_.stragglers.fixed_factor(r);
     s.rng.seed(model_.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(r) + 1);
     s.tolerated.assign(static_cast<std::size_t>(n), false);
   }
   for (const auto& d : model_.deaths) state(d.rank).dies_at = std::min(state(d.rank).dies_at, d.at);
+}
+
+GRADWIRE_DECL scheduler::~scheduler() {
+  for (auto& h : helpers_)
+    if (h && h->thread.joinable()) {
+      if (h->thread.get_id() == std::this_thread::get_id()) h->thread.detach();  // its own last reference
+      else h->thread.join();
+    }
 }
 
 GRADWIRE_DECL bool scheduler::enter(int r) {
@@ -53,6 +66,7 @@ GRADWIRE_DECL void scheduler::start() {
 
 GRADWIRE_DECL bool scheduler::leave(int r, std::optional<transport::detail::rank_failure> failure) {
   auto& s = state(r);
+  join_thread(r);  // its second thread's work may refer to what the rank's function owned
   if (!s.died) {
     s.charge_compute();
     if (s.clock >= s.dies_at) die(s);  // it computed past its death without a transport call
@@ -73,7 +87,7 @@ GRADWIRE_DECL bool scheduler::leave(int r, std::optional<transport::detail::rank
 }
 
 GRADWIRE_DECL void scheduler::begin_call(int r, duration cpu) {
-  auto& s = state(r);
+  auto& s = lane_of(r);
   s.charge_compute();
   s.clock += cpu;
   check_death(s);
@@ -87,9 +101,9 @@ GRADWIRE_DECL void scheduler::begin_call(int r, duration cpu) {
 }
 
 GRADWIRE_DECL void scheduler::post_send(sim_op& op) {
-  auto& s = state(op.source);
-  s.traffic.sent(op.bytes);
-  if (auto d = doom(s, op.destination); d && d->at <= s.clock) {
+  auto& s = lane_of(op.source);
+  s.home().traffic.sent(op.bytes);
+  if (auto d = doom(s.home(), op.destination); d && d->at <= s.clock) {
     op.fail(s.clock, d->cause, d->message);
     return;
   }
@@ -112,13 +126,13 @@ GRADWIRE_DECL void scheduler::post_send(sim_op& op) {
 }
 
 GRADWIRE_DECL void scheduler::post_recv(sim_op& op) {
-  auto& s = state(op.destination);
-  s.traffic.received(op.bytes);
+  auto& s = lane_of(op.destination);
+  s.home().traffic.received(op.bytes);
   const bool staged = mailbox_.take_staged(op.source, op.destination, op.tag, [&](const staged_message& m) {
     deliver(op, m.bytes.data(), m.bytes.size(), std::max(m.arrives, s.clock), op.source, op.tag);
   });
   if (staged) return;
-  if (auto d = doom(s, op.source)) {
+  if (auto d = doom(s.home(), op.source)) {
     if (d->at <= s.clock) {
       op.fail(s.clock, d->cause, d->message);
       return;
@@ -131,7 +145,7 @@ GRADWIRE_DECL void scheduler::post_recv(sim_op& op) {
 }
 
 GRADWIRE_DECL std::size_t scheduler::wait_any(int r, std::span<sim_op* const> ops, deadline until) {
-  auto& s = state(r);
+  auto& s = lane_of(r);
   begin_call(r);
   const time_point limit = virtual_deadline(s, until);
   for (;;) {
@@ -168,25 +182,135 @@ GRADWIRE_DECL void scheduler::wait(sim_op& op, deadline until) {
 }
 
 GRADWIRE_DECL void scheduler::fail(int r, errc cause, const std::string& reason) {
-  auto& s = state(r);
+  auto& s = lane_of(r);
   s.charge_compute();
-  if (s.failed) return;
-  s.failed = true;
+  if (s.home().failed) return;
+  s.home().failed = true;
   lose(r, s.clock, transport::detail::peer_failure_kind(cause), reason, true);  // every transport's rule
 }
 
 GRADWIRE_DECL std::vector<int> scheduler::lost_peers(int r) {
-  auto& s = state(r);
+  auto& s = lane_of(r);
   s.charge_compute();
   std::vector<int> out;
-  for (const auto& l : s.lost)
+  for (const auto& l : s.home().lost)
     if (l.failed && l.known_at <= s.clock) out.push_back(l.peer);
   return out;
 }
 
+GRADWIRE_DECL void scheduler::start_thread(int r, void (*work)(void*), void* context) {
+  auto& m = lane_of(r);
+  if (m.main)
+    throw error(errc::invalid_argument, "simulation: rank " + std::to_string(r) +
+                                            "'s second thread cannot start a thread (one per rank, started by its main thread)");
+  if (live_helper(r))
+    throw error(errc::invalid_argument, "simulation: rank " + std::to_string(r) +
+                                            " started a second thread while its last one runs (join_thread first)");
+  m.charge_compute();
+  check_death(m);
+  auto& slot = helpers_[static_cast<std::size_t>(r)];
+  if (!slot) {
+    slot = std::make_unique<rank_state>();
+    slot->owner = this;
+    slot->rank = r;
+    slot->lane = size() + r;
+    slot->main = &m;
+  }
+  rank_state& h = *slot;
+  if (h.thread.joinable()) h.thread.join();  // the last one returned: its thread is ending
+  h.clock = m.clock;
+  h.background_end = m.clock;
+  h.in_background = false;
+  h.deadlocked = h.waits_signal = h.signalled = h.joining = false;
+  h.state = rank_state::status::ready;
+  schedule(h, h.clock);
+  try {
+    h.thread = std::thread([this, &h, work, context] {
+      h.baton.acquire();
+      this_thread_rank() = &h;
+      h.cpu_mark = thread_cpu_ns();
+      try {
+        work(context);
+      } catch (...) {  // the work reports its own failures (K of N's job keeps them for its caller)
+      }
+      this_thread_rank() = nullptr;
+      finish_helper(h);
+    });
+  } catch (...) {
+    unschedule(h);
+    h.state = rank_state::status::finished;
+    throw;
+  }
+}
+
+GRADWIRE_DECL void scheduler::finish_helper(rank_state& h) {
+  if (!h.home().died) h.charge_compute();
+  h.state = rank_state::status::finished;
+  unschedule(h);
+  rank_state& m = *h.main;
+  if (m.joining) {
+    m.joining = false;
+    m.state = rank_state::status::ready;
+    schedule(m, std::max(m.clock, h.clock));
+  }
+  pass_baton();
+}
+
+GRADWIRE_DECL void scheduler::join_thread(int r) noexcept {
+  rank_state& m = state(r);
+  rank_state* h = live_helper(r);
+  if (!h) return;
+  // A noexcept wait for the second lane to return: no death check (the rank may be
+  // unwinding from its own), no deadline (the lane's own waits have theirs).
+  m.joining = true;
+  m.state = rank_state::status::waiting;
+  unschedule(m);
+  if (h->home().died) reschedule_if_waiting(r);  // it learns the death and returns
+  pass_baton_and_wait(m);
+  m.clock = std::max(m.clock, m.agenda_time);
+  m.cpu_mark = thread_cpu_ns();
+}
+
+GRADWIRE_DECL bool scheduler::wait_signal(int r, time_point until) {
+  auto& s = lane_of(r);
+  s.charge_compute();
+  check_death(s);
+  if (s.clock >= until) return false;
+  s.awaited = {};
+  s.wait_deadline = until;
+  s.waits_signal = true;
+  s.signalled = false;
+  s.state = rank_state::status::waiting;
+  const time_point wake = wake_time(s);
+  if (wake != never) schedule(s, wake);
+  pass_baton_and_wait(s);
+  s.waits_signal = false;
+  s.clock = std::max(s.clock, s.agenda_time);
+  s.cpu_mark = thread_cpu_ns();
+  if (s.deadlocked) {
+    s.deadlocked = false;
+    throw error(errc::timeout, "rank " + std::to_string(r) + ": the simulated job is deadlocked at virtual time " +
+                                   seconds(s.clock) + ": every rank waits for a message nobody will send (and " +
+                                   "this thread for another of its rank's)");
+  }
+  check_death(s);
+  return s.signalled;
+}
+
+GRADWIRE_DECL void scheduler::signal(int r) {
+  auto& s = lane_of(r);
+  s.charge_compute();
+  for (rank_state* other : {&state(r), live_helper(r)})
+    if (other && other != &s && other->state == rank_state::status::waiting && other->waits_signal) {
+      other->signalled = true;
+      const time_point at = std::max(other->clock, s.clock);
+      if (!other->in_agenda || at < other->agenda_time) schedule(*other, at);
+    }
+}
+
 GRADWIRE_DECL void scheduler::schedule(rank_state& s, time_point at) {
   unschedule(s);
-  s.agenda_entry = agenda_.emplace(at, s.rank).first;
+  s.agenda_entry = agenda_.emplace(at, s.lane).first;
   s.in_agenda = true;
   s.agenda_time = at;
 }
@@ -197,41 +321,54 @@ GRADWIRE_DECL void scheduler::unschedule(rank_state& s) {
   s.in_agenda = false;
 }
 
-GRADWIRE_DECL int scheduler::next_rank() {
+GRADWIRE_DECL int scheduler::next_lane() {
   if (agenda_.empty()) {
-    for (auto& w : ranks_)
-      if (w.state == rank_state::status::waiting) {
-        w.deadlocked = true;
-        schedule(w, w.clock);
+    // A lane joining its second thread is not stuck by itself: that thread is.
+    auto stuck = [](const rank_state& w) { return w.state == rank_state::status::waiting && !w.joining; };
+    rank_state* w = nullptr;
+    for (auto& m : ranks_)
+      if (stuck(m)) {
+        w = &m;
         break;
       }
+    if (!w)
+      for (auto& h : helpers_)
+        if (h && stuck(*h)) {
+          w = h.get();
+          break;
+        }
+    if (w) {
+      w->deadlocked = true;
+      schedule(*w, w->clock);
+    }
     if (agenda_.empty()) return -1;
   }
   const int next = agenda_.begin()->second;
-  auto& n = state(next);
+  auto& n = by_lane(next);
   unschedule(n);
   n.state = rank_state::status::running;
   return next;
 }
 
 GRADWIRE_DECL void scheduler::pass_baton() {
-  const int next = next_rank();
-  if (next >= 0) state(next).baton.release();
+  const int next = next_lane();
+  if (next >= 0) by_lane(next).baton.release();
   else if (finished_ == size()) all_done_.release();
 }
 
 GRADWIRE_DECL void scheduler::pass_baton_and_wait(rank_state& s) {
-  const int next = next_rank();
-  if (next == s.rank) return;
-  if (next >= 0) state(next).baton.release();
+  const int next = next_lane();
+  if (next == s.lane) return;
+  if (next >= 0) by_lane(next).baton.release();
   s.baton.acquire();
 }
 
 GRADWIRE_DECL void scheduler::reschedule_if_waiting(int r) {
-  auto& s = state(r);
-  if (s.state != rank_state::status::waiting) return;
-  const time_point wake = wake_time(s);
-  if (wake != never && (!s.in_agenda || wake < s.agenda_time)) schedule(s, wake);
+  for (rank_state* s : {&state(r), live_helper(r)}) {
+    if (!s || s->state != rank_state::status::waiting || s->joining) continue;
+    const time_point wake = wake_time(*s);
+    if (wake != never && (!s->in_agenda || wake < s->agenda_time)) schedule(*s, wake);
+  }
 }
 
 GRADWIRE_DECL void scheduler::settle_dooms(std::span<sim_op* const> ops, time_point now) {
@@ -243,16 +380,19 @@ GRADWIRE_DECL void scheduler::settle_dooms(std::span<sim_op* const> ops, time_po
 }
 
 GRADWIRE_DECL void scheduler::check_death(rank_state& s) {
-  if (!s.died && s.clock >= s.dies_at) die(s);
-  if (s.died) throw rank_died{s.rank, s.dies_at};
+  rank_state& h = s.home();
+  if (!h.died && s.clock >= h.dies_at) die(s);
+  if (h.died) throw rank_died{s.rank, h.dies_at};
 }
 
 GRADWIRE_DECL void scheduler::die(rank_state& s) {
-  s.clock = s.dies_at;
-  s.died = s.failed = true;
-  lose(s.rank, s.dies_at, errc::peer_lost,
-       "it died at virtual time " + seconds(s.dies_at) + " (the cluster model's die=" + std::to_string(s.rank) + "@...)",
+  rank_state& h = s.home();
+  s.clock = h.dies_at;
+  h.died = h.failed = true;
+  lose(s.rank, h.dies_at, errc::peer_lost,
+       "it died at virtual time " + seconds(h.dies_at) + " (the cluster model's die=" + std::to_string(s.rank) + "@...)",
        true);
+  reschedule_if_waiting(s.rank);  // its other lane, waiting, wakes to learn it
 }
 
 GRADWIRE_DECL std::string scheduler::describe_wait(std::span<sim_op* const> ops) {
@@ -307,9 +447,13 @@ GRADWIRE_DECL void scheduler::lose(int r, time_point at, errc cause, const std::
 GRADWIRE_DECL void scheduler::maybe_prune() {
   if (!network_.wants_pruning()) return;
   time_point horizon = never;
-  for (auto& s : ranks_)
+  auto bound = [&](const rank_state& s) {
     if (s.state != rank_state::status::finished)
       horizon = std::min(horizon, s.in_background ? std::min(s.clock, s.caller_clock) : s.clock);
+  };
+  for (auto& s : ranks_) bound(s);
+  for (auto& h : helpers_)
+    if (h) bound(*h);
   if (horizon != never) network_.forget_before(horizon);
 }
 
@@ -324,11 +468,13 @@ GRADWIRE_DECL void rank_state::charge_compute() {
 }
 
 GRADWIRE_DECL std::int64_t rank_state::now_ns() {
-  charge_compute();
-  return clock.count();
+  rank_state& s = owner->lane_of(rank);
+  s.charge_compute();
+  return s.clock.count();
 }
 
 GRADWIRE_DECL std::int64_t rank_state::run_in_background(void (*work)(void*), void* context) {
+  if (rank_state& s = owner->lane_of(rank); &s != this) return s.run_in_background(work, context);
   charge_compute();
   caller_clock = clock;
   in_background = true;
@@ -351,13 +497,28 @@ GRADWIRE_DECL std::int64_t rank_state::run_in_background(void (*work)(void*), vo
 }
 
 GRADWIRE_DECL void rank_state::advance_to(std::int64_t ns) {
-  charge_compute();
-  clock = std::max(clock, duration(ns));
+  rank_state& s = owner->lane_of(rank);
+  s.charge_compute();
+  s.clock = std::max(s.clock, duration(ns));
 }
 
 GRADWIRE_DECL void rank_state::step_began() {
-  charge_compute();  // the compute so far ran at the previous step's pace
-  if (owner->model().stragglers.random()) step_factor = owner->model().stragglers.draw(rng);
+  owner->lane_of(rank).charge_compute();  // the compute so far ran at the previous step's pace
+  rank_state& h = home();
+  if (owner->model().stragglers.random()) h.step_factor = owner->model().stragglers.draw(h.rng);
 }
+
+GRADWIRE_DECL void rank_state::start_thread(void (*work)(void*), void* context) {
+  owner->start_thread(rank, work, context);
+}
+GRADWIRE_DECL void rank_state::join_thread() noexcept { owner->join_thread(rank); }
+GRADWIRE_DECL void rank_state::yield() {
+  owner->begin_call(rank);
+  owner->end_call(rank);
+}
+GRADWIRE_DECL bool rank_state::wait_signal(std::int64_t until_ns) {
+  return owner->wait_signal(rank, until_ns == std::numeric_limits<std::int64_t>::max() ? never : time_point(duration(until_ns)));
+}
+GRADWIRE_DECL void rank_state::signal() { owner->signal(rank); }
 
 }  // namespace gradwire::simulation::detail
