@@ -44,6 +44,9 @@ class virtual_time {
   virtual void yield() = 0;
   virtual bool wait_signal(std::int64_t until_ns) = 0;
   virtual void signal() = 0;
+  // While on, the calling thread's transport waits also end, as timeouts, when another
+  // thread of the rank signals (a wait that would poll for that thread in real time).
+  virtual void waits_end_on_signal(bool on) = 0;
 
  protected:
   ~virtual_time() = default;
@@ -90,6 +93,9 @@ class time_source {
   void start_thread(void (*work)(void*), void* context) const { virtual_->start_thread(work, context); }
   void join_thread() const noexcept {
     if (virtual_) virtual_->join_thread();
+  }
+  void waits_end_on_signal(bool on) const {
+    if (virtual_) virtual_->waits_end_on_signal(on);
   }
   // The virtual clock, or null on the steady clock (for the timeline's and log's time base).
   virtual_time* virtual_clock() const noexcept { return virtual_; }

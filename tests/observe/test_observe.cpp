@@ -446,6 +446,7 @@ struct stepping_clock final : gw::virtual_time {
   void yield() override {}
   bool wait_signal(std::int64_t) override { return false; }
   void signal() override {}
+  void waits_end_on_signal(bool) override {}
 };
 }  // namespace
 

@@ -39,7 +39,8 @@ template <class Tr>
 class close_watch {
  public:
   // How often the communicator's thread looks at its own caller's readiness while peers'
-  // messages are still to come (no transport wakes a wait from another thread yet).
+  // messages are still to come (no network transport wakes a wait from another thread yet;
+  // a simulated rank's does: there the caller's readiness ends the wait, at its time).
   static constexpr std::chrono::microseconds poll{200};
 
   // size: the ranks of the step; backups: how many may be left out (0 < backups < size);
@@ -102,6 +103,16 @@ class close_watch {
       pending.push_back(&receives[i]);
       pending_at.push_back(i);
     }
+    // A simulated rank's caller wakes this thread's waits when it is ready: no polling.
+    const bool woken = time.runs_background_inline();
+    struct wake_guard {
+      time_source t;
+      bool on;
+      ~wake_guard() {
+        if (on) t.waits_end_on_signal(false);
+      }
+    } guard{time, woken};
+    if (woken) time.waits_end_on_signal(true);
     std::byte mine{0};
     std::vector<typename Tr::request> sends;
     sends.reserve(peers.size());
@@ -130,13 +141,13 @@ class close_watch {
           for (int p : peers) sends.push_back(t.async_send(p, tag, std::span<const std::byte>(&mine, 1)));
       }
       if (pending.empty()) break;
-      const deadline slice = decided ? until : std::min(until, time.deadline_after(poll));
+      const deadline slice = decided || woken ? until : std::min(until, time.deadline_after(poll));
       std::optional<std::size_t> got;
       try {
         got = t.wait_any(std::span<typename Tr::request* const>(pending), slice);
       } catch (const error& e) {
         if (e.kind() != errc::timeout) throw;
-        if (slice == until) throw error(errc::timeout, timed_out(me, peers.size() - pending.size(), decided));
+        if (time.now() >= until) throw error(errc::timeout, timed_out(me, peers.size() - pending.size(), decided));
       }
       if (!got) continue;
       t.wait(*pending[*got], until);
@@ -148,6 +159,10 @@ class close_watch {
       if (word == std::byte{1}) ++counted;
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(*got));
       pending_at.erase(pending_at.begin() + static_cast<std::ptrdiff_t>(*got));
+    }
+    if (woken) {  // the sends' waits below end only when they do
+      time.waits_end_on_signal(false);
+      guard.on = false;
     }
     for (auto& s : sends) t.wait(s, until);
 

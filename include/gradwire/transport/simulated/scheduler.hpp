@@ -140,6 +140,7 @@ struct rank_state final : virtual_time {
   bool waits_signal = false;
   bool signalled = false;
   bool joining = false;  // the main lane waits for its second thread to return
+  bool signal_ends_waits = false;  // virtual_time::waits_end_on_signal
   std::thread thread;    // a second thread's
   // Peers: which losses it tolerates and the peers it knows are gone (few: a list).
   std::vector<bool> tolerated;
@@ -161,6 +162,7 @@ struct rank_state final : virtual_time {
   void yield() override;
   bool wait_signal(std::int64_t until_ns) override;
   void signal() override;
+  void waits_end_on_signal(bool on) override;
 
   // Counts the compute since the last transport call into the clock.
   void charge_compute();

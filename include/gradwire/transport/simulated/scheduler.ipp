@@ -164,6 +164,7 @@ GRADWIRE_DECL std::size_t scheduler::wait_any(int r, std::span<sim_op* const> op
     // deadline and its death, once every rank behind that time has run.
     s.awaited = ops;
     s.wait_deadline = limit;
+    s.signalled = false;
     s.state = rank_state::status::waiting;
     const time_point wake = wake_time(s);
     if (wake != never) schedule(s, wake);
@@ -171,6 +172,12 @@ GRADWIRE_DECL std::size_t scheduler::wait_any(int r, std::span<sim_op* const> op
     s.awaited = {};
     s.clock = std::max(s.clock, s.agenda_time);
     check_death(s);
+    if (std::exchange(s.signalled, false)) {  // another thread of its rank signalled: the wait ends here
+      settle_dooms(ops, s.clock);
+      if (auto i = earliest_done(ops); i && ops[*i]->complete_at <= s.clock) return *i;
+      throw error(errc::timeout, "rank " + std::to_string(r) + ": a wait ended by another thread of its rank (virtual time " +
+                                     seconds(s.clock) + ")");
+    }
   }
 }
 
@@ -301,7 +308,8 @@ GRADWIRE_DECL void scheduler::signal(int r) {
   auto& s = lane_of(r);
   s.charge_compute();
   for (rank_state* other : {&state(r), live_helper(r)})
-    if (other && other != &s && other->state == rank_state::status::waiting && other->waits_signal) {
+    if (other && other != &s && other->state == rank_state::status::waiting &&
+        (other->waits_signal || (other->signal_ends_waits && !other->joining))) {
       other->signalled = true;
       const time_point at = std::max(other->clock, s.clock);
       if (!other->in_agenda || at < other->agenda_time) schedule(*other, at);
@@ -520,5 +528,6 @@ GRADWIRE_DECL bool rank_state::wait_signal(std::int64_t until_ns) {
   return owner->wait_signal(rank, until_ns == std::numeric_limits<std::int64_t>::max() ? never : time_point(duration(until_ns)));
 }
 GRADWIRE_DECL void rank_state::signal() { owner->signal(rank); }
+GRADWIRE_DECL void rank_state::waits_end_on_signal(bool on) { owner->lane_of(rank).signal_ends_waits = on; }
 
 }  // namespace gradwire::simulation::detail
