@@ -33,6 +33,7 @@ PS = re.compile(r"ps rank \d+: mode \S+ version (\d+) updates (\d+) gradients (\
                 r"staleness mean ([\d.]+) p50 (\d+) p99 (\d+) max (\d+) update_lag mean ([\d.]+) p50 (\d+) p99 (\d+) "
                 r"max (\d+) max_lead (\d+)")
 VIRTUAL = re.compile(r"simulated ([\d.]+) s of virtual time")
+KOFN = re.compile(r"rank \d+: K of N: computed (\d+) of the job's (\d+) steps, (\d+) of them dropped")
 
 
 def strategies(args):
@@ -45,6 +46,10 @@ def strategies(args):
     ]
     for b in (1, 2, 4, 8):
         out.append((f"ps backup b={b}", ps + ["--ps-mode", f"backup:{b}"] + sync_lr, True))
+    # K of N: the all-reduce with backups (no server; the late replicas' gradients dropped).
+    for b in (1, 2, 4, 8):
+        out.append((f"all_reduce b={b}", ["--strategy", "multi_worker_mirrored", "--backup-workers", str(b)] + sync_lr,
+                    False))
     out += [
         ("ps async", ps + ["--ps-mode", "async"] + async_lr, True),
         ("ps bounded s=4", ps + ["--ps-mode", "bounded:4"] + async_lr, True),
@@ -74,8 +79,9 @@ def run(program, results, name, flags, servers, workers, args):
     curve = [(float(m[1]), float(m[2]), float(m[3])) for m in CURVE.finditer(p.stdout)]
     ps = [tuple(float(x) for x in m.groups()) for m in PS.finditer(p.stdout)]
     virtual = VIRTUAL.search(p.stdout)
-    return {"curve": curve, "ps": ps, "wall": wall, "virtual": float(virtual[1]) if virtual else float("nan"),
-            "batch": batch}
+    k_of_n = [tuple(int(x) for x in m.groups()) for m in KOFN.finditer(p.stdout)]
+    return {"curve": curve, "ps": ps, "k_of_n": k_of_n, "wall": wall,
+            "virtual": float(virtual[1]) if virtual else float("nan"), "batch": batch}
 
 
 def summarise(name, workers, servers, r, target):
@@ -85,6 +91,9 @@ def summarise(name, workers, servers, r, target):
     # Every server sees every gradient of its shard: the first server's counts are the job's.
     dropped = int(ps[0][4]) if ps else 0
     gradients = int(ps[0][2]) if ps else 0
+    if r["k_of_n"]:  # K of N: each rank's gradients left out: those dropped and the steps it skipped
+        dropped = sum(job - computed + d for computed, job, d in r["k_of_n"])
+        gradients = sum(job for _, job, _ in r["k_of_n"])
     return {"workers": workers, "strategy": name, "servers": servers, "batch_per_worker": r["batch"],
             "time_to_target_s": reached, "final_accuracy": curve[-1][2] if curve else float("nan"),
             "best_accuracy": max((a for _, _, a in curve), default=float("nan")),
@@ -169,6 +178,7 @@ def plot(args, rows, curves):
         for name in dict.fromkeys(r["strategy"] for r in rows if r["workers"] == workers):
             pts = [(c["virtual_s"], c["accuracy"]) for c in curves if c["workers"] == workers and c["strategy"] == name]
             style = "--" if "async" in name or "bounded" in name or "local" in name else "-"
+            style = ":" if name.startswith("all_reduce b=") else style
             ax.plot([t for t, _ in pts], [100 * a for _, a in pts], style, marker=".", label=name)
         ax.axhline(100 * args.target, color="grey", linewidth=0.8)
         ax.set_title(f"{workers} simulated workers")

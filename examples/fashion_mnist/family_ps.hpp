@@ -63,7 +63,8 @@ void train_ps_replica(Strategy& strategy, model_type& model, const data_set& dat
   matrix x(model.sizes().input, static_cast<Eigen::Index>(batch));
   std::vector<int> y(batch);
   auto gradients = model.gradient_views();
-  const auto start = steady::now();
+  const gradwire::time_source time = strategy.time();  // virtual on a simulated rank
+  const auto start = time.now();
   int evaluated_epochs = 0;
   std::uint64_t my_steps = 0;
   gradwire::observe::step_stats epoch_stats;  // worker 0's steps since the last evaluation
@@ -71,7 +72,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const data_set& dat
   const int per_epoch = o.evals_per_epoch;
   auto evaluate = [&](int evaluation) {
     const double accuracy = model.accuracy(data.test.images, data.test.labels);
-    const double elapsed = std::chrono::duration<double>(steady::now() - start).count();
+    const double elapsed = std::chrono::duration<double>(time.now() - start).count();
     const double epochs = std::min(double(o.epochs), double(evaluation) / per_epoch);
     if (evaluation % per_epoch == 0 || epochs >= o.epochs) {
       std::printf("epoch %2d/%d  test_acc %6.2f%%  samples/s %8.0f  elapsed %6.1f s  lost_workers %u\n",
@@ -93,11 +94,11 @@ void train_ps_replica(Strategy& strategy, model_type& model, const data_set& dat
       std::mt19937_64 rng(o.seed * 0x9e3779b97f4a7c15ULL + my_steps / steps + 1);
       std::shuffle(order.begin(), order.end(), rng);
     }
-    const auto step_start = steady::now();
+    const auto step_start = time.now();
     load_batch(data, order, step * global_batch + static_cast<std::size_t>(rank) * batch, x, y);
     model.loss_and_gradient(x, y);
     gradwire::simulation::compute(o.step_compute);
-    if (straggling) std::this_thread::sleep_for((steady::now() - step_start) * (o.straggler_factor - 1));
+    if (straggling) std::this_thread::sleep_for((time.now() - step_start) * (o.straggler_factor - 1));
     strategy.step(gradients);
     epoch_stats += strategy.last_step_stats();
     ++my_steps;

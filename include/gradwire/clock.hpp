@@ -40,7 +40,8 @@ class virtual_time {
   virtual void join_thread() noexcept = 0;
   // Between the rank's threads: lets every thread behind the caller in virtual time run
   // first (before the caller reads state another thread writes); waits until another thread
-  // of the rank signals or until `until_ns` (false: the deadline came first); wakes them.
+  // of the rank signals or until `until_ns` (false: the deadline came first); wakes them
+  // (yield first, so that a thread behind is waiting by then: support/rank_condition.hpp does).
   virtual void yield() = 0;
   virtual bool wait_signal(std::int64_t until_ns) = 0;
   virtual void signal() = 0;

@@ -469,6 +469,50 @@ TEST_CASE("K of N in the simulator without a straggler: no step waits long for i
   REQUIRE(end < 0.010 * steps * 1.5);
 }
 
+TEST_CASE("K of N in the simulator: a rank that dies mid-run takes its second thread with it, and the others fail naming it, in virtual time") {
+  // The slow rank dies while its communicator thread runs steps without it: both its
+  // threads end (no hang), and the others' steps fail with the loss, as on a network.
+  const int ranks = 3, steps = 12;
+  const auto grads = random_gradients(steps, ranks, 5);
+  const bool dies_slow = GENERATE(true, false);
+  const int dead = dies_slow ? 2 : 0;
+  CAPTURE(dead);
+  gw::simulation::job job(gw::simulation::parse_cluster_model("hosts=3 compute=modelled slow=2:3 die=" +
+                                                              std::to_string(dead) + "@55ms"));
+  gw::simulation::run_report report;
+  const auto outcomes = job.run(
+      [&](gw::transport::simulated t) {
+        const int r = t.rank();
+        simulated_strategy s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
+                             gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{
+                                 .bucket_bytes = 256, .backup_workers = 1, .max_steps_behind = steps}));
+        s.aggregation().plan_steps(static_cast<std::uint64_t>(steps));
+        for (int k = 0; k < steps;) {
+          auto step = s.begin_step();
+          gw::simulation::compute(10ms);
+          const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
+          for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
+          step.finish();
+          k += static_cast<int>(s.aggregation().last_steps_advanced());
+        }
+      },
+      &report);
+  REQUIRE(report.died == std::vector<int>{dead});
+  // Its second thread learnt the death at once, not at its own wait's deadline.
+  REQUIRE(report.rank_end[static_cast<std::size_t>(dead)] < 80ms);
+  for (int r = 0; r < ranks; ++r) {
+    if (r == dead) continue;
+    CAPTURE(r);
+    REQUIRE(outcomes[static_cast<std::size_t>(r)]);
+    const auto [kind, what] = gw::testing::error_of([&] { std::rethrow_exception(outcomes[static_cast<std::size_t>(r)]); });
+    CAPTURE(what);
+    REQUIRE(kind == gw::errc::peer_lost);
+    REQUIRE_THAT(what, Catch::Contains("rank " + std::to_string(dead)));
+    // It learnt the loss soon after the death: one latency, and the step it was in.
+    REQUIRE(report.rank_end[static_cast<std::size_t>(r)] < 80ms);
+  }
+}
+
 TEST_CASE("K of N refuses backups it cannot honour, naming the option") {
   gw::transport::run_inproc(2, [&](gw::transport::inproc t) {
     auto make = [&](int backups) {

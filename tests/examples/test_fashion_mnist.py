@@ -398,6 +398,36 @@ class Elastic(Case):
         self.assertEqual(len(re.findall(r"^rank \d: view 1 at step \d+: ranks 0,1,3 go on \(lost 2\)$", out,
                                         re.MULTILINE)), 3, out)
 
+class SimulatedTime(Case):
+    """Over --transport simulated every strategy family times its run in virtual time: the training
+    time the chief reports is the job's virtual length (less only the last rank's tail), not the
+    seconds the simulation took. The parameter-server family once timed itself on the steady clock,
+    and its simulated times to a target accuracy were wall seconds."""
+
+    VIRTUAL = re.compile(r"^simulated ([\d.]+) s of virtual time$", re.MULTILINE)
+    TRAINING = re.compile(r"^final test accuracy [\d.]+% after \d+ epochs, ([\d.]+) s of training$", re.MULTILINE)
+
+    def test_every_family_reports_virtual_seconds(self):
+        # 200 ms of modelled compute a step over 4 steps: at least 0.8 s of virtual time, where
+        # the simulation itself takes a small part of that in real time.
+        common = ["--transport", "simulated", "--batch", "16", "--step-compute", "0.2",
+                  "--cluster", "compute=modelled latency=20us bandwidth=10Gbit"]
+        for name, args in (("all_reduce", ["--strategy", "multi_worker_mirrored", "--replicas", "4"]),
+                           ("K of N", ["--strategy", "multi_worker_mirrored", "--replicas", "4",
+                                       "--backup-workers", "1"]),
+                           ("parameter server", ["--strategy", "parameter_server", "--replicas", "4"]),
+                           ("central storage", ["--strategy", "central_storage", "--replicas", "4"]),
+                           ("local SGD", ["--strategy", "local_sgd", "--replicas", "4", "--period", "2"])):
+            with self.subTest(name=name):
+                rc, out, err = self.run_example(*args, *common, env=clean_env())
+                self.assertEqual(rc, 0, out + err)
+                virtual = float(self.VIRTUAL.search(out)[1])
+                training = float(self.TRAINING.search(out)[1])
+                self.assertGreaterEqual(virtual, 0.8, out)
+                self.assertGreaterEqual(training, 0.8, out)  # "%.1f": the virtual length, rounded
+                self.assertLessEqual(training, virtual + 0.05, out)
+
+
 if __name__ == "__main__":
     FASHION_MNIST, GRADWIRE_RUN, LAUNCHING_MD = sys.argv[1:4]
     unittest.main(argv=[sys.argv[0]] + sys.argv[4:])

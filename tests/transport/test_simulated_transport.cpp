@@ -934,3 +934,89 @@ TEST_CASE("a rank that dies at virtual time t is a lost peer to the others, as o
     CHECK(got == 5);
   }
 }
+
+namespace {
+// What a rank's second thread saw, for the test below.
+struct second_thread_state {
+  gw::transport::simulated* t = nullptr;
+  gw::time_source time;
+  sim::time_point woken{};
+  bool signalled = false;
+  bool sent = false;
+  bool died = false;
+};
+}  // namespace
+
+TEST_CASE("a rank's second thread runs beside its caller in virtual time: woken at the signaller's time, its message sent then, joined after") {
+  // Rank 0 starts a second thread that waits for a signal; its caller computes 30 ms and
+  // signals, computes 10 ms more and joins. The thread, woken at 30 ms, sends rank 1 a
+  // message: it arrives one latency and its bytes' time after 30 ms, not at 40 ms (the
+  // caller's time) nor at 0 (the thread's start).
+  const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1Gbit latency=50us compute=modelled");
+  second_thread_state st;
+  sim::time_point caller_end{}, arrived{};
+  sim::run(m, [&](gw::transport::simulated t) {
+    std::vector<std::byte> buf(125'000);  // 1 ms at 1 Gbit/s
+    if (t.rank() == 1) {
+      recv(t, 0, 7, buf);
+      arrived = sim::now();
+      return;
+    }
+    st.t = &t;
+    st.time = t.time();
+    st.time.start_thread(
+        [](void* p) {
+          auto& s = *static_cast<second_thread_state*>(p);
+          s.signalled = s.time.virtual_clock()->wait_signal(std::int64_t{10'000'000'000});
+          s.woken = sim::now();
+          std::vector<std::byte> msg(125'000);
+          send(*s.t, 1, 7, msg);
+          s.sent = true;
+        },
+        &st);
+    sim::compute(30ms);
+    st.time.virtual_clock()->yield();  // the thread, behind, runs up to its wait first
+    st.time.virtual_clock()->signal();
+    sim::compute(10ms);
+    st.time.join_thread();
+    caller_end = sim::now();
+  });
+  REQUIRE(st.signalled);
+  REQUIRE(st.sent);
+  CHECK(st.woken == 30ms);
+  CHECK(arrived == 30ms + 50us + 1ms);
+  CHECK(caller_end == 40ms);  // the thread ended (its send done) before the caller's 40 ms
+}
+
+TEST_CASE("a rank's second thread that waits far ahead ends at its rank's death, and the rank's end is its death") {
+  const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1Gbit latency=50us compute=modelled die=0@20ms");
+  second_thread_state st;
+  sim::job job(m);
+  sim::run_report report;
+  const auto outcomes = job.run(
+      [&](gw::transport::simulated t) {
+        if (t.rank() == 1) return;
+        st.time = t.time();
+        st.time.start_thread(
+            [](void* p) {
+              auto& s = *static_cast<second_thread_state*>(p);
+              try {
+                s.time.virtual_clock()->wait_signal(std::int64_t{10'000'000'000});
+              } catch (const sim::rank_died&) {
+                s.died = true;
+                s.woken = sim::now();
+                throw;
+              }
+            },
+            &st);
+        sim::compute(50ms);
+        std::byte b{};
+        send(t, 1, 1, std::span(&b, 1));  // dies here: its clock passed 20 ms
+      },
+      &report);
+  REQUIRE(report.died == std::vector<int>{0});
+  REQUIRE(!outcomes[0]);
+  REQUIRE(st.died);
+  CHECK(st.woken == 20ms);
+  CHECK(report.rank_end[0] == 20ms);
+}

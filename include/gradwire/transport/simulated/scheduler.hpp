@@ -296,9 +296,7 @@ class scheduler {
   // When a waiting rank can next make progress: the earliest known completion of what it
   // awaits, else the earliest doom of its receives or its deadline; and its death.
   time_point wake_time(const rank_state& s) const noexcept {
-    const rank_state& h = s.home();
-    if (h.died) return s.clock;  // its rank died on its other lane: it wakes to learn it
-    time_point t = h.dies_at;
+    time_point t = s.home().dies_at;  // a lane wakes at its rank's death, whichever lane died first
     bool matched = false;
     for (const sim_op* op : s.awaited) {
       if (!op) continue;

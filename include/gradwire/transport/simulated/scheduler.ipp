@@ -265,14 +265,13 @@ GRADWIRE_DECL void scheduler::finish_helper(rank_state& h) {
 
 GRADWIRE_DECL void scheduler::join_thread(int r) noexcept {
   rank_state& m = state(r);
-  rank_state* h = live_helper(r);
-  if (!h) return;
+  if (!live_helper(r)) return;
   // A noexcept wait for the second lane to return: no death check (the rank may be
-  // unwinding from its own), no deadline (the lane's own waits have theirs).
+  // unwinding from its own: the lane's waits end at that death too, wake_time), no
+  // deadline (the lane's own waits have theirs).
   m.joining = true;
   m.state = rank_state::status::waiting;
   unschedule(m);
-  if (h->home().died) reschedule_if_waiting(r);  // it learns the death and returns
   pass_baton_and_wait(m);
   m.clock = std::max(m.clock, m.agenda_time);
   m.cpu_mark = thread_cpu_ns();
@@ -388,9 +387,13 @@ GRADWIRE_DECL void scheduler::settle_dooms(std::span<sim_op* const> ops, time_po
 }
 
 GRADWIRE_DECL void scheduler::check_death(rank_state& s) {
+  // Each lane dies when its own clock reaches the death: a lane behind it still has the
+  // work before it to do, whichever lane reached it first.
   rank_state& h = s.home();
-  if (!h.died && s.clock >= h.dies_at) die(s);
-  if (h.died) throw rank_died{s.rank, h.dies_at};
+  if (s.clock < h.dies_at) return;
+  if (!h.died) die(s);
+  s.clock = h.dies_at;
+  throw rank_died{s.rank, h.dies_at};
 }
 
 GRADWIRE_DECL void scheduler::die(rank_state& s) {
@@ -400,7 +403,6 @@ GRADWIRE_DECL void scheduler::die(rank_state& s) {
   lose(s.rank, h.dies_at, errc::peer_lost,
        "it died at virtual time " + seconds(h.dies_at) + " (the cluster model's die=" + std::to_string(s.rank) + "@...)",
        true);
-  reschedule_if_waiting(s.rank);  // its other lane, waiting, wakes to learn it
 }
 
 GRADWIRE_DECL std::string scheduler::describe_wait(std::span<sim_op* const> ops) {
