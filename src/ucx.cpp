@@ -14,6 +14,7 @@
 #include <gradwire/transport/ucx/join.ipp>
 #include <gradwire/transport/ucx/one_sided.ipp>
 #include <gradwire/transport/ucx/receive.ipp>
+#include <gradwire/transport/ucx/rejoin.ipp>
 #include <gradwire/transport/ucx/send.ipp>
 #include <gradwire/transport/ucx/wait.ipp>
 #include <gradwire/transport/ucx/watch.ipp>

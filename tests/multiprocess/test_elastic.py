@@ -36,7 +36,8 @@ def passes(lines):
 
 
 def start(args, sync, env=None, ranks=RANKS, launcher=()):
-    e = dict(os.environ, GW_TEST_SYNC_DIR=sync, GRADWIRE_TIMEOUT="30", **(env or {}))
+    e = dict(os.environ, GW_TEST_SYNC_DIR=sync, GRADWIRE_TIMEOUT="30")
+    e.update(env or {})
     cmd = [LAUNCHER, "-n", str(ranks), "--keep-going", *launcher, "--", WORKER, *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
                             start_new_session=True)
@@ -207,21 +208,15 @@ class Rejoin(unittest.TestCase):
         self.assertEqual(len({v[4] for v in got.values()}), 1, f"replicas differ after the rejoin:\n{out}")
 
     def test_a_killed_middle_rank_restarted_by_the_launcher_rejoins(self):
-        if "ucx" in os.path.basename(WORKER):
-            self.skipTest("UCX cannot take a replacement back yet (test_a_replacement_over_ucx_is_refused)")
         self.check_rejoin(2)
 
     def test_a_killed_last_rank_restarted_by_the_launcher_rejoins(self):
-        if "ucx" in os.path.basename(WORKER):
-            self.skipTest("UCX cannot take a replacement back yet (test_a_replacement_over_ucx_is_refused)")
         self.check_rejoin(RANKS - 1)
 
     def test_two_ranks_lost_in_turn_are_each_replaced_the_second_reaching_the_first_replacement(self):
         # Rank 2 dies at step 5 and is restarted; once its replacement is in (step J1), rank 3
         # dies at J1 + 2 and is restarted too. Its replacement must link to rank 2's, which
         # listens at the address it published, or no member set ever holds its request.
-        if "ucx" in os.path.basename(WORKER):
-            self.skipTest("UCX cannot take a replacement back yet (test_a_replacement_over_ucx_is_refused)")
         out, lines = run("rejoin", "2", "5", "6", "3", launcher=("--max-restarts", "1"))
         for victim in (2, 3):
             self.assertIn(f"rank {victim} was killed by SIGKILL; restarting it", out)
@@ -238,15 +233,12 @@ class Rejoin(unittest.TestCase):
         self.assertGreater(int(second.group(1)), int(first.group(1)) + 2, out)
         self.assertEqual(len({v[4] for v in got.values()}), 1, f"replicas differ after the second rejoin:\n{out}")
 
-    def test_a_replacement_over_ucx_is_refused(self):
-        if "ucx" not in os.path.basename(WORKER):
-            self.skipTest("asio_tcp takes replacements back")
-        out, lines = run("shrink", "-1", "5", "12", env={"GRADWIRE_REJOIN": "1"})
-        for r in range(RANKS):
-            # (It fails while joining, before it knows its rank: the launcher's prefix says which.)
-            self.assertIn("FAIL GRADWIRE_REJOIN=1: a UCX job cannot take a lost rank's replacement back yet",
-                          "\n".join(lines.get(r, [])), out)
-
+    def test_a_replacement_of_rank_0_is_refused_naming_why(self):
+        # Rank 0 serves the rendezvous store: a process started as its replacement says so.
+        # (Every rank is started as a replacement here; the others find no store and time out.)
+        out, lines = run("shrink", "-1", "5", "12", env={"GRADWIRE_REJOIN": "1", "GRADWIRE_TIMEOUT": "3"})
+        self.assertIn("rank 0 cannot rejoin a job (GRADWIRE_REJOIN=1): it serves the rendezvous store",
+                      "\n".join(lines.get(0, [])), out)
 
 
 class Abandon(unittest.TestCase):

@@ -7,10 +7,8 @@
 namespace gradwire::cluster {
 
 GRADWIRE_DECL transport::ucx_options ucx_options(const cluster_spec& spec, const env_lookup& env) {
-  if (integer_from(env, "GRADWIRE_REJOIN", 0, 1) == 1)
-    throw error(errc::config, "GRADWIRE_REJOIN=1: a UCX job cannot take a lost rank's replacement back yet (asio_tcp "
-                              "can, docs/elastic.md); restart the whole job from its checkpoints");
   transport::ucx_options o;
+  o.rejoin = integer_from(env, "GRADWIRE_REJOIN", 0, 1) == 1;
   o.rank = spec.rank;
   o.size = spec.world_size;
   o.job_token = spec.job_token;

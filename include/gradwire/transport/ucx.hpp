@@ -17,7 +17,7 @@
 // crashed, and reports the root cause of a failure that only one rank could see.
 //
 // The class is the shared facade (detail/network_facade.hpp) over ucx_engine; the engine
-// lives in ucx/, one file per job: endpoints, worker, send, receive, one_sided, control, failure
+// lives in ucx/, one file per job: endpoints, rejoin, worker, send, receive, one_sided, control, failure
 // (*.ipp: compiled once in src/ucx.cpp, or here in header-only mode; see config.hpp).
 #pragma once
 
@@ -35,6 +35,7 @@
 #include "ucx/join.ipp"
 #include "ucx/one_sided.ipp"
 #include "ucx/receive.ipp"
+#include "ucx/rejoin.ipp"
 #include "ucx/send.ipp"
 #include "ucx/wait.ipp"
 #include "ucx/watch.ipp"
@@ -91,5 +92,6 @@ static_assert(concepts::transport<ucx> && concepts::failable_transport<ucx>);
 static_assert(concepts::multiplexing_transport<ucx> && concepts::loss_tolerant_transport<ucx>);
 static_assert(concepts::one_sided_transport<ucx> && concepts::metered_transport<ucx>);
 static_assert(concepts::topology_aware_transport<ucx>);
+static_assert(concepts::rejoinable_transport<ucx>);
 
 }  // namespace gradwire::transport

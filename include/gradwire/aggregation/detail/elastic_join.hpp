@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -321,6 +322,13 @@ entry enter(Tr& base, std::uint64_t model, deadline until) {
     auto r = base.async_recv(first_old, loop_state_tag, std::span(out.loop_state));
     base.wait(r, until);
   }
+  // Every old member sent its welcome at once: take the rest too (briefly), so that none is
+  // left unread (UCX warns of a message nobody received when the rank ends).
+  const deadline rest = std::min(until, concepts::time_of(base).deadline_after(std::chrono::seconds(1)));
+  for (std::size_t k = 0; k < pending.size(); ++k) try {
+      base.wait(*pending[k], rest);
+    } catch (const error&) {  // lost meanwhile, or slow: its welcome is not needed
+    }
   return out;
 }
 

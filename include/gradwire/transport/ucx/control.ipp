@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +52,15 @@ GRADWIRE_DECL void ucx_engine::on_control() {
   post_control_receive();
   if (peer < 0 || peer >= options.size) return;
   if (kind == ucx_control::goodbye) return on_goodbye(peer);
+  if (kind == ucx_control::rejoin)
+    return take_back(peer, std::as_bytes(std::span(reason.data(), reason.size())));  // its address (a copy)
+  if (kind == ucx_control::rejoin_welcome || kind == ucx_control::rejoin_refused) {
+    if (!rejoining) return;  // an answer that came after this replacement stopped waiting
+    peers[peer].rejoin_answer =
+        kind == ucx_control::rejoin_welcome ? ucx_peer::answer::welcome : ucx_peer::answer::refused;
+    peers[peer].refusal = reason;
+    return;
+  }
   if (kind == ucx_control::abort_seen) {
     peers[peer].saw_our_abort = true;
     return;

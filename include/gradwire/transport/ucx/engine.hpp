@@ -1,6 +1,6 @@
 // ucx's engine: one rank's UCP worker, endpoints and ops, declared here; each job's members are defined in its own file.
 //
-// join.ipp (joining, endpoints), worker.ipp (the UCP context and worker), wait.ipp
+// join.ipp (joining, endpoints), rejoin.ipp (a lost peer's replacement), worker.ipp (the UCP context and worker), wait.ipp
 // (progress, flush, settle), send.ipp, receive.ipp, one_sided.hpp/.ipp (windows, put and
 // get), control.ipp (goodbye and abort), failure.ipp (peer loss, failing the rank,
 // withdrawing ops), watch.ipp (stall warning and timeout), support.hpp (UCP handles, tags);
@@ -94,6 +94,16 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void close_endpoint(ucp_ep_h ep) noexcept;
   void close_endpoints() noexcept;
 
+  // --- rejoin.ipp: a lost peer's replacement connects again --------------------
+  void allow_rejoin(int peer);
+  void join_back(deadline until);
+  void take_back(int peer, std::span<const std::byte> address);
+  void answer_rejoin(int peer, ucp_ep_h ep, ucx_control kind, const std::string& text);
+  void relink(int peer, std::span<const std::byte> address);
+  void discard_stale_messages(int peer);
+  void mark_absent(int peer, const std::string& why);
+  void peer_address(int peer, std::span<const std::byte> address);
+
   // --- worker.ipp, wait.ipp, watch.ipp: the worker, progress, stalls ----------
   void open_worker();
   std::vector<std::byte> worker_address();
@@ -178,12 +188,19 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   bool aborting = false;  // abort_all waits for the peers' abort_seen
   stall_watch stall{options.stall_warn, options.stall_timeout};  // the wait in progress past its polling
   bool joining = true;  // only the join may use ucx_tag::join_tag
+  bool rejoining = false;  // a replacement's join: it reads its peers' answers (control messages)
+  int rejoined_peers = 0;  // peers whose replacements were taken back
   // The standing receive for control messages, and what its callback saw.
   std::vector<std::byte> control_buffer;
   void* control_request = nullptr;
   bool control_arrived = false;
   std::size_t control_length = 0;
-  std::vector<std::pair<int, ucs_status_t>> broken_endpoints;  // from the error callback
+  struct broken_endpoint {
+    int peer;
+    ucs_status_t status;
+    ucp_ep_h ep;  // a report about an endpoint since replaced (rejoin) is dropped
+  };
+  std::vector<broken_endpoint> broken_endpoints;  // from the error callback
 };
 
 // A template over the condition, so it is defined here, not in wait.ipp.

@@ -18,6 +18,7 @@ GRADWIRE_DECL void ucx_engine::join() {
   const int me = options.rank, n = options.size;
   const join_deadline time(options.connect_timeout);
   const deadline until = time.until;
+  if (options.rejoin) return join_back(until);
   std::vector<std::vector<std::byte>> addresses(static_cast<std::size_t>(n));
   addresses[me] = worker_address();
   std::optional<rendezvous::store_client> client;
@@ -48,16 +49,7 @@ GRADWIRE_DECL void ucx_engine::join() {
     const std::string identity = rendezvous::local_host_identity(options.host_id);
     topology = rendezvous::exchange_topology(store, options.store_prefix + "host/", me, n, identity, identity, time.left());
   }
-  // A second endpoint for bulk messages only pays where it unlocks a transport: shared memory.
-  const bool bulk = options.peer_error_handling && options.bulk_bytes > 0 && ucx_may_use_shared_memory();
-  for (int r = 0; r < n; ++r) {
-    std::uint64_t host = 0;
-    std::memcpy(&host, addresses[r].data() + sizeof(std::uint32_t), sizeof host);
-    peers[r].same_host = host == ucx_host_id();
-    peers[r].eager_below_bulk = peers[r].same_host && ucx_may_use_shared_memory();
-    peers[r].ep = connect(r, addresses[r], options.peer_error_handling);
-    peers[r].bulk_ep = bulk && r != me ? connect(r, addresses[r], false) : peers[r].ep;
-  }
+  for (int r = 0; r < n; ++r) peer_address(r, addresses[r]);
   post_control_receive();
   greet_everyone(until);
   joining = false;
@@ -99,7 +91,22 @@ GRADWIRE_DECL void ucx_engine::greet_everyone(deadline until) {
 GRADWIRE_DECL void ucx_engine::on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* self = static_cast<ucx_engine*>(arg);
   for (std::size_t r = 0; r < self->peers.size(); ++r)
-    if (self->peers[r].ep == ep || self->peers[r].bulk_ep == ep) self->broken_endpoints.emplace_back(static_cast<int>(r), status);
+    if (self->peers[r].ep == ep || self->peers[r].bulk_ep == ep)
+      self->broken_endpoints.push_back({static_cast<int>(r), status, ep});
+}
+
+// Endpoints to `peer` at its published address (with its header: world size, host id).
+GRADWIRE_DECL void ucx_engine::peer_address(int peer, std::span<const std::byte> address) {
+  // A second endpoint for bulk messages only pays where it unlocks a transport: shared memory.
+  const bool bulk = options.peer_error_handling && options.bulk_bytes > 0 && ucx_may_use_shared_memory();
+  std::uint64_t host = 0;
+  std::memcpy(&host, address.data() + sizeof(std::uint32_t), sizeof host);
+  auto& p = peers[peer];
+  p.same_host = host == ucx_host_id();
+  p.eager_below_bulk = p.same_host && ucx_may_use_shared_memory();
+  const std::vector<std::byte> bytes(address.begin(), address.end());
+  p.ep = connect(peer, bytes, options.peer_error_handling);
+  p.bulk_ep = bulk && peer != options.rank ? connect(peer, bytes, false) : p.ep;
 }
 
 GRADWIRE_DECL ucp_ep_h ucx_engine::connect(int peer, const std::vector<std::byte>& address, bool error_handling) {

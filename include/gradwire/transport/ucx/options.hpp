@@ -24,6 +24,11 @@ struct ucx_options {
   std::string store_prefix = "gradwire/ucx/";
   // Joining (store, address exchange, endpoints) must finish within this.
   std::chrono::milliseconds connect_timeout = default_timeout;
+  // This process replaces a rank that was lost (GRADWIRE_REJOIN=1; ucx/rejoin.ipp): it
+  // reads every peer's latest address from the store and says hello to each; peers that
+  // take it back (allow_rejoin) connect to it, the others refuse and stay unlinked
+  // (operations with them fail with peer_lost). Rank 0 cannot rejoin: it serves the store.
+  bool rejoin = false;
   // This rank's host identity, which tells the ranks that share its host (topology());
   // empty: GRADWIRE_HOST_ID, else hostname, boot id and network namespace
   // (rendezvous::local_host_identity says why).

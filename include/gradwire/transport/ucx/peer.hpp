@@ -30,7 +30,16 @@ struct ucx_op : network_op {
 // abort_seen answers an abort: the aborting rank waits for it (briefly) before it goes
 // on, so that its exit cannot overtake the abort (over TCP, it did in 11 of 390 mismatch
 // runs; likely because a process that exits with unread bytes resets its connections).
-enum class ucx_control : std::uint32_t { goodbye = 1, abort = 2, abort_seen = 3 };
+// rejoin carries a replacement's worker address (ucx/rejoin.ipp); a peer answers it with
+// rejoin_welcome, or rejoin_refused and why.
+enum class ucx_control : std::uint32_t {
+  goodbye = 1,
+  abort = 2,
+  abort_seen = 3,
+  rejoin = 4,
+  rejoin_welcome = 5,
+  rejoin_refused = 6
+};
 
 struct ucx_peer {
   ucp_ep_h ep = nullptr;       // peer error handling; control messages and small messages
@@ -47,6 +56,12 @@ struct ucx_peer {
   // memory: over TCP (UCX's own threshold about 20 KiB) it was not measured.
   bool eager_below_bulk = false;
   bool saw_our_abort = false;  // answered this rank's abort (abort_seen)
+  // A replacement of it may be taken back once it is lost (allow_rejoin): receives from it
+  // wait for the replacement meanwhile.
+  bool rejoinable = false;
+  // This rank is a replacement: the peer's answer to its hello.
+  enum class answer : std::uint8_t { none, welcome, refused } rejoin_answer = answer::none;
+  std::string refusal;
   peer_state state;             // live, finished, suspected, lost (tolerated or not)
   std::optional<deadline> drained_at;  // said goodbye: its receives still open then fail
 };

@@ -12,7 +12,8 @@ namespace gradwire::transport::detail {
 // a receive (post_recv checks), so only sends to it are refused outright.
 GRADWIRE_DECL bool ucx_engine::peer_unavailable(ucx_op& op) {
   const auto& p = peers[op.peer];
-  if (p.state.lost()) return op.finish(errc::peer_lost, p.state.lost_reason), true;
+  // A receive from a lost peer that may rejoin waits for the replacement (or its deadline).
+  if (p.state.lost() && !(p.rejoinable && !op.is_send)) return op.finish(errc::peer_lost, p.state.lost_reason), true;
   if (p.state.finished && op.is_send) return op.finish(errc::peer_lost, finished_message(options.rank, op.peer)), true;
   return false;
 }

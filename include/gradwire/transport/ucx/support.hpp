@@ -55,6 +55,8 @@ inline constexpr std::uint64_t control_bit = std::uint64_t{1} << 63;
 inline constexpr std::uint64_t user_mask = (std::uint64_t{1} << rank_shift) - 1;
 inline constexpr int max_ranks = 1 << 15;
 inline constexpr std::uint64_t full_mask = ~std::uint64_t{0};
+// Matches every data message of one sender (not its control messages).
+inline constexpr std::uint64_t source_mask = control_bit | (std::uint64_t(max_ranks - 1) << rank_shift);
 inline constexpr std::uint64_t join_tag = user_mask;  // the join's greetings; callers' tags stay below it
 
 inline constexpr std::uint64_t data(int source, std::uint64_t tag) noexcept {

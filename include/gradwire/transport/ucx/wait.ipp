@@ -27,14 +27,14 @@ GRADWIRE_DECL unsigned ucx_engine::progress_once() {
 GRADWIRE_DECL void ucx_engine::handle_events() {
   // A failure report that arrives while this rank still greets is about the job's
   // first operation: it is reported there, as over TCP, not as a failed join.
-  while (control_arrived && !joining) {
+  while (control_arrived && (!joining || rejoining)) {
     control_arrived = false;
     on_control();
   }
   while (!broken_endpoints.empty()) {
-    const auto [peer, s] = broken_endpoints.front();
+    const broken_endpoint b = broken_endpoints.front();
     broken_endpoints.erase(broken_endpoints.begin());
-    on_broken(peer, s);
+    if (peers[b.peer].ep == b.ep || peers[b.peer].bulk_ep == b.ep) on_broken(b.peer, b.status);
   }
   const auto now = clock::now();
   for (std::size_t r = 0; r < peers.size(); ++r)
