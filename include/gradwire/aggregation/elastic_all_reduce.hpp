@@ -136,7 +136,7 @@ class elastic_all_reduce_agent {
       throw error(errc::config, "elastic_all_reduce: rank " + std::to_string(comm.rank()) +
                                     " replaces a lost rank (GRADWIRE_REJOIN=1), but " +
                                     (can_take_back ? "elastic_options::joins is off"
-                                                   : "this transport cannot take a replacement back (asio_tcp can)"));
+                                                   : "this transport cannot take a replacement back (asio_tcp and ucx can)"));
     if (!concepts::tolerates_loss(comm.transport()))
       throw error(errc::config, "elastic_all_reduce: this transport cannot go on without a lost peer");
     if (min_replicas_ > n)
