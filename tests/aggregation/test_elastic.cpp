@@ -509,6 +509,94 @@ TEMPLATE_TEST_CASE("in the simulator, a rank that dies at a virtual time is drop
   CHECK(matched > 0);
 }
 
+TEST_CASE("in the simulator, a rank that dies and restarts (restart=) rejoins at a step boundary, and every replica "
+          "is bit-identical to the float64 reference from its first step",
+          "[elastic]") {
+  // die=2@4500us restart=2@40ms (once the survivors dropped it, at 25 ms), 3 hosts, 1 ms of compute a step: the survivors drop rank 2,
+  // its replacement asks to join and is taken in at a step J; after J, 5 more steps of all
+  // three. Reference: SGD over rank 2's gradients up to some step `cut`, not from there to
+  // J - 1, and again from J.
+  namespace sim = gw::simulation;
+  constexpr int ranks = 3, victim = 2, after_join = 5, give_up = 200;
+  constexpr float lr = 0.125f;
+  const std::size_t n = 64;
+  auto gradient = [](std::uint64_t step, int rank, std::size_t i) {
+    return static_cast<float>(0.0625 * double((step * 5 + static_cast<std::uint64_t>(rank) * 7 + i) % 13) - 0.375);
+  };
+  struct final_state {
+    std::vector<float> params;
+    std::uint64_t steps = 0, joined_at = 0;
+    std::vector<int> members, joined;
+    bool rejoined = false;
+  };
+  std::vector<final_state> finals(ranks);
+  const sim::run_report report = sim::run(
+      sim::parse_cluster_model("hosts=3 latency=50us bandwidth=1Gbit die=2@4500us restart=2@40ms"),
+      [&](gw::transport::simulated t) {
+        const int r = t.rank();
+        const bool replacement = t.rejoined();
+        std::vector<gw::host_tensor<float>> params;
+        params.emplace_back(gw::shape{n});
+        for (std::size_t i = 0; i < n; ++i) params[0][i] = replacement ? 1e6f : 0.5f;  // its own are overwritten
+        gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, gw::transport::simulated>
+            s(std::move(t), std::move(params), gw::optim::sgd({.lr = lr}),
+              gw::aggregation::elastic_all_reduce(gw::aggregation::elastic_options{.min_replicas = 2}));
+        auto& f = finals[static_cast<std::size_t>(r)];
+        std::uint64_t stop = replacement ? s.aggregation().applying_step() + after_join : 0;
+        if (replacement) f.joined_at = s.aggregation().applying_step();
+        for (std::uint64_t k = s.aggregation().applying_step(); stop == 0 || k < stop; ++k) {
+          if (k >= give_up) throw std::runtime_error("the replacement was never taken in");
+          sim::compute(std::chrono::milliseconds(1));
+          std::vector<float> g(n);
+          for (std::size_t i = 0; i < n; ++i) g[i] = gradient(k, r, i);
+          s.step(std::vector<std::vector<float>>{g});
+          if (stop == 0 && !s.aggregation().joined_ranks().empty()) {
+            f.joined_at = s.aggregation().applying_step();
+            stop = f.joined_at + after_join;
+          }
+        }
+        f.params.assign(s.parameters()[0].data(), s.parameters()[0].data() + n);
+        f.steps = s.aggregation().applying_step();
+        f.members = s.aggregation().view().members;
+        f.joined = s.aggregation().joined_ranks();
+        f.rejoined = replacement;
+      });
+  CHECK(report.died == std::vector<int>{victim});
+  CHECK(finals[victim].rejoined);
+  const std::uint64_t joined_at = finals[0].joined_at;
+  CAPTURE(joined_at);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    const auto& f = finals[static_cast<std::size_t>(r)];
+    CHECK(f.joined_at == joined_at);
+    CHECK(f.steps == joined_at + after_join);
+    CHECK(f.members == std::vector<int>{0, 1, 2});
+    CHECK(f.joined == std::vector<int>{victim});
+    CHECK(f.params == finals[0].params);  // bit for bit
+  }
+  int matched = -1;
+  for (std::uint64_t cut = 1; cut < joined_at && matched < 0; ++cut) {
+    bool all = true;
+    for (std::size_t i = 0; i < n && all; ++i) {
+      double p = 0.5;
+      for (std::uint64_t k = 0; k < joined_at + after_join; ++k) {
+        double sum = 0;
+        int in = 0;
+        for (int w = 0; w < ranks; ++w)
+          if (w != victim || k < cut || k >= joined_at) {
+            sum += gradient(k, w, i);
+            ++in;
+          }
+        p -= double(lr) * sum / in;
+      }
+      all = std::abs(double(finals[0].params[i]) - p) < 1e-4;
+    }
+    if (all) matched = static_cast<int>(cut);
+  }
+  INFO("the parameters match the reference that leaves rank 2 out from step " << matched << " to " << joined_at - 1);
+  CHECK(matched > 0);
+}
+
 TEST_CASE("elastic_all_reduce refuses options it cannot honour, naming them", "[elastic]") {
   namespace agg = gw::aggregation;
   using gw::testing::error_of;

@@ -1020,3 +1020,76 @@ TEST_CASE("a rank's second thread that waits far ahead ends at its rank's death,
   CHECK(st.woken == 20ms);
   CHECK(report.rank_end[0] == 20ms);
 }
+
+TEST_CASE("restart=: a dead rank's replacement is taken back by a peer that allowed it, which drops what the dead "
+          "process sent it unread, and is absent to a peer that did not") {
+  // Rank 2 sends rank 0 a message (111) nobody receives, and dies at 10 ms; its replacement
+  // starts at 20 ms and sends the same tag (222). Rank 0 allowed rank 2 back: at 30 ms its
+  // receive gets 222, and its answer reaches the replacement. Rank 1 did not: its send to
+  // rank 2 fails, and so does the replacement's to it.
+  const auto m = sim::parse_cluster_model("hosts=3 bandwidth=1Gbit latency=50us compute=modelled die=2@10ms restart=2@20ms");
+  std::vector<int> got(3, 0);
+  std::vector<std::string> failures(3);
+  std::vector<int> incarnations(3, 0);
+  sim::job job(m);
+  sim::run_report report;
+  const auto outcomes = job.run(
+      [&](gw::transport::simulated t) {
+        const int r = t.rank();
+        ++incarnations[static_cast<std::size_t>(r)];
+        auto bytes = [](int& v) { return std::as_writable_bytes(std::span(&v, 1)); };
+        if (r == 2 && !t.rejoined()) {
+          int stale = 111;
+          send(t, 0, 5, bytes(stale));
+          sim::compute(15ms);
+          send(t, 0, 7, bytes(stale));  // dies here: its clock passed 10 ms
+          return;
+        }
+        if (r == 2) {  // the replacement, from 20 ms
+          CHECK(sim::now() == 20ms);
+          int fresh = 222;
+          send(t, 0, 5, bytes(fresh));
+          recv(t, 0, 6, bytes(got[2]));
+          try {
+            send(t, 1, 8, bytes(fresh));
+          } catch (const gw::error& e) {
+            failures[2] = e.what();
+            CHECK(e.kind() == gw::errc::peer_lost);
+          }
+          return;
+        }
+        if (r == 0) t.allow_rejoin(2);
+        else t.tolerate_loss(2);
+        sim::compute(30ms);
+        if (r == 0) {
+          recv(t, 2, 5, bytes(got[0]));
+          int answer = 333;
+          send(t, 2, 6, bytes(answer));
+        } else {
+          int x = 1;
+          try {
+            send(t, 2, 9, bytes(x));
+          } catch (const gw::error& e) {
+            failures[1] = e.what();
+            CHECK(e.kind() == gw::errc::peer_lost);
+          }
+        }
+      },
+      &report);
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    if (outcomes[r]) FAIL(gw::testing::error_of([&] { std::rethrow_exception(outcomes[r]); }).second);
+  }
+  CHECK(report.died == std::vector<int>{2});
+  CHECK(incarnations == std::vector<int>{1, 1, 2});
+  CHECK(got[0] == 222);
+  CHECK(got[2] == 333);
+  CHECK_THAT(failures[1], Catch::Contains("rank 2"));
+  CHECK_THAT(failures[2], Catch::Contains("did not take this replacement back"));
+}
+
+TEST_CASE("restart= without a death before it is refused, naming the rank") {
+  const auto [kind, what] = gw::testing::error_of([] { sim::parse_cluster_model("hosts=2 restart=1@5ms").validate(); });
+  CHECK(kind == gw::errc::config);
+  CHECK_THAT(what, Catch::Contains("restart=1@...: rank 1 does not die before it"));
+}

@@ -92,6 +92,15 @@ class endpoint {
     transport::detail::check_peer("simulated", rank_, peer, size());
     scheduler_->tolerate_loss(rank_, peer);
   }
+  // After losing `peer`, take back its replacement (the model's restart=): receives posted
+  // from it meanwhile wait for the replacement (concepts::rejoinable_transport).
+  void allow_rejoin(int peer) {
+    transport::detail::check_peer("simulated", rank_, peer, size());
+    scheduler_->allow_rejoin(rank_, peer);
+  }
+  // Whether this is a replacement of its rank (restart=): it must not take part in what the
+  // others ran at the start.
+  bool rejoined() const noexcept { return scheduler_->state(rank_).rejoined; }
   std::vector<int> lost_peers() const { return scheduler_->lost_peers(rank_); }
   // A simulated rank is lost only when it dies or fails: always gone for sure.
   std::vector<int> gone_peers() const { return lost_peers(); }
@@ -149,10 +158,14 @@ class job {
     std::vector<std::exception_ptr> outcomes = transport::detail::run_ranks(
         n,
         [&](int r) {
-          try {
-            fn(endpoint(scheduler_, r));
-          } catch (const rank_died&) {  // the model's death, not the rank's failure
-            died[static_cast<std::size_t>(r)] = 1;
+          for (;;) {
+            try {
+              fn(endpoint(scheduler_, r));
+              return;
+            } catch (const rank_died&) {  // the model's death, not the rank's failure
+              died[static_cast<std::size_t>(r)] = 1;
+            }
+            if (!scheduler_->restart(r)) return;  // restart=: its replacement runs fn again
           }
         },
         hooks);
@@ -241,4 +254,5 @@ static_assert(concepts::failable_transport<endpoint> && concepts::multiplexing_t
 static_assert(concepts::loss_tolerant_transport<endpoint> && concepts::metered_transport<endpoint>);
 static_assert(concepts::topology_aware_transport<endpoint>);
 static_assert(concepts::timed_transport<endpoint>);  // its virtual clock
+static_assert(concepts::rejoinable_transport<endpoint>);  // the model's restart=
 }  // namespace gradwire::simulation

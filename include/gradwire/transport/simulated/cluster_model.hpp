@@ -20,6 +20,9 @@
 //   tail=P:ALPHA[:CAP]             per step, with probability P, also by a Pareto(ALPHA) factor
 //                                  >= 1, at most CAP (default 20): the long tail of stragglers
 //   die=RANK@TIME                  rank RANK dies at virtual time TIME (repeatable)
+//   restart=RANK@TIME              a replacement of rank RANK starts at TIME, after it died (as
+//                                  GRADWIRE_REJOIN=1 starts one: its function runs again, and its
+//                                  endpoint's rejoined() is true; repeatable)
 //   seed=S                         of every random draw (default 1)
 #pragma once
 
@@ -106,6 +109,7 @@ struct cluster_model {
   double speed = 1;
   straggler_model stragglers;
   std::vector<rank_death> deaths;
+  std::vector<rank_death> restarts;  // when a dead rank's replacement starts
   std::uint64_t seed = 1;
 
   int size() const noexcept { return hosts * ranks_per_host; }
@@ -143,6 +147,15 @@ struct cluster_model {
       bad("jitter in [0, 10], tail probability in [0, 1], alpha > 0, cap >= 1 (all finite)");
     for (const auto& d : deaths)
       if (d.rank < 0 || d.rank >= size() || d.at.count() < 0) bad("die=" + std::to_string(d.rank) + ": no such rank");
+    for (const auto& s : restarts) {
+      if (s.rank < 0 || s.rank >= size() || s.at.count() < 0) bad("restart=" + std::to_string(s.rank) + ": no such rank");
+      const bool died_before = std::any_of(deaths.begin(), deaths.end(), [&](const rank_death& d) {
+        return d.rank == s.rank && d.at <= s.at;
+      });
+      if (!died_before)
+        bad("restart=" + std::to_string(s.rank) + "@...: rank " + std::to_string(s.rank) +
+            " does not die before it (a replacement takes a dead rank's place: die=" + std::to_string(s.rank) + "@...)");
+    }
   }
 };
 
@@ -253,12 +266,15 @@ inline void set_cluster_key(cluster_model& m, std::string_view key, std::string_
   } else if (key == "die") {
     const auto [rank, at] = split(key, value, '@', "RANK@TIME");
     m.deaths.push_back({parse_int(key, rank), parse_time(key, at)});
+  } else if (key == "restart") {
+    const auto [rank, at] = split(key, value, '@', "RANK@TIME");
+    m.restarts.push_back({parse_int(key, rank), parse_time(key, at)});
   } else if (key == "seed") {
     m.seed = parse_seed(key, value);
   } else {
     throw error(errc::config, "simulated cluster: unknown key '" + std::string(key) +
                                   "' (hosts, ranks_per_host, bandwidth, latency, local_bandwidth, local_latency, "
-                                  "overhead, compute, speed, slow, jitter, tail, die, seed)");
+                                  "overhead, compute, speed, slow, jitter, tail, die, restart, seed)");
   }
 }
 
@@ -322,6 +338,7 @@ inline std::string describe(const cluster_model& m) {
     s << " tail=" << number(m.stragglers.tail_probability) << ':' << number(m.stragglers.tail_alpha) << ':'
       << number(m.stragglers.tail_cap);
   for (const auto& d : m.deaths) s << " die=" << d.rank << '@' << time(d.at);
+  for (const auto& d : m.restarts) s << " restart=" << d.rank << '@' << time(d.at);
   s << " seed=" << m.seed;
   return s.str();
 }

@@ -99,6 +99,14 @@ class mailbox {
       if (static_cast<int>(k % static_cast<std::uint64_t>(ranks_)) == to) q.clear();
   }
 
+  // Forgets the messages staged from `from` to `to` (a process that is gone sent them).
+  void drop_staged(int from, int to) {
+    auto it = staged_.find(key(from, to));
+    if (it == staged_.end()) return;
+    for (auto& m : it->second) give_buffer(std::move(m.bytes));
+    it->second.clear();
+  }
+
   void stage(int from, int to, std::uint64_t tag, const std::byte* bytes, std::size_t size, time_point arrives) {
     staged_message m;
     m.tag = tag;

@@ -25,6 +25,13 @@
 // all of its operations do, as on the network transports; a receive posted before then
 // fails then, unless its message arrives first. A rank that returns closes its endpoint:
 // receives from it that nothing will match fail the same way.
+//
+// Replacements. The model's restart=RANK@TIME starts a dead rank's function again at TIME,
+// as a replacement process (its endpoint's rejoined() is true). It says hello to every
+// peer then: one that allowed that rank back (allow_rejoin) takes it back one latency
+// later, dropping what the dead process sent that nobody received; from then on their
+// operations go through again. Receives such a peer posts from the lost rank meanwhile
+// wait for the replacement. A peer that did not allow it is absent to the replacement.
 #pragma once
 
 #include <algorithm>
@@ -75,6 +82,7 @@ struct peer_loss {
   errc cause = errc::peer_lost;
   std::string reason;
   bool failed = false;  // lost by failure (else it closed its endpoint after returning)
+  time_point back_at = never;  // when this rank learns it took the peer's replacement back
 };
 
 inline std::int64_t thread_cpu_ns() noexcept {
@@ -144,7 +152,9 @@ struct rank_state final : virtual_time {
   std::thread thread;    // a second thread's
   // Peers: which losses it tolerates and the peers it knows are gone (few: a list).
   std::vector<bool> tolerated;
+  std::vector<bool> rejoinable;  // peers whose replacement it takes back (allow_rejoin)
   std::vector<peer_loss> lost;
+  bool rejoined = false;  // this incarnation replaces the rank (restart=)
   bool failed = false;  // this rank failed (fail(), an exception, a death)
   support::traffic_counters traffic;
 
@@ -245,6 +255,15 @@ class scheduler {
   GRADWIRE_DECL void fail(int r, errc cause, const std::string& reason);
 
   void tolerate_loss(int r, int peer) { state(r).tolerated.at(static_cast<std::size_t>(peer)) = true; }
+  void allow_rejoin(int r, int peer) {
+    tolerate_loss(r, peer);
+    state(r).rejoinable.at(static_cast<std::size_t>(peer)) = true;
+  }
+
+  // Rank r's function ended with its death: when the model restarts it, the replacement
+  // starts at that time (its hello taken as above) and this returns true once it is its
+  // turn: run the function again. False: no restart, the rank leaves.
+  GRADWIRE_DECL bool restart(int r);
 
   // The peers whose failure rank r knows of by now.
   GRADWIRE_DECL std::vector<int> lost_peers(int r);
@@ -367,8 +386,19 @@ class scheduler {
   };
 
   // When operations of s with `peer` stop being possible, as s learns it: the peer is gone
-  // (it failed or closed), or another rank failed whose loss s does not tolerate.
-  GRADWIRE_DECL std::optional<doom_info> doom(const rank_state& s, int peer) const;
+  // (it failed or closed), or another rank failed whose loss s does not tolerate. A loss
+  // whose replacement s took back by `now` no longer counts; nor, for a receive posted at
+  // `now` once s knew of the loss, that of a peer whose replacement s would take back (it
+  // waits for it).
+  GRADWIRE_DECL std::optional<doom_info> doom(const rank_state& s, int peer, time_point now, bool receive) const;
+
+  // The first death of rank r the model sets after `after`.
+  time_point next_death(int r, time_point after) const noexcept {
+    time_point t = never;
+    for (const auto& d : model_.deaths)
+      if (d.rank == r && d.at > after) t = std::min(t, d.at);
+    return t;
+  }
 
   // Rank r is gone at `at`: every other rank learns it one latency later; their queued
   // receives that nothing may match after that are doomed then.

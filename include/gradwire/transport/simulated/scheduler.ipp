@@ -31,6 +31,7 @@ GRADWIRE_DECL scheduler::scheduler(cluster_model model)
     s.fixed_factor = model_.speed * model_.stragglers.fixed_factor(r);
     s.rng.seed(model_.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(r) + 1);
     s.tolerated.assign(static_cast<std::size_t>(n), false);
+    s.rejoinable.assign(static_cast<std::size_t>(n), false);
   }
   for (const auto& d : model_.deaths) state(d.rank).dies_at = std::min(state(d.rank).dies_at, d.at);
 }
@@ -86,6 +87,59 @@ GRADWIRE_DECL bool scheduler::leave(int r, std::optional<transport::detail::rank
   return died;
 }
 
+GRADWIRE_DECL bool scheduler::restart(int r) {
+  auto& s = state(r);
+  join_thread(r);
+  time_point at = never;
+  for (const auto& x : model_.restarts)
+    if (x.rank == r && x.at >= s.dies_at && x.at < at) at = x.at;
+  if (at == never || !s.died) return false;
+  // The dead process's receives (their buffers are gone) and the messages sent to it go.
+  mailbox_.drop_receives_of(r);
+  for (int q = 0; q < size(); ++q) mailbox_.drop_staged(q, r);
+  // A new process, from `at`: no tolerance or replacement it allows yet, its own traffic.
+  s.clock = s.background_end = at;
+  s.in_background = false;
+  s.step_factor = 1;
+  s.died = s.failed = s.deadlocked = false;
+  s.dies_at = next_death(r, at);
+  s.tolerated.assign(s.tolerated.size(), false);
+  s.rejoinable.assign(s.rejoinable.size(), false);
+  s.traffic = {};
+  s.lost.clear();  // what it finds at its hello, below
+  s.rejoined = true;
+  s.state = rank_state::status::ready;
+  schedule(s, at);
+  pass_baton_and_wait(s);
+  s.cpu_mark = thread_cpu_ns();
+  // Its hello: each peer that allowed it back takes it back one latency later and drops
+  // what the dead process sent it unread; to the others it is absent.
+  for (int q = 0; q < size(); ++q) {
+    if (q == r) continue;
+    auto& p = state(q);
+    const time_point back = at + model_.link_between(r, q).latency;
+    peer_loss* l = nullptr;
+    for (auto& x : p.lost)
+      if (x.peer == r) l = &x;
+    const bool gone = p.state == rank_state::status::finished || p.died;
+    if (!gone && p.rejoinable[static_cast<std::size_t>(r)] && l && l->back_at == never) {
+      l->back_at = back;
+      mailbox_.drop_staged(r, q);
+      reschedule_if_waiting(q);
+      continue;
+    }
+    s.tolerated[static_cast<std::size_t>(q)] = true;  // absent, as a network replacement's unlinked peers: only
+                                                       // operations with it fail
+    s.lost.push_back({q, back, errc::peer_lost,
+                      p.state == rank_state::status::finished ? "it has finished"
+                      : p.died                                ? "it died (the cluster model's die=" + std::to_string(q) + "@...)"
+                                                              : "it did not take this replacement back (it allows no "
+                                                                "rejoin of rank " + std::to_string(r) + " now)",
+                      p.state != rank_state::status::finished});
+  }
+  return true;
+}
+
 GRADWIRE_DECL void scheduler::begin_call(int r, duration cpu) {
   auto& s = lane_of(r);
   s.charge_compute();
@@ -103,7 +157,7 @@ GRADWIRE_DECL void scheduler::begin_call(int r, duration cpu) {
 GRADWIRE_DECL void scheduler::post_send(sim_op& op) {
   auto& s = lane_of(op.source);
   s.home().traffic.sent(op.bytes);
-  if (auto d = doom(s.home(), op.destination); d && d->at <= s.clock) {
+  if (auto d = doom(s.home(), op.destination, s.clock, false); d && d->at <= s.clock) {
     op.fail(s.clock, d->cause, d->message);
     return;
   }
@@ -132,7 +186,7 @@ GRADWIRE_DECL void scheduler::post_recv(sim_op& op) {
     deliver(op, m.bytes.data(), m.bytes.size(), std::max(m.arrives, s.clock), op.source, op.tag);
   });
   if (staged) return;
-  if (auto d = doom(s.home(), op.source)) {
+  if (auto d = doom(s.home(), op.source, s.clock, true)) {
     if (d->at <= s.clock) {
       op.fail(s.clock, d->cause, d->message);
       return;
@@ -201,7 +255,7 @@ GRADWIRE_DECL std::vector<int> scheduler::lost_peers(int r) {
   s.charge_compute();
   std::vector<int> out;
   for (const auto& l : s.home().lost)
-    if (l.failed && l.known_at <= s.clock) out.push_back(l.peer);
+    if (l.failed && l.known_at <= s.clock && s.clock < l.back_at) out.push_back(l.peer);
   return out;
 }
 
@@ -420,10 +474,17 @@ GRADWIRE_DECL std::string scheduler::describe_wait(std::span<sim_op* const> ops)
   return out.empty() ? "nothing" : out;
 }
 
-GRADWIRE_DECL std::optional<scheduler::doom_info> scheduler::doom(const rank_state& s, int peer) const {
+GRADWIRE_DECL std::optional<scheduler::doom_info> scheduler::doom(const rank_state& s, int peer, time_point now,
+                                                                  bool receive) const {
   const peer_loss* first = nullptr;
   for (const auto& l : s.lost) {
-    const bool matters = l.peer == peer || (l.failed && !s.tolerated[static_cast<std::size_t>(l.peer)]);
+    if (l.back_at <= now) continue;  // its replacement is linked
+    // Posted once the loss was known, from a peer whose replacement it takes back: it waits
+    // for the replacement (a receive posted before, as on a network, fails with the loss).
+    const bool waits_for_replacement =
+        receive && l.peer == peer && s.rejoinable[static_cast<std::size_t>(peer)] && l.known_at <= now;
+    const bool matters = (l.peer == peer && !waits_for_replacement) ||
+                         (l.failed && !s.tolerated[static_cast<std::size_t>(l.peer)]);
     if (matters && (!first || l.known_at < first->known_at)) first = &l;
   }
   if (!first) return std::nullopt;
@@ -441,10 +502,14 @@ GRADWIRE_DECL void scheduler::lose(int r, time_point at, errc cause, const std::
   for (int q = 0; q < size(); ++q) {
     if (q == r) continue;
     auto& s = state(q);
-    if (s.state == rank_state::status::finished || s.loss_of(r)) continue;
+    if (s.state == rank_state::status::finished) continue;
+    if (const peer_loss* known = s.loss_of(r)) {
+      if (known->back_at == never) continue;  // it knows already
+      std::erase_if(s.lost, [&](const peer_loss& l) { return l.peer == r; });  // a replacement, lost in turn
+    }
     s.lost.push_back({r, at + model_.link_between(r, q).latency, cause, reason, failed});
     mailbox_.for_each_receive_of(q, [&](sim_op& op) {
-      if (auto d = doom(s, op.source); d && d->at < op.doom_at) {
+      if (auto d = doom(s, op.source, s.clock, false); d && d->at < op.doom_at) {  // posted before the loss
         op.doom_at = d->at;
         op.doom_cause = d->cause;
         op.doom_message = std::move(d->message);
