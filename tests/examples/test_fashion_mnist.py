@@ -428,6 +428,23 @@ class SimulatedTime(Case):
                 self.assertLessEqual(training, virtual + 0.05, out)
 
 
+class SimulatedRestart(Case):
+    def test_a_rank_that_dies_and_restarts_in_virtual_time_rejoins(self):
+        # The simulator: rank 2 of 4 dies at 20 ms of virtual time and its replacement starts
+        # at 60 ms (restart=, as gradwire-run --max-restarts starts one): the survivors take it
+        # back, and all four end with one hash.
+        rc, out, err = self.run_example("--strategy", "mirrored", "--transport", "simulated", "--replicas", "4",
+                                        "--epochs", "10", "--batch", "8", "--min-replicas", "2",
+                                        "--cluster", "hosts=4 latency=50us bandwidth=1Gbit compute=modelled "
+                                                     "die=2@20ms restart=2@60ms",
+                                        "--step-compute", "0.001", env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        hashes = {int(r): h for r, h in FinalParameterHash.HASH.findall(out)}
+        self.assertEqual(sorted(hashes), [0, 1, 2, 3], out)
+        self.assertEqual(len(set(hashes.values())), 1, out)
+        self.assertRegex(err + out, r"rank 2 joined view 2 of 4 ranks at step \d+", out + err)
+
+
 if __name__ == "__main__":
     FASHION_MNIST, GRADWIRE_RUN, LAUNCHING_MD = sys.argv[1:4]
     unittest.main(argv=[sys.argv[0]] + sys.argv[4:])
