@@ -369,16 +369,19 @@ struct simulated_run {
   std::vector<std::vector<gw::host_tensor<double>>> params;  // [rank]
   std::vector<std::uint64_t> dropped;                     // [rank]: the cumulative stats
   gw::simulation::run_report report;
+  std::vector<std::exception_ptr> outcomes;  // [rank]: null, or what it threw
 };
 
 // Every rank computes 10 ms of modelled time per step (the model's slow= factors stretch
 // it) and plans all the steps, so a late rank's communicator thread goes on without it.
+// A rank's failure is its outcome (the caller checks them).
 simulated_run train_simulated(const std::string& model, int ranks, int steps, const grads_type& grads) {
   simulated_run out;
   out.advanced.resize(static_cast<std::size_t>(ranks));
   out.params.resize(static_cast<std::size_t>(ranks));
   out.dropped.resize(static_cast<std::size_t>(ranks));
-  out.report = gw::simulation::run(gw::simulation::parse_cluster_model(model), [&](gw::transport::simulated t) {
+  gw::simulation::job job(gw::simulation::parse_cluster_model(model));
+  out.outcomes = job.run([&](gw::transport::simulated t) {
     const int r = t.rank();
     simulated_strategy s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
                          gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{
@@ -396,7 +399,7 @@ simulated_run train_simulated(const std::string& model, int ranks, int steps, co
     }
     out.dropped[static_cast<std::size_t>(r)] = s.cumulative_stats().dropped;
     out.params[static_cast<std::size_t>(r)].assign(s.parameters().begin(), s.parameters().end());
-  });
+  }, &out.report);
   return out;
 }
 
@@ -412,6 +415,7 @@ TEST_CASE("K of N in the simulator: a rank 3x slow is left out without being wai
   const auto grads = random_gradients(steps, ranks, seed);
   const std::string model = "hosts=" + std::to_string(ranks) + " compute=modelled slow=" + std::to_string(ranks - 1) + ":3";
   const auto got = train_simulated(model, ranks, steps, grads);
+  for (const auto& o : got.outcomes) REQUIRE(!o);
   REQUIRE(got.sets.size() == static_cast<std::size_t>(steps));
   std::vector<int> fast;
   for (int q = 0; q + 1 < ranks; ++q) fast.push_back(q);
@@ -461,6 +465,7 @@ TEST_CASE("K of N in the simulator without a straggler: no step waits long for i
   const int ranks = 4, steps = 8;
   const auto grads = random_gradients(steps, ranks, 11);
   const auto got = train_simulated("hosts=4 compute=modelled", ranks, steps, grads);
+  for (const auto& o : got.outcomes) REQUIRE(!o);
   REQUIRE(got.sets.size() == static_cast<std::size_t>(steps));
   for (const auto& set : got.sets) REQUIRE(static_cast<int>(set.size()) >= ranks - 1);
   for (int r = 1; r < ranks; ++r) REQUIRE(got.params[static_cast<std::size_t>(r)][1][0] == got.params[0][1][0]);
@@ -477,26 +482,10 @@ TEST_CASE("K of N in the simulator: a rank that dies mid-run takes its second th
   const bool dies_slow = GENERATE(true, false);
   const int dead = dies_slow ? 2 : 0;
   CAPTURE(dead);
-  gw::simulation::job job(gw::simulation::parse_cluster_model("hosts=3 compute=modelled slow=2:3 die=" +
-                                                              std::to_string(dead) + "@55ms"));
-  gw::simulation::run_report report;
-  const auto outcomes = job.run(
-      [&](gw::transport::simulated t) {
-        const int r = t.rank();
-        simulated_strategy s(std::move(t), start_params(), gw::optim::sgd({.lr = 0.1}),
-                             gw::aggregation::all_reduce(gw::aggregation::all_reduce_options{
-                                 .bucket_bytes = 256, .backup_workers = 1, .max_steps_behind = steps}));
-        s.aggregation().plan_steps(static_cast<std::uint64_t>(steps));
-        for (int k = 0; k < steps;) {
-          auto step = s.begin_step();
-          gw::simulation::compute(10ms);
-          const auto& g = grads[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
-          for (std::size_t i = 0; i < g.size(); ++i) step.ready(i, g[i]);
-          step.finish();
-          k += static_cast<int>(s.aggregation().last_steps_advanced());
-        }
-      },
-      &report);
+  const auto got = train_simulated("hosts=3 compute=modelled slow=2:3 die=" + std::to_string(dead) + "@55ms", ranks,
+                                   steps, grads);
+  const auto& report = got.report;
+  const auto& outcomes = got.outcomes;
   REQUIRE(report.died == std::vector<int>{dead});
   // Its second thread learnt the death at once, not at its own wait's deadline.
   REQUIRE(report.rank_end[static_cast<std::size_t>(dead)] < 80ms);
