@@ -1093,3 +1093,78 @@ TEST_CASE("restart= without a death before it is refused, naming the rank") {
   CHECK(kind == gw::errc::config);
   CHECK_THAT(what, Catch::Contains("restart=1@...: rank 1 does not die before it"));
 }
+
+TEST_CASE("a signal given while a rank's other thread is on its way to waiting is kept for it, not lost") {
+  // The second thread computes 5 ms and sends (its turn goes to the caller, behind it at
+  // 2 ms), and only then waits: the caller's signal at 2 ms came before that wait, and the
+  // wait must find it at once, not sleep to its deadline.
+  const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1Gbit latency=50us compute=modelled");
+  second_thread_state st;
+  sim::run(m, [&](gw::transport::simulated t) {
+    if (t.rank() == 1) {
+      std::byte b{};
+      recv(t, 0, 3, std::span(&b, 1));
+      return;
+    }
+    st.t = &t;
+    st.time = t.time();
+    st.time.start_thread(
+        [](void* p) {
+          auto& s = *static_cast<second_thread_state*>(p);
+          sim::compute(5ms);
+          std::byte b{};
+          send(*s.t, 1, 3, std::span(&b, 1));
+          s.signalled = s.time.virtual_clock()->wait_signal(std::int64_t{10'000'000'000});
+          s.woken = sim::now();
+        },
+        &st);
+    sim::compute(2ms);
+    st.time.virtual_clock()->yield();
+    st.time.virtual_clock()->signal();
+    st.time.join_thread();
+  });
+  CHECK(st.signalled);
+  CHECK(st.woken < 6ms);
+}
+
+TEST_CASE("restart=: a receive waiting for a replacement goes on waiting when another rank is lost meanwhile") {
+  // Rank 3 dies at 1 ms and restarts at 4 ms. Rank 0 allowed it back and, at 2 ms, posts a
+  // receive from it; rank 1 returns at 3 ms (a loss to rank 0 too). The receive must still
+  // get the replacement's message.
+  const auto m = sim::parse_cluster_model("hosts=4 bandwidth=1Gbit latency=50us compute=modelled die=3@1ms restart=3@4ms");
+  int got = 0;
+  const auto outcomes = sim::job(m).run([&](gw::transport::simulated t) {
+    const int r = t.rank();
+    auto bytes = [](int& v) { return std::as_writable_bytes(std::span(&v, 1)); };
+    if (r == 3 && !t.rejoined()) {
+      sim::compute(2ms);
+      int x = 0;
+      send(t, 0, 9, bytes(x));  // dies here
+      return;
+    }
+    if (r == 3) {
+      int fresh = 444;
+      send(t, 0, 5, bytes(fresh));
+      return;
+    }
+    if (r == 1) {
+      t.tolerate_loss(3);
+      sim::compute(3ms);
+      return;
+    }
+    if (r == 2) {
+      t.tolerate_loss(3);
+      return;
+    }
+    t.allow_rejoin(3);
+    t.tolerate_loss(1);
+    t.tolerate_loss(2);
+    sim::compute(2ms);
+    recv(t, 3, 5, bytes(got));
+  });
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    CAPTURE(r);
+    if (outcomes[r]) FAIL(gw::testing::error_of([&] { std::rethrow_exception(outcomes[r]); }).second);
+  }
+  CHECK(got == 444);
+}

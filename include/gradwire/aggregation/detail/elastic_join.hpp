@@ -311,6 +311,7 @@ entry enter(Tr& base, std::uint64_t model, deadline until) {
       if (at == from.end()) throw error(errc::peer_lost, "it did not reach that rank");
       const auto i = static_cast<std::size_t>(at - from.begin());
       base.wait(receives[i], until);
+      std::erase(pending, &receives[i]);  // taken: not among the rest below
       w->loop_state = welcome::decode(bytes[i], n, me, first_old).loop_state;
     } catch (const error& e) {
       throw error(e.kind(), who + " could not take the training loop's state from rank " + std::to_string(first_old) +
@@ -325,8 +326,8 @@ entry enter(Tr& base, std::uint64_t model, deadline until) {
   // Every old member sent its welcome at once: take the rest too (briefly), so that none is
   // left unread (UCX warns of a message nobody received when the rank ends).
   const deadline rest = std::min(until, concepts::time_of(base).deadline_after(std::chrono::seconds(1)));
-  for (std::size_t k = 0; k < pending.size(); ++k) try {
-      base.wait(*pending[k], rest);
+  for (auto* p : pending) try {
+      base.wait(*p, rest);
     } catch (const error&) {  // lost meanwhile, or slow: its welcome is not needed
     }
   return out;

@@ -137,7 +137,14 @@ class k_of_n {
     job_ = {};  // the last plan's job has ended
     if (sh.time.runs_background_inline()) {
       sh.time.join_thread();
-      sh.time.start_thread([](void* state) { static_cast<shared*>(state)->run(*static_cast<shared*>(state)->comm); }, &sh);
+      try {
+        sh.time.start_thread([](void* state) { static_cast<shared*>(state)->run(*static_cast<shared*>(state)->comm); },
+                             &sh);
+      } catch (...) {
+        std::lock_guard lock(sh.mutex);
+        sh.running = false;  // no job runs: the next step may start one
+        throw;
+      }
     } else {
       job_ = comm.async().submit([state = &sh](communicator_type& c) { state->run(c); });
     }

@@ -146,7 +146,8 @@ struct rank_state final : virtual_time {
   bool deadlocked = false;  // woken to report that nobody can make progress
   // Between a rank's lanes (virtual_time::wait_signal, join_thread).
   bool waits_signal = false;
-  bool signalled = false;
+  bool signalled = false;  // another lane of its rank signalled, and it has not looked since
+  time_point signal_at{};  // when the latest such signal was given
   bool joining = false;  // the main lane waits for its second thread to return
   bool signal_ends_waits = false;  // virtual_time::waits_end_on_signal
   std::thread thread;    // a second thread's
@@ -391,6 +392,8 @@ class scheduler {
   // `now` once s knew of the loss, that of a peer whose replacement s would take back (it
   // waits for it).
   GRADWIRE_DECL std::optional<doom_info> doom(const rank_state& s, int peer, time_point now, bool receive) const;
+  // What an operation with s's peers fails with, because of loss `l`.
+  GRADWIRE_DECL doom_info describe_loss(const rank_state& s, const peer_loss& l) const;
 
   // The first death of rank r the model sets after `after`.
   time_point next_death(int r, time_point after) const noexcept {

@@ -107,6 +107,8 @@ GRADWIRE_DECL bool scheduler::restart(int r) {
   s.rejoinable.assign(s.rejoinable.size(), false);
   s.traffic = {};
   s.lost.clear();  // what it finds at its hello, below
+  s.signalled = false;
+  s.signal_at = {};
   s.rejoined = true;
   s.state = rank_state::status::ready;
   schedule(s, at);
@@ -130,7 +132,7 @@ GRADWIRE_DECL bool scheduler::restart(int r) {
     }
     s.tolerated[static_cast<std::size_t>(q)] = true;  // absent, as a network replacement's unlinked peers: only
                                                        // operations with it fail
-    s.lost.push_back({q, back, errc::peer_lost,
+    s.lost.push_back({q, at, errc::peer_lost,
                       p.state == rank_state::status::finished ? "it has finished"
                       : p.died                                ? "it died (the cluster model's die=" + std::to_string(q) + "@...)"
                                                               : "it did not take this replacement back (it allows no "
@@ -182,7 +184,13 @@ GRADWIRE_DECL void scheduler::post_send(sim_op& op) {
 GRADWIRE_DECL void scheduler::post_recv(sim_op& op) {
   auto& s = lane_of(op.destination);
   s.home().traffic.received(op.bytes);
-  const bool staged = mailbox_.take_staged(op.source, op.destination, op.tag, [&](const staged_message& m) {
+  // One posted once the loss of a peer it takes back is known waits for the replacement: what
+  // the dead process left staged is not for it (the hello drops it).
+  const rank_state& h = s.home();
+  const peer_loss* gone = h.loss_of(op.source);
+  const bool awaits_replacement = gone && h.rejoinable[static_cast<std::size_t>(op.source)] &&
+                                  gone->known_at <= s.clock && s.clock < gone->back_at;
+  const bool staged = !awaits_replacement && mailbox_.take_staged(op.source, op.destination, op.tag, [&](const staged_message& m) {
     deliver(op, m.bytes.data(), m.bytes.size(), std::max(m.arrives, s.clock), op.source, op.tag);
   });
   if (staged) return;
@@ -205,6 +213,11 @@ GRADWIRE_DECL std::size_t scheduler::wait_any(int r, std::span<sim_op* const> op
   for (;;) {
     settle_dooms(ops, s.clock);
     if (auto i = earliest_done(ops); i && ops[*i]->complete_at <= s.clock) return *i;
+    if (s.signal_ends_waits && std::exchange(s.signalled, false)) {  // another thread of its rank signalled
+      s.clock = std::max(s.clock, s.signal_at);
+      throw error(errc::timeout, "rank " + std::to_string(r) + ": a wait ended by another thread of its rank (virtual time " +
+                                     seconds(s.clock) + ")");
+    }
     if (s.deadlocked) {
       s.deadlocked = false;
       throw error(errc::timeout, "rank " + std::to_string(r) + ": the simulated job is deadlocked at virtual time " +
@@ -218,7 +231,6 @@ GRADWIRE_DECL std::size_t scheduler::wait_any(int r, std::span<sim_op* const> op
     // deadline and its death, once every rank behind that time has run.
     s.awaited = ops;
     s.wait_deadline = limit;
-    s.signalled = false;
     s.state = rank_state::status::waiting;
     const time_point wake = wake_time(s);
     if (wake != never) schedule(s, wake);
@@ -226,12 +238,6 @@ GRADWIRE_DECL std::size_t scheduler::wait_any(int r, std::span<sim_op* const> op
     s.awaited = {};
     s.clock = std::max(s.clock, s.agenda_time);
     check_death(s);
-    if (std::exchange(s.signalled, false)) {  // another thread of its rank signalled: the wait ends here
-      settle_dooms(ops, s.clock);
-      if (auto i = earliest_done(ops); i && ops[*i]->complete_at <= s.clock) return *i;
-      throw error(errc::timeout, "rank " + std::to_string(r) + ": a wait ended by another thread of its rank (virtual time " +
-                                     seconds(s.clock) + ")");
-    }
   }
 }
 
@@ -282,7 +288,8 @@ GRADWIRE_DECL void scheduler::start_thread(int r, void (*work)(void*), void* con
   h.clock = m.clock;
   h.background_end = m.clock;
   h.in_background = false;
-  h.deadlocked = h.waits_signal = h.signalled = h.joining = false;
+  h.deadlocked = h.waits_signal = h.signalled = h.joining = h.signal_ends_waits = false;
+  h.signal_at = {};
   h.state = rank_state::status::ready;
   schedule(h, h.clock);
   try {
@@ -335,11 +342,14 @@ GRADWIRE_DECL bool scheduler::wait_signal(int r, time_point until) {
   auto& s = lane_of(r);
   s.charge_compute();
   check_death(s);
+  if (std::exchange(s.signalled, false)) {  // signalled since it last looked: nothing to wait for
+    s.clock = std::max(s.clock, s.signal_at);
+    return true;
+  }
   if (s.clock >= until) return false;
   s.awaited = {};
   s.wait_deadline = until;
   s.waits_signal = true;
-  s.signalled = false;
   s.state = rank_state::status::waiting;
   const time_point wake = wake_time(s);
   if (wake != never) schedule(s, wake);
@@ -354,19 +364,24 @@ GRADWIRE_DECL bool scheduler::wait_signal(int r, time_point until) {
                                    "this thread for another of its rank's)");
   }
   check_death(s);
-  return s.signalled;
+  return std::exchange(s.signalled, false);
 }
 
 GRADWIRE_DECL void scheduler::signal(int r) {
   auto& s = lane_of(r);
   s.charge_compute();
-  for (rank_state* other : {&state(r), live_helper(r)})
-    if (other && other != &s && other->state == rank_state::status::waiting &&
+  // Kept until the other lane looks (wait_signal, or a wait that signals end): one that is
+  // not waiting yet (it gave its turn up on its way there) must not miss it.
+  for (rank_state* other : {&state(r), live_helper(r)}) {
+    if (!other || other == &s) continue;
+    other->signalled = true;
+    other->signal_at = std::max(other->signal_at, s.clock);
+    if (other->state == rank_state::status::waiting &&
         (other->waits_signal || (other->signal_ends_waits && !other->joining))) {
-      other->signalled = true;
       const time_point at = std::max(other->clock, s.clock);
       if (!other->in_agenda || at < other->agenda_time) schedule(*other, at);
     }
+  }
 }
 
 GRADWIRE_DECL void scheduler::schedule(rank_state& s, time_point at) {
@@ -488,14 +503,17 @@ GRADWIRE_DECL std::optional<scheduler::doom_info> scheduler::doom(const rank_sta
     if (matters && (!first || l.known_at < first->known_at)) first = &l;
   }
   if (!first) return std::nullopt;
-  const bool tolerated = s.tolerated[static_cast<std::size_t>(first->peer)];
-  std::string message =
-      !first->failed ? transport::detail::finished_message(s.rank, first->peer, first->reason)
-      : tolerated    ? transport::detail::tolerated_peer_failed_message(s.rank, first->peer, first->reason)
-                     : transport::detail::peer_failed_message(s.rank, first->peer, first->reason);
+  return describe_loss(s, *first);
+}
+
+GRADWIRE_DECL scheduler::doom_info scheduler::describe_loss(const rank_state& s, const peer_loss& l) const {
+  const bool tolerated = s.tolerated[static_cast<std::size_t>(l.peer)];
+  std::string message = !l.failed   ? transport::detail::finished_message(s.rank, l.peer, l.reason)
+                        : tolerated ? transport::detail::tolerated_peer_failed_message(s.rank, l.peer, l.reason)
+                                    : transport::detail::peer_failed_message(s.rank, l.peer, l.reason);
   // A tolerated peer's failure fails only the operations with it, with peer_lost, as over
   // tcp and ucx (isolate); an untolerated one's kind follows peer_failure_kind (lose()).
-  return doom_info{first->known_at, first->failed && !tolerated ? first->cause : errc::peer_lost, std::move(message)};
+  return doom_info{l.known_at, l.failed && !tolerated ? l.cause : errc::peer_lost, std::move(message)};
 }
 
 GRADWIRE_DECL void scheduler::lose(int r, time_point at, errc cause, const std::string& reason, bool failed) {
@@ -508,11 +526,18 @@ GRADWIRE_DECL void scheduler::lose(int r, time_point at, errc cause, const std::
       std::erase_if(s.lost, [&](const peer_loss& l) { return l.peer == r; });  // a replacement, lost in turn
     }
     s.lost.push_back({r, at + model_.link_between(r, q).latency, cause, reason, failed});
+    // The new loss dooms the receives posted before it that it concerns: those from r, and
+    // all of them when s does not tolerate it. (Others keep their dooms: one waiting for
+    // a replacement of another lost rank goes on waiting.)
+    const peer_loss& loss = s.lost.back();
+    const bool fails_all = failed && !s.tolerated[static_cast<std::size_t>(r)];
     mailbox_.for_each_receive_of(q, [&](sim_op& op) {
-      if (auto d = doom(s, op.source, s.clock, false); d && d->at < op.doom_at) {  // posted before the loss
-        op.doom_at = d->at;
-        op.doom_cause = d->cause;
-        op.doom_message = std::move(d->message);
+      if (op.source != r && !fails_all) return;
+      if (loss.known_at < op.doom_at) {
+        doom_info d = describe_loss(s, loss);
+        op.doom_at = d.at;
+        op.doom_cause = d.cause;
+        op.doom_message = std::move(d.message);
       }
     });
     reschedule_if_waiting(q);

@@ -201,6 +201,12 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
     ucp_ep_h ep;  // a report about an endpoint since replaced (rejoin) is dropped
   };
   std::vector<broken_endpoint> broken_endpoints;  // from the error callback
+  // Ops UCX would not let go of in time (a rejoin's answer, a stale message's receive),
+  // with their buffers: kept until the worker is gone, which releases them.
+  std::vector<std::pair<std::unique_ptr<ucx_op>, std::vector<std::byte>>> stranded;
+  void keep_until_released(std::unique_ptr<ucx_op> op, std::vector<std::byte> buffer) {
+    if (op->request) stranded.emplace_back(std::move(op), std::move(buffer));
+  }
 };
 
 // A template over the condition, so it is defined here, not in wait.ipp.

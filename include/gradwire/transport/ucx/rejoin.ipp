@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -32,6 +33,9 @@ namespace gradwire::transport::detail {
 
 GRADWIRE_DECL void ucx_engine::allow_rejoin(int peer) {
   peers[peer].state.tolerated = peers[peer].rejoinable = true;
+  // Receives posted from it now wait for its replacement: what the lost process left
+  // unread must not match them (relink drops what arrives until then).
+  if (peers[peer].state.lost()) discard_stale_messages(peer);
 }
 
 // The replacement's join: addresses from the store (rank 0's, which serves it and cannot
@@ -93,7 +97,13 @@ GRADWIRE_DECL void ucx_engine::join_back(deadline until) {
       if (r != me && peers[r].state.live() && peers[r].rejoin_answer == ucx_peer::answer::none) return false;
     return true;
   };
-  progress_until(answered, std::min(until, clock::now() + prompt_reply_timeout));
+  try {
+    progress_until(answered, std::min(until, clock::now() + prompt_reply_timeout));
+  } catch (...) {
+    close_endpoints();  // releases the hellos still in flight before `sends` goes
+    for (auto& op : sends) settle(op);
+    throw;
+  }
   rejoining = false;
   joining = false;
   bool linked = false;
@@ -101,6 +111,7 @@ GRADWIRE_DECL void ucx_engine::join_back(deadline until) {
     if (r == me) continue;
     auto& p = peers[r];
     if (p.rejoin_answer == ucx_peer::answer::welcome && p.state.live()) {
+      p.state.tolerated = false;  // linked as at a join: its loss is the caller's to tolerate
       linked = true;
       continue;
     }
@@ -139,6 +150,11 @@ GRADWIRE_DECL void ucx_engine::take_back(int peer, std::span<const std::byte> ad
                    "server's servers, take a lost rank back)";
   } else if (peers[peer].state.finished) {
     refusal = who + " has finished (it said goodbye): it cannot rejoin";
+  } else if (!peers[peer].state.lost()) {
+    // UCX matches a message by the rank in its tag: a live old process's messages would
+    // reach the replacement's receives. (One that stopped is dropped once its silence
+    // outlasts the stall timeout; a later replacement is taken.)
+    refusal = who + " is still connected to " + me + ": are two processes running as " + who + "?";
   }
   if (!refusal.empty()) {
     const std::vector<std::byte> bytes(address.begin(), address.end());
@@ -151,10 +167,12 @@ GRADWIRE_DECL void ucx_engine::take_back(int peer, std::span<const std::byte> ad
     answer_rejoin(peer, ep, ucx_control::rejoin_refused, refusal);
     return;
   }
-  // It may rejoin: the view (or the server) let the old process go. One this rank has not
-  // seen fail yet (a stopped process, a kill UCX's keepalive has not noticed) goes now.
-  if (!peers[peer].state.lost()) isolate(peer, lost_peer_message(options.rank, peer, "a replacement took its place"), true);
-  relink(peer, address);
+  try {
+    relink(peer, address);
+  } catch (const error& e) {  // UCX cannot reach it: it stays lost, and its replacement hears nothing
+    observe::log_warning(options.rank, options.size, "ucx: rank ", peer, "'s replacement could not be reached: ", e.what());
+    return;
+  }
   answer_rejoin(peer, peers[peer].ep, ucx_control::rejoin_welcome, {});
   observe::log_info(options.rank, options.size, "ucx: rank ", peer, " rejoined (a replacement process)");
 }
@@ -168,24 +186,25 @@ GRADWIRE_DECL void ucx_engine::answer_rejoin(int peer, ucp_ep_h ep, ucx_control 
   std::vector<std::byte> payload(sizeof header + std::min(text.size(), max_control_bytes - control_header_bytes));
   std::memcpy(payload.data(), header, sizeof header);
   std::memcpy(payload.data() + sizeof header, text.data(), payload.size() - sizeof header);
-  ucx_op op;
-  op.is_send = true;
-  op.peer = peer;
+  auto op = std::make_unique<ucx_op>();
+  op->is_send = true;
+  op->peer = peer;
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   prm.cb.send = &ucx_engine::on_send_done;
-  prm.user_data = &op;
+  prm.user_data = op.get();
   const ucs_status_ptr_t s = ucp_tag_send_nbx(ep, payload.data(), payload.size(), ucx_tag::control(options.rank), &prm);
-  if (UCS_PTR_IS_PTR(s)) op.request = s;
+  if (UCS_PTR_IS_PTR(s)) op->request = s;
   const auto until = clock::now() + std::chrono::seconds(1);
-  while (op.request && clock::now() < until)
+  while (op->request && clock::now() < until)
     if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
   if (kind == ucx_control::rejoin_welcome) {
-    if (op.request) isolate(peer, lost_peer_message(options.rank, peer, "its replacement did not take the welcome"));
+    if (op->request) isolate(peer, lost_peer_message(options.rank, peer, "its replacement did not take the welcome"));
   } else {
     close_endpoint(ep);  // releases a send still held
   }
-  settle(op);
+  settle(*op);
+  keep_until_released(std::move(op), std::move(payload));
 }
 
 // Connects `peer`'s replacement in place of the lost process; the receives posted from the
@@ -193,8 +212,15 @@ GRADWIRE_DECL void ucx_engine::answer_rejoin(int peer, ucp_ep_h ep, ucx_control 
 GRADWIRE_DECL void ucx_engine::relink(int peer, std::span<const std::byte> address) {
   auto& p = peers[peer];
   close_endpoint(p);
+  // Reports about the old endpoints: UCX may give the new ones the same addresses.
+  std::erase_if(broken_endpoints, [&](const broken_endpoint& b) { return b.peer == peer; });
   discard_stale_messages(peer);
-  peer_address(peer, address);
+  try {
+    peer_address(peer, address);
+  } catch (...) {
+    close_endpoint(p);
+    throw;
+  }
   p.state = peer_state{};
   p.state.tolerated = p.rejoinable = true;
   p.drained_at.reset();
@@ -207,24 +233,21 @@ GRADWIRE_DECL void ucx_engine::relink(int peer, std::span<const std::byte> addre
 // Messages the lost process sent that nobody received (a step's pieces dropped when it
 // was lost) would otherwise match the replacement's receives of the same tags.
 GRADWIRE_DECL void ucx_engine::discard_stale_messages(int peer) {
-  std::vector<std::byte> scratch;
   for (;;) {
     ucp_tag_recv_info_t info{};
-    const ucp_tag_message_h m =
-        ucp_tag_probe_nb(worker.get(), ucx_tag::data(peer, 0), ucx_tag::source_mask, 1, &info);
+    const ucp_tag_message_h m = ucp_tag_probe_nb(worker.get(), ucx_tag::data(peer, 0), ucx_tag::source_mask, 1, &info);
     if (!m) return;
-    scratch.resize(std::max<std::size_t>(info.length, 1));
-    ucx_op op;
+    std::vector<std::byte> scratch(std::max<std::size_t>(info.length, 1));
+    auto op = std::make_unique<ucx_op>();
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     prm.cb.recv = &ucx_engine::on_recv_done;
-    prm.user_data = &op;
+    prm.user_data = op.get();
     const ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker.get(), scratch.data(), info.length, m, &prm);
-    if (UCS_PTR_IS_PTR(r)) {
-      op.request = r;
-      settle(op);
-      if (op.request) ucp_request_cancel(worker.get(), op.request), settle(op);
-    }
+    if (!UCS_PTR_IS_PTR(r)) continue;
+    op->request = r;
+    settle(*op);  // a rendezvous from a dead process may never end: then it is kept
+    keep_until_released(std::move(op), std::move(scratch));
   }
 }
 
