@@ -59,6 +59,7 @@ GRADWIRE_DECL void ucx_engine::on_control() {
     peers[peer].rejoin_answer =
         kind == ucx_control::rejoin_welcome ? ucx_peer::answer::welcome : ucx_peer::answer::refused;
     peers[peer].refusal = reason;
+    peers[peer].refusal_retryable = kind == ucx_control::rejoin_refused && cause == errc::timeout;
     return;
   }
   if (kind == ucx_control::abort_seen) {

@@ -98,7 +98,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void allow_rejoin(int peer);
   void join_back(deadline until);
   void take_back(int peer, std::span<const std::byte> address);
-  void answer_rejoin(int peer, ucp_ep_h ep, ucx_control kind, const std::string& text);
+  void answer_rejoin(int peer, ucp_ep_h ep, ucx_control kind, const std::string& text, bool retryable);
   void relink(int peer, std::span<const std::byte> address);
   void discard_stale_messages(int peer);
   void mark_absent(int peer, const std::string& why);

@@ -62,6 +62,7 @@ struct ucx_peer {
   // This rank is a replacement: the peer's answer to its hello.
   enum class answer : std::uint8_t { none, welcome, refused } rejoin_answer = answer::none;
   std::string refusal;
+  bool refusal_retryable = false;  // the peer may take it back if asked again (errc::timeout)
   peer_state state;             // live, finished, suspected, lost (tolerated or not)
   std::optional<deadline> drained_at;  // said goodbye: its receives still open then fail
 };

@@ -70,38 +70,58 @@ GRADWIRE_DECL void ucx_engine::join_back(deadline until) {
   std::vector<std::byte> hello(sizeof header + mine.size());
   std::memcpy(hello.data(), header, sizeof header);
   std::memcpy(hello.data() + sizeof header, mine.data(), mine.size());
-  std::vector<ucx_op> sends(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    if (r == me) continue;
-    auto& p = peers[r];
-    p.state.tolerated = true;  // a peer gone since must not fail this join
-    try {
-      peer_address(r, addresses[r]);
-    } catch (const error& e) {
-      mark_absent(r, e.what());
-      continue;
-    }
-    auto& op = sends[static_cast<std::size_t>(r)];
+  std::vector<std::unique_ptr<ucx_op>> sends;
+  auto say_hello = [&](int r) {
+    auto& op = *sends.emplace_back(std::make_unique<ucx_op>());
     op.is_send = true;
     op.peer = r;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     prm.cb.send = &ucx_engine::on_send_done;
     prm.user_data = &op;
-    const ucs_status_ptr_t s = ucp_tag_send_nbx(p.ep, hello.data(), hello.size(), ucx_tag::control(me), &prm);
+    const ucs_status_ptr_t s = ucp_tag_send_nbx(peers[r].ep, hello.data(), hello.size(), ucx_tag::control(me), &prm);
     if (UCS_PTR_IS_PTR(s)) op.request = s;
+  };
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    peers[r].state.tolerated = true;  // a peer gone since must not fail this join
+    try {
+      peer_address(r, addresses[r]);
+    } catch (const error& e) {
+      mark_absent(r, e.what());
+      continue;
+    }
+    say_hello(r);
   }
-  // Live peers answer within moments (a stopped one never does): a short wait.
+  // Live peers answer within moments (a stopped one never does): a short wait. A peer that
+  // has not let the lost process go yet (it has not noticed the loss: UCX's keepalive over
+  // shared memory takes about a second) asks to be asked again: so it is, until the join's
+  // deadline.
   auto answered = [&] {
     for (int r = 0; r < n; ++r)
       if (r != me && peers[r].state.live() && peers[r].rejoin_answer == ucx_peer::answer::none) return false;
     return true;
   };
   try {
-    progress_until(answered, std::min(until, clock::now() + prompt_reply_timeout));
+    deadline prompt = std::min(until, clock::now() + prompt_reply_timeout);
+    for (;;) {
+      progress_until(answered, prompt);
+      std::vector<int> again;
+      for (int r = 0; r < n; ++r)
+        if (r != me && peers[r].state.live() && peers[r].rejoin_answer == ucx_peer::answer::refused &&
+            peers[r].refusal_retryable)
+          again.push_back(r);
+      if (again.empty() || clock::now() + std::chrono::milliseconds(200) >= until) break;
+      progress_until([] { return false; }, clock::now() + std::chrono::milliseconds(200));
+      for (int r : again) {
+        peers[r].rejoin_answer = ucx_peer::answer::none;
+        say_hello(r);
+      }
+      prompt = std::min(until, clock::now() + prompt_reply_timeout);
+    }
   } catch (...) {
     close_endpoints();  // releases the hellos still in flight before `sends` goes
-    for (auto& op : sends) settle(op);
+    for (auto& op : sends) settle(*op);
     throw;
   }
   rejoining = false;
@@ -119,7 +139,13 @@ GRADWIRE_DECL void ucx_engine::join_back(deadline until) {
                    : p.state.lost()                            ? p.state.lost_reason
                                                                : "it did not answer the hello in time");
   }
-  for (auto& op : sends) settle(op);  // a send to an absent peer: its closed endpoint released it
+  for (auto& op : sends) {  // a send to an absent peer: its closed endpoint released it
+    settle(*op);
+    // One UCX still holds keeps the hello's bytes (a moved vector keeps its allocation).
+    std::vector<std::byte> bytes;
+    if (op->request) bytes = std::move(hello);
+    keep_until_released(std::move(op), std::move(bytes));
+  }
   // A peer has taken it back (proof that the process it replaces is gone): only then does
   // its address replace that process's. Its own moment for the store: a store that does
   // not answer is a warning (only later replacements need the address), not a failed join.
@@ -137,6 +163,7 @@ GRADWIRE_DECL void ucx_engine::join_back(deadline until) {
 GRADWIRE_DECL void ucx_engine::take_back(int peer, std::span<const std::byte> address) {
   const std::string me = "rank " + std::to_string(options.rank), who = "rank " + std::to_string(peer);
   std::string refusal;
+  bool retryable = false;  // the replacement may ask again: the answer may change soon
   if (address.size() <= address_header) {
     refusal = "its hello carried no UCX address";
   } else if (std::uint32_t size = 0; std::memcpy(&size, address.data(), sizeof size), size != static_cast<std::uint32_t>(options.size)) {
@@ -148,6 +175,7 @@ GRADWIRE_DECL void ucx_engine::take_back(int peer, std::span<const std::byte> ad
   } else if (!peers[peer].rejoinable) {
     refusal = me + " does not take " + who + " back (only a view that dropped it, or an asynchronous parameter "
                    "server's servers, take a lost rank back)";
+    retryable = peers[peer].state.tolerated;  // it may: a loss it tolerates, not yet dropped
   } else if (peers[peer].state.finished) {
     refusal = who + " has finished (it said goodbye): it cannot rejoin";
   } else if (!peers[peer].state.lost()) {
@@ -155,6 +183,7 @@ GRADWIRE_DECL void ucx_engine::take_back(int peer, std::span<const std::byte> ad
     // reach the replacement's receives. (One that stopped is dropped once its silence
     // outlasts the stall timeout; a later replacement is taken.)
     refusal = who + " is still connected to " + me + ": are two processes running as " + who + "?";
+    retryable = true;  // it may not have noticed the old process's end yet
   }
   if (!refusal.empty()) {
     const std::vector<std::byte> bytes(address.begin(), address.end());
@@ -164,7 +193,7 @@ GRADWIRE_DECL void ucx_engine::take_back(int peer, std::span<const std::byte> ad
     } catch (const error&) {
       return;  // nobody to tell: the replacement's own deadline tells it
     }
-    answer_rejoin(peer, ep, ucx_control::rejoin_refused, refusal);
+    answer_rejoin(peer, ep, ucx_control::rejoin_refused, refusal, retryable);
     return;
   }
   try {
@@ -173,16 +202,20 @@ GRADWIRE_DECL void ucx_engine::take_back(int peer, std::span<const std::byte> ad
     observe::log_warning(options.rank, options.size, "ucx: rank ", peer, "'s replacement could not be reached: ", e.what());
     return;
   }
-  answer_rejoin(peer, peers[peer].ep, ucx_control::rejoin_welcome, {});
+  answer_rejoin(peer, peers[peer].ep, ucx_control::rejoin_welcome, {}, false);
   observe::log_info(options.rank, options.size, "ucx: rank ", peer, " rejoined (a replacement process)");
 }
 
 // Sends one control message on `ep` and waits briefly for it to leave. A refusal's `ep`
 // was made for it, and is closed here; a welcome's is the peer's, which a send that does
 // not leave cuts off.
-GRADWIRE_DECL void ucx_engine::answer_rejoin(int peer, ucp_ep_h ep, ucx_control kind, const std::string& text) {
+GRADWIRE_DECL void ucx_engine::answer_rejoin(int peer, ucp_ep_h ep, ucx_control kind, const std::string& text,
+                                             bool retryable) {
   if (!ep) return;
-  const std::uint32_t header[4] = {static_cast<std::uint32_t>(options.rank), static_cast<std::uint32_t>(kind), 0, 0};
+  // A refusal's cause: timeout when asking again later may succeed, config when it will not.
+  const errc cause = kind == ucx_control::rejoin_refused ? (retryable ? errc::timeout : errc::config) : errc{};
+  const std::uint32_t header[4] = {static_cast<std::uint32_t>(options.rank), static_cast<std::uint32_t>(kind),
+                                   static_cast<std::uint32_t>(cause), 0};
   std::vector<std::byte> payload(sizeof header + std::min(text.size(), max_control_bytes - control_header_bytes));
   std::memcpy(payload.data(), header, sizeof header);
   std::memcpy(payload.data() + sizeof header, text.data(), payload.size() - sizeof header);
