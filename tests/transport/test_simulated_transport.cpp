@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <gradwire/gradwire.hpp>
 #include <gradwire/transport/simulated.hpp>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -988,20 +989,33 @@ TEST_CASE("a rank's second thread runs beside its caller in virtual time: woken 
   CHECK(caller_end == 40ms);  // the thread ended (its send done) before the caller's 40 ms
 }
 
-TEST_CASE("a rank's second thread that waits far ahead ends at its rank's death, and the rank's end is its death") {
+TEST_CASE("a rank's second thread does its work up to its rank's death, then ends there, waiting without a deadline") {
+  // Rank 0 dies at 20 ms, found by its caller at 50 ms (its first transport call after its
+  // compute). Its second thread, behind at 0, still sends rank 1 its message at 5 ms (before
+  // the death), then waits for a signal without a deadline: it must end at the death, not
+  // sleep forever.
   const auto m = sim::parse_cluster_model("hosts=2 bandwidth=1Gbit latency=50us compute=modelled die=0@20ms");
   second_thread_state st;
+  int got = 0;
   sim::job job(m);
   sim::run_report report;
   const auto outcomes = job.run(
       [&](gw::transport::simulated t) {
-        if (t.rank() == 1) return;
+        if (t.rank() == 1) {
+          recv(t, 0, 2, std::as_writable_bytes(std::span(&got, 1)));
+          return;
+        }
+        st.t = &t;
         st.time = t.time();
         st.time.start_thread(
             [](void* p) {
               auto& s = *static_cast<second_thread_state*>(p);
+              sim::compute(5ms);
+              int x = 77;
+              send(*s.t, 1, 2, std::as_bytes(std::span(&x, 1)));
+              s.sent = true;
               try {
-                s.time.virtual_clock()->wait_signal(std::int64_t{10'000'000'000});
+                s.time.virtual_clock()->wait_signal(std::numeric_limits<std::int64_t>::max());
               } catch (const sim::rank_died&) {
                 s.died = true;
                 s.woken = sim::now();
@@ -1016,6 +1030,9 @@ TEST_CASE("a rank's second thread that waits far ahead ends at its rank's death,
       &report);
   REQUIRE(report.died == std::vector<int>{0});
   REQUIRE(!outcomes[0]);
+  REQUIRE(!outcomes[1]);
+  CHECK(st.sent);
+  CHECK(got == 77);
   REQUIRE(st.died);
   CHECK(st.woken == 20ms);
   CHECK(report.rank_end[0] == 20ms);
