@@ -18,8 +18,9 @@ servers: ceil(workers / 10) of them. Prints the table (virtual time to the targe
 final accuracy, dropped gradients, staleness), writes simulate_strategies.csv, the curves
 in simulate_strategies_curves.csv and simulate_strategies.png (accuracy against virtual
 time, one panel per worker count), and every run's output under simulate_strategies/.
---reuse takes a run's saved output there instead of running it again (virtual times do not
-depend on the machine; its wall time then reads from the line the run saved, if any).
+--reuse reports from the runs' saved outputs there instead of running anything (virtual
+times do not depend on the machine; a run's wall time reads from the line it saved, if any);
+a strategy with no saved output is left out, and said so.
 """
 import argparse
 import csv
@@ -62,6 +63,11 @@ def strategies(args):
     return out
 
 
+def saved_output(results, name, workers, args):
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    return os.path.join(results, args.name, f"w{workers}_{slug}.txt")
+
+
 def run(program, results, name, flags, servers, workers, args):
     batch = max(1, args.global_batch // workers)
     cmd = [program, "--transport", "simulated", *flags, "--replicas", str(workers), "--batch", str(batch),
@@ -70,9 +76,8 @@ def run(program, results, name, flags, servers, workers, args):
            "--cluster", f"compute=modelled {args.cluster}"]
     if servers:
         cmd += ["--ps", str(servers)]
-    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    saved = os.path.join(results, args.name, f"w{workers}_{slug}.txt")
-    if args.reuse and os.path.exists(saved):
+    saved = saved_output(results, name, workers, args)
+    if args.reuse:
         with open(saved) as f:
             text = f.read()
         stdout = text.split("\n", 1)[1] if "\n" in text else ""
@@ -157,6 +162,9 @@ def main():
         servers = math.ceil(workers / 10)
         for name, flags, is_ps in strategies(args):
             if only and name not in only:
+                continue
+            if args.reuse and not os.path.exists(saved_output(args.results, name, workers, args)):
+                print(f"{workers:>7} {name:<18} (no saved output: left out)", flush=True)
                 continue
             r = run(args.program, args.results, name, flags, servers if is_ps else 0, workers, args)
             row = summarise(name, workers, servers if is_ps else 0, r, args.target)

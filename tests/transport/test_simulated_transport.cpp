@@ -1146,8 +1146,8 @@ TEST_CASE("a signal given while a rank's other thread is on its way to waiting i
 
 TEST_CASE("restart=: a receive waiting for a replacement goes on waiting when another rank is lost meanwhile") {
   // Rank 3 dies at 1 ms and restarts at 4 ms. Rank 0 allowed it back and, at 2 ms, posts a
-  // receive from it; rank 1 returns at 3 ms (a loss to rank 0 too). The receive must still
-  // get the replacement's message.
+  // receive from it; rank 1 returns after 3 ms, once that receive is posted (a loss to rank 0
+  // too). The receive must still get the replacement's message.
   const auto m = sim::parse_cluster_model("hosts=4 bandwidth=1Gbit latency=50us compute=modelled die=3@1ms restart=3@4ms");
   int got = 0;
   const auto outcomes = sim::job(m).run([&](gw::transport::simulated t) {
@@ -1164,13 +1164,17 @@ TEST_CASE("restart=: a receive waiting for a replacement goes on waiting when an
       send(t, 0, 5, bytes(fresh));
       return;
     }
-    if (r == 1) {
+    if (r == 1) {  // at 3 ms a transport call (its turn goes to rank 0, behind), then returns
       t.tolerate_loss(3);
       sim::compute(3ms);
+      int x = 1;
+      send(t, 2, 4, bytes(x));
       return;
     }
     if (r == 2) {
       t.tolerate_loss(3);
+      int x = 0;
+      recv(t, 1, 4, bytes(x));
       return;
     }
     t.allow_rejoin(3);
