@@ -512,7 +512,9 @@ TEMPLATE_TEST_CASE("in the simulator, a rank that dies at a virtual time is drop
 TEST_CASE("in the simulator, a rank that dies and restarts (restart=) rejoins at a step boundary, and every replica "
           "is bit-identical to the float64 reference from its first step",
           "[elastic]") {
-  // die=2@4500us restart=2@40ms (once the survivors dropped it, at 25 ms), 3 hosts, 1 ms of compute a step: the survivors drop rank 2,
+  // die=2@4500us restart=2@40ms (once the survivors dropped it), 3 hosts, 1 ms of modelled
+  // compute a step (compute=modelled: the agreement's time does not depend on the machine's
+  // speed, which under TSan made the restart come before the survivors let rank 2 go): the survivors drop rank 2,
   // its replacement asks to join and is taken in at a step J; after J, 5 more steps of all
   // three. Reference: SGD over rank 2's gradients up to some step `cut`, not from there to
   // J - 1, and again from J.
@@ -531,7 +533,7 @@ TEST_CASE("in the simulator, a rank that dies and restarts (restart=) rejoins at
   };
   std::vector<final_state> finals(ranks);
   const sim::run_report report = sim::run(
-      sim::parse_cluster_model("hosts=3 latency=50us bandwidth=1Gbit die=2@4500us restart=2@40ms"),
+      sim::parse_cluster_model("hosts=3 latency=50us bandwidth=1Gbit compute=modelled die=2@4500us restart=2@40ms"),
       [&](gw::transport::simulated t) {
         const int r = t.rank();
         const bool replacement = t.rejoined();
