@@ -945,7 +945,21 @@ struct second_thread_state {
   bool signalled = false;
   bool sent = false;
   bool died = false;
+  void (*work)(second_thread_state&) = nullptr;
 };
+
+// Starts rank `t`'s second thread running work(st) (a lambda without captures).
+void start_second_thread(second_thread_state& st, gw::transport::simulated& t, void (*work)(second_thread_state&)) {
+  st.t = &t;
+  st.time = t.time();
+  st.work = work;
+  st.time.start_thread(
+      [](void* p) {
+        auto& s = *static_cast<second_thread_state*>(p);
+        s.work(s);
+      },
+      &st);
+}
 }  // namespace
 
 TEST_CASE("a rank's second thread runs beside its caller in virtual time: woken at the signaller's time, its message sent then, joined after") {
@@ -963,18 +977,13 @@ TEST_CASE("a rank's second thread runs beside its caller in virtual time: woken 
       arrived = sim::now();
       return;
     }
-    st.t = &t;
-    st.time = t.time();
-    st.time.start_thread(
-        [](void* p) {
-          auto& s = *static_cast<second_thread_state*>(p);
+    start_second_thread(st, t, [](second_thread_state& s) {
           s.signalled = s.time.virtual_clock()->wait_signal(std::int64_t{10'000'000'000});
           s.woken = sim::now();
           std::vector<std::byte> msg(125'000);
           send(*s.t, 1, 7, msg);
           s.sent = true;
-        },
-        &st);
+        });
     sim::compute(30ms);
     st.time.virtual_clock()->yield();  // the thread, behind, runs up to its wait first
     st.time.virtual_clock()->signal();
@@ -1005,11 +1014,7 @@ TEST_CASE("a rank's second thread does its work up to its rank's death, then end
           recv(t, 0, 2, std::as_writable_bytes(std::span(&got, 1)));
           return;
         }
-        st.t = &t;
-        st.time = t.time();
-        st.time.start_thread(
-            [](void* p) {
-              auto& s = *static_cast<second_thread_state*>(p);
+        start_second_thread(st, t, [](second_thread_state& s) {
               sim::compute(5ms);
               int x = 77;
               send(*s.t, 1, 2, std::as_bytes(std::span(&x, 1)));
@@ -1021,8 +1026,7 @@ TEST_CASE("a rank's second thread does its work up to its rank's death, then end
                 s.woken = sim::now();
                 throw;
               }
-            },
-            &st);
+            });
         sim::compute(50ms);
         std::byte b{};
         send(t, 1, 1, std::span(&b, 1));  // dies here: its clock passed 20 ms
@@ -1123,18 +1127,13 @@ TEST_CASE("a signal given while a rank's other thread is on its way to waiting i
       recv(t, 0, 3, std::span(&b, 1));
       return;
     }
-    st.t = &t;
-    st.time = t.time();
-    st.time.start_thread(
-        [](void* p) {
-          auto& s = *static_cast<second_thread_state*>(p);
+    start_second_thread(st, t, [](second_thread_state& s) {
           sim::compute(5ms);
           std::byte b{};
           send(*s.t, 1, 3, std::span(&b, 1));
           s.signalled = s.time.virtual_clock()->wait_signal(std::int64_t{10'000'000'000});
           s.woken = sim::now();
-        },
-        &st);
+        });
     sim::compute(2ms);
     st.time.virtual_clock()->yield();
     st.time.virtual_clock()->signal();

@@ -89,6 +89,7 @@ struct ucx_engine : network_engine<ucx_engine, ucx_op> {
   void join();
   void greet_everyone(deadline until);
   static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void check_published_address(int r, const std::vector<std::byte>& address) const;
   ucp_ep_h connect(int peer, const std::vector<std::byte>& address, bool error_handling);
   void close_endpoint(ucx_peer& p) noexcept;
   void close_endpoint(ucp_ep_h ep) noexcept;

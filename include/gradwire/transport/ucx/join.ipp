@@ -38,12 +38,7 @@ GRADWIRE_DECL void ucx_engine::join() {
                                        std::to_string(options.connect_timeout.count()) +
                                        " ms: did it start, with the same WORLD_SIZE and job token?");
       }
-      std::uint32_t size = 0;
-      if (addresses[r].size() <= address_header)
-        throw error(errc::protocol, "rank " + std::to_string(r) + " published a malformed UCX address");
-      std::memcpy(&size, addresses[r].data(), sizeof size);
-      if (size != static_cast<std::uint32_t>(n))
-        throw error(errc::config, world_size_mismatch_message(static_cast<std::uint64_t>(r), size, me, n));
+      check_published_address(r, addresses[r]);
     }
     // Which ranks share this rank's host: one more store key per rank.
     const std::string identity = rendezvous::local_host_identity(options.host_id);
@@ -93,6 +88,17 @@ GRADWIRE_DECL void ucx_engine::on_endpoint_error(void* arg, ucp_ep_h ep, ucs_sta
   for (std::size_t r = 0; r < self->peers.size(); ++r)
     if (self->peers[r].ep == ep || self->peers[r].bulk_ep == ep)
       self->broken_endpoints.push_back({static_cast<int>(r), status, ep});
+}
+
+// What rank r published: a header (its world size, which must be this job's, and its host
+// id) and a worker address.
+GRADWIRE_DECL void ucx_engine::check_published_address(int r, const std::vector<std::byte>& address) const {
+  if (address.size() <= address_header)
+    throw error(errc::protocol, "rank " + std::to_string(r) + " published a malformed UCX address");
+  std::uint32_t size = 0;
+  std::memcpy(&size, address.data(), sizeof size);
+  if (size != static_cast<std::uint32_t>(options.size))
+    throw error(errc::config, world_size_mismatch_message(static_cast<std::uint64_t>(r), size, options.rank, options.size));
 }
 
 // Endpoints to `peer` at its published address (with its header: world size, host id).

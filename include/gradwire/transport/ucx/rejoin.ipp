@@ -55,8 +55,7 @@ GRADWIRE_DECL void ucx_engine::join_back(deadline until) {
     if (r == me) continue;
     store.set_timeout(left());
     addresses[r] = store.get(options.store_prefix + std::to_string(r));
-    if (addresses[r].size() <= address_header)
-      throw error(errc::protocol, "rank " + std::to_string(r) + " published a malformed UCX address");
+    check_published_address(r, addresses[r]);
   }
   const std::string identity = rendezvous::local_host_identity(options.host_id);
   topology = rendezvous::exchange_topology(store, options.store_prefix + "host/", me, n, identity, identity, left());
