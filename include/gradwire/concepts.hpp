@@ -20,6 +20,7 @@
 #include "support/topology.hpp"
 #include "support/traffic.hpp"
 #include "tensor/dtype.hpp"
+#include "tensor/element_range.hpp"
 #include "tensor/shape.hpp"
 
 namespace gradwire {
@@ -569,6 +570,17 @@ concept state_synchronising_agent =
 template <class G>
 concept staleness_reporting_agent = requires(const G& g) {
   { g.last_staleness() } -> std::convertible_to<std::uint64_t>;
+};
+
+// Steps only a slice of each tensor on this rank and keeps the optimizer state for that
+// slice alone (ZeRO-1: aggregation::sharded). Asked once after setup: owned(i) is the range
+// of tensor i's elements this rank updates (count 0: none); the replica then creates each
+// state for that many elements, and apply(i, grad, scale) hands it a gradient of that length
+// for those elements.
+//   element_range owned(size_t i) const
+template <class G>
+concept sharding_agent = requires(const G& cg, std::size_t i) {
+  { cg.owned(i) } -> std::convertible_to<element_range>;
 };
 
 // Reports whether the latest step closed without this replica's gradients (K of N: the
