@@ -6,6 +6,7 @@
 #include "aggregation/central.hpp"
 #include "aggregation/local.hpp"
 #include "aggregation/parameter_server.hpp"
+#include "aggregation/sharded.hpp"
 #include "checkpoint.hpp"
 #include "collective/all_gather.hpp"
 #include "collective/all_reduce.hpp"

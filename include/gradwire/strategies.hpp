@@ -1,4 +1,4 @@
-// Every named strategy of the core component (one_device, mirrored, central_storage, local_sgd, parameter_server).
+// Every named strategy of the core component (one_device, mirrored, central_storage, local_sgd, parameter_server, sharded).
 //
 // Each alias also has its own header, gradwire/strategies/NAME.hpp, which includes only
 // its aggregation and transport: a translation unit that names one strategy compiles
@@ -11,3 +11,4 @@
 #include "strategies/mirrored.hpp"
 #include "strategies/one_device.hpp"
 #include "strategies/parameter_server.hpp"
+#include "strategies/sharded.hpp"

@@ -225,6 +225,15 @@ class strategy {
   // One state per parameter tensor, in the same order: what a checkpoint saves and restores.
   std::span<optimizer_state_type> optimizer_states() noexcept { return replica_.states(); }
   std::span<const optimizer_state_type> optimizer_states() const noexcept { return replica_.states(); }
+  // Bytes of optimizer state this replica holds (velocity, moments; their buffers): with
+  // aggregation::sharded (ZeRO-1) about 1/N of what all_reduce keeps on every replica.
+  std::size_t optimizer_state_bytes() const
+    requires concepts::buffer_visiting_state<const optimizer_state_type>
+  {
+    std::size_t bytes = 0;
+    for (const auto& s : replica_.states()) s.for_each_buffer([&](auto b) { bytes += b.size_bytes(); });
+    return bytes;
+  }
   communicator_type& communicator() noexcept { return comm_; }
   // The time this rank runs on (clock.hpp): virtual on a simulated rank. Time a training
   // loop with it (time().now()) so that its figures agree with the step stats.

@@ -17,12 +17,14 @@
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "../support/always_false.hpp"
+#include "../tensor/element_range.hpp"
 
 namespace gradwire::training {
 
 // Template parameters:
 //   Tensor     concepts::host_tensor_type   the parameters, updated where they are
-//   Optimizer  concepts::optimizer          its state<V>, one per tensor, is kept here
+//   Optimizer  concepts::optimizer          its state<V>, one per tensor, is kept here (for the
+//              slice of the tensor a concepts::sharding_agent gives this replica: ZeRO-1)
 // A concepts::incremental_replica: strategy<> asserts it for the replica it keeps (a check
 // here, on some tensor and optimizer, would cost every translation unit that includes
 // strategy.hpp the instantiation).
@@ -36,13 +38,16 @@ class host_replica {
   template <class Agent, class Transport>
   void setup(Agent& agent, collective::communicator<Transport>& comm, std::span<Tensor> tensors,
              Optimizer& optimizer) {
-    states_.reserve(tensors.size());
     view_.reserve(tensors.size());
-    for (auto& p : tensors) {
-      states_.push_back(optimizer.template init<value_type>(p.size()));
-      view_.emplace_back(p.data(), p.size());
-    }
+    for (auto& p : tensors) view_.emplace_back(p.data(), p.size());
     agent.setup(comm, parameters());
+    // An agent that steps one slice of each tensor here (ZeRO-1) says which, once set up:
+    // the state is made for that slice alone.
+    if constexpr (concepts::sharding_agent<Agent>)
+      for (std::size_t i = 0; i < view_.size(); ++i) owned_.push_back(agent.owned(i));
+    states_.reserve(tensors.size());
+    for (std::size_t i = 0; i < view_.size(); ++i)
+      states_.push_back(optimizer.template init<value_type>(owned_.empty() ? view_[i].size() : owned_[i].count));
     // An aggregation that keeps the replicas' optimizer state in step gets it once after
     // setup too: a replica that joined a running job takes its state there (elastic_all_reduce).
     if constexpr (concepts::state_synchronising_agent<Agent, value_type, Transport, state_type>)
@@ -56,12 +61,16 @@ class host_replica {
     return std::forward<F>(f)();
   }
   void apply(Optimizer& optimizer, std::size_t i, std::span<const value_type> grad, value_type grad_scale) {
-    optimizer.step(states_[i], view_[i], grad, grad_scale);
+    if (owned_.empty())
+      optimizer.step(states_[i], view_[i], grad, grad_scale);
+    else
+      optimizer.step(states_[i], view_[i].subspan(owned_[i].offset, owned_[i].count), grad, grad_scale);
   }
 
  private:
   std::vector<state_type> states_;
   std::vector<std::span<value_type>> view_;
+  std::vector<element_range> owned_;  // [tensor]: what this replica steps, under a sharding agent (else empty)
 };
 
 // How a strategy keeps a replica whose tensors live on a device (see
