@@ -22,6 +22,8 @@
 // local_sgd replicas differ between averaging points and keep their optimizer state per
 // replica: save at an averaging point (step % H == 0), and save one file per rank if each
 // replica's Adam/momentum state must come back exactly.
+// sharded (ZeRO-1) replicas hold different shards of the optimizer state: every rank saves
+// its own file and loads its own file back; a file from a job of another size is refused.
 //
 // What is saved: the values, not the hyperparameters (lr, betas, ...): those come from
 // the code that builds the optimizer, so a schedule may change them across a restart.

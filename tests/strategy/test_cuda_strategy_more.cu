@@ -1,6 +1,7 @@
 // Strategies with CUDA tensors train like the same strategies with host tensors (continued
 // from test_cuda_strategy.cu): all-reduce over a staged transport, local_sgd, central_storage
-// and parameter_server<sync>; and local_sgd's refusal of average_optimizer_state().
+// parameter_server<sync> and sharded (ZeRO-1, a device state per shard); and local_sgd's refusal of
+// average_optimizer_state().
 #include <mutex>
 #include <string>
 #include <utility>
@@ -27,6 +28,18 @@ TEST_CASE("all-reduce with CUDA tensors over a transport without a shared addres
 TEST_CASE("local_sgd<H = 2> and central_storage with CUDA tensors train like with host tensors", "[cuda][strategy]") {
   compare_two_ranks_or_more<local_sgd_2, float>(3, gw::optim::sgd({.lr = 0.1}));
   compare_two_ranks_or_more<central, float>(2, gw::optim::adam({.lr = 0.02}));
+}
+
+template <class Tensor, class O>
+using zero1 = gw::sharded<Tensor, O>;
+
+// Each replica keeps device state for its shard alone and steps that slice on the device;
+// the host run (test_sharded: bit-identical to the ring all-reduce) is the reference.
+TEST_CASE("sharded (ZeRO-1) with CUDA tensors trains like with host tensors", "[cuda][strategy]") {
+  const int ranks = GENERATE(2, 3, 4);
+  CAPTURE(ranks);
+  compare_two_ranks_or_more<zero1, float>(ranks, gw::optim::adamw({.lr = 0.02, .weight_decay = 0.01}));
+  compare_two_ranks_or_more<zero1, float>(ranks, gw::optim::momentum({.lr = 0.05, .momentum = 0.9, .nesterov = true}));
 }
 
 TEST_CASE("parameter_server<sync> with CUDA tensors on workers and server trains like with host tensors",

@@ -28,6 +28,7 @@
 #include "../optim/cuda.cuh"
 #include "../optim/sgd.hpp"              // for the self-check below
 #include "../tensor/cuda_tensor.cuh"     // likewise
+#include "../tensor/element_range.hpp"
 #include "../training/replica.hpp"
 #include "../training/step_meter.hpp"
 #include "runtime.cuh"
@@ -63,11 +64,16 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
                     "gradwire::strategy: this aggregation keeps the replicas' optimizer state in step (local SGD's "
                     "average_optimizer_state(), elastic_all_reduce's joins), which CUDA tensors do not support yet "
                     "(the optimizer state lives on the device); turn it off");
-    init(tensors, optimizer);
+    allocate(tensors);
     view_.reserve(tensors.size());
     grad_spans_.reserve(tensors.size());
     for (std::size_t i = 0; i < tensors.size(); ++i) view_.push_back(host_parameters(i));
     on_host([&] { agent.setup(comm, parameters()); });
+    // An agent that steps one slice of each tensor here (ZeRO-1) says which, once set up:
+    // the device state is made for that slice alone.
+    if constexpr (concepts::sharding_agent<Agent>)
+      for (std::size_t i = 0; i < tensors.size(); ++i) owned_.push_back(agent.owned(i));
+    init_states(optimizer);
   }
 
   std::span<const std::span<V>> parameters() const noexcept { return view_; }
@@ -124,7 +130,7 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
     finish_step(!apply_only);
   }
 
-  void init(std::span<Tensor> parameters, const Optimizer& optimizer) {
+  void allocate(std::span<Tensor> parameters) {
     parameters_ = parameters;
     offsets_.clear();
     std::size_t total = 0;
@@ -135,12 +141,19 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
     host_parameters_.reserve_discard(total);
     host_gradients_.reserve_discard(total);
     device_gradients_.reserve_discard(total);
-    states_.resize(parameters.size());
-    for (std::size_t i = 0; i < parameters.size(); ++i)
-      init_device(optimizer, states_[i], parameters[i].size(), parameters[i].stream());
+    incoming_.assign(parameters.size(), nullptr);
+  }
+  // Each tensor's state: for the whole tensor, or for the slice a sharding agent gave it.
+  void init_states(const Optimizer& optimizer) {
+    states_.resize(parameters_.size());
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      init_device(optimizer, states_[i], stepped(i).count, parameters_[i].stream());
     // The scratch came from the legacy stream; the tensors' own streams use it from here on.
     cuda::check(cudaDeviceSynchronize(), "strategy: setting up device state");
-    incoming_.assign(parameters.size(), nullptr);
+  }
+  // The elements of tensor i this replica's optimizer steps: all, or its shard.
+  element_range stepped(std::size_t i) const noexcept {
+    return owned_.empty() ? element_range{0, parameters_[i].size()} : owned_[i];
   }
 
   std::span<V> host_parameters(std::size_t i) noexcept {
@@ -210,23 +223,25 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
 
   // The optimizer on the device for tensor i with `gradient` * scale; `gradient` is this
   // step's device gradient passed through, or host memory (a mirror or a reduced bucket).
+  // Under a sharding agent, `gradient` is for this replica's slice of tensor i only.
   void apply(const Optimizer& optimizer, std::size_t i, std::span<const V> gradient, V scale, bool refresh_host) {
-    const std::size_t n = parameters_[i].size();
-    if (gradient.size() != n)
+    const element_range r = stepped(i);
+    if (gradient.size() != r.count)
       throw error(errc::invalid_argument, "strategy: the aggregation applied " + std::to_string(gradient.size()) +
                                               " gradient elements to parameter " + std::to_string(i) + " of " +
-                                              std::to_string(n));
+                                              std::to_string(r.count));
     const V* g = gradient.data();
-    if (g != incoming_[i]) {
-      V* staged = device_gradients_.data() + offsets_[i];
-      copy(staged, g, i, cudaMemcpyDefault);  // usually host memory; any kind works
+    const bool passed_through = incoming_[i] != nullptr && g == incoming_[i] + r.offset;  // this step's device gradient
+    if (!passed_through) {
+      V* staged = device_gradients_.data() + offsets_[i] + r.offset;
+      copy(staged, g, i, cudaMemcpyDefault, r);  // usually host memory; any kind works
       g = staged;
     }
     const V* grads[] = {g};
-    step_device(optimizer, states_[i], parameters_[i].data(), std::span<const V* const>(grads), n, scale,
-                parameters_[i].stream());
+    step_device(optimizer, states_[i], parameters_[i].data() + r.offset, std::span<const V* const>(grads), r.count,
+                scale, parameters_[i].stream());
     if (refresh_host) {
-      copy(host_parameters(i).data(), parameters_[i].data(), i, cudaMemcpyDeviceToHost);
+      copy(host_parameters(i).data() + r.offset, parameters_[i].data() + r.offset, i, cudaMemcpyDeviceToHost, r);
       cuda::check(cudaStreamSynchronize(parameters_[i].stream()), "strategy: cudaStreamSynchronize");
     }
   }
@@ -240,8 +255,12 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
       synchronize();
   }
 
+  // n elements of tensor i (all of them, unless `part` says which), on its stream.
   void copy(V* to, const V* from, std::size_t i, cudaMemcpyKind kind) {
-    const std::size_t n = parameters_[i].size();
+    copy(to, from, i, kind, element_range{0, parameters_[i].size()});
+  }
+  void copy(V* to, const V* from, std::size_t i, cudaMemcpyKind kind, element_range part) {
+    const std::size_t n = part.count;
     if (n)
       cuda::check(cudaMemcpyAsync(to, from, n * sizeof(V), kind, parameters_[i].stream()),
                   kind == cudaMemcpyDeviceToHost ? "strategy: copy to the host" : "strategy: copy to the device");
@@ -255,6 +274,7 @@ class device_replica<Tensor, Optimizer, std::enable_if_t<Tensor::location == mem
   cuda::pinned_buffer<V> host_parameters_, host_gradients_;
   cuda::device_buffer<V> device_gradients_;
   std::vector<state_type> states_;
+  std::vector<element_range> owned_;  // [tensor]: what this replica steps, under a sharding agent (else empty)
   std::vector<const V*> incoming_;  // this step's device gradients
   std::vector<std::span<const V>> device_spans_;
   aggregation::device_workspace<V> workspace_;  // an aggregation's device path
