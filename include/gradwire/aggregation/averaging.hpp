@@ -1,4 +1,4 @@
-// Model averaging / local SGD: every replica steps on its own gradient; every H steps the parameters are averaged.
+// Model averaging / local SGD and DiLoCo: every replica steps on its own gradient; every H steps the parameters are averaged (or stepped by an outer optimizer).
 //
 // Each replica applies the optimizer to its own gradient (apply(i, grad, 1)), so replicas
 // drift apart between averaging points; after every H-th step (counted from setup, i.e.
@@ -16,6 +16,34 @@
 // across averaging points, unless average_optimizer_state() is on: then the optimizer's
 // buffers (velocity, moments) are averaged at every averaging point too, one flat
 // all-reduce after the parameters', and replicas leave it with identical state.
+//
+// An outer optimizer (DiLoCo, Douillard et al. 2023): averaging<H, Outer> with Outer any
+// gradwire optimizer (concepts::optimizer). Each replica keeps the anchor theta, the
+// parameters of the last synchronisation (rank 0's after setup). At a synchronisation
+// point the pseudo-gradient
+//     Delta = mean_r(theta - theta_r)        one all-reduce (average) of theta - theta_r
+// is handed to the outer optimizer as a gradient of theta (grad_scale 1):
+//     theta <- outer_step(theta, Delta)      e.g. Nesterov: v <- mu v + Delta,
+//                                            theta <- theta - lr (Delta + mu v)
+// and every replica goes on from the new theta (its inner optimizer, the strategy's, keeps
+// its own state). DiLoCo's defaults, which aggregation::diloco() (diloco.hpp) gives: outer
+// SGD with Nesterov momentum, lr 0.7, momentum 0.9; inner AdamW. With outer SGD at lr 1
+// and no momentum, theta - (theta - mean) is the plain mean up to float rounding. Without
+// an Outer (no_outer, the default) nothing of this exists: the code path is local SGD's.
+// Memory per replica beyond local SGD's one flat buffer: the anchor (1x the parameters)
+// and the outer state (momentum 1x, Adam 2x, SGD none), allocated and touched at setup.
+//
+// Streaming (Streaming DiLoCo, Douillard et al. 2025): stream(F, delay) cuts the flat
+// parameters (index order) into F fragments of about equal bytes; fragment f synchronises
+// after local step s (counted from 1) when s % H == f*H/F, so the all-reduces are spread
+// over the period instead of all at step H. With delay D > 0 a fragment's all-reduce runs
+// on the communicator's async engine while D more inner steps run, and its outer update
+// lands right after step s + D, replacing the fragment's parameters (the D inner steps
+// on that fragment are dropped); D = 0 lands it in step s, blocking. 0 <= D < H: a
+// fragment's update lands before its next all-reduce starts. F = 1, D = 0 is the
+// non-streaming algorithm, the same code. While an all-reduce is in flight only the
+// engine may use the communicator: call wait_in_flight(comm) on the agent before running
+// collectives of your own between steps.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +52,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,6 +64,7 @@
 #include "../error.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../tensor/flat_layout.hpp"
+#include "detail/outer_step.hpp"
 #include "min_replicas.hpp"
 
 namespace gradwire::aggregation {
@@ -42,13 +72,18 @@ namespace gradwire::aggregation {
 // averaging<dynamic_period> takes its period at run time, as std::span takes its extent.
 inline constexpr int dynamic_period = -1;
 
-template <int H, class V, class Tr>
+// averaging's Outer when there is none: the replicas take the mean of their parameters.
+struct no_outer {};
+
+template <int H, class V, class Tr, class Outer = no_outer>
 class averaging_agent;
 
 // The policy. H: average the parameters after every H-th local step, H >= 1 (H = 1:
 // after every step); or dynamic_period, and the period is given to the constructor
-// (checked there).
-template <int H = dynamic_period>
+// (checked there). Outer: no_outer (local SGD), or the outer optimizer
+// (concepts::optimizer, e.g. optim::momentum with nesterov: DiLoCo), given to the
+// constructor.
+template <int H = dynamic_period, class Outer = no_outer>
 class averaging {
   static_assert(H >= 1 || H == dynamic_period,
                 "gradwire::aggregation::averaging<H>: the period H must be >= 1 (average the parameters every H "
@@ -56,13 +91,15 @@ class averaging {
 
  public:
   static constexpr int period = H;  // dynamic_period when given at run time: see every()
+  static constexpr bool has_outer = !std::is_same_v<Outer, no_outer>;
+  using outer_optimizer_type = Outer;
   template <class V, class Tr>
-  using agent = averaging_agent<H, V, Tr>;
+  using agent = averaging_agent<H, V, Tr, Outer>;
 
   // bucket_bytes: the budget of one all-reduce call (collective::default_bucket_bytes);
   // every bucket lives in the same flat buffer, allocated once.
   explicit averaging(std::size_t bucket_bytes = collective::default_bucket_bytes)
-    requires(H != dynamic_period)
+    requires(H != dynamic_period && !has_outer)
       : every_(H), bucket_bytes_(bucket_bytes) {}
   // averaging<4>(8) reads as a period but would be a bucket budget: say std::size_t.
   template <std::signed_integral I>
@@ -72,8 +109,50 @@ class averaging {
 
   // every: the period; below 1 it is refused with errc::invalid_argument.
   explicit averaging(int every, std::size_t bucket_bytes = collective::default_bucket_bytes)
-    requires(H == dynamic_period)
+    requires(H == dynamic_period && !has_outer)
       : every_(checked(every)), bucket_bytes_(bucket_bytes) {}
+
+  // With an outer optimizer (DiLoCo): `outer` steps the anchor at each synchronisation;
+  // bucket_bytes is the most one all-reduce call of the pseudo-gradient takes.
+  explicit averaging(Outer outer, std::size_t bucket_bytes = collective::default_bucket_bytes)
+    requires(H != dynamic_period && has_outer)
+      : every_(H), bucket_bytes_(bucket_bytes), outer_(std::move(outer)) {}
+  averaging(int every, Outer outer, std::size_t bucket_bytes = collective::default_bucket_bytes)
+    requires(H == dynamic_period && has_outer)
+      : every_(checked(every)), bucket_bytes_(bucket_bytes), outer_(std::move(outer)) {}
+
+  // Streaming (with an outer optimizer): F fragments synchronised at staggered steps, each
+  // update landing `delay` steps after its all-reduce starts (see the top of this file).
+  // F >= 1 (at most the model's elements, checked at setup) and 0 <= delay < the period;
+  // refused with errc::invalid_argument otherwise.
+  averaging& stream(int fragments, int delay = 0) &
+    requires(has_outer)
+  {
+    if (fragments < 1)
+      throw error(errc::invalid_argument, "aggregation::averaging::stream: the fragment count must be >= 1 (1: the "
+                                          "whole model at once), got " +
+                                              std::to_string(fragments));
+    if (delay < 0 || delay >= every_)
+      throw error(errc::invalid_argument,
+                  "aggregation::averaging::stream: the delay must be in [0, period) = [0, " + std::to_string(every_) +
+                      ") steps, so that a fragment's outer update lands before its next all-reduce starts; got " +
+                      std::to_string(delay) + " (raise the period or lower the delay)");
+    fragments_ = fragments;
+    delay_ = delay;
+    return *this;
+  }
+  averaging&& stream(int fragments, int delay = 0) &&
+    requires(has_outer)
+  {
+    return std::move(stream(fragments, delay));
+  }
+  int fragments() const noexcept { return fragments_; }  // 1 unless streaming
+  int delay() const noexcept { return delay_; }          // steps from a fragment's all-reduce to its update
+  const Outer& outer_optimizer() const noexcept
+    requires(has_outer)
+  {
+    return outer_;
+  }
 
   // Also average the optimizer state (its buffers; step counters agree anyway) at each
   // averaging point. Needs an optimizer whose state shows its buffers (for_each_buffer).
@@ -99,23 +178,58 @@ class averaging {
   int every_;
   std::size_t bucket_bytes_;
   bool average_state_ = false;
+  [[no_unique_address]] Outer outer_{};
+  int fragments_ = 1, delay_ = 0;
 };
 
-// One replica's local-SGD state: its step count and the buffers of an averaging step.
-template <int H, class V, class Tr>
+// One replica's local-SGD state: its step count and the buffers of an averaging step
+// (with an outer optimizer: the anchor and the outer state, detail/outer_step.hpp).
+template <int H, class V, class Tr, class Outer>
 class averaging_agent {
+  static constexpr bool has_outer = averaging<H, Outer>::has_outer;
+  static_assert(!has_outer || concepts::optimizer<Outer, V>,
+                "gradwire::aggregation::averaging<H, Outer>: Outer, the outer optimizer, does not satisfy "
+                "gradwire::concepts::optimizer for this value type (needs state<V>, init<V>(n) and step(state, params, "
+                "grads, scale); see concepts.hpp), or is no_outer for plain averaging");
+  struct none {};
+  using outer_type = std::conditional_t<has_outer, detail::outer_step<V, Outer>, none>;
+
  public:
-  explicit averaging_agent(const averaging<H>& policy) : policy_(policy), buckets_(policy.bucket_bytes()) {}
+  explicit averaging_agent(const averaging<H, Outer>& policy)
+      : policy_(policy), buckets_(policy.bucket_bytes()), outer_(make_outer(policy)) {
+    if (policy.averages_optimizer_state() && (policy.fragments() > 1 || policy.delay() > 0))
+      throw error(errc::invalid_argument, "aggregation::averaging: average_optimizer_state() does not combine with "
+                                          "stream() (the inner state has no one synchronisation step): turn one off");
+  }
 
   int every() const noexcept { return policy_.every(); }
   bool averages_optimizer_state() const noexcept { return policy_.averages_optimizer_state(); }
   std::uint64_t steps() const noexcept { return steps_; }  // local steps since setup
+  // Streaming with a delay: all-reduces run on the communicator's thread across steps.
+  bool communicates_between_steps() const noexcept { return has_outer && policy_.delay() > 0; }
+  // The anchor theta (with an outer optimizer): the parameters of the last synchronisation,
+  // flat, in the parameters' index order; the same on every replica.
+  std::span<const V> anchor() const noexcept
+    requires(has_outer)
+  {
+    return outer_.anchor();
+  }
+  // Waits for the all-reduces running in the background (streaming with a delay), so that
+  // the caller's thread may run collectives of its own on `comm` between steps; their
+  // updates still land at their steps. Nothing to wait for otherwise.
+  void wait_in_flight(collective::communicator<Tr>& comm) {
+    if constexpr (has_outer) outer_.wait_in_flight(comm);
+  }
 
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     detail::refuse_min_replicas("aggregation::averaging (local_sgd)", "every averaging waits for every rank");
     for (auto p : params) collective::broadcast(comm, p, 0);
     steps_ = 0;
     grads_.assign(params.size(), {});
+    if constexpr (has_outer) {
+      outer_.setup(params);  // the anchor, the pseudo-gradient buffer, the outer state: allocated and touched
+      return;
+    }
     if (comm.size() == 1) return;
     // Allocate the flat buffer now and touch it (first touch of fresh memory is slow
     // here), so no averaging step allocates or faults.
@@ -130,6 +244,10 @@ class averaging_agent {
   void finish_step(collective::communicator<Tr>& comm, std::span<const std::span<V>> params, Apply&& apply) {
     for (std::size_t i = 0; i < grads_.size(); ++i) apply(i, grads_[i], V(1));
     ++steps_;
+    if constexpr (has_outer) {
+      outer_.after_step(comm, params, steps_);  // the fragments due, in the same order on every rank
+      return;
+    }
     // Every rank counts the same steps, so every rank joins the same all-reduces.
     if (!averaging_step() || comm.size() == 1) return;
     collective::bucketed_all_reduce(comm, params, buckets_, collective::reduce_op::average);
@@ -163,11 +281,23 @@ class averaging_agent {
     return steps_ > 0 && steps_ % static_cast<std::uint64_t>(policy_.every()) == 0;
   }
 
-  averaging<H> policy_;
+  static outer_type make_outer(const averaging<H, Outer>& policy) {
+    if constexpr (has_outer)
+      return outer_type(policy.outer_optimizer(),
+                        {static_cast<std::uint64_t>(policy.every()), static_cast<std::uint64_t>(policy.fragments()),
+                         static_cast<std::uint64_t>(policy.delay())},
+                        policy.bucket_bytes() / sizeof(V));
+    else
+      return {};
+  }
+
+  averaging<H, Outer> policy_;
   std::uint64_t steps_ = 0;
   std::vector<std::span<const V>> grads_;  // this step's, applied at finish
   aligned_buffer<V> state_flat_;           // the optimizer buffers, back to back, when averaged
   collective::bucket_buffer buckets_;      // plan and flat buffer, reused across averaging steps
+  // Last, so destroyed first: its handles wait for their all-reduces while the rest is here.
+  [[no_unique_address]] outer_type outer_;  // with an outer optimizer: anchor, outer state, fragments
 };
 
 static_assert(concepts::incremental_aggregation<averaging<1>, float, concepts::detail::transport_archetype>);

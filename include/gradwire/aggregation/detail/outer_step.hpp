@@ -1,0 +1,186 @@
+// DiLoCo's outer step for averaging<H, Outer>: the anchor, each fragment's pseudo-gradient and its all-reduce, the outer optimizer.
+//
+// The maths, the defaults and the schedule are stated in averaging.hpp. Here: the anchor
+// (the parameters of the last synchronisation) and the pseudo-gradient buffer are two flat
+// buffers in the parameters' index order, cut into F fragments of about equal bytes
+// (elements [f*T/F, (f+1)*T/F) of T); a fragment is a list of pieces (a tensor's elements
+// inside the fragment), each with its own outer optimizer state, so a fragment may cut a
+// tensor: every shipped optimizer is element-wise, so the cut changes nothing. Everything
+// is allocated and touched at setup; a step allocates nothing. Each fragment's all-reduce
+// works on its own slice of the pseudo-gradient buffer, so several can be in flight on the
+// communicator's async engine while the inner steps go on writing the parameters.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../../collective/all_reduce.hpp"
+#include "../../collective/async_engine.hpp"
+#include "../../collective/communicator.hpp"
+#include "../../error.hpp"
+#include "../../tensor/aligned_buffer.hpp"
+#include "../../tensor/flat_layout.hpp"
+
+namespace gradwire::aggregation::detail {
+
+// When each fragment synchronises. Local steps are counted from 1 at the first step after
+// setup; fragment f's all-reduce starts right after local step s when s % H == f*H/F (so
+// fragment 0 after steps H, 2H, ..., fragment f first after step f*H/F, which is fewer
+// than H inner steps, then every H), and its outer update lands right after step s + delay.
+// Every rank counts the same steps, so every rank starts the same all-reduces in the same
+// order (fragment order within a step): the async engine's sequence numbers line up.
+struct fragment_schedule {
+  std::uint64_t period = 1, fragments = 1, delay = 0;
+
+  std::uint64_t offset(std::size_t f) const noexcept { return static_cast<std::uint64_t>(f) * period / fragments; }
+  bool starts(std::size_t f, std::uint64_t step) const noexcept { return step > 0 && step % period == offset(f); }
+};
+
+// Outer: concepts::optimizer<Outer, V> (checked by the agent).
+template <class V, class Outer>
+class outer_step {
+ public:
+  // chunk_elements: the most elements one all-reduce call takes (the bucket budget).
+  outer_step(const Outer& outer, fragment_schedule schedule, std::size_t chunk_elements)
+      : outer_(outer), schedule_(schedule), chunk_(std::max<std::size_t>(chunk_elements, 1)) {}
+
+  const fragment_schedule& schedule() const noexcept { return schedule_; }
+  std::span<const V> anchor() const noexcept { return anchor_.span(); }
+
+  // After the broadcast: every replica holds the same parameters, the first anchor.
+  void setup(std::span<const std::span<V>> params) {
+    layout_ = flat_layout::of(params);
+    const std::size_t total = layout_.total(), fragments = schedule_.fragments;
+    if (fragments > std::max<std::size_t>(total, 1))
+      throw error(errc::invalid_argument,
+                  "aggregation::averaging: stream(" + std::to_string(fragments) + " fragments): the model has only " +
+                      std::to_string(total) + " parameter elements; use at most that many fragments");
+    // Allocated and touched now (aligned_buffer zeroes what it allocates; first touch of
+    // fresh memory is slow here), never in a step.
+    anchor_ = aligned_buffer<V>(total);
+    delta_ = aligned_buffer<V>(total);
+    layout_.gather(params, anchor_.span());
+    pieces_.clear();
+    first_piece_.assign(fragments + 1, 0);
+    for (std::size_t f = 0; f < fragments; ++f) {
+      first_piece_[f] = pieces_.size();
+      const std::size_t lo = f * total / fragments, hi = (f + 1) * total / fragments;
+      for (std::size_t i = 0; i < layout_.tensor_count(); ++i) {
+        const std::size_t begin = std::max(lo, layout_.offset(i)), end = std::min(hi, layout_.offset(i) + layout_.size(i));
+        if (begin < end) pieces_.push_back({i, begin - layout_.offset(i), begin, end - begin});
+      }
+    }
+    first_piece_[fragments] = pieces_.size();
+    states_.clear();
+    states_.reserve(pieces_.size());
+    for (const piece& p : pieces_) states_.push_back(outer_.template init<V>(p.count));
+    flight_.assign(fragments, {});
+    handles_.clear();
+    handles_.resize(fragments);
+  }
+
+  // Right after local step `step` (every rank calls it after every step): starts the
+  // fragments due now, then lands those whose delay is over (with delay 0, the ones just
+  // started).
+  template <class Tr>
+  void after_step(collective::communicator<Tr>& comm, std::span<const std::span<V>> params, std::uint64_t step) {
+    for (std::size_t f = 0; f < flight_.size(); ++f)
+      if (schedule_.starts(f, step)) start(comm, params, f, step);
+    for (std::size_t f = 0; f < flight_.size(); ++f)
+      if (flight_[f].started && flight_[f].lands == step) land(comm, params, f);
+  }
+
+  // Waits for every all-reduce running in the background (their updates still land at
+  // their steps): afterwards the caller's thread may use the communicator.
+  template <class Tr>
+  void wait_in_flight(collective::communicator<Tr>& comm) {
+    for (auto& h : handles_)
+      if (h.valid()) h.wait(comm.queued_collective_deadline());
+  }
+  // Whether an all-reduce may be running on the async engine now.
+  bool in_flight() const noexcept {
+    return std::any_of(handles_.begin(), handles_.end(), [](const collective::async_handle& h) { return h.valid(); });
+  }
+
+ private:
+  struct piece {
+    std::size_t tensor, begin;  // elements [begin, begin + count) of tensor `tensor`
+    std::size_t flat, count;    // at [flat, flat + count) of the anchor and the pseudo-gradient
+  };
+  struct flight {
+    bool started = false;
+    std::uint64_t lands = 0;  // the step after which its update is applied
+  };
+
+  std::span<V> fragment(aligned_buffer<V>& buffer, std::size_t f) noexcept {
+    const std::size_t total = layout_.total(), fragments = schedule_.fragments;
+    const std::size_t lo = f * total / fragments, hi = (f + 1) * total / fragments;
+    return buffer.span().subspan(lo, hi - lo);
+  }
+
+  // The all-reduce (average) of one fragment's pseudo-gradient, at most chunk elements a call.
+  template <class Tr>
+  static void reduce(collective::communicator<Tr>& comm, std::span<V> data, std::size_t chunk) {
+    auto trace = comm.trace("outer fragment", data.size_bytes(), "bucket");
+    for (std::size_t at = 0; at < data.size(); at += chunk)
+      collective::all_reduce(comm, data.subspan(at, std::min(chunk, data.size() - at)),
+                             collective::reduce_op::average);
+  }
+
+  // This replica's pseudo-gradient theta - theta_r of fragment f, then its mean over ranks:
+  // here (delay 0) or on the async engine.
+  template <class Tr>
+  void start(collective::communicator<Tr>& comm, std::span<const std::span<V>> params, std::size_t f,
+             std::uint64_t step) {
+    V* delta = delta_.data();
+    const V* anchor = anchor_.data();
+    for (std::size_t k = first_piece_[f]; k < first_piece_[f + 1]; ++k) {
+      const piece& p = pieces_[k];
+      const V* local = params[p.tensor].data() + p.begin;
+      for (std::size_t e = 0; e < p.count; ++e) delta[p.flat + e] = anchor[p.flat + e] - local[e];
+    }
+    flight_[f] = {true, step + schedule_.delay};
+    if (comm.size() == 1) return;  // the mean of one
+    const std::span<V> data = fragment(delta_, f);
+    if (schedule_.delay == 0) {
+      reduce(comm, data, chunk_);
+    } else {
+      const std::size_t chunk = chunk_;
+      handles_[f] = comm.async().submit([data, chunk](collective::communicator<Tr>& c) { reduce(c, data, chunk); });
+    }
+  }
+
+  // The outer optimizer steps the anchor with the mean pseudo-gradient; the fragment's
+  // parameters become the new anchor (this replica's inner steps on it since the start
+  // are dropped), so every replica holds the same values for it.
+  template <class Tr>
+  void land(collective::communicator<Tr>& comm, std::span<const std::span<V>> params, std::size_t f) {
+    if (handles_[f].valid()) handles_[f].wait(comm.queued_collective_deadline());
+    for (std::size_t k = first_piece_[f]; k < first_piece_[f + 1]; ++k) {
+      const piece& p = pieces_[k];
+      const std::span<V> anchor(anchor_.data() + p.flat, p.count);
+      outer_.step(states_[k], anchor, std::span<const V>(delta_.data() + p.flat, p.count), V(1));
+      std::copy(anchor.begin(), anchor.end(), params[p.tensor].begin() + static_cast<std::ptrdiff_t>(p.begin));
+    }
+    flight_[f].started = false;
+  }
+
+  Outer outer_;
+  fragment_schedule schedule_;
+  std::size_t chunk_;
+  flat_layout layout_;                                     // the parameters in index order
+  aligned_buffer<V> anchor_;                               // theta: the parameters of the last synchronisation
+  aligned_buffer<V> delta_;                                // the pseudo-gradients, then their mean
+  std::vector<piece> pieces_;                              // fragment after fragment
+  std::vector<std::size_t> first_piece_;                   // [fragment], and the end
+  std::vector<typename Outer::template state<V>> states_;  // [piece]: the outer optimizer's
+  std::vector<flight> flight_;                             // [fragment]
+  // Last, so destroyed first: each waits for its all-reduce before the buffers go.
+  std::vector<collective::async_handle> handles_;  // [fragment]
+};
+
+}  // namespace gradwire::aggregation::detail

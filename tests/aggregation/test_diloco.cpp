@@ -1,0 +1,400 @@
+// DiLoCo (aggregation::averaging<H, Outer>): outer SGD at lr 1 is local SGD, Nesterov and streaming against float64 references.
+#include <catch2/catch.hpp>
+
+#include "helpers/least_squares.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <gradwire/aggregation/diloco.hpp>
+#include <gradwire/gradwire.hpp>
+#include <gradwire/strategies/diloco.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+#if GRADWIRE_HAS_ASIO
+#include <boost/asio.hpp>
+#include <gradwire/asio.hpp>
+#endif
+
+namespace gw = gradwire;
+namespace agg = gw::aggregation;
+
+static_assert(gw::concepts::aggregation<agg::averaging<4, gw::optim::momentum>, float, gw::transport::inproc>);
+static_assert(gw::concepts::aggregation<agg::averaging<agg::dynamic_period, gw::optim::adam>, double,
+                                        gw::transport::local>);
+static_assert(agg::averaging<4, gw::optim::sgd>::has_outer && !agg::averaging<4>::has_outer);
+static_assert(gw::diloco<gw::host_tensor<float>, gw::optim::adamw, 16>::aggregation_type::period == 16);
+static_assert(std::is_same_v<gw::diloco<gw::host_tensor<float>, gw::optim::adamw, 16>::aggregation_type,
+                             agg::averaging<16, gw::optim::momentum>>);
+// With an outer optimizer the optimizer is given, never defaulted (optim::momentum's own
+// defaults are not DiLoCo's): aggregation::diloco<H>() gives the paper's.
+static_assert(!std::is_default_constructible_v<agg::averaging<4, gw::optim::momentum>>);
+static_assert(std::is_constructible_v<agg::averaging<4, gw::optim::momentum>, gw::optim::momentum>);
+static_assert(std::is_constructible_v<agg::averaging<>, int>);  // today's run-time period, unchanged
+
+namespace {
+constexpr std::size_t inputs = 7, outputs = 3, batch = 5;
+constexpr std::size_t total = outputs * inputs + outputs;  // 24 parameter elements: W, then b
+
+using gradwire::testing::batch_data;
+const gradwire::testing::least_squares model{inputs, outputs, batch};
+
+// data[step][rank], fresh random every run.
+std::vector<std::vector<batch_data>> make_data(int steps, int ranks) {
+  std::mt19937 gen(std::random_device{}());
+  std::vector<std::vector<batch_data>> data(steps);
+  for (auto& step : data)
+    for (int r = 0; r < ranks; ++r) step.push_back(model.random_batch(gen));
+  return data;
+}
+
+// Rank r starts elsewhere: the strategy's setup must broadcast rank 0's parameters.
+template <class T>
+std::vector<T> initial(int rank) {
+  std::vector<T> p(total);
+  for (std::size_t i = 0; i < outputs * inputs; ++i) p[i] = T(0.05 * std::sin(double(i) + 1.0) + 3.0 * rank);
+  for (std::size_t i = 0; i < outputs; ++i) p[outputs * inputs + i] = T(0.1 * double(i) - 3.0 * rank);
+  return p;
+}
+
+std::vector<gw::host_tensor<float>> make_params(int rank) {
+  const auto flat = initial<float>(rank);
+  std::vector<gw::host_tensor<float>> out;
+  out.emplace_back(gw::shape{outputs * inputs});
+  out.emplace_back(gw::shape{outputs});
+  std::copy_n(flat.begin(), outputs * inputs, out[0].data());
+  std::copy_n(flat.begin() + outputs * inputs, outputs, out[1].data());
+  return out;
+}
+
+using flat_t = std::vector<float>;                       // one replica's parameters, W then b
+using history_t = std::vector<std::vector<flat_t>>;      // [step][rank]
+using reference_t = std::vector<std::vector<std::vector<double>>>;  // [step][rank][element]
+
+template <class Strategy>
+flat_t snapshot(Strategy& s) {
+  flat_t out;
+  for (auto& t : s.parameters()) out.insert(out.end(), t.data(), t.data() + t.size());
+  return out;
+}
+
+// One replica's run: `steps` steps on its own data, its parameters after each.
+template <class Strategy, class Transport, class MakeAggregation>
+void replica(Transport t, const std::vector<std::vector<batch_data>>& data, const typename Strategy::optimizer_type& opt,
+             const MakeAggregation& make, history_t& history) {
+  const int rank = t.rank();
+  Strategy s(std::move(t), make_params(rank), opt, make());
+  for (std::size_t k = 0; k < data.size(); ++k) {
+    auto p = s.parameters();
+    s.step(model.gradients(p[0].data(), p[1].data(), data[k][static_cast<std::size_t>(rank)]));
+    history[k][static_cast<std::size_t>(rank)] = snapshot(s);
+  }
+}
+
+// Trains on `ranks` inproc threads; the aggregation is built on each rank by make().
+template <class Strategy, class MakeAggregation>
+history_t train(int ranks, const std::vector<std::vector<batch_data>>& data,
+                const typename Strategy::optimizer_type& opt, MakeAggregation make) {
+  history_t history(data.size(), std::vector<flat_t>(static_cast<std::size_t>(ranks)));
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) { replica<Strategy>(t, data, opt, make, history); });
+  return history;
+}
+
+// The DiLoCo algorithm, serial, in float64, written from the paper rather than from the
+// implementation: inner SGD on every replica; fragment f (elements [f*T/F, (f+1)*T/F))
+// takes its pseudo-gradient mean_r(theta - theta_r) after step s when s % H == f*H/F; the
+// outer SGD with (Nesterov) momentum steps theta with it after step s + delay, and every
+// replica's fragment becomes theta's.
+struct schedule {
+  int period, fragments = 1, delay = 0;
+  double inner_lr = 0.1, outer_lr = 0.7, momentum = 0.9;
+  bool nesterov = true;
+  std::size_t lo(int f) const { return static_cast<std::size_t>(f) * total / static_cast<std::size_t>(fragments); }
+  bool starts(int f, int step) const { return step % period == f * period / fragments; }
+};
+
+reference_t reference(int ranks, const std::vector<std::vector<batch_data>>& data, const schedule& c) {
+  std::vector<double> theta = initial<double>(0), velocity(total, 0.0);
+  std::vector<std::vector<double>> replicas(static_cast<std::size_t>(ranks), theta);
+  struct pending {
+    int lands;
+    std::vector<double> delta;
+  };
+  std::vector<std::optional<pending>> flight(static_cast<std::size_t>(c.fragments));
+  reference_t out;
+  for (int s = 1; s <= static_cast<int>(data.size()); ++s) {
+    for (int r = 0; r < ranks; ++r) {
+      auto& w = replicas[static_cast<std::size_t>(r)];
+      const auto g = model.gradients(w.data(), w.data() + outputs * inputs, data[s - 1][static_cast<std::size_t>(r)]);
+      for (std::size_t i = 0; i < outputs * inputs; ++i) w[i] -= c.inner_lr * g[0][i];
+      for (std::size_t i = 0; i < outputs; ++i) w[outputs * inputs + i] -= c.inner_lr * g[1][i];
+    }
+    for (int f = 0; f < c.fragments; ++f) {
+      if (!c.starts(f, s)) continue;
+      pending p{s + c.delay, {}};
+      for (std::size_t e = c.lo(f); e < c.lo(f + 1); ++e) {
+        double mean = 0;
+        for (const auto& w : replicas) mean += (theta[e] - w[e]) / ranks;
+        p.delta.push_back(mean);
+      }
+      flight[static_cast<std::size_t>(f)] = p;
+    }
+    for (int f = 0; f < c.fragments; ++f) {
+      auto& p = flight[static_cast<std::size_t>(f)];
+      if (!p || p->lands != s) continue;
+      for (std::size_t e = c.lo(f); e < c.lo(f + 1); ++e) {
+        const double d = p->delta[e - c.lo(f)];
+        velocity[e] = c.momentum * velocity[e] + d;
+        theta[e] -= c.outer_lr * (c.nesterov ? d + c.momentum * velocity[e] : velocity[e]);
+        for (auto& w : replicas) w[e] = theta[e];
+      }
+      p.reset();
+    }
+    out.push_back(replicas);
+  }
+  return out;
+}
+
+// Every replica after every step against the reference; returns the largest relative error.
+double compare(const history_t& got, const reference_t& want) {
+  double worst = 0;
+  for (std::size_t k = 0; k < got.size(); ++k)
+    for (std::size_t r = 0; r < got[k].size(); ++r)
+      for (std::size_t e = 0; e < total; ++e) {
+        CAPTURE(k + 1, r, e);
+        REQUIRE(got[k][r][e] == Approx(want[k][r][e]).epsilon(1e-5).margin(1e-6));
+        worst = std::max(worst, std::abs(double(got[k][r][e]) - want[k][r][e]) / std::max(1.0, std::abs(want[k][r][e])));
+      }
+  return worst;
+}
+
+// Right after fragment f lands, every replica holds the same bits for it.
+void require_landed_fragments_identical(const history_t& got, const schedule& c) {
+  for (int s = 1; s <= static_cast<int>(got.size()); ++s)
+    for (int f = 0; f < c.fragments; ++f) {
+      const int started = s - c.delay;
+      if (started < 1 || !c.starts(f, started)) continue;
+      CAPTURE(s, f);
+      const auto& replicas = got[static_cast<std::size_t>(s - 1)];
+      for (const auto& w : replicas)
+        REQUIRE(std::equal(w.begin() + static_cast<std::ptrdiff_t>(c.lo(f)),
+                           w.begin() + static_cast<std::ptrdiff_t>(c.lo(f + 1)),
+                           replicas[0].begin() + static_cast<std::ptrdiff_t>(c.lo(f))));
+    }
+}
+
+bool all_equal(const std::vector<flat_t>& replicas) {
+  return std::all_of(replicas.begin(), replicas.end(), [&](const flat_t& p) { return p == replicas[0]; });
+}
+
+using sgd_inner = gw::optim::sgd;
+template <int H, class Outer>
+using strategy_with = gw::strategy<gw::host_tensor<float>, sgd_inner, agg::averaging<H, Outer>, gw::transport::inproc>;
+}  // namespace
+
+TEST_CASE("DiLoCo with outer SGD at lr 1 and no momentum is local SGD (theta - (theta - mean) = mean)") {
+  const int ranks = GENERATE(2, 3);
+  CAPTURE(ranks);
+  constexpr int period = 3, steps = 9;
+  const auto data = make_data(steps, ranks);
+  const sgd_inner inner({.lr = 0.1});
+  const auto local = train<gw::local_sgd<gw::host_tensor<float>, sgd_inner, period>>(
+      ranks, data, inner, [] { return agg::averaging<period>(); });
+  const auto outer_sgd = train<strategy_with<period, gw::optim::sgd>>(
+      ranks, data, inner, [] { return agg::averaging<period, gw::optim::sgd>(gw::optim::sgd({.lr = 1.0})); });
+  const auto outer_momentum = train<strategy_with<period, gw::optim::momentum>>(ranks, data, inner, [] {
+    return agg::averaging<period, gw::optim::momentum>(gw::optim::momentum({.lr = 1.0, .momentum = 0.0}));
+  });
+  for (int k = 0; k < steps; ++k) {
+    CAPTURE(k + 1);
+    REQUIRE(all_equal(outer_sgd[k]) == ((k + 1) % period == 0));
+    for (int r = 0; r < ranks; ++r)
+      for (std::size_t e = 0; e < total; ++e) {
+        REQUIRE(outer_sgd[k][r][e] == Approx(local[k][r][e]).epsilon(1e-5).margin(1e-6));
+        REQUIRE(outer_momentum[k][r][e] == Approx(local[k][r][e]).epsilon(1e-5).margin(1e-6));
+      }
+  }
+  REQUIRE(local.back()[0] != initial<float>(0));  // not vacuous: training moved the parameters
+}
+
+TEST_CASE("DiLoCo with outer Nesterov momentum equals a float64 serial DiLoCo; replicas bit-identical after each sync") {
+  const int ranks = GENERATE(1, 2, 3, 4);
+  CAPTURE(ranks);
+  constexpr int period = 4, steps = 12;
+  const auto data = make_data(steps, ranks);
+  const auto history = train<gw::diloco<gw::host_tensor<float>, sgd_inner, period>>(
+      ranks, data, sgd_inner({.lr = 0.1}), [] { return agg::diloco<period>(); });
+  const schedule c{.period = period};
+  const double worst = compare(history, reference(ranks, data, c));
+  INFO("largest relative difference from float64: " << worst);
+  for (int k = 0; k < steps; ++k) {
+    CAPTURE(k + 1);
+    if ((k + 1) % period == 0)
+      REQUIRE(all_equal(history[k]));
+    else if (ranks > 1)
+      REQUIRE_FALSE(all_equal(history[k]));  // each replica stepped on its own data
+  }
+  // The outer step is not the mean: Nesterov at lr 0.7 moves past it (not vacuous).
+  const auto plain = train<gw::local_sgd<gw::host_tensor<float>, sgd_inner, period>>(
+      ranks, data, sgd_inner({.lr = 0.1}), [] { return agg::averaging<period>(); });
+  REQUIRE(history[period - 1][0] != plain[period - 1][0]);
+}
+
+TEST_CASE("DiLoCo's options: the paper's defaults, and a run-time period") {
+  const auto d = agg::diloco<8>();
+  REQUIRE(d.every() == 8);
+  REQUIRE(d.outer_optimizer().settings().lr == 0.7);
+  REQUIRE(d.outer_optimizer().settings().momentum == 0.9);
+  REQUIRE(d.outer_optimizer().settings().nesterov);
+  REQUIRE(d.fragments() == 1);
+  REQUIRE(d.delay() == 0);
+  const auto r = agg::diloco(6, {.outer_lr = 0.5, .outer_momentum = 0.8, .fragments = 3, .delay = 2});
+  REQUIRE(r.every() == 6);
+  REQUIRE(r.outer_optimizer().settings().lr == 0.5);
+  REQUIRE(r.outer_optimizer().settings().momentum == 0.8);
+  REQUIRE((r.fragments() == 3 && r.delay() == 2));
+}
+
+TEST_CASE("streaming DiLoCo with one fragment and no delay is non-streaming DiLoCo, bit for bit") {
+  constexpr int ranks = 3, period = 3, steps = 9;
+  const auto data = make_data(steps, ranks);
+  const sgd_inner inner({.lr = 0.1});
+  using S = gw::diloco<gw::host_tensor<float>, sgd_inner, period>;
+  using D = gw::diloco<gw::host_tensor<float>, sgd_inner, agg::dynamic_period>;
+  const auto plain = train<S>(ranks, data, inner, [] { return agg::diloco_averaging<period>(agg::diloco_outer_optimizer()); });
+  const auto streamed = train<S>(ranks, data, inner, [] { return agg::diloco<period>({.fragments = 1, .delay = 0}); });
+  const auto run_time =
+      train<D>(ranks, data, inner, [] { return agg::diloco_averaging<>(period, agg::diloco_outer_optimizer()).stream(1, 0); });
+  REQUIRE(streamed == plain);
+  REQUIRE(run_time == plain);
+}
+
+TEST_CASE("streaming DiLoCo: fragments at staggered steps, updates landing after a delay, against float64") {
+  struct setting {
+    int ranks, period, fragments, delay;
+  };
+  // 24 elements in 3 fragments of 8 cut W (21 elements) twice; 5 fragments do not divide
+  // them evenly; period 2 with 4 fragments syncs two fragments at each offset.
+  const auto [ranks, period, fragments, delay] =
+      GENERATE(setting{2, 6, 3, 0}, setting{3, 6, 3, 2}, setting{2, 4, 4, 1}, setting{3, 5, 5, 4}, setting{2, 2, 4, 1},
+               setting{2, 6, 1, 3});
+  CAPTURE(ranks, period, fragments, delay);
+  constexpr int steps = 15;
+  const auto data = make_data(steps, ranks);
+  const auto history = train<gw::diloco<gw::host_tensor<float>, sgd_inner, agg::dynamic_period>>(
+      ranks, data, sgd_inner({.lr = 0.1}),
+      [&] { return agg::diloco(period, {.fragments = fragments, .delay = delay}); });
+  const schedule c{.period = period, .fragments = fragments, .delay = delay};
+  const double worst = compare(history, reference(ranks, data, c));
+  INFO("largest relative difference from float64: " << worst);
+  require_landed_fragments_identical(history, c);
+  // Before anything lands the replicas differ (each steps on its own data): not vacuous.
+  REQUIRE_FALSE(all_equal(history.front()));
+}
+
+TEST_CASE("DiLoCo refuses bad options with invalid_argument and says what to do") {
+  auto refused = [](auto make, const std::string& words) {
+    try {
+      make();
+      FAIL("accepted");
+    } catch (const gw::error& e) {
+      REQUIRE(e.kind() == gw::errc::invalid_argument);
+      REQUIRE_THAT(e.what(), Catch::Contains(words));
+    }
+  };
+  SECTION("a period below 1") {
+    refused([] { return agg::diloco(0); }, "period must be >= 1");
+    refused([] { return agg::averaging<agg::dynamic_period, gw::optim::sgd>(-2, gw::optim::sgd()); }, "got -2");
+  }
+  SECTION("fewer than one fragment") {
+    refused([] { return agg::diloco<4>({.fragments = 0}); }, "fragment count must be >= 1");
+  }
+  SECTION("a delay outside [0, period)") {
+    refused([] { return agg::diloco<4>({.fragments = 2, .delay = 4}); }, "delay must be in [0, period) = [0, 4)");
+    refused([] { return agg::diloco(3, {.delay = -1}); }, "lower the delay");
+  }
+  SECTION("more fragments than parameter elements: at setup, on every rank") {
+    for (int n : {2, 1}) {
+      CAPTURE(n);
+      REQUIRE_THROWS_WITH(gw::transport::run_inproc(n,
+                                                    [&](gw::transport::inproc t) {
+                                                      gw::diloco<gw::host_tensor<float>, sgd_inner, 4> s(
+                                                          t, make_params(t.rank()), sgd_inner(),
+                                                          agg::diloco<4>({.fragments = int(total) + 1}));
+                                                    }),
+                          Catch::Contains("only 24 parameter elements; use at most that many fragments"));
+    }
+  }
+  SECTION("average_optimizer_state() with streaming") {
+    refused(
+        [] {
+          using A = agg::averaging<4, gw::optim::momentum>;
+          return A::agent<float, gw::transport::inproc>(
+              A(agg::diloco_outer_optimizer()).stream(2).average_optimizer_state());
+        },
+        "does not combine with stream()");
+  }
+}
+
+TEST_CASE("DiLoCo keeps the inner optimizer's state per replica; average_optimizer_state() still averages it at F = 1") {
+  constexpr int ranks = 2, period = 2, steps = 4;
+  const auto data = make_data(steps, ranks);
+  using S = gw::diloco<gw::host_tensor<float>, gw::optim::momentum, period>;
+  std::vector<std::vector<float>> velocity(ranks);
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    S s(t, make_params(t.rank()), gw::optim::momentum({.lr = 0.05}), agg::diloco<period>().average_optimizer_state());
+    for (int k = 0; k < steps; ++k) {
+      auto p = s.parameters();
+      s.step(model.gradients(p[0].data(), p[1].data(), data[k][t.rank()]));
+    }
+    for (auto& st : s.optimizer_states())
+      st.for_each_buffer([&](std::span<const float> b) { velocity[t.rank()].insert(velocity[t.rank()].end(), b.begin(), b.end()); });
+    REQUIRE(std::equal(s.aggregation().anchor().begin(), s.aggregation().anchor().end(), snapshot(s).begin()));
+  });
+  REQUIRE(velocity[0] == velocity[1]);
+}
+
+#if GRADWIRE_HAS_ASIO
+TEST_CASE("streaming DiLoCo over asio_tcp ranks (threads of this process) equals the float64 reference") {
+  constexpr int ranks = 3, period = 4, fragments = 2, delay = 1, steps = 10;
+  const auto data = make_data(steps, ranks);
+  std::uint16_t port = 0;
+  {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+    port = a.local_endpoint().port();
+  }
+  using S = gw::diloco<gw::host_tensor<float>, sgd_inner, period, gw::transport::asio_tcp>;
+  history_t history(steps, std::vector<flat_t>(ranks));
+  std::vector<std::exception_ptr> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        gw::transport::asio_tcp_options o;
+        o.rank = r;
+        o.size = ranks;
+        o.job_token = "test-diloco";
+        o.store_port = port;
+        gw::transport::asio_tcp t(o);
+        replica<S>(std::move(t), data, sgd_inner({.lr = 0.1}),
+                   [] { return agg::diloco<period>({.fragments = fragments, .delay = delay}); }, history);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  const schedule c{.period = period, .fragments = fragments, .delay = delay};
+  compare(history, reference(ranks, data, c));
+  require_landed_fragments_identical(history, c);
+}
+#endif
