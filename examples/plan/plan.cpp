@@ -97,6 +97,11 @@ std::vector<plan::strategy_cost> predict_strategies(const plan_options& o, const
   add("parameter_server<bounded_staleness>", [&] { return costs.ps_bounded_staleness(o.servers, o.staleness); });
   add("local_sgd", [&] { return costs.local_sgd(o.period); });
   add("central_storage", [&] { return costs.central_storage(); });
+  add("sharded (ZeRO-1)", [&] { return costs.sharded(); });
+  for (const auto& codec : o.codecs)
+    add("compressed all_reduce (" + codec.name + ")", [&] { return costs.compressed_all_reduce(codec); });
+  add("diloco", [&] { return costs.diloco(o.period); });
+  add("diloco, streamed", [&] { return costs.diloco(o.period, o.fragments, o.delay); });
   return all;
 }
 // [/docs:predict]

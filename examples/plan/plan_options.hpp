@@ -42,6 +42,11 @@ inline constexpr const char* usage_text =
     "  --backup-workers K         backup_workers<K>: a sync step closes after W - K gradients (default W / 20, >= 1)\n"
     "  --staleness S              bounded_staleness<S> (default 2)\n"
     "  --period H                 local SGD: average the parameters every H steps (default 8)\n"
+    "  --fragments F              DiLoCo (period H): also streamed in F fragments, each hidden behind\n"
+    "                             --delay D inner steps (default F 4, D 1)\n"
+    "  --delay D\n"
+    "  --compress LIST            codecs to price all-reduce with, comma separated (default\n"
+    "                             fp16,int8,topk:0.01,powersgd:4; none: leave them out)\n"
     "  --trials N                 Monte Carlo steps per straggler statistic (default 2000)\n"
     "  --simulate                 also train Fashion-MNIST with each strategy in the simulator (virtual time,\n"
     "                             one fashion_mnist process each) and compare their time to accuracy\n"
@@ -77,6 +82,8 @@ struct plan_options {
   int backup_workers = 1;
   int staleness = 2;
   int period = 8;
+  int fragments = 4, delay = 1;                          // DiLoCo streaming
+  std::vector<gradwire::plan::codec_model> codecs;      // compressed all-reduce (--compress)
   int trials = gradwire::plan::default_monte_carlo_trials;
   bool simulate = false;
   simulate_options run;  // with simulate
@@ -198,6 +205,7 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
   std::optional<double> step, flops_per_sample;
   double device_flops = 50e9;
   std::optional<std::string> cluster_text, cluster_file;
+  std::string compress = "fp16,int8,topk:0.01,powersgd:4";
   bool simulate_only = false;  // an option that only --simulate reads was given
   for (detail::arguments a(argc, argv); a.next();) {
     const std::string_view flag = a.flag();
@@ -234,6 +242,12 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
       o.staleness = static_cast<int>(detail::integer(flag, a.value(), 0));
     } else if (flag == "--period") {
       o.period = static_cast<int>(detail::integer(flag, a.value(), 1));
+    } else if (flag == "--fragments") {
+      o.fragments = static_cast<int>(detail::integer(flag, a.value(), 1));
+    } else if (flag == "--delay") {
+      o.delay = static_cast<int>(detail::integer(flag, a.value(), 0));
+    } else if (flag == "--compress") {
+      compress = std::string(a.value());
     } else if (flag == "--trials") {
       o.trials = static_cast<int>(detail::integer(flag, a.value(), 1));
     } else if (flag == "--simulate") {
@@ -319,6 +333,16 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
     detail::usage("--backup-workers " + std::to_string(o.backup_workers) + " leaves no worker: it must be below the " +
                   std::to_string(w) + " workers");
   if (o.period < 1) detail::usage("--period must be >= 1");
+  if (compress != "none")
+    for (std::size_t from = 0; from <= compress.size();) {
+      const std::size_t comma = std::min(compress.find(',', from), compress.size());
+      try {
+        o.codecs.push_back(gradwire::plan::parse_codec(std::string_view(compress).substr(from, comma - from)));
+      } catch (const gradwire::error& e) {
+        detail::usage(e.details());
+      }
+      from = comma + 1;
+    }
   if (o.simulate && o.work.tensors != fashion_mnist_tensors)
     detail::usage("--simulate trains the Fashion-MNIST MLP (examples/fashion_mnist): leave out --params and --tensors, "
                   "or leave out --simulate");

@@ -1,6 +1,8 @@
 // The analytic cost models (plan/cost_model.hpp) against closed forms derived by hand, and the planner's options and --simulate.
 #include <catch2/catch.hpp>
 
+#include <array>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -361,6 +363,84 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   const plan::strategy_costs slowed(slow, {p, {}, 32, step}, unchecked());
   CHECK(slowed.all_reduce(all_reduce_algorithm::ring).compute == Approx(3 * step));
   CHECK(slowed.ps_async(1).compute == Approx(2 * step));  // the mean of 1 and 3
+}
+
+TEST_CASE("ZeRO-1, compressed all-reduce and DiLoCo by hand: the ring's phases, each codec's bytes, H and fragments") {
+  // 2 workers on 2 hosts, no stragglers, no call-check frames: a ring step of b bytes costs
+  // 2 overheads + latency + b / bandwidth.
+  const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
+  const std::size_t p = 250'000;
+  const double n = p * 4.0, step = 2e-3, o = 1e-6, a = 10e-6, bw = 1e9;
+  const plan::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
+  auto ring_step = [&](double bytes) { return 2 * o + a + bytes / bw; };
+
+  const auto ring = costs.all_reduce(all_reduce_algorithm::ring);
+  CHECK(ring.bytes_per_step == Approx(n));  // 2 (N - 1) / N of the model
+  // ZeRO-1: a reduce-scatter step and an all-gather step, the ring's bytes and time.
+  const auto zero = costs.sharded();
+  CHECK(zero.communication == Approx(2 * ring_step(n / 2)));
+  CHECK(zero.communication == Approx(ring.communication));
+  CHECK(zero.bytes_per_step == Approx(n));
+  CHECK(zero.synchronous);
+  CHECK_THAT(zero.note, Catch::Matchers::Contains("optimizer state 1/2 per rank"));
+
+  // Ring codecs: the same two steps of encoded chunks, plus their compute on the step.
+  const auto fp16 = costs.compressed_all_reduce(plan::parse_codec("fp16"));
+  CHECK(fp16.communication == Approx(2 * ring_step(n / 4)));
+  CHECK(fp16.bytes_per_step == Approx(n / 2));
+  CHECK(fp16.compute == Approx(step + plan::fp16_seconds_per_element * p));
+  CHECK_FALSE(fp16.synchronous);  // a compressed image of the mean: progress per sample is the codec's
+  const auto int8 = costs.compressed_all_reduce(plan::parse_codec("int8"));
+  CHECK(int8.communication == Approx(2 * ring_step(n / 8)));
+  CHECK(int8.bytes_per_step == Approx(n / 4));
+  CHECK_THAT(int8.note, Catch::Matchers::Contains("4.0x fewer bytes"));
+  // Top-k: one all-gather step of the 1% kept, 8 bytes (index, value) each.
+  const auto topk = costs.compressed_all_reduce(plan::parse_codec("topk:0.01"));
+  CHECK(topk.communication == Approx(ring_step(2500 * 8.0)));
+  CHECK(topk.bytes_per_step == Approx(2500 * 8.0));
+  // PowerSGD rank 4: 250000 elements are a 500 x 500 matrix; P and Q each 500 x 4 floats.
+  const auto power = costs.compressed_all_reduce(plan::parse_codec("powersgd:4"));
+  CHECK(power.communication == Approx(2 * predicted(c, all_reduce_algorithm::auto_, 2000)));
+  CHECK(power.bytes_per_step == Approx(2 * 2000 * 4.0));
+  CHECK(power.compute == Approx(step + plan::low_rank_seconds_per_element * 4 * p));
+  // No codec: the plain ring.
+  CHECK(costs.compressed_all_reduce(plan::parse_codec("none")).communication == Approx(ring.communication));
+
+  // DiLoCo: local SGD's all-reduce every H steps; streamed, each fragment's all-reduce
+  // hides behind `delay` steps of compute.
+  const auto diloco = costs.diloco(4);
+  CHECK(diloco.communication == Approx(costs.local_sgd(4).communication));
+  CHECK(diloco.bytes_per_step == Approx(n / 4));
+  const auto streamed = costs.diloco(4, 2, 0);
+  CHECK(streamed.communication == Approx(2 * predicted(c, all_reduce_algorithm::auto_, p / 2) / 4));
+  const double one_fragment = predicted(c, all_reduce_algorithm::auto_, p / 2);
+  const int hides = static_cast<int>(std::ceil(one_fragment / step));
+  CHECK(costs.diloco(4, 2, hides).communication == 0);
+  CHECK(costs.diloco(4, 2, 1).communication == Approx(2 * std::max(0.0, one_fragment - step) / 4));
+  for (auto bad : {std::array{0, 1, 0}, std::array{4, 0, 0}, std::array{4, 1, -1}}) {
+    const auto [kind, what] = gw::testing::error_of([&] { (void)costs.diloco(bad[0], bad[1], bad[2]); });
+    CHECK(kind == gw::errc::invalid_argument);
+    CHECK_THAT(what, Catch::Matchers::Contains("DiLoCo"));
+  }
+}
+
+TEST_CASE("--compress's codecs: each spelling parsed, anything else refused naming the choices") {
+  CHECK(plan::parse_codec("bf16").bytes_per_element == 2);
+  CHECK(plan::parse_codec("int8").bytes_per_element == 1);
+  CHECK(plan::parse_codec("topk:0.25").fraction == 0.25);
+  CHECK(plan::parse_codec("powersgd:2").rank == 2);
+  CHECK_FALSE(plan::parse_codec("none").compresses());
+  for (const char* bad : {"zstd", "topk", "topk:0", "topk:1.5", "topk:x", "powersgd:0", "powersgd:2x", "fp16:2"}) {
+    CAPTURE(bad);
+    const auto [kind, what] = gw::testing::error_of([&] { (void)plan::parse_codec(bad); });
+    CHECK(kind == gw::errc::invalid_argument);
+    CHECK_THAT(what, Catch::Matchers::Contains("powersgd:RANK"));
+  }
+  // PowerSGD's near-square matrix: cols = ceil(sqrt n), rows = ceil(n / cols).
+  CHECK(plan::low_rank_matrix(10).rows == 3);
+  CHECK(plan::low_rank_matrix(10).cols == 4);
+  CHECK(plan::low_rank_matrix(250'000).rows == 500);
+  CHECK(plan::low_rank_matrix(1).cols == 1);
 }
 
 TEST_CASE("all-reduce with backup workers: the (W-k)-th compute, a round of one-byte messages, W-k gradients") {

@@ -20,6 +20,11 @@
 //   local_sgd (period H)   E[max over workers of the mean of H steps] + the parameter
 //                          all-reduce / H
 //   central_storage        E[max of W] + reduce of the gradient onto rank 0 + broadcast
+//   sharded (ZeRO-1)       E[max of W] + per bucket a ring reduce-scatter and all-gather
+//   compressed all_reduce  E[max of W] + the codec's compute + its route (codec_model.hpp):
+//                          encoded ring, all-gather of top-k pairs, or PowerSGD's factors
+//   diloco (H, F, delay)   local SGD's wait + the pseudo-gradient all-reduce / H; streaming
+//                          fragments hide behind `delay` inner steps
 // Compute and communication do not overlap: right for models of one bucket (25 MiB), whose
 // only bucket is ready when backward ends; pessimistic for larger ones. Parameter servers
 // run on S extra ranks after the W workers (ranks W..W+S-1, host-major: on hosts of
@@ -31,6 +36,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <numeric>
 #include <string>
@@ -43,6 +50,7 @@
 #include "../ps/sharding.hpp"
 #include "all_reduce_cost.hpp"
 #include "cluster_model.hpp"
+#include "codec_model.hpp"
 #include "link_cost.hpp"
 #include "rooted_cost.hpp"
 #include "schedule.hpp"
@@ -79,7 +87,10 @@ enum class strategy_kind : std::uint8_t {
   ps_async,
   ps_bounded_staleness,
   local_sgd,
-  central_storage
+  central_storage,
+  sharded,
+  compressed_all_reduce,
+  diloco
 };
 
 // One strategy's prediction.
@@ -97,6 +108,7 @@ struct strategy_cost {
   double step = 0;             // seconds per step (async: the mean time between one worker's steps)
   double samples_per_second = 0;  // samples whose gradients are applied
   std::string note;
+  double bytes_per_step = 0;  // sent by one rank per step, on average (0: not priced)
 };
 
 // The cluster a parameter-server job with `c`'s ranks as workers and `servers` servers
@@ -179,6 +191,7 @@ class strategy_costs {
     if (a == all_reduce_algorithm::auto_)
       s.note = std::string("runs ") + name_of(ar.runs) + (ar.note.empty() ? "" : "; ") + ar.note;
     if (a == all_reduce_algorithm::one_shot) s.note = "not an aggregation tag; " + s.note;
+    if (a != all_reduce_algorithm::one_shot) s.bytes_per_step = ring_bytes(bucket_bytes, double(o_.element_bytes));
     return finish(s, double(w_.batch) * workers());
   }
 
@@ -302,6 +315,110 @@ class strategy_costs {
                     0,
                     std::string("parameters all-reduced by ") + name_of(ar.runs) + " every " + std::to_string(period) +
                         " steps"};
+    s.bytes_per_step = ring_bytes(bucket_bytes, double(o_.element_bytes)) / period;
+    return finish(s, double(w_.batch) * workers());
+  }
+
+  // ZeRO-1 (aggregation::sharded): per bucket a ring reduce-scatter of the gradient and a
+  // ring all-gather of the parameters, the ring all-reduce's two phases as two collectives
+  // (each with its own call check); the optimizer state per rank is 1/N.
+  strategy_cost sharded(std::size_t bucket_bytes = collective::default_bucket_bytes) const {
+    double comm = 0, bytes = 0;
+    for (std::size_t b : buckets(bucket_bytes)) {
+      const double part = longest_chunk_bytes(b, static_cast<std::size_t>(workers()), o_.element_bytes);
+      comm += 2 * ring_steps_seconds(c_, workers() - 1, part, o_);
+      bytes += 2.0 * (workers() - 1) * part;
+    }
+    strategy_cost s{"sharded (ZeRO-1)", strategy_kind::sharded, true, true, expected_max_, comm, 0, 0,
+                    "reduce-scatter + all-gather per bucket; optimizer state 1/" + std::to_string(workers()) +
+                        " per rank"};
+    s.bytes_per_step = bytes;
+    return finish(s, double(w_.batch) * workers());
+  }
+
+  // All-reduce of compressed gradients (aggregation::compressed_all_reduce, codec_model.hpp):
+  // ring codecs reduce-scatter and all-gather encoded chunks (bytes_per_element each), top-k
+  // all-gathers every rank's kept pairs, PowerSGD all-reduces P then Q per bucket; plus the
+  // codec's compute on every rank.
+  strategy_cost compressed_all_reduce(const codec_model& codec,
+                                      std::size_t bucket_bytes = collective::default_bucket_bytes) const {
+    if (!codec.compresses()) {
+      strategy_cost s = all_reduce(all_reduce_algorithm::ring, bucket_bytes);
+      s.bytes_per_step = ring_bytes(bucket_bytes, double(o_.element_bytes));
+      return s;
+    }
+    const auto n = static_cast<std::size_t>(workers());
+    double comm = 0, bytes = 0, codec_seconds = 0;
+    for (std::size_t b : buckets(bucket_bytes)) {
+      switch (codec.path) {
+        case codec_model::route::ring: {
+          const double part = longest_chunk_bytes(b, n, 1) * codec.bytes_per_element;
+          comm += 2 * ring_steps_seconds(c_, workers() - 1, part, o_);
+          bytes += 2.0 * (workers() - 1) * part;
+          codec_seconds += codec.seconds_per_element * double(b);
+          break;
+        }
+        case codec_model::route::gather: {
+          const double kept = std::max(1.0, std::ceil(codec.fraction * double(b))) * codec.bytes_per_element;
+          comm += ring_steps_seconds(c_, workers() - 1, kept, o_);
+          bytes += double(workers() - 1) * kept;
+          codec_seconds += codec.seconds_per_element * double(b);
+          break;
+        }
+        case codec_model::route::low_rank: {
+          const matrix_extent m = low_rank_matrix(b);
+          const auto r = std::min<std::size_t>(static_cast<std::size_t>(codec.rank), m.rows);
+          for (std::size_t factor : {m.rows * r, m.cols * r}) {
+            comm += predict_all_reduce(c_, all_reduce_algorithm::auto_, factor, o_).seconds;
+            bytes += 2.0 * (workers() - 1) / workers() * double(factor) * double(o_.element_bytes);
+          }
+          codec_seconds += codec.seconds_per_element * double(r) * double(b);
+          break;
+        }
+      }
+    }
+    // Not the mean gradient but its compressed image: progress per sample is the codec's
+    // (docs/strategies/compression.md), which this model does not see.
+    strategy_cost s{"compressed all_reduce (" + codec.name + ")", strategy_kind::compressed_all_reduce, false, true,
+                    expected_max_ + codec_seconds, comm, 0, 0,
+                    detail_codec_note(codec, bytes, ring_bytes(bucket_bytes, double(o_.element_bytes)))};
+    s.bytes_per_step = bytes;
+    return finish(s, double(w_.batch) * workers());
+  }
+
+  // DiLoCo (aggregation::averaging with an outer optimizer): H inner steps, then the
+  // pseudo-gradient all-reduced (auto_) and the outer step. Streaming with F fragments:
+  // each fragment's all-reduce (1/F of the model) runs behind `delay` inner steps of
+  // compute, so only what outlasts them waits: per step F x max(0, its all-reduce - delay x
+  // compute) / H. The wait is for the slowest worker's H steps, as local SGD's.
+  strategy_cost diloco(int period, int fragments = 1, int delay = 0,
+                       std::size_t bucket_bytes = collective::default_bucket_bytes) const {
+    if (period < 1 || fragments < 1 || delay < 0)
+      throw error(errc::invalid_argument, "DiLoCo: the period (" + std::to_string(period) + ") and fragments (" +
+                                              std::to_string(fragments) + ") must be >= 1 and the delay (" +
+                                              std::to_string(delay) + ") >= 0");
+    const double compute = stats_.expected_max_mean(period);
+    const auto sizes = buckets(bucket_bytes);
+    const all_reduce_cost whole = predict_bucketed_all_reduce(c_, all_reduce_algorithm::auto_, sizes, o_);
+    double comm = whole.seconds / period;
+    if (fragments > 1 || delay > 0) {
+      const std::size_t per_fragment = (w_.parameters + static_cast<std::size_t>(fragments) - 1) / fragments;
+      const double one = predict_all_reduce(c_, all_reduce_algorithm::auto_, per_fragment, o_).seconds;
+      comm = fragments * std::max(0.0, one - delay * compute) / period;
+    }
+    strategy_cost s{"diloco (H " + std::to_string(period) + ", F " + std::to_string(fragments) + ", delay " +
+                        std::to_string(delay) + ")",
+                    strategy_kind::diloco,
+                    false,
+                    whole.available,
+                    compute,
+                    comm,
+                    0,
+                    0,
+                    "pseudo-gradients all-reduced by " + std::string(name_of(whole.runs)) + " every " +
+                        std::to_string(period) + " steps" +
+                        (fragments > 1 ? ", in " + std::to_string(fragments) + " fragments" : "")};
+    s.bytes_per_step = ring_bytes(bucket_bytes, double(o_.element_bytes)) / period;
     return finish(s, double(w_.batch) * workers());
   }
 
@@ -327,6 +444,19 @@ class strategy_costs {
   void check_servers(int servers) const {
     if (servers < 1)
       throw error(errc::invalid_argument, "parameter servers: expected at least 1, got " + std::to_string(servers));
+  }
+
+  // What one rank sends in a ring all-reduce of every bucket at `element_bytes` each.
+  double ring_bytes(std::size_t bucket_bytes, double element_bytes) const {
+    double bytes = 0;
+    for (std::size_t b : buckets(bucket_bytes))
+      bytes += 2.0 * (workers() - 1) * longest_chunk_bytes(b, static_cast<std::size_t>(workers()), 1) * element_bytes;
+    return bytes;
+  }
+  static std::string detail_codec_note(const codec_model& codec, double bytes, double plain) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.1f", bytes > 0 ? plain / bytes : 0.0);
+    return codec.name + ": " + ratio + "x fewer bytes than the plain ring";
   }
 
   static strategy_cost finish(strategy_cost s, double samples_per_step) {
