@@ -609,6 +609,67 @@ concept step_counting_agent = requires(const G& g) {
   { g.applying_step() } -> std::convertible_to<std::uint64_t>;
 };
 
+// Compressor: how a buffer of V travels in fewer bytes (gradwire/compress/ holds the library's
+// codecs: fp16, bf16, int8, top_k, powersgd, and error_feedback<Codec> around the first four).
+// The codec is settings, the same on every rank; what changes from step to step lives in a
+// state per buffer (per bucket) that the caller keeps: error feedback's residual, PowerSGD's Q.
+//   static compression_kind kind                  how a reduction over ranks composes with it (below)
+//   template <class V> struct state               per-buffer state; init allocates all of it
+//   state<V> init<V>(size_t n) const              fresh state for a buffer of n elements
+//   size_t encoded_bytes<V>(size_t n) const       the payload of n elements: a function of n alone,
+//                                                 so every rank knows every payload's size
+//   void encode(state<V>&, span<const V> in, span<byte> out) const
+//                                                 this rank's own buffer, through its state (error
+//                                                 feedback adds the residual first, then keeps the new one)
+//   void decode(span<const byte> in, span<V> out) const        out = decode(in), from the payload
+//                                                 alone: any rank's payload decodes to the same bits
+//   void decode_add(span<const byte> in, span<V> inout) const  inout += decode(in)
+// Payloads are unaligned bytes (codecs read and write them with memcpy); a size that does not
+// match, or an input a codec cannot encode, is errc::invalid_argument.
+// How each kind is reduced over ranks (collective/compressed_all_reduce.hpp; model averaging
+// reduces its pseudo-gradients, params at the last average minus params now, through the
+// same call; a parameter-server push is encode on the worker and decode_add on the server,
+// whatever the kind):
+//   linear    decode(encode(a)) + decode(encode(b)), re-encoded, is a fair encoding of a + b
+//             (fp16, bf16, int8 with a scale): a ring reduce-scatter decodes each hop's chunk,
+//             adds it in V and re-encodes it with the codec's map alone, as it has no owner:
+//               void encode(span<const V> in, span<byte> out) const
+//             then the owner of each chunk takes decode(encode(sum)) and the ring all-gathers
+//             the encoded sums, so every rank holds the same bits.
+//   gathered  not linear (the sum of two top-k's is not a top-k): every rank's payload is
+//             all-gathered and decode_add-ed in rank order, the same order on every rank.
+//   low_rank  reduced as factors through two all-reduces (PowerSGD: all-reduce P,
+//             orthogonalise, Q = M^T P, all-reduce Q), which the codec splits into three calls:
+//               span<V> low_rank_begin(state<V>&, span<const V> in)  the first factor to sum
+//                           over ranks (P = M Q; before the codec's start step, all of M: plain)
+//               span<V> low_rank_middle(state<V>&)   once the first is summed: the second factor
+//                           to sum (orthogonalise P, Q = M^T P), empty when the step is plain
+//               void low_rank_end(state<V>&, span<V> out)   once both are summed: out = the
+//                           approximation of the sum over ranks (P Q^T)
+//             Every rank calls the three in the same steps, so their states agree on the step.
+enum class compression_kind { linear, gathered, low_rank };
+
+template <class C, class V>
+concept compressor =
+    std::copy_constructible<C> &&
+    requires(const C& c, typename C::template state<V>& s, std::span<const V> in, std::span<V> out,
+             std::span<const std::byte> payload, std::span<std::byte> into, std::size_t n) {
+      { C::kind } -> std::convertible_to<compression_kind>;
+      { c.template init<V>(n) } -> std::same_as<typename C::template state<V>>;
+      { c.template encoded_bytes<V>(n) } -> std::convertible_to<std::size_t>;
+      c.encode(s, in, into);
+      c.decode(payload, out);
+      c.decode_add(payload, out);
+    } &&
+    (C::kind != compression_kind::linear ||
+     requires(const C& c, std::span<const V> in, std::span<std::byte> into) { c.encode(in, into); }) &&
+    (C::kind != compression_kind::low_rank ||
+     requires(const C& c, typename C::template state<V>& s, std::span<const V> in, std::span<V> out) {
+       { c.low_rank_begin(s, in) } -> std::same_as<std::span<V>>;
+       { c.low_rank_middle(s) } -> std::same_as<std::span<V>>;
+       c.low_rank_end(s, out);
+     });
+
 // Replica: where strategy<> keeps this replica's parameter tensors and optimizer state, and
 // the host view of the parameters (a span per tensor) that every aggregation reads and
 // writes. The tensor's location picks it (training/replica.hpp): training::host_replica,

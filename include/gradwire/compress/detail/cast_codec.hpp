@@ -1,0 +1,65 @@
+// A codec that casts each element to a 16-bit float (fp16 and bf16 are this with their format).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "../../concepts.hpp"
+#include "narrow_float.hpp"
+#include "payload.hpp"
+
+namespace gradwire::compress::detail {
+
+// Format: a narrow_float; Name: the codec's name in messages.
+template <class Format, const char* Name>
+class cast_codec {
+ public:
+  static constexpr concepts::compression_kind kind = concepts::compression_kind::linear;
+  static constexpr const char* name = Name;
+  using format = Format;
+
+  // Nothing to keep between steps: the state only remembers the length it was made for.
+  template <class V>
+  struct state {
+    std::size_t n = 0;
+  };
+  template <class V>
+  state<V> init(std::size_t n) const {
+    return {n};
+  }
+  template <class V>
+  std::size_t encoded_bytes(std::size_t n) const noexcept {
+    return 2 * n;
+  }
+
+  template <class V>
+  void encode(state<V>& s, std::span<const V> in, std::span<std::byte> out) const {
+    check_state(Name, s.n, in.size());
+    encode(in, out);
+  }
+  template <class V>
+  void encode(std::span<const V> in, std::span<std::byte> out) const {
+    check_payload(Name, out.size(), 2 * in.size(), in.size());
+    std::byte* to = out.data();
+    for (std::size_t i = 0; i < in.size(); ++i) store<std::uint16_t>(to + 2 * i, Format::from(static_cast<double>(in[i])));
+  }
+  template <class V>
+  void decode(std::span<const std::byte> in, std::span<V> out) const {
+    check_payload(Name, in.size(), 2 * out.size(), out.size());
+    const std::byte* from = in.data();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<V>(Format::to(load<std::uint16_t>(from + 2 * i)));
+  }
+  template <class V>
+  void decode_add(std::span<const std::byte> in, std::span<V> inout) const {
+    check_payload(Name, in.size(), 2 * inout.size(), inout.size());
+    const std::byte* from = in.data();
+    for (std::size_t i = 0; i < inout.size(); ++i)
+      inout[i] += static_cast<V>(Format::to(load<std::uint16_t>(from + 2 * i)));
+  }
+};
+
+inline constexpr char fp16_name[] = "fp16";
+inline constexpr char bf16_name[] = "bf16";
+
+}  // namespace gradwire::compress::detail

@@ -1,0 +1,88 @@
+// compress::error_feedback<Codec>: a codec that carries what each encode lost into the next one (Seide et al. 2014, Karimireddy et al. 2019).
+//
+// Why/maths: with residual r (zero at first), encode(x) encodes c = x + r and keeps
+// r' = c - decode(encode(c)), computed in V, exactly that and nothing else: the sum of what
+// was sent over t steps differs from the sum of the inputs by the last residual alone
+// (sum_t decode_t = sum_t x_t - r_t), so no part of a gradient is lost for good, only
+// delayed. It turns a biased codec (top_k, int8's small elements) into one whose error stays
+// bounded instead of accumulating, and is what makes top-k and int8 train like the
+// uncompressed run (Karimireddy et al., "Error feedback fixes SignSGD"). Cost: one buffer of
+// n elements of V per encoded buffer for r, and one more for c, both in the state, and a
+// decode per encode. The residual is this rank's: a linear codec's re-encoding of partial
+// sums on a ring (encode without a state) goes through Codec alone. PowerSGD keeps its own
+// error feedback (compress::powersgd), so it is not wrapped.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "../concepts.hpp"
+#include "../tensor/aligned_buffer.hpp"
+#include "detail/payload.hpp"
+
+namespace gradwire::compress {
+
+// Codec: a concepts::compressor of kind linear or gathered (fp16, bf16, int8, top_k, or a
+// user's).
+template <class Codec>
+class error_feedback {
+  static_assert(Codec::kind != concepts::compression_kind::low_rank,
+                "gradwire::compress::error_feedback<Codec>: a low-rank codec (powersgd) keeps its own error "
+                "feedback across its two rounds; use it unwrapped");
+
+ public:
+  using codec_type = Codec;
+  static constexpr concepts::compression_kind kind = Codec::kind;
+  static constexpr const char* name = "error_feedback";
+
+  explicit error_feedback(Codec codec = Codec()) : codec_(std::move(codec)) {}
+  const Codec& codec() const noexcept { return codec_; }
+
+  // residual: what the latest encode left out (zero before the first); corrected: scratch
+  // for x + residual. Both allocated at init.
+  template <class V>
+  struct state {
+    typename Codec::template state<V> codec;
+    aligned_buffer<V> residual, corrected;
+  };
+  template <class V>
+  state<V> init(std::size_t n) const {
+    return {codec_.template init<V>(n), aligned_buffer<V>(n), aligned_buffer<V>(n)};
+  }
+  template <class V>
+  std::size_t encoded_bytes(std::size_t n) const {
+    return codec_.template encoded_bytes<V>(n);
+  }
+
+  template <class V>
+  void encode(state<V>& s, std::span<const V> in, std::span<std::byte> out) const {
+    detail::check_state(name, s.residual.size(), in.size());
+    V* residual = s.residual.data();
+    V* corrected = s.corrected.data();
+    for (std::size_t i = 0; i < in.size(); ++i) corrected[i] = in[i] + residual[i];
+    codec_.encode(s.codec, std::span<const V>(corrected, in.size()), out);
+    codec_.decode(std::span<const std::byte>(out), s.residual.span());  // what the receivers will read
+    for (std::size_t i = 0; i < in.size(); ++i) residual[i] = corrected[i] - residual[i];
+  }
+  // The codec's map alone, for a partial sum that is nobody's own (linear codecs' rings).
+  template <class V>
+  void encode(std::span<const V> in, std::span<std::byte> out) const
+    requires(Codec::kind == concepts::compression_kind::linear)
+  {
+    codec_.encode(in, out);
+  }
+  template <class V>
+  void decode(std::span<const std::byte> in, std::span<V> out) const {
+    codec_.decode(in, out);
+  }
+  template <class V>
+  void decode_add(std::span<const std::byte> in, std::span<V> inout) const {
+    codec_.decode_add(in, inout);
+  }
+
+ private:
+  Codec codec_;
+};
+
+}  // namespace gradwire::compress

@@ -1,0 +1,131 @@
+// The host maths of a low-rank approximation M ~ P Q^T (PowerSGD's steps), as plain functions over spans.
+//
+// Layout: M is rows x cols, row-major (a buffer's elements in order, zero-padded to fill the
+// last row); the factors P (rows x r) and Q (cols x r) are column-major, each column
+// contiguous, so that every loop below runs along contiguous memory: P = M Q is r dot
+// products per row of M, Q = M^T P and P Q^T are axpys along M's rows, and Gram-Schmidt
+// works on whole columns. An aggregation calls them between its all-reduces (PowerSGD:
+// P = M Q; all-reduce P; orthogonalise P; Q = M^T P; all-reduce Q; M' = P Q^T), a codec
+// around a single encode. Dot products and norms accumulate in double.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace gradwire::compress::low_rank {
+
+// The matrix a buffer of n elements is read as: cols = ceil(sqrt(n)), rows = ceil(n / cols),
+// so rows <= cols, the last row padded with fewer than cols zeros, and the factors of rank r
+// hold r (rows + cols), about 2 r sqrt(n), elements. A near-square shape needs no knowledge
+// of the tensors in a bucket and gives the most compression a given rank can (rows + cols
+// is smallest for rows = cols). `rank` is min(the rank asked for, rows): beyond rows, P Q^T
+// is exact already.
+struct matrix_shape {
+  std::size_t rows = 0, cols = 0, rank = 0;
+
+  static matrix_shape of(std::size_t n, std::size_t wanted_rank) noexcept {
+    if (n == 0) return {};
+    auto cols = static_cast<std::size_t>(std::sqrt(static_cast<double>(n)));
+    while (cols * cols < n) ++cols;
+    while (cols > 1 && (cols - 1) * (cols - 1) >= n) --cols;
+    const std::size_t rows = (n + cols - 1) / cols;
+    return {rows, cols, std::min(wanted_rank, rows)};
+  }
+  std::size_t p_size() const noexcept { return rows * rank; }
+  std::size_t q_size() const noexcept { return cols * rank; }
+};
+
+// P = M Q: column c of P at p[c rows ..], of Q at q[c cols ..].
+template <class V>
+void multiply(std::span<const V> m, std::span<const V> q, std::span<V> p, const matrix_shape& s) {
+  for (std::size_t c = 0; c < s.rank; ++c) {
+    const V* qc = q.data() + c * s.cols;
+    for (std::size_t i = 0; i < s.rows; ++i) {
+      const V* row = m.data() + i * s.cols;
+      double sum = 0;
+      for (std::size_t j = 0; j < s.cols; ++j) sum += static_cast<double>(row[j]) * static_cast<double>(qc[j]);
+      p[c * s.rows + i] = static_cast<V>(sum);
+    }
+  }
+}
+
+// Q = M^T P.
+template <class V>
+void multiply_transposed(std::span<const V> m, std::span<const V> p, std::span<V> q, const matrix_shape& s) {
+  std::fill(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(s.q_size()), V(0));
+  for (std::size_t c = 0; c < s.rank; ++c) {
+    V* qc = q.data() + c * s.cols;
+    for (std::size_t i = 0; i < s.rows; ++i) {
+      const V pic = p[c * s.rows + i];
+      const V* row = m.data() + i * s.cols;
+      for (std::size_t j = 0; j < s.cols; ++j) qc[j] += row[j] * pic;
+    }
+  }
+}
+
+// P's columns made orthonormal in place, in order (modified Gram-Schmidt: each column
+// loses its projections on the ones before it, then is scaled to length 1). The projections
+// are taken off twice ("twice is enough", Giraud et al. 2005): once leaves an error of about
+// eps cond(P), and P = M Q of an ill-conditioned M would come out far from orthonormal in
+// float, so P P^T would not be a projection; twice leaves about eps, for r^2 rows more work
+// against the products' r n. A column left with length 0 (M of lower rank than r, or zero)
+// stays 0 rather than NaN.
+template <class V>
+void orthogonalise(std::span<V> p, const matrix_shape& s) {
+  for (std::size_t c = 0; c < s.rank; ++c) {
+    V* pc = p.data() + c * s.rows;
+    for (int pass = 0; pass < 2; ++pass)
+      for (std::size_t b = 0; b < c; ++b) {
+        const V* pb = p.data() + b * s.rows;
+        double dot = 0;
+        for (std::size_t i = 0; i < s.rows; ++i) dot += static_cast<double>(pc[i]) * static_cast<double>(pb[i]);
+        const auto d = static_cast<V>(dot);
+        for (std::size_t i = 0; i < s.rows; ++i) pc[i] -= d * pb[i];
+      }
+    double norm = 0;
+    for (std::size_t i = 0; i < s.rows; ++i) norm += static_cast<double>(pc[i]) * static_cast<double>(pc[i]);
+    norm = std::sqrt(norm);
+    const V inverse = norm > 0 ? static_cast<V>(1 / norm) : V(0);
+    for (std::size_t i = 0; i < s.rows; ++i) pc[i] *= inverse;
+  }
+}
+
+// out = the first out.size() elements of P Q^T, row-major (out.size() <= rows cols).
+template <class V>
+void reconstruct(std::span<const V> p, std::span<const V> q, std::span<V> out, const matrix_shape& s) {
+  const std::size_t n = out.size();
+  for (std::size_t i = 0; i < s.rows && i * s.cols < n; ++i) {
+    V* row = out.data() + i * s.cols;
+    const std::size_t length = std::min(s.cols, n - i * s.cols);
+    std::fill(row, row + length, V(0));
+    for (std::size_t c = 0; c < s.rank; ++c) {
+      const V pic = p[c * s.rows + i];
+      const V* qc = q.data() + c * s.cols;
+      for (std::size_t j = 0; j < length; ++j) row[j] += pic * qc[j];
+    }
+  }
+}
+
+// Fills the columns of Q that are all zero with values in [-1, 1) from `seed` (splitmix64
+// of seed and the element's place): the first Q of a warm start, and a column that a zero
+// gradient emptied (else P = M Q would keep it zero for good). A function of the seed and
+// Q alone, so ranks that agree on Q agree after it too.
+template <class V>
+void seed_empty_columns(std::span<V> q, const matrix_shape& s, std::uint64_t seed) {
+  for (std::size_t c = 0; c < s.rank; ++c) {
+    V* qc = q.data() + c * s.cols;
+    if (std::any_of(qc, qc + s.cols, [](V x) { return x != V(0); })) continue;
+    for (std::size_t j = 0; j < s.cols; ++j) {
+      std::uint64_t z = seed + 0x9E37'79B9'7F4A'7C15ull * (c * s.cols + j + 1);
+      z = (z ^ (z >> 30)) * 0xBF58'476D'1CE4'E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D0'49BB'1331'11EBull;
+      z ^= z >> 31;
+      qc[j] = static_cast<V>(static_cast<double>(z >> 11) * 0x1p-52 - 1.0);  // 53 bits: [0, 2) - 1
+    }
+  }
+}
+
+}  // namespace gradwire::compress::low_rank
