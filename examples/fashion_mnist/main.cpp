@@ -1,8 +1,9 @@
 // Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device, mirrored,
-// multi_worker_mirrored, central_storage, local_sgd or parameter_server strategy.
+// multi_worker_mirrored, central_storage, local_sgd, diloco or parameter_server strategy.
 //
-//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|parameter_server]
+//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|diloco|parameter_server]
 //                 [--transport inproc|tcp|ucx|simulated] [--replicas N] [--owner R] [--period H] [--backup-workers B]
+//                 [--outer-lr X] [--outer-momentum M] [--fragments F] [--delay D]
 //                 [--min-replicas M]
 //                 [--cluster MODEL] [--step-compute SECONDS] [--evals-per-epoch K]
 //                 [--ps S] [--ps-mode sync|async|bounded:S|backup:B] [--checkpoint-dir D] [--checkpoint-every K]
@@ -31,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 #include <gradwire/aggregation/min_replicas.hpp>
 #include <gradwire/error.hpp>
@@ -52,16 +54,17 @@ using steady = std::chrono::steady_clock;  // before any rank runs: real time
 
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
-    "  --strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|parameter_server\n"
+    "  --strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|diloco|parameter_server\n"
     "                                   training strategy (default one_device); multi_worker_mirrored runs one\n"
     "                                   replica per process: start it with scripts/gradwire-run -n N, mpirun -np N,\n"
     "                                   srun or TF_CONFIG\n"
-    "  --transport inproc|tcp|ucx       central_storage, local_sgd: replicas as threads of this process (inproc,\n"
-    "                                   the default) or one per process under a launcher (tcp, as\n"
+    "  --transport inproc|tcp|ucx       central_storage, local_sgd, diloco: replicas as threads of this process\n"
+    "                                   (inproc, the default) or one per process under a launcher (tcp, as\n"
     "                                   multi_worker_mirrored, or ucx: UCX, with UCX_TLS choosing shared memory,\n"
-    "                                   TCP or RDMA); mirrored is inproc, multi_worker_mirrored tcp or ucx;\n"
-    "                                   simulated (any strategy but one_device): replicas and servers as threads\n"
-    "                                   in virtual time on the cluster --cluster describes; times are virtual\n"
+    "                                   TCP or RDMA; diloco: inproc or tcp); mirrored is inproc,\n"
+    "                                   multi_worker_mirrored tcp or ucx; simulated (any strategy but one_device\n"
+    "                                   and diloco): replicas and servers as threads in virtual time on the\n"
+    "                                   cluster --cluster describes; times are virtual\n"
     "  --cluster MODEL                  simulated: the cluster, e.g. \"hosts=25 ranks_per_host=4 bandwidth=10Gbit\n"
     "                                   latency=20us compute=modelled jitter=0.1 tail=0.02:2\" (docs/planning.md);\n"
     "                                   without hosts= every rank is a host of its own\n"
@@ -78,7 +81,14 @@ constexpr const char* usage_text =
     "                                   tcp: the launcher's world size (may be left out)\n"
     "  --owner R                        central_storage: the rank that sums gradients and applies the optimizer\n"
     "                                   (default 0)\n"
-    "  --period H                       local_sgd: average the parameters every H local steps (default 8)\n"
+    "  --period H                       local_sgd: average the parameters every H local steps; diloco: an outer\n"
+    "                                   step every H local steps (default 8)\n"
+    "  --outer-lr X                     diloco: the outer Nesterov step's learning rate (default 0.7)\n"
+    "  --outer-momentum M               diloco: the outer step's momentum, in [0, 1) (default 0.9)\n"
+    "  --fragments F                    diloco: stream the synchronisation in F fragments at staggered steps\n"
+    "                                   (default 1: the whole model every H steps)\n"
+    "  --delay D                        diloco: a fragment's outer update lands D steps after its all-reduce\n"
+    "                                   starts, which runs meanwhile (default 0; 0 <= D < H; docs/strategies/diloco.md)\n"
     "  --backup-workers B               mirrored / multi_worker_mirrored: K of N, a step closes when all but B\n"
     "                                   replicas have their gradients in; the late ones' are dropped (default 0;\n"
     "                                   docs/elastic.md)\n"
@@ -153,9 +163,10 @@ options parse(int argc, char** argv) {
     } else if (flag == "--strategy") {
       o.strategy = next();
       if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored" &&
-          o.strategy != "central_storage" && o.strategy != "local_sgd" && o.strategy != "parameter_server")
+          o.strategy != "central_storage" && o.strategy != "local_sgd" && o.strategy != "diloco" &&
+          o.strategy != "parameter_server")
         throw usage_error(
-            "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage, local_sgd or "
+            "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage, local_sgd, diloco or "
             "parameter_server, got '" +
             o.strategy + "'");
     } else if (flag == "--device") {
@@ -176,6 +187,19 @@ options parse(int argc, char** argv) {
       o.owner = parse_int<int>(flag, next(), 0);
     } else if (flag == "--period") {
       o.period = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--outer-lr") {
+      o.outer_lr = parse_positive(flag, next());
+    } else if (flag == "--outer-momentum") {
+      const std::string_view text = next();
+      double value = -1;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (ec != std::errc() || end != text.data() + text.size() || !(value >= 0 && value < 1))
+        throw usage_error("--outer-momentum expects a number in [0, 1), got '" + std::string(text) + "'");
+      o.outer_momentum = value;
+    } else if (flag == "--fragments") {
+      o.fragments = parse_int<int>(flag, next(), 1);
+    } else if (flag == "--delay") {
+      o.delay = parse_int<int>(flag, next(), 0);
     } else if (flag == "--backup-workers") {
       o.backup_workers = parse_int<int>(flag, next(), 0);
     } else if (flag == "--min-replicas") {
@@ -259,8 +283,14 @@ options parse(int argc, char** argv) {
   if (o.transport.empty()) o.transport = fixed_transport.empty() ? "inproc" : fixed_transport;
   if (o.owner && o.strategy != "central_storage")
     throw usage_error("--owner is for --strategy central_storage, not " + o.strategy);
-  if (o.period && o.strategy != "local_sgd")
-    throw usage_error("--period is for --strategy local_sgd, not " + o.strategy);
+  if (o.period && o.strategy != "local_sgd" && o.strategy != "diloco")
+    throw usage_error("--period is for --strategy local_sgd or diloco, not " + o.strategy);
+  for (const auto& [given, flag] : {std::pair{o.outer_lr.has_value(), "--outer-lr"},
+                                    std::pair{o.outer_momentum.has_value(), "--outer-momentum"},
+                                    std::pair{o.fragments.has_value(), "--fragments"},
+                                    std::pair{o.delay.has_value(), "--delay"}})
+    if (given && o.strategy != "diloco")
+      throw usage_error(std::string(flag) + " is for --strategy diloco, not " + o.strategy);
   if (o.backup_workers > 0 && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
     throw usage_error("--backup-workers is for --strategy mirrored or multi_worker_mirrored (parameter_server has "
                       "its own: --ps-mode backup), not " + o.strategy);
@@ -294,7 +324,22 @@ options parse(int argc, char** argv) {
     if (!uses_tcp(o) && !o.servers) o.servers = 1;
   }
   if (o.strategy == "central_storage" && !o.owner) o.owner = 0;
-  if (o.strategy == "local_sgd" && !o.period) o.period = 8;
+  if ((o.strategy == "local_sgd" || o.strategy == "diloco") && !o.period) o.period = 8;
+  if (o.strategy == "diloco") {
+    if (o.transport != "inproc" && o.transport != "tcp")
+      throw usage_error("--strategy diloco runs over --transport inproc or tcp in this example (not " + o.transport +
+                        " yet)");
+    if (!o.checkpoint_dir.empty())
+      throw usage_error("--strategy diloco does not take --checkpoint-dir yet (its anchor and outer momentum are not "
+                        "in a checkpoint)");
+    if (!o.outer_lr) o.outer_lr = 0.7;
+    if (!o.outer_momentum) o.outer_momentum = 0.9;
+    if (!o.fragments) o.fragments = 1;
+    if (!o.delay) o.delay = 0;
+    if (*o.delay >= *o.period)
+      throw usage_error("--delay " + std::to_string(*o.delay) + " must be below --period " + std::to_string(*o.period) +
+                        ": a fragment's outer update must land before its next all-reduce starts");
+  }
   // A resumed local_sgd run restarts its averaging count, so it must stop on an averaging point.
   if (o.strategy == "local_sgd" && o.checkpoint_every % static_cast<std::uint64_t>(*o.period) != 0)
     throw usage_error("--checkpoint-every " + std::to_string(o.checkpoint_every) + " with local_sgd must be a multiple of "
@@ -370,8 +415,8 @@ void refuse_a_multi_process_launch(const options& o) {
                     ", but this is rank " + std::to_string(spec.rank) + " of a job of " +
                     std::to_string(spec.world_size) + " processes (from " + spec.source +
                     "), so each process would train a model of its own: use --strategy multi_worker_mirrored (or "
-                    "--transport tcp with central_storage, local_sgd or parameter_server) to train one model across "
-                    "the processes, or start one process");
+                    "--transport tcp with central_storage, local_sgd, diloco or parameter_server) to train one model "
+                    "across the processes, or start one process");
 #else
   (void)o;  // without gradwire::asio no launcher is read (nor joined)
 #endif

@@ -71,9 +71,17 @@ inline void print_parameter_hash(int rank, model_type& model) {
 }
 
 // local_sgd's replicas differ between averaging points; evaluation needs their average
-// (family_local_sgd.hpp says which aggregations average).
+// (family_local_sgd.hpp and family_diloco.hpp say which aggregations average).
 template <class Aggregation>
 inline constexpr bool averages_parameters = false;
+
+// Streaming DiLoCo with a delay runs its all-reduces on the communicator's thread across
+// steps: the loop's own collectives (evaluation, an epoch's stats) wait for them first.
+template <class Strategy>
+void wait_in_flight(Strategy& strategy) {
+  if constexpr (requires { strategy.aggregation().wait_in_flight(strategy.communicator()); })
+    strategy.aggregation().wait_in_flight(strategy.communicator());
+}
 
 // One replica's training loop, the same for every strategy. All replicas see the same
 // permutation per epoch and take their own B-sample slice of each global batch.
@@ -109,6 +117,12 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     std::string detail;
     if (o.owner) detail = " (owner " + std::to_string(*o.owner) + ")";
     if (o.period) detail = " (period " + std::to_string(*o.period) + ")";
+    if (o.outer_lr) {  // diloco
+      char outer[160];
+      std::snprintf(outer, sizeof outer, " (period %d, outer Nesterov lr %g momentum %g, fragments %d, delay %d)",
+                    *o.period, *o.outer_lr, *o.outer_momentum, *o.fragments, *o.delay);
+      detail = outer;
+    }
     std::printf("strategy %s%s over %s, replicas %d, optimizer %s, lr %g (%s), batch %zu per replica (%zu global), "
                 "%zu steps/epoch, %zu parameters\n",
                 o.strategy.c_str(), detail.c_str(), o.transport.c_str(), replicas, o.optimizer.c_str(), *o.lr,
@@ -171,10 +185,14 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
   // This replica's correct predictions on its share of the test set, after `steps_so_far`
   // global steps (collective: every replica calls it at the same step).
   auto test_correct = [&](std::size_t steps_so_far) {
+    wait_in_flight(strategy);
     model_type* evaluated = &model;
     if constexpr (averaging) {
-      // Every rank counts the same steps, so all agree whether the last one averaged.
-      if (replicas > 1 && steps_so_far % static_cast<std::size_t>(*o.period) != 0) {
+      // Every rank counts the same steps, so all agree whether the last one averaged
+      // (streaming DiLoCo's replicas agree on no step: some fragment is always apart).
+      const bool agree = steps_so_far % static_cast<std::size_t>(*o.period) == 0 && o.fragments.value_or(1) == 1 &&
+                         o.delay.value_or(0) == 0;
+      if (replicas > 1 && !agree) {
         std::size_t offset = 0;
         for (const auto& p : model.parameter_views()) {
           std::copy_n(p.data(), p.size(), flat.data() + offset);

@@ -26,7 +26,10 @@ struct options {
   std::string transport;  // inproc or tcp; empty until parse() picks the strategy's default
   int replicas = 0;       // 0: the strategy's default
   std::optional<int> owner;   // central_storage only
-  std::optional<int> period;  // local_sgd only
+  std::optional<int> period;  // local_sgd and diloco only
+  // diloco only (parse() sets the defaults: 0.7, 0.9, 1, 0)
+  std::optional<double> outer_lr, outer_momentum;
+  std::optional<int> fragments, delay;
   int backup_workers = 0;     // mirrored / multi_worker_mirrored: K of N
   int min_replicas = 0;       // multi_worker_mirrored: > 0 for the elastic all-reduce (shrinks past a loss)
   int epochs = 10;
@@ -100,6 +103,8 @@ summary train_local_sgd_inproc(const options&, const data_set&);
 summary train_local_sgd_simulated(const options&, const data_set&);
 summary train_local_sgd_tcp(const options&, const data_set&);
 summary train_local_sgd_ucx(const options&, const data_set&);
+summary train_diloco_inproc(const options&, const data_set&);
+summary train_diloco_tcp(const options&, const data_set&);
 summary train_ps_sync_inproc(const options&, const data_set&);  // parameter_server, by --ps-mode
 summary train_ps_sync_simulated(const options&, const data_set&);
 summary train_ps_sync_tcp(const options&, const data_set&);

@@ -4,6 +4,7 @@
 #include "aggregation/all_reduce.hpp"
 #include "aggregation/averaging.hpp"
 #include "aggregation/central.hpp"
+#include "aggregation/diloco.hpp"
 #include "aggregation/local.hpp"
 #include "aggregation/parameter_server.hpp"
 #include "aggregation/sharded.hpp"

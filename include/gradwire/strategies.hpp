@@ -7,6 +7,7 @@
 #pragma once
 
 #include "strategies/central_storage.hpp"
+#include "strategies/diloco.hpp"
 #include "strategies/local_sgd.hpp"
 #include "strategies/mirrored.hpp"
 #include "strategies/one_device.hpp"

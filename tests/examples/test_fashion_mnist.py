@@ -252,6 +252,65 @@ class FinalParameterHash(Case):
         self.assertNotEqual(first[0], second[0])
 
 
+class DiLoCo(Case):
+    """--strategy diloco: a few steps on threads (whole model, and streamed with a delay) end with
+    one hash where the last step was an outer step; over TCP processes it ends where the threads do;
+    its flags are refused with other strategies and a delay of a period or more is refused."""
+
+    def hashes(self, out):
+        return {int(rank): value for rank, value in FinalParameterHash.HASH.findall(out)}
+
+    def test_threads_train_and_agree_after_the_last_outer_step(self):
+        # 256 samples, 2 x 16 a step: 8 steps, outer steps after 4 and 8.
+        rc, out, err = self.run_example("--strategy", "diloco", "--replicas", "2", "--batch", "16", "--period", "4",
+                                        "--optimizer", "adamw", env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("strategy diloco (period 4, outer Nesterov lr 0.7 momentum 0.9, fragments 1, delay 0) over inproc",
+                      out)
+        self.assertEqual(len(self.accuracy_lines(out)), 1, out)
+        hashes = self.hashes(out)
+        self.assertEqual(sorted(hashes), [0, 1], out)
+        self.assertEqual(hashes[0], hashes[1], out)
+        outputs, text = self.run_processes(2, ["--strategy", "diloco", "--transport", "tcp", "--epochs", "1",
+                                               "--batch", "16", "--period", "4", "--optimizer", "adamw"],
+                                           GRADWIRE_TIMEOUT="60")
+        self.assertEqual([rc for rc, _, _ in outputs], [0, 0], text)
+        processes = {}
+        for _, out, _ in outputs:
+            processes.update(self.hashes(out))
+        self.assertEqual(processes, hashes, text)
+
+    def test_streamed_with_a_delay(self):
+        rc, out, err = self.run_example("--strategy", "diloco", "--replicas", "3", "--batch", "16", "--period", "4",
+                                        "--fragments", "3", "--delay", "1", "--outer-lr", "0.5",
+                                        "--outer-momentum", "0.8", "--evals-per-epoch", "2", env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        self.assertEqual(len(self.accuracy_lines(out)), 1, out)
+        self.assertEqual(sorted(self.hashes(out)), [0, 1, 2], out)
+
+    def test_its_flags_are_refused_elsewhere(self):
+        for args, words in ((["--strategy", "local_sgd", "--outer-lr", "0.5"],
+                             "--outer-lr is for --strategy diloco, not local_sgd"),
+                            (["--strategy", "mirrored", "--fragments", "2"],
+                             "--fragments is for --strategy diloco, not mirrored"),
+                            (["--strategy", "central_storage", "--delay", "1"],
+                             "--delay is for --strategy diloco, not central_storage"),
+                            (["--strategy", "one_device", "--period", "4"],
+                             "--period is for --strategy local_sgd or diloco, not one_device"),
+                            (["--strategy", "diloco", "--period", "2", "--delay", "2"],
+                             "--delay 2 must be below --period 2"),
+                            (["--strategy", "diloco", "--outer-momentum", "1"],
+                             "--outer-momentum expects a number in [0, 1), got '1'"),
+                            (["--strategy", "diloco", "--transport", "simulated"],
+                             "--strategy diloco runs over --transport inproc or tcp"),
+                            (["--strategy", "diloco", "--checkpoint-dir", "/tmp/x"],
+                             "--strategy diloco does not take --checkpoint-dir yet")):
+            with self.subTest(args=args):
+                rc, out, err = self.run_example(*args, env=clean_env())
+                self.assertEqual(rc, 2, out + err)
+                self.assertIn(words, err)
+
+
 class BackupWorkers(Case):
     """--backup-workers B (K of N for all-reduce): three processes over TCP with one straggler end
     with one parameter hash on every rank, and each rank says how often its gradients were

@@ -228,6 +228,7 @@ class averaging_agent {
     grads_.assign(params.size(), {});
     if constexpr (has_outer) {
       outer_.setup(params);  // the anchor, the pseudo-gradient buffer, the outer state: allocated and touched
+      if (policy_.delay() > 0 && comm.size() > 1) comm.async();  // the engine's thread starts now, not in a step
       return;
     }
     if (comm.size() == 1) return;
