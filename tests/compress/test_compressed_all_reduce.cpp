@@ -1,0 +1,246 @@
+// collective::compressed_all_reduce and aggregation::compressed_all_reduce<Codec> on inproc threads: bit-identical ranks, each codec's bound.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <gradwire/aggregation/compressed_all_reduce.hpp>
+#include <gradwire/compress/codecs.hpp>
+#include <gradwire/gradwire.hpp>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gw = gradwire;
+namespace compress = gradwire::compress;
+
+static_assert(gw::concepts::incremental_aggregation<gw::aggregation::compressed_all_reduce<compress::fp16>, float,
+                                                    gw::concepts::detail::transport_archetype>);
+static_assert(gw::concepts::incremental_aggregation<gw::aggregation::compressed_all_reduce<compress::powersgd>, double,
+                                                    gw::concepts::detail::transport_archetype>);
+static_assert(gw::concepts::incremental_aggregation<
+              gw::aggregation::compressed_all_reduce<compress::error_feedback<compress::top_k>>, float,
+              gw::concepts::detail::transport_archetype>);
+
+namespace {
+
+// inputs[rank][element], fresh random (normal, sigma 1).
+std::vector<std::vector<float>> random_inputs(int ranks, std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> x(static_cast<std::size_t>(ranks), std::vector<float>(n));
+  for (auto& v : x)
+    for (auto& e : v) e = normal(gen);
+  return x;
+}
+
+// Runs `steps` compressed all-reduces on every rank (inputs from step-dependent seeds);
+// out[step][rank] is what each rank ended with.
+template <class Codec>
+std::vector<std::vector<std::vector<float>>> reduce_on_threads(const Codec& codec, int ranks, std::size_t n, int steps,
+                                                               std::uint64_t seed) {
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(steps),
+                                                   std::vector<std::vector<float>>(static_cast<std::size_t>(ranks)));
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc endpoint) {
+    gw::collective::communicator comm(endpoint);
+    const auto me = static_cast<std::size_t>(comm.rank());
+    gw::collective::compressed_buffer<Codec, float> buffer(codec, n, comm.size());
+    for (int s = 0; s < steps; ++s) {
+      auto data = random_inputs(ranks, n, seed + static_cast<std::uint64_t>(s))[me];
+      gw::collective::compressed_all_reduce(comm, codec, buffer, std::span<float>(data));
+      out[static_cast<std::size_t>(s)][me] = data;
+    }
+  });
+  return out;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& ranks) {
+  for (const auto& r : ranks)
+    if (r.size() != ranks[0].size() || std::memcmp(r.data(), ranks[0].data(), r.size() * sizeof(float)) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("compressed_all_reduce: every rank ends with the same bits, each codec within its bound of the float64 sum",
+          "[compress]") {
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  const int ranks = GENERATE(1, 2, 3, 5);
+  const std::size_t n = GENERATE(as<std::size_t>(), 0, 1, 7, 1001);
+  {
+    {
+      CAPTURE(ranks, n);
+      const auto x = random_inputs(ranks, n, seed);
+      std::vector<double> sum(n, 0.0), magnitude(n, 0.0);
+      double largest_sum = 0;
+      for (const auto& v : x)
+        for (std::size_t i = 0; i < n; ++i) sum[i] += v[i], magnitude[i] += std::fabs(double(v[i]));
+      for (double s : sum) largest_sum = std::max(largest_sum, std::fabs(s));
+      double max_abs_total = 0;  // sum over ranks of each rank's max |x|: bounds every partial sum
+      for (const auto& v : x) {
+        double m = 0;
+        for (float e : v) m = std::max(m, std::fabs(double(e)));
+        max_abs_total += m;
+      }
+      SECTION("fp16: one rounding per ring hop, (N + 1) 2^-11 of the magnitudes summed") {
+        const auto out = reduce_on_threads(compress::fp16(), ranks, n, 1, seed)[0];
+        REQUIRE(same_bits(out));
+        for (std::size_t i = 0; i < n; ++i)
+          REQUIRE(std::fabs(double(out[0][i]) - sum[i]) <= (ranks + 1) * std::ldexp(magnitude[i], -11) + 1e-6);
+      }
+      SECTION("bf16 and int8 with error feedback: within their bounds") {
+        const auto b = reduce_on_threads(compress::bf16(), ranks, n, 1, seed)[0];
+        REQUIRE(same_bits(b));
+        for (std::size_t i = 0; i < n; ++i)
+          REQUIRE(std::fabs(double(b[0][i]) - sum[i]) <= (ranks + 1) * std::ldexp(magnitude[i], -8) + 1e-30);
+        const auto q = reduce_on_threads(compress::error_feedback<compress::int8>(), ranks, n, 1, seed)[0];
+        REQUIRE(same_bits(q));
+        for (std::size_t i = 0; i < n; ++i)
+          REQUIRE(std::fabs(double(q[0][i]) - sum[i]) <= (ranks + 1) * max_abs_total / 254 * (1 + 1e-6) + 1e-6);
+      }
+      SECTION("top-k: every rank's k largest, added in rank order") {
+        const compress::top_k codec(0.1);
+        const auto out = reduce_on_threads(codec, ranks, n, 1, seed)[0];
+        REQUIRE(same_bits(out));
+        std::vector<float> want(n, 0.0f);
+        for (const auto& v : x) {  // each rank's kept set by a full sort, added in rank order
+          std::vector<std::size_t> order(n);
+          std::iota(order.begin(), order.end(), std::size_t{0});
+          std::stable_sort(order.begin(), order.end(),
+                           [&](std::size_t a, std::size_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+          std::vector<float> kept(n, 0.0f);
+          for (std::size_t j = 0; j < codec.k(n); ++j) kept[order[j]] = v[order[j]];
+          for (std::size_t i = 0; i < n; ++i) want[i] += kept[i];
+        }
+        REQUIRE(out[0] == want);
+      }
+      SECTION("PowerSGD at full rank: the plain sum within float rounding; before the start step, exactly it") {
+        const auto rows = compress::low_rank::matrix_shape::of(n, n).rows;
+        const compress::powersgd codec({.rank = static_cast<int>(std::max<std::size_t>(rows, 1)), .start_step = 1});
+        const auto out = reduce_on_threads(codec, ranks, n, 2, seed);
+        for (const auto& step : out) REQUIRE(same_bits(step));
+        const auto second = random_inputs(ranks, n, seed + 1);
+        std::vector<double> sum2(n, 0.0);
+        for (const auto& v : second)
+          for (std::size_t i = 0; i < n; ++i) sum2[i] += v[i];
+        double largest = 0;
+        for (double s : sum2) largest = std::max(largest, std::fabs(s));
+        for (std::size_t i = 0; i < n; ++i) {
+          REQUIRE(std::fabs(double(out[0][0][i]) - sum[i]) <= 1e-5 * (1 + largest_sum));  // plain step
+          REQUIRE(std::fabs(double(out[1][0][i]) - sum2[i]) <= 1e-4 * (1 + largest));     // compressed step
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// Trains `steps` SGD steps of three tensors on `ranks` inproc threads with aggregation A;
+// params[step][rank][tensor]. Gradients depend on step, rank and seed alone.
+constexpr std::size_t tensor_sizes[] = {5, 1001, 17};
+using params_t = std::vector<std::vector<float>>;
+
+std::vector<std::vector<float>> gradients_of(int step, int rank, std::uint64_t seed) {
+  std::mt19937_64 gen(seed * 1000003u + static_cast<std::uint64_t>(step * 101 + rank));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> g;
+  for (std::size_t n : tensor_sizes) {
+    g.emplace_back(n);
+    for (auto& e : g.back()) e = normal(gen);
+  }
+  return g;
+}
+
+template <class Aggregation>
+std::vector<std::vector<params_t>> train(int ranks, int steps, std::uint64_t seed, Aggregation aggregation) {
+  using strategy_t = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, Aggregation, gw::transport::inproc>;
+  std::vector<std::vector<params_t>> history(static_cast<std::size_t>(steps),
+                                             std::vector<params_t>(static_cast<std::size_t>(ranks)));
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc endpoint) {
+    std::vector<gw::host_tensor<float>> params;
+    for (std::size_t n : tensor_sizes) {
+      params.emplace_back(gw::shape{n});
+      for (std::size_t i = 0; i < n; ++i) params.back().data()[i] = float(0.01 * double(i) + endpoint.rank());
+    }
+    const int me = endpoint.rank();
+    strategy_t s(endpoint, std::move(params), gw::optim::sgd({.lr = 0.1}), aggregation);
+    for (int k = 0; k < steps; ++k) {
+      s.step(gradients_of(k, me, seed));
+      params_t p;
+      for (auto& t : s.parameters()) p.emplace_back(t.data(), t.data() + t.size());
+      history[static_cast<std::size_t>(k)][static_cast<std::size_t>(me)] = p;
+    }
+  });
+  return history;
+}
+
+bool all_equal(const std::vector<params_t>& replicas) {
+  return std::all_of(replicas.begin(), replicas.end(), [&](const params_t& p) { return p == replicas[0]; });
+}
+
+}  // namespace
+
+TEST_CASE("aggregation::compressed_all_reduce: bit-identical replicas; fp16 within its bound of float64 SGD; PowerSGD at "
+          "full rank equals all_reduce within float rounding",
+          "[compress]") {
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  const int ranks = GENERATE(2, 3);
+  CAPTURE(ranks);
+  constexpr int steps = 4;
+  constexpr std::size_t small_buckets = 600 * sizeof(float);  // several buckets, reduced in the background
+  // float64 SGD on the mean gradient, from rank 0's start.
+  std::vector<std::vector<double>> ref;
+  for (std::size_t n : tensor_sizes) {
+    ref.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i) ref.back()[i] = double(float(0.01 * double(i)));
+  }
+  std::vector<std::vector<std::vector<double>>> ref_history;
+  for (int k = 0; k < steps; ++k) {
+    for (int r = 0; r < ranks; ++r) {
+      const auto g = gradients_of(k, r, seed);
+      for (std::size_t t = 0; t < g.size(); ++t)
+        for (std::size_t i = 0; i < g[t].size(); ++i) ref[t][i] -= 0.1 * double(g[t][i]) / ranks;
+    }
+    ref_history.push_back(ref);
+  }
+  SECTION("fp16") {
+    const auto h = train(ranks, steps, seed,
+                         gw::aggregation::compressed_all_reduce<compress::fp16>(compress::fp16(), small_buckets));
+    for (int k = 0; k < steps; ++k) {
+      REQUIRE(all_equal(h[static_cast<std::size_t>(k)]));
+      for (std::size_t t = 0; t < ref.size(); ++t)
+        for (std::size_t i = 0; i < ref[t].size(); ++i)  // per step: lr (N + 1) 2^-11 of |g| <~ 4 sigma, plus float
+          REQUIRE(std::fabs(double(h[static_cast<std::size_t>(k)][0][t][i]) - ref_history[static_cast<std::size_t>(k)][t][i]) <=
+                  (k + 1) * (0.1 * (ranks + 1) * std::ldexp(5.0, -11) + 1e-6));
+    }
+    REQUIRE(h.back()[0][1][3] != float(0.03));  // it moved: the comparison is not vacuous
+  }
+  SECTION("PowerSGD at full rank, and top-k and int8 with error feedback: bit-identical") {
+    const auto plain = train(ranks, steps, seed, gw::aggregation::all_reduce(small_buckets));
+    const auto low = train(ranks, steps, seed,
+                           gw::aggregation::compressed_all_reduce<compress::powersgd>(
+                               compress::powersgd({.rank = 1000, .start_step = 1}), small_buckets));
+    for (int k = 0; k < steps; ++k) {
+      REQUIRE(all_equal(low[static_cast<std::size_t>(k)]));
+      for (std::size_t t = 0; t < ref.size(); ++t)
+        for (std::size_t i = 0; i < ref[t].size(); ++i)
+          REQUIRE(std::fabs(low[static_cast<std::size_t>(k)][0][t][i] - plain[static_cast<std::size_t>(k)][0][t][i]) <= 1e-5);
+    }
+    const auto sparse = train(ranks, steps, seed,
+                              gw::aggregation::compressed_all_reduce<compress::error_feedback<compress::top_k>>(
+                                  compress::error_feedback<compress::top_k>(compress::top_k(0.05)), small_buckets));
+    const auto bytes = train(ranks, steps, seed,
+                             gw::aggregation::compressed_all_reduce<compress::error_feedback<compress::int8>>(
+                                 compress::error_feedback<compress::int8>(), small_buckets));
+    for (int k = 0; k < steps; ++k) {
+      REQUIRE(all_equal(sparse[static_cast<std::size_t>(k)]));
+      REQUIRE(all_equal(bytes[static_cast<std::size_t>(k)]));
+    }
+  }
+}
