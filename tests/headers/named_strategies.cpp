@@ -4,6 +4,7 @@
 // static_assert below or in strategy<>'s own checks.
 #include <gradwire/optim/momentum.hpp>
 #include <gradwire/strategies.hpp>
+#include <gradwire/tensor/host_tensor.hpp>
 #if GRADWIRE_TEST_ASIO
 #include <gradwire/strategies/multi_worker_mirrored.hpp>
 #endif
@@ -29,6 +30,8 @@ static_assert(is_strategy_of<gw::central_storage<T, O>, gw::aggregation::central
 static_assert(is_strategy_of<gw::local_sgd<T, O, 4>, gw::aggregation::averaging<4>, gw::transport::inproc>);
 static_assert(is_strategy_of<gw::parameter_server<T, O, gw::ps::sync>, gw::aggregation::parameter_server<gw::ps::sync>,
                              gw::transport::inproc>);
+static_assert(is_strategy_of<gw::sharded<T, O>, gw::aggregation::sharded, gw::transport::inproc>);
+static_assert(is_strategy_of<gw::diloco<T, O, 4>, gw::aggregation::averaging<4, gw::optim::momentum>, gw::transport::inproc>);
 #if GRADWIRE_TEST_ASIO
 static_assert(is_strategy_of<gw::multi_worker_mirrored<T, O>, gw::aggregation::all_reduce, gw::transport::asio_tcp>);
 #endif
