@@ -1,7 +1,8 @@
 // Trains a 784-256-128-10 MLP on Fashion-MNIST with gradwire's one_device, mirrored,
-// multi_worker_mirrored, central_storage, local_sgd, diloco or parameter_server strategy.
+// multi_worker_mirrored, central_storage, local_sgd, diloco, sharded or parameter_server strategy.
 //
-//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|diloco|parameter_server]
+//   fashion_mnist [--strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|diloco|sharded|
+//                             parameter_server] [--compress none|fp16|bf16|int8|topk:F|powersgd:R]
 //                 [--transport inproc|tcp|ucx|simulated] [--replicas N] [--owner R] [--period H] [--backup-workers B]
 //                 [--outer-lr X] [--outer-momentum M] [--fragments F] [--delay D]
 //                 [--min-replicas M]
@@ -36,6 +37,7 @@
 
 #include <gradwire/aggregation/min_replicas.hpp>
 #include <gradwire/error.hpp>
+#include <gradwire/plan/codec_model.hpp>
 #if GRADWIRE_HAS_ASIO
 #include <gradwire/cluster/spec.hpp>
 #endif
@@ -54,14 +56,15 @@ using steady = std::chrono::steady_clock;  // before any rank runs: real time
 
 constexpr const char* usage_text =
     "usage: fashion_mnist [options]\n"
-    "  --strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|diloco|parameter_server\n"
+    "  --strategy one_device|mirrored|multi_worker_mirrored|central_storage|local_sgd|diloco|sharded|parameter_server\n"
     "                                   training strategy (default one_device); multi_worker_mirrored runs one\n"
     "                                   replica per process: start it with scripts/gradwire-run -n N, mpirun -np N,\n"
     "                                   srun or TF_CONFIG\n"
-    "  --transport inproc|tcp|ucx       central_storage, local_sgd, diloco: replicas as threads of this process\n"
+    "  --transport inproc|tcp|ucx       central_storage, local_sgd, diloco, sharded: replicas as threads of this\n"
+    "                                   process\n"
     "                                   (inproc, the default) or one per process under a launcher (tcp, as\n"
     "                                   multi_worker_mirrored, or ucx: UCX, with UCX_TLS choosing shared memory,\n"
-    "                                   TCP or RDMA; diloco: inproc or tcp); mirrored is inproc,\n"
+    "                                   TCP or RDMA; diloco: inproc or tcp; sharded: not ucx); mirrored is inproc,\n"
     "                                   multi_worker_mirrored tcp or ucx; simulated (any strategy but one_device\n"
     "                                   and diloco): replicas and servers as threads in virtual time on the\n"
     "                                   cluster --cluster describes; times are virtual\n"
@@ -89,6 +92,9 @@ constexpr const char* usage_text =
     "                                   (default 1: the whole model every H steps)\n"
     "  --delay D                        diloco: a fragment's outer update lands D steps after its all-reduce\n"
     "                                   starts, which runs meanwhile (default 0; 0 <= D < H; docs/strategies/diloco.md)\n"
+    "  --compress CODEC                 mirrored / multi_worker_mirrored: all-reduce compressed gradients: none\n"
+    "                                   (default), fp16, bf16, int8, topk:FRACTION (with error feedback) or\n"
+    "                                   powersgd:RANK (plain for its first 10 steps; docs/strategies/compression.md)\n"
     "  --backup-workers B               mirrored / multi_worker_mirrored: K of N, a step closes when all but B\n"
     "                                   replicas have their gradients in; the late ones' are dropped (default 0;\n"
     "                                   docs/elastic.md)\n"
@@ -164,10 +170,10 @@ options parse(int argc, char** argv) {
       o.strategy = next();
       if (o.strategy != "one_device" && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored" &&
           o.strategy != "central_storage" && o.strategy != "local_sgd" && o.strategy != "diloco" &&
-          o.strategy != "parameter_server")
+          o.strategy != "sharded" && o.strategy != "parameter_server")
         throw usage_error(
-            "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage, local_sgd, diloco or "
-            "parameter_server, got '" +
+            "--strategy must be one_device, mirrored, multi_worker_mirrored, central_storage, local_sgd, diloco, "
+            "sharded or parameter_server, got '" +
             o.strategy + "'");
     } else if (flag == "--device") {
       o.device = next();
@@ -200,6 +206,13 @@ options parse(int argc, char** argv) {
       o.fragments = parse_int<int>(flag, next(), 1);
     } else if (flag == "--delay") {
       o.delay = parse_int<int>(flag, next(), 0);
+    } else if (flag == "--compress") {
+      o.compress = next();
+      try {
+        (void)gradwire::plan::parse_codec(o.compress);  // the planner's spelling, one rule for both
+      } catch (const gradwire::error& e) {
+        throw usage_error(e.details());
+      }
     } else if (flag == "--backup-workers") {
       o.backup_workers = parse_int<int>(flag, next(), 0);
     } else if (flag == "--min-replicas") {
@@ -291,6 +304,14 @@ options parse(int argc, char** argv) {
                                     std::pair{o.delay.has_value(), "--delay"}})
     if (given && o.strategy != "diloco")
       throw usage_error(std::string(flag) + " is for --strategy diloco, not " + o.strategy);
+  if (o.compress != "none") {
+    if (o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
+      throw usage_error("--compress is for --strategy mirrored or multi_worker_mirrored (all-reduce of compressed "
+                        "gradients), not " + o.strategy);
+    if (o.backup_workers > 0 || o.min_replicas > 0 || o.device == "cuda" || o.transport == "ucx")
+      throw usage_error("--compress does not combine with --backup-workers, --min-replicas, --device cuda or "
+                        "--transport ucx yet");
+  }
   if (o.backup_workers > 0 && o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
     throw usage_error("--backup-workers is for --strategy mirrored or multi_worker_mirrored (parameter_server has "
                       "its own: --ps-mode backup), not " + o.strategy);
@@ -325,6 +346,8 @@ options parse(int argc, char** argv) {
   }
   if (o.strategy == "central_storage" && !o.owner) o.owner = 0;
   if ((o.strategy == "local_sgd" || o.strategy == "diloco") && !o.period) o.period = 8;
+  if (o.strategy == "sharded" && o.transport == "ucx")
+    throw usage_error("--strategy sharded runs over --transport inproc, tcp or simulated in this example (not ucx yet)");
   if (o.strategy == "diloco") {
     if (o.transport != "inproc" && o.transport != "tcp")
       throw usage_error("--strategy diloco runs over --transport inproc or tcp in this example (not " + o.transport +

@@ -75,6 +75,10 @@ inline void print_parameter_hash(int rank, model_type& model) {
 template <class Aggregation>
 inline constexpr bool averages_parameters = false;
 
+// Replicas whose optimizer states differ (sharded: each its shard) save and load a file each.
+template <class Aggregation>
+inline constexpr bool checkpoints_per_rank = false;
+
 // Streaming DiLoCo with a delay runs its all-reduces on the communicator's thread across
 // steps: the loop's own collectives (evaluation, an epoch's stats) wait for them first.
 template <class Strategy>
@@ -123,6 +127,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
                     *o.period, *o.outer_lr, *o.outer_momentum, *o.fragments, *o.delay);
       detail = outer;
     }
+    if (o.compress != "none") detail = " (compress " + o.compress + ")";
     std::printf("strategy %s%s over %s, replicas %d, optimizer %s, lr %g (%s), batch %zu per replica (%zu global), "
                 "%zu steps/epoch, %zu parameters\n",
                 o.strategy.c_str(), detail.c_str(), o.transport.c_str(), replicas, o.optimizer.c_str(), *o.lr,
@@ -136,6 +141,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
   // local_sgd: evaluate a copy holding the replicas' average, so that evaluating neither
   // shows one replica's drifted model nor adds an averaging step to training.
   constexpr bool averaging = averages_parameters<typename Strategy::aggregation_type>;
+  constexpr bool own_checkpoints = averaging || checkpoints_per_rank<typename Strategy::aggregation_type>;
   std::optional<model_type> averaged;
   std::vector<float> flat;
   if constexpr (averaging) flat.resize(model.parameter_count());
@@ -160,7 +166,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
   if (!o.checkpoint_dir.empty()) {
     std::filesystem::create_directories(o.checkpoint_dir);
     checkpoint = std::filesystem::path(o.checkpoint_dir) /
-                 (averaging ? "model-rank-" + std::to_string(rank) + ".ckpt" : std::string("model.ckpt"));
+                 (own_checkpoints ? "model-rank-" + std::to_string(rank) + ".ckpt" : std::string("model.ckpt"));
     if (std::filesystem::exists(checkpoint)) {
       resumed = gradwire::load_checkpoint(checkpoint, strategy);
       if (rank == 0)
@@ -179,7 +185,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
   }
   auto save = [&](std::uint64_t done) {
     const int saver = o.strategy == "central_storage" ? o.owner.value_or(0) : 0;
-    if (!checkpoint.empty() && (rank == saver || averaging)) gradwire::save_checkpoint(checkpoint, strategy, done);
+    if (!checkpoint.empty() && (rank == saver || own_checkpoints)) gradwire::save_checkpoint(checkpoint, strategy, done);
   };
 
   // This replica's correct predictions on its share of the test set, after `steps_so_far`
@@ -324,6 +330,9 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
                 static_cast<unsigned long long>(strategy.cumulative_stats().steps),
                 static_cast<unsigned long long>(steps * static_cast<std::uint64_t>(o.epochs) - resumed),
                 static_cast<unsigned long long>(strategy.cumulative_stats().dropped));
+  // What the optimizer state costs this replica (sharded: its shard), for benchmarks/efficient.sh.
+  if constexpr (requires { strategy.optimizer_state_bytes(); })
+    if (rank == 0) std::printf("rank 0: optimizer state %zu bytes\n", strategy.optimizer_state_bytes());
   print_parameter_hash(rank, model);
 }
 

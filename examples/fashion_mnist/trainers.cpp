@@ -25,6 +25,11 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"local_sgd", "inproc", train_local_sgd_inproc},
       {"local_sgd", "simulated", train_local_sgd_simulated},
       {"diloco", "inproc", train_diloco_inproc},
+      {"sharded", "inproc", train_sharded_inproc},
+      {"sharded", "simulated", train_sharded_simulated},
+      {"mirrored compressed", "inproc", train_compressed_inproc},
+      {"mirrored compressed", "simulated", train_compressed_simulated},
+      {"multi_worker_mirrored compressed", "simulated", train_compressed_simulated},
       {"parameter_server sync", "inproc", train_ps_sync_inproc},
       {"parameter_server bounded", "inproc", train_ps_bounded_inproc},
       {"parameter_server backup", "inproc", train_ps_backup_inproc},
@@ -39,6 +44,8 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"central_storage", "tcp", train_central_tcp},
       {"local_sgd", "tcp", train_local_sgd_tcp},
       {"diloco", "tcp", train_diloco_tcp},
+      {"sharded", "tcp", train_sharded_tcp},
+      {"multi_worker_mirrored compressed", "tcp", train_compressed_tcp},
       {"parameter_server sync", "tcp", train_ps_sync_tcp},
       {"parameter_server bounded", "tcp", train_ps_bounded_tcp},
       {"parameter_server backup", "tcp", train_ps_backup_tcp},
@@ -66,6 +73,7 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
                                                            : " sync";
   }
   if (o.min_replicas > 0) strategy += " elastic";
+  if (o.compress != "none") strategy += " compressed";
   for (const entry& e : trainers)
     if (e.strategy == strategy && e.transport == o.transport) return e.train;
   // parse() and process_rank() have refused what this build lacks.

@@ -30,6 +30,7 @@ struct options {
   // diloco only (parse() sets the defaults: 0.7, 0.9, 1, 0)
   std::optional<double> outer_lr, outer_momentum;
   std::optional<int> fragments, delay;
+  std::string compress = "none";  // mirrored / multi_worker_mirrored: the gradients' codec (plan::parse_codec)
   int backup_workers = 0;     // mirrored / multi_worker_mirrored: K of N
   int min_replicas = 0;       // multi_worker_mirrored: > 0 for the elastic all-reduce (shrinks past a loss)
   int epochs = 10;
@@ -105,6 +106,12 @@ summary train_local_sgd_tcp(const options&, const data_set&);
 summary train_local_sgd_ucx(const options&, const data_set&);
 summary train_diloco_inproc(const options&, const data_set&);
 summary train_diloco_tcp(const options&, const data_set&);
+summary train_sharded_inproc(const options&, const data_set&);  // sharded (ZeRO-1)
+summary train_sharded_simulated(const options&, const data_set&);
+summary train_sharded_tcp(const options&, const data_set&);
+summary train_compressed_inproc(const options&, const data_set&);  // mirrored --compress CODEC
+summary train_compressed_simulated(const options&, const data_set&);
+summary train_compressed_tcp(const options&, const data_set&);  // multi_worker_mirrored --compress CODEC
 summary train_ps_sync_inproc(const options&, const data_set&);  // parameter_server, by --ps-mode
 summary train_ps_sync_simulated(const options&, const data_set&);
 summary train_ps_sync_tcp(const options&, const data_set&);

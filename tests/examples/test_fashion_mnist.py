@@ -311,6 +311,78 @@ class DiLoCo(Case):
                 self.assertIn(words, err)
 
 
+class ShardedAndCompressed(Case):
+    """--strategy sharded (ZeRO-1) and --compress CODEC: on threads and over TCP processes the
+    replicas end with one hash, the same over TCP as on threads (the same bits either way), and
+    sharded's as mirrored's (its bits are the ring all-reduce's: on 2 ranks any all-reduce's);
+    sharded holds about half of Adam's state per replica on 2; checkpoints are one per rank and
+    resume; bad codecs and misplaced --compress are refused."""
+
+    STATE = re.compile(r"^rank 0: optimizer state (\d+) bytes$", re.MULTILINE)
+
+    def hashes(self, out):
+        return {int(rank): value for rank, value in FinalParameterHash.HASH.findall(out)}
+
+    def threads_then_processes(self, strategy, *args):
+        rc, out, err = self.run_example("--strategy", "mirrored" if strategy == "multi_worker_mirrored" else strategy,
+                                        "--replicas", "2", "--batch", "16", *args, env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        threads = self.hashes(out)
+        self.assertEqual(sorted(threads), [0, 1], out)
+        self.assertEqual(threads[0], threads[1], out)
+        outputs, text = self.run_processes(2, ["--strategy", strategy, "--transport", "tcp", "--epochs", "1",
+                                               "--batch", "16", *args], GRADWIRE_TIMEOUT="60")
+        self.assertEqual([rc for rc, _, _ in outputs], [0, 0], text)
+        processes = {}
+        for _, o, _ in outputs:
+            processes.update(self.hashes(o))
+        self.assertEqual(processes, threads, text)
+        return out
+
+    def test_sharded_trains_like_mirrored_and_holds_half_the_state(self):
+        out = self.threads_then_processes("sharded")
+        self.assertIn("strategy sharded over inproc", out)
+        rc, mirrored, err = self.run_example("--strategy", "mirrored", "--replicas", "2", "--batch", "16",
+                                             env=clean_env())
+        self.assertEqual(rc, 0, mirrored + err)
+        self.assertEqual(self.hashes(out), self.hashes(mirrored), out + mirrored)
+        # Adam: two moments of the 235,146 parameters, 4 bytes each; rank 0 holds its chunk of each bucket.
+        whole = 2 * 235146 * 4
+        self.assertEqual(int(self.STATE.search(mirrored)[1]), whole, mirrored)
+        self.assertAlmostEqual(int(self.STATE.search(out)[1]) / whole, 0.5, delta=0.001, msg=out)
+
+    def test_sharded_checkpoints_one_file_per_rank_and_resumes(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            args = ["--strategy", "sharded", "--replicas", "2", "--batch", "16", "--checkpoint-dir", ckpt]
+            rc, first, err = self.run_example(*args, env=clean_env())
+            self.assertEqual(rc, 0, first + err)
+            self.assertEqual(sorted(os.listdir(ckpt)), ["model-rank-0.ckpt", "model-rank-1.ckpt"])
+            rc, again, err = self.run_example(*args, "--epochs", "2", env=clean_env())
+            self.assertEqual(rc, 0, again + err)
+            self.assertIn("resumed from", again)
+
+    def test_each_codec_keeps_replicas_identical_on_threads_and_processes(self):
+        for codec in ("fp16", "bf16", "int8", "topk:0.05", "powersgd:2"):
+            with self.subTest(codec=codec):
+                out = self.threads_then_processes("multi_worker_mirrored", "--compress", codec)
+                self.assertIn(f"(compress {codec}) over inproc", out)
+
+    def test_bad_codecs_and_misplaced_compress_are_refused(self):
+        for args, words in ((["--strategy", "mirrored", "--compress", "zstd"], "--compress zstd: unknown codec"),
+                            (["--strategy", "mirrored", "--compress", "topk:0"], "the fraction kept must be in (0, 1]"),
+                            (["--strategy", "mirrored", "--compress", "powersgd:0"], "the rank must be >= 1"),
+                            (["--strategy", "local_sgd", "--compress", "fp16"],
+                             "--compress is for --strategy mirrored or multi_worker_mirrored"),
+                            (["--strategy", "mirrored", "--compress", "fp16", "--backup-workers", "1"],
+                             "--compress does not combine with --backup-workers"),
+                            (["--strategy", "sharded", "--transport", "ucx"],
+                             "--strategy sharded runs over --transport inproc, tcp or simulated")):
+            with self.subTest(args=args):
+                rc, out, err = self.run_example(*args, env=clean_env())
+                self.assertEqual(rc, 2, out + err)
+                self.assertIn(words, err)
+
+
 class BackupWorkers(Case):
     """--backup-workers B (K of N for all-reduce): three processes over TCP with one straggler end
     with one parameter hash on every rank, and each rank says how often its gradients were
@@ -476,7 +548,10 @@ class SimulatedTime(Case):
                                        "--backup-workers", "1"]),
                            ("parameter server", ["--strategy", "parameter_server", "--replicas", "4"]),
                            ("central storage", ["--strategy", "central_storage", "--replicas", "4"]),
-                           ("local SGD", ["--strategy", "local_sgd", "--replicas", "4", "--period", "2"])):
+                           ("local SGD", ["--strategy", "local_sgd", "--replicas", "4", "--period", "2"]),
+                           ("sharded", ["--strategy", "sharded", "--replicas", "4"]),
+                           ("compressed", ["--strategy", "multi_worker_mirrored", "--replicas", "4",
+                                           "--compress", "int8"])):
             with self.subTest(name=name):
                 rc, out, err = self.run_example(*args, *common, env=clean_env())
                 self.assertEqual(rc, 0, out + err)

@@ -1,0 +1,9 @@
+// The compressed all-reduce (--compress) with one replica per process, over TCP (gradwire::asio).
+#include <gradwire/asio.hpp>
+
+#include "family_compressed.hpp"
+#include "one_per_process.hpp"
+
+fashion_mnist::summary fashion_mnist::train_compressed_tcp(const options& o, const data_set& data) {
+  return train<compressed>(o, data, one_per_process{[] { return gradwire::cluster::join_tcp(); }});
+}
