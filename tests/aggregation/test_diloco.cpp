@@ -294,10 +294,11 @@ TEMPLATE_TEST_CASE("DiLoCo with compressed pseudo-gradients: identical replicas,
                                        double(plain[static_cast<std::size_t>(k)][0][e])));
   }
   INFO("largest difference from plain DiLoCo " << worst << ", of a largest move of " << moved);
-  REQUIRE(worst <= 0.05 * moved);
+  REQUIRE(worst <= 0.02 * moved);
   REQUIRE(compressed.back()[0] != plain.back()[0]);  // it did go through the codec
-  // bf16: 2 bytes an element; int8: 1 and a 4-byte scale per chunk; the setup's broadcast
-  // and model check are the same for both, so the ratio is above the codec's own.
+  // bf16: 2 bytes an element, int8: 1 and a 4-byte scale per chunk, over the ring; plain
+  // DiLoCo's all_reduce<auto_> sends a buffer this small whole to every rank (one-shot), so
+  // the measured ratio is below the codec's own (0.26 and 0.17 here at 3 ranks).
   const double ratio = double(codec_bytes[0]) / double(plain_bytes[0]);
   INFO("bytes sent, compressed / plain: " << ratio);
   REQUIRE(codec_bytes[0] < plain_bytes[0]);

@@ -75,15 +75,16 @@ inline constexpr int dynamic_period = -1;
 // averaging's Outer when there is none: the replicas take the mean of their parameters.
 struct no_outer {};
 
-template <int H, class V, class Tr, class Outer = no_outer>
+template <int H, class V, class Tr, class Outer = no_outer, class Codec = no_codec>
 class averaging_agent;
 
 // The policy. H: average the parameters after every H-th local step, H >= 1 (H = 1:
 // after every step); or dynamic_period, and the period is given to the constructor
 // (checked there). Outer: no_outer (local SGD), or the outer optimizer
 // (concepts::optimizer, e.g. optim::momentum with nesterov: DiLoCo), given to the
-// constructor.
-template <int H = dynamic_period, class Outer = no_outer>
+// constructor. Codec (with an outer optimizer): no_codec, or the concepts::compressor the
+// pseudo-gradients travel through (compress(codec): bf16, int8, ...).
+template <int H = dynamic_period, class Outer = no_outer, class Codec = no_codec>
 class averaging {
   static_assert(H >= 1 || H == dynamic_period,
                 "gradwire::aggregation::averaging<H>: the period H must be >= 1 (average the parameters every H "
@@ -92,9 +93,14 @@ class averaging {
  public:
   static constexpr int period = H;  // dynamic_period when given at run time: see every()
   static constexpr bool has_outer = !std::is_same_v<Outer, no_outer>;
+  static constexpr bool has_codec = !std::is_same_v<Codec, no_codec>;
+  static_assert(has_outer || !has_codec,
+                "gradwire::aggregation::averaging<H, no_outer, Codec>: a codec compresses DiLoCo's pseudo-gradients; "
+                "give an outer optimizer (aggregation::diloco) or leave the codec out");
   using outer_optimizer_type = Outer;
+  using codec_type = Codec;
   template <class V, class Tr>
-  using agent = averaging_agent<H, V, Tr, Outer>;
+  using agent = averaging_agent<H, V, Tr, Outer, Codec>;
 
   // bucket_bytes: the budget of one all-reduce call (collective::default_bucket_bytes);
   // every bucket lives in the same flat buffer, allocated once.
@@ -146,6 +152,26 @@ class averaging {
   {
     return std::move(stream(fragments, delay));
   }
+  // The same policy with its pseudo-gradients all-reduced through `codec` (a
+  // concepts::compressor: compress::bf16, compress::int8, ...; collective::compressed_all_reduce
+  // keeps them the same bits on every rank). Streaming DiLoCo sends its outer gradients in
+  // 4 bits; bf16 halves and int8 quarters the bytes of float.
+  template <class C>
+  averaging<H, Outer, C> compress(C codec) const
+    requires(has_outer)
+  {
+    averaging<H, Outer, C> out(every_, bucket_bytes_, outer_, std::move(codec));
+    out.average_state_ = average_state_;
+    out.fragments_ = fragments_;
+    out.delay_ = delay_;
+    return out;
+  }
+  const Codec& codec() const noexcept
+    requires(has_codec)
+  {
+    return codec_;
+  }
+
   int fragments() const noexcept { return fragments_; }  // 1 unless streaming
   int delay() const noexcept { return delay_; }          // steps from a fragment's all-reduce to its update
   const Outer& outer_optimizer() const noexcept
@@ -175,27 +201,39 @@ class averaging {
     return every;
   }
 
+  template <int, class, class>
+  friend class averaging;
+  // compress(): the settings of another averaging, with a codec.
+  averaging(int every, std::size_t bucket_bytes, Outer outer, Codec codec)
+    requires(has_codec)
+      : every_(every), bucket_bytes_(bucket_bytes), outer_(std::move(outer)), codec_(std::move(codec)) {}
+
   int every_;
   std::size_t bucket_bytes_;
   bool average_state_ = false;
   [[no_unique_address]] Outer outer_{};
   int fragments_ = 1, delay_ = 0;
+  [[no_unique_address]] Codec codec_{};
 };
 
 // One replica's local-SGD state: its step count and the buffers of an averaging step
 // (with an outer optimizer: the anchor and the outer state, detail/outer_step.hpp).
-template <int H, class V, class Tr, class Outer>
+template <int H, class V, class Tr, class Outer, class Codec>
 class averaging_agent {
-  static constexpr bool has_outer = averaging<H, Outer>::has_outer;
+  using policy_type = averaging<H, Outer, Codec>;
+  static constexpr bool has_outer = policy_type::has_outer;
   static_assert(!has_outer || concepts::optimizer<Outer, V>,
                 "gradwire::aggregation::averaging<H, Outer>: Outer, the outer optimizer, does not satisfy "
                 "gradwire::concepts::optimizer for this value type (needs state<V>, init<V>(n) and step(state, params, "
                 "grads, scale); see concepts.hpp), or is no_outer for plain averaging");
+  static_assert(!policy_type::has_codec || concepts::compressor<Codec, V>,
+                "gradwire::aggregation::averaging<H, Outer, Codec>: Codec does not satisfy "
+                "gradwire::concepts::compressor for this value type (see concepts.hpp and gradwire/compress/)");
   struct none {};
-  using outer_type = std::conditional_t<has_outer, detail::outer_step<V, Outer>, none>;
+  using outer_type = std::conditional_t<has_outer, detail::outer_step<V, Outer, Codec>, none>;
 
  public:
-  explicit averaging_agent(const averaging<H, Outer>& policy)
+  explicit averaging_agent(const policy_type& policy)
       : policy_(policy), buckets_(policy.bucket_bytes()), outer_(make_outer(policy)) {
     if (policy.averages_optimizer_state() && (policy.fragments() > 1 || policy.delay() > 0))
       throw error(errc::invalid_argument, "aggregation::averaging: average_optimizer_state() does not combine with "
@@ -227,7 +265,7 @@ class averaging_agent {
     steps_ = 0;
     grads_.assign(params.size(), {});
     if constexpr (has_outer) {
-      outer_.setup(params);  // the anchor, the pseudo-gradient buffer, the outer state: allocated and touched
+      outer_.setup(params, comm.size());  // the anchor, the pseudo-gradient buffer, the outer state: allocated and touched
       if (policy_.delay() > 0 && comm.size() > 1) comm.async();  // the engine's thread starts now, not in a step
       return;
     }
@@ -282,17 +320,21 @@ class averaging_agent {
     return steps_ > 0 && steps_ % static_cast<std::uint64_t>(policy_.every()) == 0;
   }
 
-  static outer_type make_outer(const averaging<H, Outer>& policy) {
-    if constexpr (has_outer)
-      return outer_type(policy.outer_optimizer(),
-                        {static_cast<std::uint64_t>(policy.every()), static_cast<std::uint64_t>(policy.fragments()),
-                         static_cast<std::uint64_t>(policy.delay())},
-                        policy.bucket_bytes() / sizeof(V));
-    else
+  static outer_type make_outer(const policy_type& policy) {
+    if constexpr (has_outer) {
+      const detail::fragment_schedule schedule{static_cast<std::uint64_t>(policy.every()),
+                                               static_cast<std::uint64_t>(policy.fragments()),
+                                               static_cast<std::uint64_t>(policy.delay())};
+      if constexpr (policy_type::has_codec)
+        return outer_type(policy.outer_optimizer(), schedule, policy.bucket_bytes() / sizeof(V), policy.codec());
+      else
+        return outer_type(policy.outer_optimizer(), schedule, policy.bucket_bytes() / sizeof(V));
+    } else {
       return {};
+    }
   }
 
-  averaging<H, Outer> policy_;
+  policy_type policy_;
   std::uint64_t steps_ = 0;
   std::vector<std::span<const V>> grads_;  // this step's, applied at finish
   aligned_buffer<V> state_flat_;           // the optimizer buffers, back to back, when averaged

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 
 #include "../collective/bucketing.hpp"
 #include "../concepts.hpp"
@@ -23,9 +24,10 @@ struct diloco_options {
   std::size_t bucket_bytes = collective::default_bucket_bytes;  // the most one all-reduce call takes
 };
 
-// The aggregation type of a DiLoCo strategy: averaging with an outer Nesterov momentum.
-template <int H = dynamic_period>
-using diloco_averaging = averaging<H, optim::momentum>;
+// The aggregation type of a DiLoCo strategy: averaging with an outer Nesterov momentum (and
+// its pseudo-gradients through Codec: no_codec, or compress::bf16, compress::int8, ...).
+template <int H = dynamic_period, class Codec = no_codec>
+using diloco_averaging = averaging<H, optim::momentum, Codec>;
 
 // DiLoCo's outer optimizer: SGD with Nesterov momentum.
 inline optim::momentum diloco_outer_optimizer(const diloco_options& o = {}) {
@@ -42,6 +44,11 @@ diloco_averaging<H> diloco(const diloco_options& o = {}) {
 // diloco(period): the same with the period chosen at run time (period >= 1, else invalid_argument).
 inline diloco_averaging<dynamic_period> diloco(int period, const diloco_options& o = {}) {
   return diloco_averaging<dynamic_period>(period, diloco_outer_optimizer(o), o.bucket_bytes).stream(o.fragments, o.delay);
+}
+// ... with the pseudo-gradients all-reduced through `codec` (concepts::compressor).
+template <class Codec>
+diloco_averaging<dynamic_period, Codec> diloco(int period, const diloco_options& o, Codec codec) {
+  return diloco(period, o).compress(std::move(codec));
 }
 
 static_assert(concepts::incremental_aggregation<diloco_averaging<8>, float, concepts::detail::transport_archetype>);

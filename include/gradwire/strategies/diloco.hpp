@@ -11,8 +11,9 @@ namespace gradwire {
 // replicas' mean pseudo-gradient (anchor - parameters) steps the anchor with an outer
 // Nesterov momentum (lr 0.7, momentum 0.9 by default) and every replica goes on from it.
 // Build the aggregation with aggregation::diloco<H>(options) or diloco(period, options);
-// options.fragments / delay stream it (aggregation/averaging.hpp).
-template <class Tensor, class Optimizer, int H, class Transport = transport::inproc>
-using diloco = strategy<Tensor, Optimizer, aggregation::diloco_averaging<H>, Transport>;
+// options.fragments / delay stream it (aggregation/averaging.hpp); Codec compresses the
+// pseudo-gradients (aggregation::diloco(period, options, codec)).
+template <class Tensor, class Optimizer, int H, class Transport = transport::inproc, class Codec = aggregation::no_codec>
+using diloco = strategy<Tensor, Optimizer, aggregation::diloco_averaging<H, Codec>, Transport>;
 
 }  // namespace gradwire

@@ -16,14 +16,24 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../../collective/all_reduce.hpp"
 #include "../../collective/async_engine.hpp"
 #include "../../collective/communicator.hpp"
+#include "../../collective/compressed_all_reduce.hpp"
+#include "../../kernels/host.hpp"
 #include "../../error.hpp"
 #include "../../tensor/aligned_buffer.hpp"
 #include "../../tensor/flat_layout.hpp"
+
+namespace gradwire::aggregation {
+// averaging's Codec when there is none: pseudo-gradients travel as V.
+struct no_codec {};
+}  // namespace gradwire::aggregation
 
 namespace gradwire::aggregation::detail {
 
@@ -40,19 +50,28 @@ struct fragment_schedule {
   bool starts(std::size_t f, std::uint64_t step) const noexcept { return step > 0 && step % period == offset(f); }
 };
 
-// Outer: concepts::optimizer<Outer, V> (checked by the agent).
-template <class V, class Outer>
+// Outer: concepts::optimizer<Outer, V> (checked by the agent). Codec: no_codec, or a
+// concepts::compressor<Codec, V> the pseudo-gradients travel through (bf16, int8, ...:
+// collective::compressed_all_reduce, a codec state per call of each fragment).
+template <class V, class Outer, class Codec = no_codec>
 class outer_step {
+  static constexpr bool compressed = !std::is_same_v<Codec, no_codec>;
+  struct none {};
+  using buffer_type = std::conditional_t<compressed, collective::compressed_buffer<Codec, V>, none>;
+
  public:
   // chunk_elements: the most elements one all-reduce call takes (the bucket budget).
-  outer_step(const Outer& outer, fragment_schedule schedule, std::size_t chunk_elements)
-      : outer_(outer), schedule_(schedule), chunk_(std::max<std::size_t>(chunk_elements, 1)) {}
+  outer_step(const Outer& outer, fragment_schedule schedule, std::size_t chunk_elements, Codec codec = Codec())
+      : outer_(outer), schedule_(schedule), chunk_(std::max<std::size_t>(chunk_elements, 1)) {
+    if constexpr (compressed) codec_ = std::make_unique<Codec>(std::move(codec));
+  }
 
   const fragment_schedule& schedule() const noexcept { return schedule_; }
   std::span<const V> anchor() const noexcept { return anchor_.span(); }
 
-  // After the broadcast: every replica holds the same parameters, the first anchor.
-  void setup(std::span<const std::span<V>> params) {
+  // After the broadcast: every replica holds the same parameters, the first anchor. `ranks`:
+  // the job's size (a compressed pseudo-gradient's buffers are made for it).
+  void setup(std::span<const std::span<V>> params, int ranks) {
     layout_ = flat_layout::of(params);
     const std::size_t total = layout_.total(), fragments = schedule_.fragments;
     if (fragments > std::max<std::size_t>(total, 1))
@@ -78,6 +97,17 @@ class outer_step {
     states_.clear();
     states_.reserve(pieces_.size());
     for (const piece& p : pieces_) states_.push_back(outer_.template init<V>(p.count));
+    if constexpr (compressed) {
+      // Every call's codec state and encoded bytes, one per chunk of each fragment, made now.
+      buffers_.assign(fragments, {});
+      for (std::size_t f = 0; f < fragments; ++f) {
+        const std::size_t n = (f + 1) * total / fragments - f * total / fragments;
+        for (std::size_t at = 0; at < n; at += chunk_)
+          buffers_[f].emplace_back(*codec_, std::min(chunk_, n - at), ranks);
+      }
+    } else {
+      (void)ranks;
+    }
     flight_.assign(fragments, {});
     handles_.clear();
     handles_.resize(fragments);
@@ -122,13 +152,36 @@ class outer_step {
     return buffer.span().subspan(lo, hi - lo);
   }
 
-  // The all-reduce (average) of one fragment's pseudo-gradient, at most chunk elements a call.
+  // What one fragment's all-reduce works on: heap memory only (the pseudo-gradients, the
+  // codec's buffers and the codec itself), so that it survives the agent being moved while
+  // it runs on the async engine.
+  struct reduction {
+    std::span<V> data;
+    std::size_t chunk;
+    buffer_type* buffers;  // with a codec: one per call
+    const Codec* codec;
+  };
+  reduction reduction_of(std::size_t f) noexcept {
+    if constexpr (compressed)
+      return {fragment(delta_, f), chunk_, buffers_[f].data(), codec_.get()};
+    else
+      return {fragment(delta_, f), chunk_, nullptr, nullptr};
+  }
+
+  // The all-reduce (average) of a fragment's pseudo-gradient, at most chunk elements a
+  // call: as V, or through the codec (a sum every rank decodes to the same bits, then / N).
   template <class Tr>
-  static void reduce(collective::communicator<Tr>& comm, std::span<V> data, std::size_t chunk) {
-    auto trace = comm.trace("outer fragment", data.size_bytes(), "bucket");
-    for (std::size_t at = 0; at < data.size(); at += chunk)
-      collective::all_reduce(comm, data.subspan(at, std::min(chunk, data.size() - at)),
-                             collective::reduce_op::average);
+  static void reduce(collective::communicator<Tr>& comm, reduction r) {
+    auto trace = comm.trace("outer fragment", r.data.size_bytes(), "bucket");
+    for (std::size_t at = 0, call = 0; at < r.data.size(); at += r.chunk, ++call) {
+      const std::span<V> part = r.data.subspan(at, std::min(r.chunk, r.data.size() - at));
+      if constexpr (compressed) {
+        collective::compressed_all_reduce(comm, *r.codec, r.buffers[call], part);
+        kernels::scale(part.data(), V(1) / static_cast<V>(comm.size()), part.size());
+      } else {
+        collective::all_reduce(comm, part, collective::reduce_op::average);
+      }
+    }
   }
 
   // This replica's pseudo-gradient theta - theta_r of fragment f, then its mean over ranks:
@@ -145,13 +198,11 @@ class outer_step {
     }
     flight_[f] = {true, step + schedule_.delay};
     if (comm.size() == 1) return;  // the mean of one
-    const std::span<V> data = fragment(delta_, f);
-    if (schedule_.delay == 0) {
-      reduce(comm, data, chunk_);
-    } else {
-      const std::size_t chunk = chunk_;
-      handles_[f] = comm.async().submit([data, chunk](collective::communicator<Tr>& c) { reduce(c, data, chunk); });
-    }
+    const reduction r = reduction_of(f);
+    if (schedule_.delay == 0)
+      reduce(comm, r);
+    else
+      handles_[f] = comm.async().submit([r](collective::communicator<Tr>& c) { reduce(c, r); });
   }
 
   // The outer optimizer steps the anchor with the mean pseudo-gradient; the fragment's
@@ -172,6 +223,8 @@ class outer_step {
   Outer outer_;
   fragment_schedule schedule_;
   std::size_t chunk_;
+  std::conditional_t<compressed, std::unique_ptr<Codec>, none> codec_;  // on the heap: see reduction
+  std::vector<std::vector<buffer_type>> buffers_;  // [fragment][call], with a codec
   flat_layout layout_;                                     // the parameters in index order
   aligned_buffer<V> anchor_;                               // theta: the parameters of the last synchronisation
   aligned_buffer<V> delta_;                                // the pseudo-gradients, then their mean
