@@ -1,9 +1,13 @@
-// Tutorial: a user-written aggregation, top-k sparsified all-reduce with error feedback.
+// Tutorial: a user-written compressor (top-k), composed with the library's error feedback and compressed all-reduce.
 //
-// topk_all_reduce is user code: it lives here, not in include/, and uses only gradwire's
-// public headers. main() trains a least-squares problem on 4 replicas (threads over
-// transport::inproc) with it and with the library's dense aggregation::all_reduce, and
-// checks against a float64 serial reference that:
+// topk_codec is user code: it lives here, not in include/, and uses only gradwire's public
+// headers. It satisfies concepts::compressor<topk_codec, V> with kind gathered: a buffer of
+// n elements travels as its k = ceil(density n) largest-magnitude entries, as
+// (uint32 index, value) pairs. The library does the rest: compress::error_feedback<> keeps
+// what each step left out for the next, and aggregation::compressed_all_reduce<> all-gathers
+// every rank's payload and adds them in rank order, bucket by bucket. main() trains a
+// least-squares problem on 4 replicas (threads over transport::inproc) with it and with the
+// library's dense aggregation::all_reduce, and checks against a float64 serial reference that:
 //   (a) at density 1 it follows the dense all-reduce (and the reference) to float rounding
 //       at every step;
 //   (b) at density 0.01 with error feedback it reaches nearly the dense run's loss while
@@ -11,7 +15,6 @@
 //   (c) every replica holds bit-identical parameters after every step.
 // Exits non-zero when a check fails. See docs/tutorial.md.
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -24,10 +27,11 @@
 #include <random>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include <gradwire/aggregation/compressed_all_reduce.hpp>
+#include <gradwire/compress/error_feedback.hpp>
 #include <gradwire/gradwire.hpp>
 
 #include "least_squares.hpp"
@@ -35,148 +39,126 @@
 namespace gw = gradwire;
 
 // [docs:topk_class]
-// Top-k sparsified all-reduce with error feedback (Stich et al. 2018; Lin et al., "Deep
-// Gradient Compression", 2018). Each replica adds the residual it kept from earlier
-// steps to its gradient, sends only the k largest-magnitude entries of each tensor as
-// (index, value) pairs, and keeps the rest as the next residual. The replicas all-gather
-// every replica's pairs, sum them into a dense gradient and apply it with scale 1/N, so
-// all replicas take the same step and stay identical.
-//   V: the tensors' value_type (float or double)
-template <class V>
-class topk_all_reduce {
+// Top-k sparsification (Stich et al. 2018; Lin et al., "Deep Gradient Compression", 2018):
+// a buffer of n elements travels as its k = ceil(density * n) largest-magnitude entries,
+// as (index, value) pairs; the others read as zero. The sum of two ranks' top-k's is not a
+// top-k, so it cannot be re-encoded hop by hop on a ring: the kind is `gathered`, every
+// rank's payload reaches every rank, and each adds them all up in rank order.
+class topk_codec {
  public:
-  struct options {
-    double density = 0.01;       // fraction of each tensor's entries sent per step, in (0, 1]
-    bool error_feedback = true;  // carry what was not sent over to the next step
-  };
+  static constexpr gw::concepts::compression_kind kind = gw::concepts::compression_kind::gathered;
 
-  explicit topk_all_reduce(options o = {}) : options_(o) {
-    if (!(o.density > 0.0 && o.density <= 1.0))
+  explicit topk_codec(double density = 0.01) : density_(density) {
+    if (!(density > 0.0 && density <= 1.0))
       throw gw::error(gw::errc::invalid_argument,
-                      "topk_all_reduce: density must be in (0, 1], got " + std::to_string(o.density));
+                      "topk_codec: density must be in (0, 1], got " + std::to_string(density));
   }
 
-  // Parameters change only through apply(), as in aggregation::all_reduce (a hint that
-  // strategy<> reads for device replicas).
-  static constexpr bool updates_only_through_apply = true;
+  // k for a buffer of n elements: at least 1, at most n.
+  std::size_t k(std::size_t n) const {
+    if (n == 0) return 0;
+    const auto wanted = static_cast<std::size_t>(std::ceil(density_ * static_cast<double>(n)));
+    return std::clamp<std::size_t>(wanted, 1, n);
+  }
+
+  // A pair is a uint32 index, then the value. The payload's size depends on n alone (and
+  // the density, the same on every rank), so every rank knows the size of every payload.
+  template <class V>
+  static constexpr std::size_t pair_bytes = sizeof(std::uint32_t) + sizeof(V);
+  template <class V>
+  std::size_t encoded_bytes(std::size_t n) const {
+    return k(n) * pair_bytes<V>;
+  }
+
+  // The per-buffer state: the selection's index array, allocated once so that no encode
+  // allocates. (The residual of error feedback is not here: error_feedback<> adds its own.)
+  template <class V>
+  struct state {
+    std::vector<std::uint32_t> order;
+  };
+  template <class V>
+  state<V> init(std::size_t n) const {
+    if (n > std::numeric_limits<std::uint32_t>::max())
+      throw gw::error(gw::errc::invalid_argument, "topk_codec: a buffer of " + std::to_string(n) +
+                                                      " elements is too large for 32-bit indices; use smaller buckets");
+    return {std::vector<std::uint32_t>(n)};
+  }
   // [/docs:topk_class]
 
-  // [docs:topk_setup]
-  // Replicas start from rank 0's parameters. Every buffer a step needs is sized here,
-  // once, from the tensors' sizes (the same on every rank), so no step allocates.
-  template <class Tr>
-  void setup(gw::collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
-    tensors_.clear();
-    residuals_.clear();
-    std::size_t pairs = 0, largest = 0;
-    for (auto p : params) {
-      if (p.size() > std::numeric_limits<index_type>::max())
-        throw gw::error(gw::errc::invalid_argument, "topk_all_reduce: a tensor of " + std::to_string(p.size()) +
-                                                        " elements is too large for its index type");
-      const std::size_t keep = keep_count(p.size());
-      tensors_.push_back({p.size(), keep, pairs});
-      residuals_.emplace_back(p.size(), V(0));
-      pairs += keep;
-      largest = std::max(largest, p.size());
-      gw::collective::broadcast(comm, p, 0);
+  // [docs:topk_encode]
+  // This rank's buffer: std::nth_element moves the k largest |in[j]| to the front in O(n).
+  // NaN counts as the largest magnitude, so that the comparison stays a strict weak order
+  // (and a NaN gradient is sent, not hidden).
+  template <class V>
+  void encode(state<V>& s, std::span<const V> in, std::span<std::byte> out) const {
+    const std::size_t n = in.size(), kept = k(n);
+    if (s.order.size() != n || out.size() != encoded_bytes<V>(n))
+      throw gw::error(gw::errc::invalid_argument, "topk_codec: encode of " + std::to_string(n) +
+                                                      " elements with a state or payload sized for another length");
+    const auto magnitude = [&](std::uint32_t j) {
+      const V m = std::abs(in[j]);
+      return std::isnan(m) ? std::numeric_limits<V>::infinity() : m;
+    };
+    std::iota(s.order.begin(), s.order.end(), std::uint32_t{0});
+    std::nth_element(s.order.begin(), s.order.begin() + static_cast<std::ptrdiff_t>(kept), s.order.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return magnitude(a) > magnitude(b); });
+    for (std::size_t q = 0; q < kept; ++q) {  // payload bytes have no alignment: memcpy
+      std::byte* pair = out.data() + q * pair_bytes<V>;
+      std::memcpy(pair, &s.order[q], sizeof(std::uint32_t));
+      std::memcpy(pair + sizeof(std::uint32_t), &in[s.order[q]], sizeof(V));
     }
-    order_.resize(largest);
-    sum_.resize(largest);
-    // All replicas' pairs, flattened as [index, value, index, value, ...]: 2 * pairs
-    // elements per rank, so chunk_of(gathered_, N, r) is exactly rank r's share.
-    gathered_.assign(2 * pairs * static_cast<std::size_t>(comm.size()), V(0));
   }
-  // [/docs:topk_setup]
+  // [/docs:topk_encode]
 
-  // [docs:topk_step]
-  template <class Tr, class Apply>
-  void step(gw::collective::communicator<Tr>& comm, std::span<const std::span<V>>,
-            std::span<const std::span<const V>> grads, Apply&& apply) {
-    const int ranks = comm.size();
-    const std::span<V> gathered(gathered_);
-    // 1. Choose this replica's pairs for every tensor into its chunk of the buffer.
-    const std::span<V> mine = gw::collective::chunk_of(gathered, ranks, comm.rank());
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      compress(i, grads[i], mine.subspan(2 * tensors_[i].first_pair, 2 * tensors_[i].keep));
-    // 2. One collective per step for all tensors: every replica gets every replica's pairs.
-    gw::collective::all_gather(comm, gathered);
-    // 3. Sum the sparse contributions densely, in rank order (the same on every replica,
-    //    so the sums are bit-identical), and let the optimizer apply their mean.
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      const tensor_plan& t = tensors_[i];
-      const std::span<V> sum(sum_.data(), t.size);
-      std::fill(sum.begin(), sum.end(), V(0));
-      for (int r = 0; r < ranks; ++r) {
-        const auto theirs = gw::collective::chunk_of(gathered, ranks, r).subspan(2 * t.first_pair, 2 * t.keep);
-        for (std::size_t q = 0; q < t.keep; ++q) {
-          const auto j = std::bit_cast<index_type>(theirs[2 * q]);
-          if (j >= t.size)
-            throw gw::error(gw::errc::protocol, "topk_all_reduce: rank " + std::to_string(r) + " sent index " +
-                                                    std::to_string(j) + " for a tensor of " + std::to_string(t.size));
-          sum[j] += theirs[2 * q + 1];
-        }
-      }
-      apply(i, std::span<const V>(sum), V(1) / static_cast<V>(ranks));
+  // [docs:topk_decode]
+  // From the payload alone: any rank's payload decodes to the same bits on every rank, so
+  // ranks that add the same payloads in the same order (compressed_all_reduce: rank order)
+  // hold the same sum.
+  template <class V>
+  void decode(std::span<const std::byte> in, std::span<V> out) const {
+    std::fill(out.begin(), out.end(), V(0));
+    decode_add(in, out);
+  }
+  template <class V>
+  void decode_add(std::span<const std::byte> in, std::span<V> inout) const {
+    const std::size_t n = inout.size();
+    if (in.size() != encoded_bytes<V>(n))
+      throw gw::error(gw::errc::invalid_argument, "topk_codec: a payload of " + std::to_string(in.size()) +
+                                                      " bytes for " + std::to_string(n) + " elements, which take " +
+                                                      std::to_string(encoded_bytes<V>(n)));
+    for (std::size_t q = 0; q < k(n); ++q) {
+      std::uint32_t j;
+      V value;
+      std::memcpy(&j, in.data() + q * pair_bytes<V>, sizeof(std::uint32_t));
+      std::memcpy(&value, in.data() + q * pair_bytes<V> + sizeof(std::uint32_t), sizeof(V));
+      if (j >= n)
+        throw gw::error(gw::errc::invalid_argument, "topk_codec: a payload names element " + std::to_string(j) +
+                                                        " of " + std::to_string(n) +
+                                                        " (does every rank use the same density?)");
+      inout[j] += value;
     }
   }
-  // [/docs:topk_step]
+  // [/docs:topk_decode]
 
  private:
-  // Indices travel through all_gather (which moves float/double elements) bit-cast to V:
-  // all_gather only copies, so the bits arrive unchanged.
-  using index_type = std::conditional_t<sizeof(V) == 4, std::uint32_t, std::uint64_t>;
-  static_assert(sizeof(index_type) == sizeof(V));
-
-  struct tensor_plan {
-    std::size_t size;        // elements
-    std::size_t keep;        // k: pairs sent per step
-    std::size_t first_pair;  // offset of this tensor's pairs in a rank's chunk
-  };
-
-  std::size_t keep_count(std::size_t n) const {
-    if (n == 0) return 0;
-    const auto k = static_cast<std::size_t>(std::ceil(options_.density * static_cast<double>(n)));
-    return std::clamp<std::size_t>(k, 1, n);
-  }
-
-  // [docs:topk_compress]
-  // Writes tensor i's k pairs into `out`; with error feedback the residual first takes in
-  // the gradient (residual += grad: what this replica owes the others), the k largest
-  // entries are sent and zeroed, and the rest stays owed for later steps.
-  void compress(std::size_t i, std::span<const V> grad, std::span<V> out) {
-    const tensor_plan& t = tensors_[i];
-    std::vector<V>& residual = residuals_[i];
-    std::span<const V> candidates = grad;
-    if (options_.error_feedback) {
-      for (std::size_t j = 0; j < t.size; ++j) residual[j] += grad[j];
-      candidates = residual;
-    }
-    const std::span<index_type> order(order_.data(), t.size);
-    std::iota(order.begin(), order.end(), index_type(0));
-    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(t.keep), order.end(),
-                     [&](index_type a, index_type b) { return std::abs(candidates[a]) > std::abs(candidates[b]); });
-    for (std::size_t q = 0; q < t.keep; ++q) {
-      const index_type j = order[q];
-      out[2 * q] = std::bit_cast<V>(j);
-      out[2 * q + 1] = candidates[j];
-      if (options_.error_feedback) residual[j] = V(0);
-    }
-  }
-  // [/docs:topk_compress]
-
-  options options_;
-  std::vector<tensor_plan> tensors_;
-  std::vector<std::vector<V>> residuals_;  // error feedback, one per tensor
-  std::vector<index_type> order_;          // selection scratch
-  std::vector<V> sum_;                     // the dense sum of one tensor
-  std::vector<V> gathered_;                // every replica's pairs
+  double density_;
 };
 
 // [docs:topk_concept_check]
-static_assert(gw::concepts::aggregation<topk_all_reduce<float>, float, gw::transport::inproc>);
-static_assert(gw::concepts::aggregation<topk_all_reduce<double>, double, gw::transport::inproc>);
+static_assert(gw::concepts::compressor<topk_codec, float> && gw::concepts::compressor<topk_codec, double>);
 // [/docs:topk_concept_check]
 
+// [docs:topk_compose]
+// The library's reusable parts do the rest. error_feedback<Codec> keeps this rank's residual
+// (what encode left out, added to the next input) in the per-buffer state, around any
+// linear or gathered codec; compressed_all_reduce<Codec> is all_reduce's bucketed
+// aggregation with the codec on the wire (for a gathered codec: an all-gather of the
+// payloads, decode_add-ed in rank order).
+using topk_feedback = gw::compress::error_feedback<topk_codec>;
+using sparse_all_reduce = gw::aggregation::compressed_all_reduce<topk_feedback>;
+using sparse_all_reduce_no_feedback = gw::aggregation::compressed_all_reduce<topk_codec>;
+static_assert(gw::concepts::aggregation<sparse_all_reduce, float, gw::transport::inproc>);
+// [/docs:topk_compose]
 
 namespace {
 
@@ -274,12 +256,11 @@ int main(int argc, char** argv) {
     const auto ref = data.reference(lr, steps);
 
     // [docs:topk_use]
-    using topk = topk_all_reduce<float>;
     const auto dense = train(data, [] { return gw::aggregation::all_reduce(); });
-    const auto topk_full = train(data, [] { return topk({.density = 1.0}); });
-    const auto topk_10 = train(data, [] { return topk({.density = 0.1}); });
-    const auto topk_1 = train(data, [] { return topk({.density = 0.01}); });
-    const auto topk_1_no_feedback = train(data, [] { return topk({.density = 0.01, .error_feedback = false}); });
+    const auto topk_full = train(data, [] { return sparse_all_reduce(topk_feedback(topk_codec(1.0))); });
+    const auto topk_10 = train(data, [] { return sparse_all_reduce(topk_feedback(topk_codec(0.1))); });
+    const auto topk_1 = train(data, [] { return sparse_all_reduce(topk_feedback(topk_codec(0.01))); });
+    const auto topk_1_no_feedback = train(data, [] { return sparse_all_reduce_no_feedback(topk_codec(0.01)); });
     // [/docs:topk_use]
 
     // (a) Density 1 sends everything: the same steps as the dense all-reduce, up to the
@@ -329,7 +310,7 @@ int main(int argc, char** argv) {
                 "%d steps\n",
                 ranks, features, samples_per_rank, lr, steps);
     std::printf("initial loss %.6f, float64 reference final loss %.3e\n\n", initial, reference_loss);
-    std::printf("| aggregation | density | error feedback | final loss | bytes sent per step per replica | "
+    std::printf("| aggregation, codec | density | error feedback | final loss | bytes sent per step per replica | "
                 "vs dense |\n");
     std::printf("|---|---|---|---|---|---|\n");
     auto row = [&](const char* name, const char* density, const char* feedback, double loss, double bytes) {
@@ -337,15 +318,15 @@ int main(int argc, char** argv) {
                   100.0 * bytes / dense.bytes_per_step);
     };
     row("all_reduce (dense)", "1", "-", l_dense, dense.bytes_per_step);
-    row("topk_all_reduce", "1", "on", l_full, topk_full.bytes_per_step);
-    row("topk_all_reduce", "0.1", "on", l_10, topk_10.bytes_per_step);
-    row("topk_all_reduce", "0.01", "on", l_1, topk_1.bytes_per_step);
-    row("topk_all_reduce", "0.01", "off", l_1_nf, topk_1_no_feedback.bytes_per_step);
+    row("compressed_all_reduce, topk_codec", "1", "on", l_full, topk_full.bytes_per_step);
+    row("compressed_all_reduce, topk_codec", "0.1", "on", l_10, topk_10.bytes_per_step);
+    row("compressed_all_reduce, topk_codec", "0.01", "on", l_1, topk_1.bytes_per_step);
+    row("compressed_all_reduce, topk_codec", "0.01", "off", l_1_nf, topk_1_no_feedback.bytes_per_step);
     std::printf("\n%.1f s, %d failed check(s)\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), failures);
     return failures == 0 ? 0 : 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "topk_all_reduce: %s\n", e.what());
+    std::fprintf(stderr, "topk_compressor: %s\n", e.what());
     return 1;
   }
 }
