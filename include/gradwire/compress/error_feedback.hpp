@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "../concepts.hpp"
+#include "../kernels/host.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "detail/payload.hpp"
 
@@ -58,12 +59,10 @@ class error_feedback {
   template <class V>
   void encode(state<V>& s, std::span<const V> in, std::span<std::byte> out) const {
     detail::check_state(name, s.residual.size(), in.size());
-    V* residual = s.residual.data();
-    V* corrected = s.corrected.data();
-    for (std::size_t i = 0; i < in.size(); ++i) corrected[i] = in[i] + residual[i];
-    codec_.encode(s.codec, std::span<const V>(corrected, in.size()), out);
+    kernels::add(s.corrected.data(), in.data(), s.residual.data(), in.size());
+    codec_.encode(s.codec, std::span<const V>(s.corrected.data(), in.size()), out);
     codec_.decode(std::span<const std::byte>(out), s.residual.span());  // what the receivers will read
-    for (std::size_t i = 0; i < in.size(); ++i) residual[i] = corrected[i] - residual[i];
+    subtract(s.residual.data(), s.corrected.data(), in.size());
   }
   // The codec's map alone, for a partial sum that is nobody's own (linear codecs' rings).
   template <class V>
@@ -82,6 +81,13 @@ class error_feedback {
   }
 
  private:
+  // residual[i] = corrected[i] - residual[i]
+  template <class V>
+  static void subtract(V* GRADWIRE_RESTRICT residual, const V* GRADWIRE_RESTRICT corrected, std::size_t n) noexcept {
+    GRADWIRE_VECTORIZE
+    for (std::size_t i = 0; i < n; ++i) residual[i] = corrected[i] - residual[i];
+  }
+
   Codec codec_;
 };
 

@@ -9,22 +9,24 @@
 // the small coordinates never move; with it, they accumulate until they are large enough
 // (Stich et al. 2018). Not linear (concepts::compression_kind::gathered): two ranks' top-k
 // sets differ, so an all-reduce all-gathers every rank's pairs and adds them, and its
-// traffic grows with N where a ring's does not. Selection is std::nth_element over an index
-// array kept in the state: O(n) per encode, no allocation.
+// traffic grows with N where a ring's does not. Selection is a radix select on the
+// magnitudes' bits (a histogram pass over the buffer, then the few elements of the bin that
+// holds the k-th largest) with an index array kept in the state: O(n), no allocation.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <numeric>
 #include <span>
 #include <string>
 
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../tensor/aligned_buffer.hpp"
+#include "detail/narrow_float.hpp"
 #include "detail/payload.hpp"
 
 namespace gradwire::compress {
@@ -75,23 +77,49 @@ class top_k {
     detail::check_state(name, s.order.size(), n);
     detail::check_payload(name, out.size(), encoded_bytes<V>(n), n);
     if (n == 0) return;
+    using U = typename detail::wide_float<V>::bits;
+    const V* x = in.data();
     std::uint32_t* order = s.order.data();
-    std::iota(order, order + n, std::uint32_t{0});
-    const auto magnitude = [&](std::uint32_t i) {
-      const V m = std::fabs(in[i]);
-      return m != m ? std::numeric_limits<V>::infinity() : m;  // NaN: the largest, a strict weak order still
-    };
-    const auto before = [&](std::uint32_t a, std::uint32_t b) {
-      const V ma = magnitude(a), mb = magnitude(b);
-      return ma > mb || (ma == mb && a < b);
-    };
-    if (kept < n) std::nth_element(order, order + (kept - 1), order + n, before);
-    std::sort(order, order + kept);
+    // The k-th largest key, digit by digit from the top (a radix select): a histogram of the
+    // top digit over the whole buffer finds the digit's bin that holds it; the indices from
+    // that bin up (about k of them, in ascending order) are kept aside, and each next digit
+    // is found among them alone.
+    constexpr int key_bits = 8 * sizeof(U) - 1;
+    int shift = key_bits - radix_bits;
+    std::uint32_t count[std::size_t{1} << radix_bits] = {};
+    for (std::size_t i = 0; i < n; ++i) ++count[key(x[i]) >> shift];
+    std::size_t above = 0;  // elements whose key is above the digits found so far
+    U prefix = boundary(count, std::size_t{1} << radix_bits, kept, above);
+    std::size_t candidates = 0;
+    for (std::size_t i = 0; i < n; ++i) {  // branch-free: the kept ones are few and anywhere
+      order[candidates] = static_cast<std::uint32_t>(i);
+      candidates += (key(x[i]) >> shift) >= prefix;
+    }
+    while (shift > 0) {
+      const int next = shift > radix_bits ? shift - radix_bits : 0;
+      const std::size_t bins = std::size_t{1} << (shift - next);
+      std::fill(count, count + bins, 0u);
+      for (std::size_t j = 0; j < candidates; ++j) {
+        const U key_j = key(x[order[j]]);
+        if ((key_j >> shift) == prefix) ++count[(key_j >> next) & (bins - 1)];
+      }
+      prefix = (prefix << (shift - next)) | boundary(count, bins, kept, above);
+      shift = next;
+    }
+    // prefix is the k-th largest key, `above` elements are larger: those are kept, and of the
+    // ones equal to it the first kept - above by index.
+    std::size_t equal = kept - above, j = 0;
     std::byte* indices = out.data();
     std::byte* values = out.data() + kept * sizeof(std::uint32_t);
-    for (std::size_t j = 0; j < kept; ++j) {
-      detail::store<std::uint32_t>(indices + j * sizeof(std::uint32_t), order[j]);
-      detail::store<V>(values + j * sizeof(V), in[order[j]]);
+    for (std::size_t c = 0; c < candidates; ++c) {
+      const std::uint32_t i = order[c];
+      const U key_i = key(x[i]);
+      if (key_i > prefix || (key_i == prefix && equal > 0)) {
+        equal -= key_i == prefix;
+        detail::store<std::uint32_t>(indices + j * sizeof(std::uint32_t), i);
+        detail::store<V>(values + j * sizeof(V), x[i]);
+        ++j;
+      }
     }
   }
   template <class V>
@@ -117,6 +145,24 @@ class top_k {
   }
 
  private:
+  static constexpr int radix_bits = 11;  // 2048 bins: 8 KiB of counts, in L1
+
+  // |x|'s bits: their integer order is the order by magnitude; NaN reads as infinity (the
+  // largest, tied with it and broken by index like any other tie).
+  template <class V>
+  static auto key(V x) noexcept {
+    using U = typename detail::wide_float<V>::bits;
+    constexpr U infinity = std::bit_cast<U>(std::numeric_limits<V>::infinity());
+    return std::min<U>(std::bit_cast<U>(x) & (~U{0} >> 1), infinity);
+  }
+  // The bin, from the top, in which the kept-th largest falls; `above` grows by the counts
+  // of the bins over it.
+  static std::uint32_t boundary(const std::uint32_t* count, std::size_t bins, std::size_t kept, std::size_t& above) noexcept {
+    std::size_t bin = bins - 1;
+    while (above + count[bin] < kept) above += count[bin--];
+    return static_cast<std::uint32_t>(bin);
+  }
+
   double fraction_;
 };
 
