@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <span>
 
+#include "../kernels/host.hpp"
+
 namespace gradwire::compress::low_rank {
 
 // The matrix a buffer of n elements is read as: cols = ceil(sqrt(n)), rows = ceil(n / cols),
@@ -38,31 +40,47 @@ struct matrix_shape {
   std::size_t q_size() const noexcept { return cols * rank; }
 };
 
-// P = M Q: column c of P at p[c rows ..], of Q at q[c cols ..].
+// sum_j a[j] b[j] in double (a product of two floats is exact there): sixteen running sums,
+// lane j mod 16, added pairwise at the end. A fixed order, so the same bits whatever the
+// vector width (and with or without a fused multiply-add: the products are exact), and
+// sixteen independent chains where one would wait on each addition's latency.
+template <class V>
+double dot(const V* GRADWIRE_RESTRICT a, const V* GRADWIRE_RESTRICT b, std::size_t n) noexcept {
+  constexpr std::size_t lanes = 16;
+  double sum[lanes] = {};
+  std::size_t j = 0;
+  for (; j + lanes <= n; j += lanes)
+    for (std::size_t l = 0; l < lanes; ++l) sum[l] += static_cast<double>(a[j + l]) * static_cast<double>(b[j + l]);
+  for (std::size_t l = 0; j < n; ++j, ++l) sum[l] += static_cast<double>(a[j]) * static_cast<double>(b[j]);
+  for (std::size_t width = lanes / 2; width > 0; width /= 2)
+    for (std::size_t l = 0; l < width; ++l) sum[l] += sum[l + width];
+  return sum[0];
+}
+
+// P = M Q: column c of P at p[c rows ..], of Q at q[c cols ..]. Row by row, so that M is
+// read from memory once (the row stays in L1 for its r products).
 template <class V>
 void multiply(std::span<const V> m, std::span<const V> q, std::span<V> p, const matrix_shape& s) {
-  for (std::size_t c = 0; c < s.rank; ++c) {
-    const V* qc = q.data() + c * s.cols;
-    for (std::size_t i = 0; i < s.rows; ++i) {
-      const V* row = m.data() + i * s.cols;
-      double sum = 0;
-      for (std::size_t j = 0; j < s.cols; ++j) sum += static_cast<double>(row[j]) * static_cast<double>(qc[j]);
-      p[c * s.rows + i] = static_cast<V>(sum);
-    }
+  for (std::size_t i = 0; i < s.rows; ++i) {
+    const V* row = m.data() + i * s.cols;
+    for (std::size_t c = 0; c < s.rank; ++c) p[c * s.rows + i] = static_cast<V>(dot(row, q.data() + c * s.cols, s.cols));
   }
 }
 
-// Q = M^T P.
+// y[j] += alpha x[j]
+template <class V>
+void axpy(V alpha, const V* GRADWIRE_RESTRICT x, V* GRADWIRE_RESTRICT y, std::size_t n) noexcept {
+  GRADWIRE_VECTORIZE
+  for (std::size_t j = 0; j < n; ++j) y[j] += x[j] * alpha;
+}
+
+// Q = M^T P, row by row as multiply (each element of Q sums over the rows in order).
 template <class V>
 void multiply_transposed(std::span<const V> m, std::span<const V> p, std::span<V> q, const matrix_shape& s) {
   std::fill(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(s.q_size()), V(0));
-  for (std::size_t c = 0; c < s.rank; ++c) {
-    V* qc = q.data() + c * s.cols;
-    for (std::size_t i = 0; i < s.rows; ++i) {
-      const V pic = p[c * s.rows + i];
-      const V* row = m.data() + i * s.cols;
-      for (std::size_t j = 0; j < s.cols; ++j) qc[j] += row[j] * pic;
-    }
+  for (std::size_t i = 0; i < s.rows; ++i) {
+    const V* row = m.data() + i * s.cols;
+    for (std::size_t c = 0; c < s.rank; ++c) axpy(p[c * s.rows + i], row, q.data() + c * s.cols, s.cols);
   }
 }
 
@@ -93,19 +111,25 @@ void orthogonalise(std::span<V> p, const matrix_shape& s) {
   }
 }
 
-// out = the first out.size() elements of P Q^T, row-major (out.size() <= rows cols).
+// y[j] = x[j] - y[j]
 template <class V>
-void reconstruct(std::span<const V> p, std::span<const V> q, std::span<V> out, const matrix_shape& s) {
+void subtract_from(const V* GRADWIRE_RESTRICT x, V* GRADWIRE_RESTRICT y, std::size_t n) noexcept {
+  GRADWIRE_VECTORIZE
+  for (std::size_t j = 0; j < n; ++j) y[j] = x[j] - y[j];
+}
+
+// out = the first out.size() elements of P Q^T, row-major (out.size() <= rows cols); with
+// `minuend`, out = minuend - P Q^T instead, row by row while the row is in L1.
+template <class V>
+void reconstruct(std::span<const V> p, std::span<const V> q, std::span<V> out, const matrix_shape& s,
+                 const V* minuend = nullptr) {
   const std::size_t n = out.size();
   for (std::size_t i = 0; i < s.rows && i * s.cols < n; ++i) {
     V* row = out.data() + i * s.cols;
     const std::size_t length = std::min(s.cols, n - i * s.cols);
     std::fill(row, row + length, V(0));
-    for (std::size_t c = 0; c < s.rank; ++c) {
-      const V pic = p[c * s.rows + i];
-      const V* qc = q.data() + c * s.cols;
-      for (std::size_t j = 0; j < length; ++j) row[j] += pic * qc[j];
-    }
+    for (std::size_t c = 0; c < s.rank; ++c) axpy(p[c * s.rows + i], q.data() + c * s.cols, row, length);
+    if (minuend) subtract_from(minuend + i * s.cols, row, length);
   }
 }
 

@@ -33,6 +33,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../kernels/host.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "detail/payload.hpp"
 #include "low_rank.hpp"
@@ -104,7 +105,7 @@ class powersgd {
       std::copy(in.begin(), in.end(), m);
       return s.m.span().first(s.n);
     }
-    for (std::size_t i = 0; i < s.n; ++i) m[i] = in[i] + s.residual.data()[i];
+    kernels::add(m, in.data(), s.residual.data(), s.n);
     low_rank::seed_empty_columns(s.q.span(), s.shape, options_.seed);
     low_rank::multiply<V>(s.m.span(), s.q.span(), s.p.span(), s.shape);
     return s.p.span();
@@ -132,8 +133,7 @@ class powersgd {
   void encode(state<V>& s, std::span<const V> in, std::span<std::byte> out) const {
     detail::check_state(name, s.n, in.size());
     detail::check_payload(name, out.size(), encoded_bytes<V>(s.n), s.n);
-    V* m = s.m.data();
-    for (std::size_t i = 0; i < s.n; ++i) m[i] = in[i] + s.residual.data()[i];
+    kernels::add(s.m.data(), in.data(), s.residual.data(), s.n);
     low_rank::seed_empty_columns(s.q.span(), s.shape, options_.seed);
     low_rank::multiply<V>(s.m.span(), s.q.span(), s.p.span(), s.shape);
     low_rank::orthogonalise(s.p.span(), s.shape);
@@ -160,11 +160,9 @@ class powersgd {
     const std::byte* q = in.data() + s.p_size() * sizeof(V);
     for (std::size_t i = 0; i < s.rows; ++i) {
       const std::size_t begin = i * s.cols, length = std::min(s.cols, n - std::min(n, begin));
-      for (std::size_t c = 0; c < s.rank; ++c) {
-        const auto pic = detail::load<V>(p + (c * s.rows + i) * sizeof(V));
-        const std::byte* qc = q + c * s.cols * sizeof(V);
-        for (std::size_t j = 0; j < length; ++j) inout[begin + j] += pic * detail::load<V>(qc + j * sizeof(V));
-      }
+      for (std::size_t c = 0; c < s.rank; ++c)
+        add_product(detail::load<V>(p + (c * s.rows + i) * sizeof(V)), q + c * s.cols * sizeof(V),
+                    inout.data() + begin, length);
     }
   }
 
@@ -172,10 +170,13 @@ class powersgd {
   // residual = M - P Q^T (this rank's Q), over the buffer's n elements.
   template <class V>
   static void keep_residual(state<V>& s) {
-    low_rank::reconstruct<V>(s.p.span(), s.q.span(), s.residual.span(), s.shape);
-    const V* m = s.m.data();
-    V* r = s.residual.data();
-    for (std::size_t i = 0; i < s.n; ++i) r[i] = m[i] - r[i];
+    low_rank::reconstruct<V>(s.p.span(), s.q.span(), s.residual.span(), s.shape, s.m.data());
+  }
+  // out[j] += pic q[j], q read from the payload (unaligned)
+  template <class V>
+  static void add_product(V pic, const std::byte* GRADWIRE_RESTRICT q, V* GRADWIRE_RESTRICT out, std::size_t n) noexcept {
+    GRADWIRE_VECTORIZE
+    for (std::size_t j = 0; j < n; ++j) out[j] += pic * detail::load<V>(q + j * sizeof(V));
   }
 
   powersgd_options options_;
