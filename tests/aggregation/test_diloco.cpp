@@ -357,6 +357,27 @@ TEST_CASE("streaming DiLoCo: fragments at staggered steps, updates landing after
   REQUIRE_FALSE(all_equal(history.front()));
 }
 
+TEST_CASE("DiLoCo with its all-reduces cut into calls of bucket_bytes equals the float64 reference") {
+  // bucket_bytes of 5 floats: the 24 elements (or a fragment of them) take several all-reduce
+  // calls, the last one shorter; every call must average its own part.
+  struct setting {
+    int ranks, period, fragments, delay;
+  };
+  const auto [ranks, period, fragments, delay] =
+      GENERATE(setting{3, 4, 1, 0}, setting{2, 4, 2, 1}, setting{3, 6, 3, 2});
+  CAPTURE(ranks, period, fragments, delay);
+  constexpr int steps = 13;
+  const auto data = make_data(steps, ranks);
+  const auto history = train<gw::diloco<gw::host_tensor<float>, sgd_inner, agg::dynamic_period>>(
+      ranks, data, sgd_inner({.lr = 0.1}), [&] {
+        return agg::diloco(period, {.fragments = fragments, .delay = delay, .bucket_bytes = 5 * sizeof(float)});
+      });
+  const schedule c{.period = period, .fragments = fragments, .delay = delay};
+  const double worst = compare(history, reference(ranks, data, c));
+  INFO("largest relative difference from float64: " << worst);
+  require_landed_fragments_identical(history, c);
+}
+
 TEST_CASE("DiLoCo refuses bad options with invalid_argument and says what to do") {
   auto refused = [](auto make, const std::string& words) {
     try {
