@@ -50,6 +50,9 @@ double dot(const V* GRADWIRE_RESTRICT a, const V* GRADWIRE_RESTRICT b, std::size
   double sum[lanes] = {};
   std::size_t j = 0;
   for (; j + lanes <= n; j += lanes)
+#if defined(__GNUC__)  // unrolled, the sums stay in registers (else GCC keeps them in memory)
+#pragma GCC unroll 16
+#endif
     for (std::size_t l = 0; l < lanes; ++l) sum[l] += static_cast<double>(a[j + l]) * static_cast<double>(b[j + l]);
   for (std::size_t l = 0; j < n; ++j, ++l) sum[l] += static_cast<double>(a[j]) * static_cast<double>(b[j]);
   for (std::size_t width = lanes / 2; width > 0; width /= 2)
