@@ -13,6 +13,7 @@
 // error feedback (compress::powersgd), so it is not wrapped.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <utility>
@@ -59,6 +60,10 @@ class error_feedback {
   template <class V>
   void encode(state<V>& s, std::span<const V> in, std::span<std::byte> out) const {
     detail::check_state(name, s.residual.size(), in.size());
+    if constexpr (detail::elementwise_bytes<Codec> > 0) {
+      encode_by_blocks(s, in, out);
+      return;
+    }
     kernels::add(s.corrected.data(), in.data(), s.residual.data(), in.size());
     codec_.encode(s.codec, std::span<const V>(s.corrected.data(), in.size()), out);
     codec_.decode(std::span<const std::byte>(out), s.residual.span());  // what the receivers will read
@@ -81,6 +86,26 @@ class error_feedback {
   }
 
  private:
+  // The same four steps a block at a time, for a codec whose bytes of each element depend on
+  // that element alone: the block stays in L1 from x + r to the new residual, so memory sees
+  // x and r read and the payload and r written once (14 bytes an element for fp16 on float,
+  // against 36 for whole-buffer passes).
+  template <class V>
+  void encode_by_blocks(state<V>& s, std::span<const V> in, std::span<std::byte> out) const {
+    constexpr std::size_t block = 2048, bytes = detail::elementwise_bytes<Codec>;
+    detail::check_payload(Codec::name, out.size(), codec_.template encoded_bytes<V>(in.size()), in.size());
+    for (std::size_t begin = 0; begin < in.size(); begin += block) {
+      const std::size_t length = std::min(block, in.size() - begin);
+      V* residual = s.residual.data() + begin;
+      V* corrected = s.corrected.data() + begin;
+      const std::span<std::byte> payload = out.subspan(begin * bytes, length * bytes);
+      kernels::add(corrected, in.data() + begin, residual, length);
+      codec_.encode(std::span<const V>(corrected, length), payload);
+      codec_.decode(std::span<const std::byte>(payload), std::span<V>(residual, length));
+      subtract(residual, corrected, length);
+    }
+  }
+
   // residual[i] = corrected[i] - residual[i]
   template <class V>
   static void subtract(V* GRADWIRE_RESTRICT residual, const V* GRADWIRE_RESTRICT corrected, std::size_t n) noexcept {

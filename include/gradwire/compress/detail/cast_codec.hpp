@@ -72,6 +72,9 @@ class cast_codec {
   }
 };
 
+template <class Format, const char* Name>
+inline constexpr std::size_t elementwise_bytes<cast_codec<Format, Name>> = 2;
+
 inline constexpr char fp16_name[] = "fp16";
 inline constexpr char bf16_name[] = "bf16";
 

@@ -29,6 +29,11 @@ inline void check_state(const char* codec, std::size_t state_elements, std::size
                                             "; keep one state per buffer, made by init<V>(n) with its length");
 }
 
+// A codec whose payload is this many bytes per element, each from that element alone (fp16,
+// bf16: 2), so that encoding a buffer piece by piece gives the same bytes; 0: not such a codec.
+template <class Codec>
+inline constexpr std::size_t elementwise_bytes = 0;
+
 // Payload bytes carry no alignment: read and write through memcpy (one move on x86).
 template <class T>
 T load(const std::byte* at) noexcept {
