@@ -70,11 +70,16 @@ void multiply(std::span<const V> m, std::span<const V> q, std::span<V> p, const 
   }
 }
 
-// y[j] += alpha x[j]
+// y[j] += alpha x[j], in steps of a fixed 16 (as the codecs' loops: vectorised at -O2 with
+// or without the gradwire target's -fopenmp-simd) and a remainder.
 template <class V>
 void axpy(V alpha, const V* GRADWIRE_RESTRICT x, V* GRADWIRE_RESTRICT y, std::size_t n) noexcept {
-  GRADWIRE_VECTORIZE
-  for (std::size_t j = 0; j < n; ++j) y[j] += x[j] * alpha;
+  constexpr std::size_t step = 16;
+  std::size_t i = 0;
+  for (; i + step <= n; i += step)
+    GRADWIRE_VECTORIZE
+    for (std::size_t j = i; j < i + step; ++j) y[j] += x[j] * alpha;
+  for (; i < n; ++i) y[i] += x[i] * alpha;
 }
 
 // Q = M^T P, row by row as multiply (each element of Q sums over the rows in order).
@@ -117,8 +122,12 @@ void orthogonalise(std::span<V> p, const matrix_shape& s) {
 // y[j] = x[j] - y[j]
 template <class V>
 void subtract_from(const V* GRADWIRE_RESTRICT x, V* GRADWIRE_RESTRICT y, std::size_t n) noexcept {
-  GRADWIRE_VECTORIZE
-  for (std::size_t j = 0; j < n; ++j) y[j] = x[j] - y[j];
+  constexpr std::size_t step = 16;
+  std::size_t i = 0;
+  for (; i + step <= n; i += step)
+    GRADWIRE_VECTORIZE
+    for (std::size_t j = i; j < i + step; ++j) y[j] = x[j] - y[j];
+  for (; i < n; ++i) y[i] = x[i] - y[i];
 }
 
 // out = the first out.size() elements of P Q^T, row-major (out.size() <= rows cols); with
