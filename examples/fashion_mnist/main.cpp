@@ -64,9 +64,9 @@ constexpr const char* usage_text =
     "                                   process\n"
     "                                   (inproc, the default) or one per process under a launcher (tcp, as\n"
     "                                   multi_worker_mirrored, or ucx: UCX, with UCX_TLS choosing shared memory,\n"
-    "                                   TCP or RDMA; diloco: inproc or tcp; sharded: not ucx); mirrored is inproc,\n"
-    "                                   multi_worker_mirrored tcp or ucx; simulated (any strategy but one_device\n"
-    "                                   and diloco): replicas and servers as threads in virtual time on the\n"
+    "                                   TCP or RDMA; diloco and sharded: not ucx); mirrored is inproc,\n"
+    "                                   multi_worker_mirrored tcp or ucx; simulated (any strategy but\n"
+    "                                   one_device): replicas and servers as threads in virtual time on the\n"
     "                                   cluster --cluster describes; times are virtual\n"
     "  --cluster MODEL                  simulated: the cluster, e.g. \"hosts=25 ranks_per_host=4 bandwidth=10Gbit\n"
     "                                   latency=20us compute=modelled jitter=0.1 tail=0.02:2\" (docs/planning.md);\n"
@@ -94,7 +94,8 @@ constexpr const char* usage_text =
     "                                   starts, which runs meanwhile (default 0; 0 <= D < H; docs/strategies/diloco.md)\n"
     "  --compress CODEC                 mirrored / multi_worker_mirrored: all-reduce compressed gradients: none\n"
     "                                   (default), fp16, bf16, int8, topk:FRACTION (with error feedback) or\n"
-    "                                   powersgd:RANK (plain for its first 10 steps; docs/strategies/compression.md)\n"
+    "                                   powersgd:RANK (plain for its first 10 steps; docs/strategies/compression.md);\n"
+    "                                   diloco: its pseudo-gradients in fp16, bf16 or int8\n"
     "  --backup-workers B               mirrored / multi_worker_mirrored: K of N, a step closes when all but B\n"
     "                                   replicas have their gradients in; the late ones' are dropped (default 0;\n"
     "                                   docs/elastic.md)\n"
@@ -304,10 +305,14 @@ options parse(int argc, char** argv) {
                                     std::pair{o.delay.has_value(), "--delay"}})
     if (given && o.strategy != "diloco")
       throw usage_error(std::string(flag) + " is for --strategy diloco, not " + o.strategy);
-  if (o.compress != "none") {
+  if (o.compress != "none" && o.strategy == "diloco") {
+    if (o.compress != "fp16" && o.compress != "bf16" && o.compress != "int8")
+      throw usage_error("--strategy diloco takes --compress fp16, bf16 or int8 for its pseudo-gradients, not " +
+                        o.compress);
+  } else if (o.compress != "none") {
     if (o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
       throw usage_error("--compress is for --strategy mirrored or multi_worker_mirrored (all-reduce of compressed "
-                        "gradients), not " + o.strategy);
+                        "gradients) or diloco (its pseudo-gradients), not " + o.strategy);
     if (o.backup_workers > 0 || o.min_replicas > 0 || o.device == "cuda" || o.transport == "ucx")
       throw usage_error("--compress does not combine with --backup-workers, --min-replicas, --device cuda or "
                         "--transport ucx yet");
@@ -349,9 +354,9 @@ options parse(int argc, char** argv) {
   if (o.strategy == "sharded" && o.transport == "ucx")
     throw usage_error("--strategy sharded runs over --transport inproc, tcp or simulated in this example (not ucx yet)");
   if (o.strategy == "diloco") {
-    if (o.transport != "inproc" && o.transport != "tcp")
-      throw usage_error("--strategy diloco runs over --transport inproc or tcp in this example (not " + o.transport +
-                        " yet)");
+    if (o.transport == "ucx")
+      throw usage_error("--strategy diloco runs over --transport inproc, tcp or simulated in this example (not ucx "
+                        "yet)");
     if (!o.checkpoint_dir.empty())
       throw usage_error("--strategy diloco does not take --checkpoint-dir yet (its anchor and outer momentum are not "
                         "in a checkpoint)");

@@ -127,7 +127,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
                     *o.period, *o.outer_lr, *o.outer_momentum, *o.fragments, *o.delay);
       detail = outer;
     }
-    if (o.compress != "none") detail = " (compress " + o.compress + ")";
+    if (o.compress != "none") detail += " (compress " + o.compress + ")";
     std::printf("strategy %s%s over %s, replicas %d, optimizer %s, lr %g (%s), batch %zu per replica (%zu global), "
                 "%zu steps/epoch, %zu parameters\n",
                 o.strategy.c_str(), detail.c_str(), o.transport.c_str(), replicas, o.optimizer.c_str(), *o.lr,
@@ -240,6 +240,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
     // (all-reduce, waiting for the slowest replica, optimizer).
     steady::duration compute_time{}, step_time{};
     gradwire::observe::step_stats epoch_stats;  // this replica's steps: bytes, communication vs compute
+    std::uint64_t peak_sent = 0;                 // the most bytes one step sent (streaming DiLoCo spreads it)
     std::size_t planned_until = 0;  // K of N: the steps planned run up to here (this epoch's numbering)
     for (std::size_t step = 0; step < steps; ++step) {
       std::uint64_t global_step = static_cast<std::uint64_t>(epoch - 1) * steps + step;
@@ -280,6 +281,7 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
         strategy.step(gradients);
       }
       epoch_stats += strategy.last_step_stats();
+      peak_sent = std::max(peak_sent, strategy.last_step_stats().traffic.bytes_sent);
       compute_time += computed - step_start;
       step_time += time.now() - computed;
       ++steps_done;
@@ -317,7 +319,9 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
       if (o.timing)
         std::printf("  [per replica: forward/backward %.2f s, step %.2f s, of %.2f s]", stats[3] / replicas,
                     stats[4] / replicas, train_seconds);
-      std::printf("\n          rank 0: %s\n", gradwire::observe::to_string(epoch_stats).c_str());
+      std::printf("\n          rank 0: %s", gradwire::observe::to_string(epoch_stats).c_str());
+      if (epoch_stats.traffic_measured) std::printf(", at most %.3g MB sent in a step", double(peak_sent) / 1e6);
+      std::printf("\n");
       std::fflush(stdout);
       out.record(epoch, accuracy, elapsed, o.target_accuracy);
     }

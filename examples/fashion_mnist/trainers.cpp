@@ -25,6 +25,7 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"local_sgd", "inproc", train_local_sgd_inproc},
       {"local_sgd", "simulated", train_local_sgd_simulated},
       {"diloco", "inproc", train_diloco_inproc},
+      {"diloco", "simulated", train_diloco_simulated},
       {"sharded", "inproc", train_sharded_inproc},
       {"sharded", "simulated", train_sharded_simulated},
       {"mirrored compressed", "inproc", train_compressed_inproc},
@@ -73,7 +74,8 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
                                                            : " sync";
   }
   if (o.min_replicas > 0) strategy += " elastic";
-  if (o.compress != "none") strategy += " compressed";
+  // diloco takes its codec inside its own trainer (family_diloco.hpp).
+  if (o.compress != "none" && strategy != "diloco") strategy += " compressed";
   for (const entry& e : trainers)
     if (e.strategy == strategy && e.transport == o.transport) return e.train;
   // parse() and process_rank() have refused what this build lacks.

@@ -106,6 +106,7 @@ summary train_local_sgd_tcp(const options&, const data_set&);
 summary train_local_sgd_ucx(const options&, const data_set&);
 summary train_diloco_inproc(const options&, const data_set&);
 summary train_diloco_tcp(const options&, const data_set&);
+summary train_diloco_simulated(const options&, const data_set&);
 summary train_sharded_inproc(const options&, const data_set&);  // sharded (ZeRO-1)
 summary train_sharded_simulated(const options&, const data_set&);
 summary train_sharded_tcp(const options&, const data_set&);

@@ -172,8 +172,8 @@ inline std::filesystem::path fashion_mnist_program(const simulate_options& s) {
 }
 
 // The strategies the planner compares, as fashion_mnist runs them: all-reduce (auto_),
-// parameter servers sync, backup workers, async and bounded staleness, and local SGD
-// with the planner's period. fashion_mnist has backup:1|2|4|8 and bounded:1|2|4: the
+// parameter servers sync, backup workers, async and bounded staleness, local SGD and DiLoCo
+// with the planner's period, ZeRO-1, and all-reduce through each codec of --compress. fashion_mnist has backup:1|2|4|8 and bounded:1|2|4: the
 // planner's --backup-workers and --staleness are rounded down to those.
 inline std::vector<simulated_strategy> simulated_strategies(const plan_options& o) {
   namespace plan = gradwire::plan;
@@ -188,7 +188,7 @@ inline std::vector<simulated_strategy> simulated_strategies(const plan_options& 
     return std::vector<std::string>{"--strategy", "parameter_server", "--ps-mode", mode, "--lr", lr};
   };
   using kind = plan::strategy_kind;
-  return {
+  std::vector<simulated_strategy> all{
       {"all_reduce<auto_>", kind::all_reduce, {"--strategy", "multi_worker_mirrored", "--lr", sync_lr}, 0},
       {"parameter_server<sync>", kind::ps_sync, ps("sync", sync_lr), servers},
       {"parameter_server<backup_workers<" + std::to_string(backups) + ">>", kind::ps_backup_workers,
@@ -198,7 +198,15 @@ inline std::vector<simulated_strategy> simulated_strategies(const plan_options& 
        ps("bounded:" + std::to_string(staleness), async_lr), servers},
       {"local_sgd (averaging<" + std::to_string(o.period) + ">)", kind::local_sgd,
        {"--strategy", "local_sgd", "--period", std::to_string(o.period), "--lr", detail::formatted(s.local_lr)}, 0},
+      {"sharded (ZeRO-1)", kind::sharded, {"--strategy", "sharded", "--lr", sync_lr}, 0},
+      {"diloco (H " + std::to_string(o.period) + ")", kind::diloco,
+       {"--strategy", "diloco", "--period", std::to_string(o.period), "--lr", detail::formatted(s.local_lr)}, 0},
   };
+  // Each codec the planner prices (--compress), as fashion_mnist's --compress spells it.
+  for (const auto& codec : o.codecs)
+    all.push_back({"compressed all_reduce (" + codec.name + ")", kind::compressed_all_reduce,
+                   {"--strategy", "multi_worker_mirrored", "--compress", codec.name, "--lr", sync_lr}, 0});
+  return all;
 }
 
 // fashion_mnist's command line for one strategy: the planner's cluster (with the servers'

@@ -3,6 +3,7 @@
 // The examples' #includes repeat the ones below: under #pragma once they add nothing, and the
 // page shows which headers to include.
 #include <gradwire/gradwire.hpp>
+#include <gradwire/compress/int8.hpp>
 #include <gradwire/strategies/diloco.hpp>
 #include <gradwire/collective/barrier.hpp>
 
@@ -17,9 +18,11 @@
 // The alias and the options as the page states them, checked against gradwire's.
 namespace gradwire::docs {
 // [docs:alias]
-template <class Tensor, class Optimizer, int H, class Transport = transport::inproc>
-using diloco = strategy<Tensor, Optimizer, aggregation::diloco_averaging<H>, Transport>;
+template <class Tensor, class Optimizer, int H, class Transport = transport::inproc, class Codec = aggregation::no_codec>
+using diloco = strategy<Tensor, Optimizer, aggregation::diloco_averaging<H, Codec>, Transport>;
 // [/docs:alias]
+static_assert(std::is_same_v<diloco<host_tensor<float>, optim::adamw, 8, transport::inproc, compress::int8>,
+                             gradwire::diloco<host_tensor<float>, optim::adamw, 8, transport::inproc, compress::int8>>);
 static_assert(std::is_same_v<diloco<host_tensor<float>, optim::adamw, 8>,
                              gradwire::diloco<host_tensor<float>, optim::adamw, 8>>);
 static_assert(std::is_same_v<aggregation::diloco_averaging<8>, aggregation::averaging<8, optim::momentum>>);
@@ -132,5 +135,27 @@ int main() {
     snippets::expect("streaming DiLoCo trains: the loss went down",
                      snippets::loss(Model::shape, std::span<const float>(got), global) <
                          snippets::loss(Model::shape, std::span<const double>(start), global));
+
+  gw::transport::run_inproc(4, [&](gw::transport::inproc endpoint) {
+    Model model(seed);
+    // [docs:compressed]
+    using strategy_type = gw::diloco<gw::tensor_view<float>, gw::optim::adamw, gw::aggregation::dynamic_period,
+                                     gw::transport::inproc, gw::compress::int8>;
+    strategy_type strategy(endpoint, model.parameter_views(), gw::optim::adamw({.lr = 1e-3}),
+                           gw::aggregation::diloco(8, {}, gw::compress::int8{}));   // 1 byte a pseudo-gradient
+    // [/docs:compressed]
+    for (auto& batch : my_shard_of_the_data(endpoint.rank())) {
+      model.forward_backward(batch);
+      strategy.step(model.gradient_views());
+    }
+  });
+  const auto compressed = Model::take_finished();
+  snippets::expect("every int8 replica finished", compressed.size() == replicas);
+  for (const auto& got : compressed) {
+    snippets::expect("int8 pseudo-gradients: replicas are bit-identical after an outer step", got == compressed.front());
+    snippets::expect("int8 pseudo-gradients: the loss went down",
+                     snippets::loss(Model::shape, std::span<const float>(got), global) <
+                         snippets::loss(Model::shape, std::span<const double>(start), global));
+  }
   return snippets::report("snippet strategies_diloco", seed);
 }

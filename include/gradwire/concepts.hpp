@@ -455,7 +455,7 @@ static_assert(multiplexing_transport<detail::multiplexing_transport_archetype> &
 // (a) incremental: `typename A::template agent<V, Tr>`, constructible from `const A&`, an
 //     aggregation_agent. Communication may start while backward still runs.
 // (b) whole-step: setup(comm, params) and step(comm, params, grads, apply) on A itself
-//     (the tutorial's top-k). strategy<> wraps it in aggregation::whole_step_agent, which
+//     (a user's own, written in one piece). strategy<> wraps it in aggregation::whole_step_agent, which
 //     hands it every gradient at finish, so it composes with the incremental API too.
 
 // Agent of an incremental aggregation:

@@ -301,8 +301,8 @@ class DiLoCo(Case):
                              "--delay 2 must be below --period 2"),
                             (["--strategy", "diloco", "--outer-momentum", "1"],
                              "--outer-momentum expects a number in [0, 1), got '1'"),
-                            (["--strategy", "diloco", "--transport", "simulated"],
-                             "--strategy diloco runs over --transport inproc or tcp"),
+                            (["--strategy", "diloco", "--transport", "ucx"],
+                             "--strategy diloco runs over --transport inproc, tcp or simulated"),
                             (["--strategy", "diloco", "--checkpoint-dir", "/tmp/x"],
                              "--strategy diloco does not take --checkpoint-dir yet")):
             with self.subTest(args=args):
@@ -367,12 +367,23 @@ class ShardedAndCompressed(Case):
                 out = self.threads_then_processes("multi_worker_mirrored", "--compress", codec)
                 self.assertIn(f"(compress {codec}) over inproc", out)
 
+    def test_diloco_pseudo_gradients_through_a_codec(self):
+        rc, out, err = self.run_example("--strategy", "diloco", "--replicas", "2", "--batch", "16", "--period", "4",
+                                        "--compress", "int8", env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("fragments 1, delay 0) (compress int8) over inproc", out)
+        hashes = self.hashes(out)
+        self.assertEqual(sorted(hashes), [0, 1], out)
+        self.assertEqual(hashes[0], hashes[1], out)  # 8 steps: the last one an outer step
+
     def test_bad_codecs_and_misplaced_compress_are_refused(self):
         for args, words in ((["--strategy", "mirrored", "--compress", "zstd"], "--compress zstd: unknown codec"),
                             (["--strategy", "mirrored", "--compress", "topk:0"], "the fraction kept must be in (0, 1]"),
                             (["--strategy", "mirrored", "--compress", "powersgd:0"], "the rank must be >= 1"),
                             (["--strategy", "local_sgd", "--compress", "fp16"],
                              "--compress is for --strategy mirrored or multi_worker_mirrored"),
+                            (["--strategy", "diloco", "--compress", "topk:0.1"],
+                             "--strategy diloco takes --compress fp16, bf16 or int8"),
                             (["--strategy", "mirrored", "--compress", "fp16", "--backup-workers", "1"],
                              "--compress does not combine with --backup-workers"),
                             (["--strategy", "sharded", "--transport", "ucx"],
@@ -550,6 +561,7 @@ class SimulatedTime(Case):
                            ("central storage", ["--strategy", "central_storage", "--replicas", "4"]),
                            ("local SGD", ["--strategy", "local_sgd", "--replicas", "4", "--period", "2"]),
                            ("sharded", ["--strategy", "sharded", "--replicas", "4"]),
+                           ("DiLoCo", ["--strategy", "diloco", "--replicas", "4", "--period", "2"]),
                            ("compressed", ["--strategy", "multi_worker_mirrored", "--replicas", "4",
                                            "--compress", "int8"])):
             with self.subTest(name=name):

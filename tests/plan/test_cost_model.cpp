@@ -631,10 +631,14 @@ TEST_CASE("plan --simulate: fashion_mnist's command lines, and what it reads bac
   CHECK(o.run.lr == 0.003);
   CHECK(o.run.async_lr == 1e-4);  // benchmarks/simulate_strategies.py's
   const auto strategies = planner::simulated_strategies(o);
-  REQUIRE(strategies.size() == 6);
+  REQUIRE(strategies.size() == 8 + 4);  // and the four default codecs of --compress
   CHECK(strategies[2].name == "parameter_server<backup_workers<2>>");
   CHECK(strategies[4].name == "parameter_server<bounded_staleness<2>>");
   CHECK(strategies[5].name == "local_sgd (averaging<5>)");
+  CHECK(strategies[6].name == "sharded (ZeRO-1)");
+  CHECK(strategies[7].name == "diloco (H 5)");
+  CHECK(strategies[11].name == "compressed all_reduce (powersgd:4)");
+  CHECK(after(planner::fashion_mnist_command(o, "/bin/fashion_mnist", strategies[11]), "--compress") == "powersgd:4");
   const std::filesystem::path program = "/bin/fashion_mnist";
   for (const auto& st : strategies) {
     CAPTURE(st.name);

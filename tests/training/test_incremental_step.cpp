@@ -125,7 +125,7 @@ std::vector<params_t> train(int ranks, int steps, double lr, Make make, bool two
 template <class A>
 using strategy_of = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, A, gw::transport::inproc>;
 
-// A whole-step aggregation written the old way (as the tutorial's top-k): every gradient
+// A whole-step aggregation written the old way (as the tutorial's top-k was): every gradient
 // all-reduced on its own at finish.
 struct naive_mean {
   template <class Tr, class V>

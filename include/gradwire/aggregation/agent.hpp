@@ -1,7 +1,7 @@
 // Which agent strategy<> builds for an aggregation, and the agent that adapts a whole-step aggregation.
 //
 // An incremental aggregation names its agent (`A::agent<V, Tr>`); a whole-step one (setup
-// + step on the policy itself, as the tutorial's top-k) is wrapped in whole_step_agent,
+// + step on the policy itself, a user's own in one piece) is wrapped in whole_step_agent,
 // which remembers each ready gradient and hands them all to step() at finish. Such an
 // aggregation starts communicating only once backward is over, but works with every
 // entry point of the strategy (begin_step/ready/finish, accumulation, step(grads)).
