@@ -35,12 +35,17 @@ struct codec_model {
   bool compresses() const noexcept { return name != "none"; }
 };
 
-// Encode + decode per element, measured (benchmarks/codecs, 2026-12, one core of this
-// machine, 1M-element buffers): the one place these numbers live.
-inline constexpr double fp16_seconds_per_element = 1.2e-9;
-inline constexpr double int8_seconds_per_element = 1.6e-9;
-inline constexpr double top_k_seconds_per_element = 6e-9;     // selection of the k largest
-inline constexpr double low_rank_seconds_per_element = 2.5e-9;  // per unit of r: the products and the residual
+// Encode + decode per element, measured (benchmarks/codecs, 2026-12-06, one core of this
+// machine, 1M-float buffers, the codecs as vectorised that day): built with g++ 12 at -O2
+// and the gradwire target's own flags (-fno-math-errno -fopenmp-simd), without
+// -march=native: plain x86-64 (SSE2), what a library build gets by default (the in-tree
+// benchmark target adds -march=native: fp16 1.6, int8 1.4, top-k 4.3, PowerSGD 0.9 ns per
+// unit of r); the median of six runs' medians, a copy of the buffer taking 0.7 ns an
+// element in the same runs. The one place these numbers live.
+inline constexpr double fp16_seconds_per_element = 2.5e-9;      // bf16: 1.1e-9
+inline constexpr double int8_seconds_per_element = 1.9e-9;
+inline constexpr double top_k_seconds_per_element = 4.2e-9;     // 1% with error feedback: its add, selection, residual
+inline constexpr double low_rank_seconds_per_element = 1.1e-9;  // per unit of r: the products and the residual
 
 // Parses --compress's spelling: none, fp16, bf16, int8, topk:FRACTION (in (0, 1]),
 // powersgd:RANK (>= 1). Anything else is errc::invalid_argument naming the choices.
