@@ -50,6 +50,12 @@ class error_feedback {
   };
   template <class V>
   state<V> init(std::size_t n) const {
+    // The wrapper declares every member for any Codec, so the concept check of the wrapper
+    // passes: the codec inside is checked here, where a misfit would otherwise fail deep below.
+    static_assert(concepts::compressor<Codec, V>,
+                  "gradwire::compress::error_feedback<Codec>: Codec does not satisfy gradwire::concepts::compressor "
+                  "for this value type (kind, state<V>, init, encoded_bytes, encode, decode, decode_add; see "
+                  "concepts.hpp)");
     return {codec_.template init<V>(n), aligned_buffer<V>(n), aligned_buffer<V>(n)};
   }
   template <class V>
