@@ -20,8 +20,7 @@
 #include <type_traits>
 #include <vector>
 #if GRADWIRE_HAS_ASIO
-#include <boost/asio.hpp>
-#include <gradwire/asio.hpp>
+#include "helpers/tcp_threads.hpp"
 #endif
 
 namespace gw = gradwire;
@@ -444,34 +443,12 @@ TEST_CASE("DiLoCo keeps the inner optimizer's state per replica, average_optimiz
 TEST_CASE("streaming DiLoCo over asio_tcp ranks (threads of this process) equals the float64 reference") {
   constexpr int ranks = 3, period = 4, fragments = 2, delay = 1, steps = 10;
   const auto data = make_data(steps, ranks);
-  std::uint16_t port = 0;
-  {
-    boost::asio::io_context io;
-    boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-    port = a.local_endpoint().port();
-  }
   using S = gw::diloco<gw::host_tensor<float>, sgd_inner, period, gw::transport::asio_tcp>;
   history_t history(steps, std::vector<flat_t>(ranks));
-  std::vector<std::exception_ptr> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        gw::transport::asio_tcp_options o;
-        o.rank = r;
-        o.size = ranks;
-        o.job_token = "test-diloco";
-        o.store_port = port;
-        gw::transport::asio_tcp t(o);
-        replica<S>(std::move(t), data, sgd_inner({.lr = 0.1}),
-                   [] { return agg::diloco<period>({.fragments = fragments, .delay = delay}); }, history);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  gw::testing::run_tcp_threads(ranks, "test-diloco", [&](gw::transport::asio_tcp t) {
+    replica<S>(std::move(t), data, sgd_inner({.lr = 0.1}),
+               [] { return agg::diloco<period>({.fragments = fragments, .delay = delay}); }, history);
+  });
   const schedule c{.period = period, .fragments = fragments, .delay = delay};
   compare(history, reference(ranks, data, c));
   require_landed_fragments_identical(history, c);

@@ -3,22 +3,20 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <boost/asio.hpp>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <gradwire/asio.hpp>
 #include <gradwire/gradwire.hpp>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "helpers/errors.hpp"
 #include "helpers/least_squares.hpp"
+#include "helpers/tcp_threads.hpp"
 
 namespace gw = gradwire;
 
@@ -98,38 +96,17 @@ history_t train_inproc(int ranks, const std::vector<std::vector<batch_data>>& da
   return history;
 }
 
-std::uint16_t free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
-
 // The same on asio_tcp ranks, one thread each.
 template <class Aggregation, class Optimizer>
 history_t train_tcp(int ranks, const std::vector<std::vector<batch_data>>& data, const Optimizer& optimizer,
                     Aggregation aggregation) {
   history_t history(data.size(), std::vector<params_t>(static_cast<std::size_t>(ranks)));
-  const std::uint16_t port = free_port();
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        gw::transport::asio_tcp_options o;
-        o.rank = r;
-        o.size = ranks;
-        o.job_token = "test-sharded";
-        o.store_port = port;
-        gw::strategy<gw::host_tensor<float>, Optimizer, Aggregation, gw::transport::asio_tcp> s(
-            gw::transport::asio_tcp(o), make_params(r), optimizer, aggregation);
-        train_rank(s, r, data, history, handing::one_call);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  gw::testing::run_tcp_threads(ranks, "test-sharded", [&](gw::transport::asio_tcp t) {
+    const int r = t.rank();
+    gw::strategy<gw::host_tensor<float>, Optimizer, Aggregation, gw::transport::asio_tcp> s(
+        std::move(t), make_params(r), optimizer, aggregation);
+    train_rank(s, r, data, history, handing::one_call);
+  });
   return history;
 }
 

@@ -14,10 +14,7 @@
 #include <string>
 #include <vector>
 #if GRADWIRE_HAS_ASIO
-#include <boost/asio.hpp>
-#include <exception>
-#include <gradwire/asio.hpp>
-#include <thread>
+#include "helpers/tcp_threads.hpp"
 #endif
 
 namespace gw = gradwire;
@@ -196,38 +193,17 @@ std::vector<std::vector<params_t>> train(int ranks, int steps, std::uint64_t see
 }
 
 #if GRADWIRE_HAS_ASIO
-std::uint16_t free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
-
 // The same run on asio_tcp ranks, one thread each; a rank's exception is rethrown after the join.
 template <class Aggregation>
 std::vector<std::vector<params_t>> train_tcp(int ranks, int steps, std::uint64_t seed, Aggregation aggregation) {
   using strategy_t = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, Aggregation, gw::transport::asio_tcp>;
   std::vector<std::vector<params_t>> history(static_cast<std::size_t>(steps),
                                              std::vector<params_t>(static_cast<std::size_t>(ranks)));
-  const std::uint16_t port = free_port();
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        gw::transport::asio_tcp_options o;
-        o.rank = r;
-        o.size = ranks;
-        o.job_token = "test-compressed-all-reduce";
-        o.store_port = port;
-        strategy_t s(gw::transport::asio_tcp(o), initial_params(r), gw::optim::sgd({.lr = 0.1}), aggregation);
-        train_rank(s, r, steps, seed, history);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  gw::testing::run_tcp_threads(ranks, "test-compressed-all-reduce", [&](gw::transport::asio_tcp t) {
+    const int r = t.rank();
+    strategy_t s(std::move(t), initial_params(r), gw::optim::sgd({.lr = 0.1}), aggregation);
+    train_rank(s, r, steps, seed, history);
+  });
   return history;
 }
 #endif
