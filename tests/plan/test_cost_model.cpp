@@ -424,7 +424,7 @@ TEST_CASE("ZeRO-1, compressed all-reduce and DiLoCo by hand: the ring's phases, 
   }
 }
 
-TEST_CASE("--compress's codecs: each spelling parsed, anything else refused naming the choices") {
+TEST_CASE("plan's codecs (--compress): each spelling parsed, anything else refused naming the choices") {
   CHECK(plan::parse_codec("bf16").bytes_per_element == 2);
   CHECK(plan::parse_codec("int8").bytes_per_element == 1);
   CHECK(plan::parse_codec("topk:0.25").fraction == 0.25);
