@@ -18,14 +18,13 @@
 
 #include <gradwire/compress/codecs.hpp>
 
+#include "bench_table.hpp"  // median
+
 namespace gw = gradwire;
 using clock_type = std::chrono::steady_clock;
+using gradwire::bench::median;
 
 namespace {
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 template <class F>
 double seconds(F&& f) {
   const auto t0 = clock_type::now();

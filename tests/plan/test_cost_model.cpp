@@ -436,11 +436,13 @@ TEST_CASE("plan's codecs (--compress): each spelling parsed, anything else refus
     CHECK(kind == gw::errc::invalid_argument);
     CHECK_THAT(what, Catch::Matchers::Contains("powersgd:RANK"));
   }
-  // PowerSGD's near-square matrix: cols = ceil(sqrt n), rows = ceil(n / cols).
-  CHECK(plan::low_rank_matrix(10).rows == 3);
-  CHECK(plan::low_rank_matrix(10).cols == 4);
-  CHECK(plan::low_rank_matrix(250'000).rows == 500);
-  CHECK(plan::low_rank_matrix(1).cols == 1);
+  // PowerSGD's near-square matrix, which the planner takes from the codec (one rule):
+  // cols = ceil(sqrt n), rows = ceil(n / cols).
+  using gw::compress::low_rank::matrix_shape;
+  CHECK(matrix_shape::of(10, 1).rows == 3);
+  CHECK(matrix_shape::of(10, 1).cols == 4);
+  CHECK(matrix_shape::of(250'000, 1).rows == 500);
+  CHECK(matrix_shape::of(1, 1).cols == 1);
 }
 
 TEST_CASE("all-reduce with backup workers: the (W-k)-th compute, a round of one-byte messages, W-k gradients") {

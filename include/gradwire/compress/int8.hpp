@@ -36,9 +36,7 @@ class int8 {
 
   // Nothing to keep between steps: the state only remembers the length it was made for.
   template <class V>
-  struct state {
-    std::size_t n = 0;
-  };
+  using state = detail::length_state<V>;
   template <class V>
   state<V> init(std::size_t n) const {
     return {n};

@@ -4,16 +4,14 @@
 //   ring       fp16, bf16, int8: a ring reduce-scatter and all-gather of encoded chunks,
 //              `bytes_per_element` each (4 for float: no codec)
 //   gather     top-k: every rank's kept (index, value) pairs all-gathered, 8 bytes each
-//   low_rank   PowerSGD: a bucket of n elements is a rows x cols matrix (cols = ceil(sqrt
-//              n), rows = ceil(n / cols), as compress::low_rank::matrix_shape), all-reduces
-//              of P (rows x r) and Q (cols x r)
+//   low_rank   PowerSGD: a bucket of n elements is the codec's own matrix
+//              (compress::low_rank::matrix_shape), all-reduces of P (rows x r) and Q (cols x r)
 // Compute: `seconds_per_element` per element of each bucket and rank for encoding and
 // decoding (PowerSGD: per element and per unit of rank), from benchmarks/codecs on this
 // machine's cores (docs/perf/efficient.md); the rest of a step's compute is the workload's.
 #pragma once
 
 #include <charconv>
-#include <cmath>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -78,18 +76,6 @@ inline codec_model parse_codec(std::string_view text) {
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), rank);
   if (ec != std::errc{} || end != value.data() + value.size() || rank < 1) return bad("the rank must be >= 1");
   return {std::string(text), codec_model::route::low_rank, 4, 1, rank, low_rank_seconds_per_element};
-}
-
-// PowerSGD's matrix for n elements: cols = ceil(sqrt n), rows = ceil(n / cols).
-struct matrix_extent {
-  std::size_t rows = 0, cols = 0;
-};
-inline matrix_extent low_rank_matrix(std::size_t n) noexcept {
-  if (n == 0) return {};
-  auto cols = static_cast<std::size_t>(std::ceil(std::sqrt(double(n))));
-  while (cols * cols < n) ++cols;
-  while (cols > 1 && (cols - 1) * (cols - 1) >= n) --cols;
-  return {(n + cols - 1) / cols, cols};
 }
 
 }  // namespace gradwire::plan

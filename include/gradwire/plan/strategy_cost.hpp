@@ -36,7 +36,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstddef>
 #include <numeric>
@@ -44,6 +43,8 @@
 #include <vector>
 
 #include "../collective/bucketing.hpp"
+#include "../compress/low_rank.hpp"
+#include "../compress/top_k.hpp"
 #include "../error.hpp"
 #include "../ps/options.hpp"
 #include "../ps/protocol.hpp"
@@ -359,16 +360,17 @@ class strategy_costs {
           break;
         }
         case codec_model::route::gather: {
-          const double kept = std::max(1.0, std::ceil(codec.fraction * double(b))) * codec.bytes_per_element;
+          const double kept = double(compress::top_k(codec.fraction).k(b)) * codec.bytes_per_element;
           comm += ring_steps_seconds(c_, workers() - 1, kept, o_);
           bytes += double(workers() - 1) * kept;
           codec_seconds += codec.seconds_per_element * double(b);
           break;
         }
         case codec_model::route::low_rank: {
-          const matrix_extent m = low_rank_matrix(b);
-          const auto r = std::min<std::size_t>(static_cast<std::size_t>(codec.rank), m.rows);
-          for (std::size_t factor : {m.rows * r, m.cols * r}) {
+          // The codec's own rule for the matrix and the rank it can use (rank <= rows).
+          const auto m = compress::low_rank::matrix_shape::of(b, static_cast<std::size_t>(codec.rank));
+          const std::size_t r = m.rank;
+          for (std::size_t factor : {m.p_size(), m.q_size()}) {
             comm += predict_all_reduce(c_, all_reduce_algorithm::auto_, factor, o_).seconds;
             bytes += 2.0 * (workers() - 1) / workers() * double(factor) * double(o_.element_bytes);
           }

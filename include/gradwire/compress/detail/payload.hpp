@@ -21,6 +21,13 @@ inline void check_payload(const char* codec, std::size_t bytes, std::size_t expe
                                             "; size it with encoded_bytes<V>(n) of the same codec and options");
 }
 
+// The state of a codec that keeps nothing between steps but the length it was made for
+// (checked against each buffer: check_state).
+template <class V>
+struct length_state {
+  std::size_t n = 0;
+};
+
 inline void check_state(const char* codec, std::size_t state_elements, std::size_t n) {
   if (state_elements != n)
     throw error(errc::invalid_argument, std::string("gradwire::compress::") + codec + ": a buffer of " +
