@@ -151,7 +151,11 @@ class Shrink(unittest.TestCase):
         float64 reference without the victim matches its parameters, the same one, mid-run."""
         cuts = {v[5] for r, v in passes(lines).items() if r != victim}
         self.assertEqual(len(cuts), 1, out)
-        self.assertTrue(10 < cuts.pop() < 80, out)
+        # The victim is acted on once it has finished its step 10 (it writes step10-R as step
+        # 11 begins), but its last messages of step 10 may still be in its transport's
+        # hands: the survivors may lose it inside step 10 and redo that step without it
+        # (seen over UCX tcp under load: cut 10). So the first step without it is 10 or later.
+        self.assertTrue(10 <= cuts.pop() < 80, out)
 
     def test_kill_9_mid_run(self):
         victim = 1
