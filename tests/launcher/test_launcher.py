@@ -20,7 +20,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "multiprocess"))
-from mp_support import poll_until  # noqa: E402
+from mp_support import alive, poll_until  # noqa: E402
 
 LAUNCHER = None
 
@@ -33,12 +33,6 @@ def run(*args, env=None, timeout=30):
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
 
 
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped
-    except FileNotFoundError:
-        return False
 
 
 def read_pids(directory):

@@ -16,6 +16,16 @@ def rank_lines(output):
     return lines
 
 
+def alive(pid):
+    """False once process `pid` has ended: gone, a zombie not yet reaped, or reaped between
+    opening its /proc entry and reading it (ESRCH, ProcessLookupError)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def poll_until(condition, limit, what):
     """A bounded poll of `condition`: raises AssertionError("<what> within <limit> s") if it
     does not hold in time (a sleep here never stages what a test asserts)."""

@@ -20,7 +20,7 @@ import tempfile
 import time
 import unittest
 
-from mp_support import poll_until
+from mp_support import alive, poll_until
 
 MP_WORKER, PS_WORKER, RUNTIME_WORKER = sys.argv[1], sys.argv[2], sys.argv[3]
 SKIP = 77
@@ -120,13 +120,6 @@ class Failures(unittest.TestCase):
         self.assertLess(took, 30, "the job must end at once, not at the survivors' deadline")
 
 
-def alive(pid):
-    """False once the process has ended (a zombie, not yet reaped by mpirun, has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 
