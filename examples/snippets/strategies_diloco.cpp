@@ -7,8 +7,11 @@
 #include <gradwire/strategies/diloco.hpp>
 #include <gradwire/collective/barrier.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <filesystem>
 #include <random>
+#include <string>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -123,8 +126,9 @@ int main() {
       model.forward_backward(batch);
       strategy.step(model.gradient_views());   // fragment f all-reduced after steps 2f, 2f + 8, ...
     }
-    // Before collectives of your own: the all-reduces still running in the background end.
-    strategy.aggregation().wait_in_flight(strategy.communicator());
+    // After the last step: the updates still pending (all-reduced, due `delay` steps later)
+    // land now, and the communicator is free for collectives of your own.
+    strategy.flush();
     // [/docs:streaming]
     gw::collective::barrier(strategy.communicator());
   });
@@ -135,6 +139,57 @@ int main() {
     snippets::expect("streaming DiLoCo trains: the loss went down",
                      snippets::loss(Model::shape, std::span<const float>(got), global) <
                          snippets::loss(Model::shape, std::span<const double>(start), global));
+
+  // Checkpoints: the streamed run again, each rank saving its own file after step 7 (fragment
+  // 3, all-reduced after step 6, lands after step 8: pending), then a new job restored from
+  // those files: both end with the uninterrupted run's bits.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("gradwire-snippet-diloco-" + std::to_string(seed));
+  std::filesystem::create_directories(dir);
+  gw::transport::run_inproc(4, [&](gw::transport::inproc endpoint) {
+    Model model(seed);
+    using strategy_type = gw::diloco<gw::tensor_view<float>, gw::optim::adamw, 8>;
+    strategy_type strategy(endpoint, model.parameter_views(), gw::optim::adamw({.lr = 1e-3}),
+                           gw::aggregation::diloco<8>({.fragments = 4, .delay = 2}));
+    const auto data = my_shard_of_the_data(endpoint.rank());
+    // [docs:checkpoint]
+    for (std::size_t step = 0; step < data.size(); ++step) {
+      model.forward_backward(data[step]);
+      strategy.step(model.gradient_views());
+      // Every rank its own file (the replicas differ), at any step, fragments in flight included.
+      if (step + 1 == 7)
+        gw::save_checkpoint(dir / ("rank" + std::to_string(endpoint.rank()) + ".ckpt"), strategy, step + 1);
+    }
+    // [/docs:checkpoint]
+    strategy.flush();
+  });
+  auto saving = Model::take_finished();
+  gw::transport::run_inproc(4, [&](gw::transport::inproc endpoint) {
+    Model model(seed + 1);  // elsewhere: the files set every value
+    using strategy_type = gw::diloco<gw::tensor_view<float>, gw::optim::adamw, 8>;
+    // [docs:resume]
+    // A new job: every rank builds the strategy as before, then loads its own file and goes on.
+    strategy_type strategy(endpoint, model.parameter_views(), gw::optim::adamw({.lr = 1e-3}),
+                           gw::aggregation::diloco<8>({.fragments = 4, .delay = 2}));
+    const auto data = my_shard_of_the_data(endpoint.rank());
+    for (std::size_t step = gw::load_checkpoint(dir / ("rank" + std::to_string(endpoint.rank()) + ".ckpt"), strategy);
+         step < data.size(); ++step) {
+      model.forward_backward(data[step]);
+      strategy.step(model.gradient_views());
+    }
+    strategy.flush();
+    // [/docs:resume]
+  });
+  auto resumed = Model::take_finished();
+  std::filesystem::remove_all(dir);
+  // Replicas end in no fixed order: compare the sets.
+  auto uninterrupted = streamed;
+  for (auto* run : {&uninterrupted, &saving, &resumed}) std::sort(run->begin(), run->end());
+  snippets::expect("checkpointing changes nothing: the saving run ends with the uninterrupted run's bits",
+                   saving == uninterrupted);
+  snippets::expect("restored from per-rank checkpoints with a fragment in flight, the run ends with the "
+                   "uninterrupted run's bits",
+                   resumed == uninterrupted);
 
   gw::transport::run_inproc(4, [&](gw::transport::inproc endpoint) {
     Model model(seed);

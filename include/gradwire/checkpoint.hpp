@@ -24,6 +24,12 @@
 // replica's Adam/momentum state must come back exactly.
 // sharded (ZeRO-1) replicas hold different shards of the optimizer state: every rank saves
 // its own file and loads its own file back; a file from a job of another size is refused.
+// DiLoCo (averaging with an outer optimizer) keeps state of its own, which its checkpoints
+// carry too (concepts::checkpointing_agent): the anchor, the outer optimizer's state, the
+// local step count and, streamed, the fragments whose update is pending (with a delay their
+// all-reduces are waited for first). Its replicas differ between synchronisations, so every
+// rank saves and loads its own file, at any step; training restored into strategies built
+// with the same settings goes on bit for bit.
 //
 // What is saved: the values, not the hyperparameters (lr, betas, ...): those come from
 // the code that builds the optimizer, so a schedule may change them across a restart.
@@ -36,6 +42,12 @@
 //      per tensor: element count u64, then each optimizer buffer's length u64
 //      data, per tensor: parameters, each optimizer buffer, each counter (i64)
 //      CRC-32C u32 of every byte before it
+// Version 2, written only where the aggregation keeps state of its own (a strategy without
+// it writes version 1, byte for byte as before): version 1 with, after the tensors' lengths,
+//      kind_length u32, kind (the aggregation and its settings), agent buffers u64,
+//      agent counters u64, each agent buffer's length u64
+// and, after the tensors' data, each agent buffer (dtype's elements), each agent counter
+// (u64), then the CRC-32C.
 #pragma once
 
 #include <fcntl.h>
@@ -66,12 +78,16 @@ namespace gradwire {
 
 inline constexpr std::uint32_t checkpoint_magic = 0x4b435747;  // "GWCK" in memory order
 inline constexpr std::uint16_t checkpoint_format_version = 1;
+// The format of a strategy whose aggregation keeps state of its own (DiLoCo): version 1
+// plus that state (see the top of this file).
+inline constexpr std::uint16_t checkpoint_aggregation_format_version = 2;
 
 namespace detail::checkpoint {
 
 inline constexpr std::size_t fixed_header = 32;
 inline constexpr std::size_t chunk = std::size_t{1} << 20;
 inline constexpr std::uint32_t max_buffers = 64;  // per tensor; far above any optimizer's
+inline constexpr std::uint32_t max_kind = 4096;    // bytes of an aggregation's kind; far above any
 
 inline std::string quoted(const std::filesystem::path& p) {
   std::string out = p.string();  // appended, not "'" + ...: GCC 12 warns falsely (-Wrestrict) on that
@@ -211,6 +227,31 @@ layout layout_of(const Strategy& s) {
   return out;
 }
 
+// What an aggregation keeps beside the parameters (concepts::checkpointing_agent: DiLoCo's
+// anchor, outer state and pending fragments), as a version 2 header lists it.
+struct agent_layout {
+  bool present = false;  // false: a version 1 file, or a strategy whose aggregation keeps nothing
+  std::string kind;
+  std::vector<std::uint64_t> lengths;  // each buffer's elements
+  std::uint64_t counters = 0;
+};
+
+template <class Model>
+agent_layout agent_layout_of(const Model& m) {
+  agent_layout out;
+  if constexpr (concepts::checkpoint_model_with_agent_state<Model>) {
+    using V = typename Model::value_type;
+    const auto& agent = m.aggregation();
+    out.present = true;
+    out.kind = agent.checkpoint_kind();
+    agent.for_each_checkpoint_buffer([&](std::span<const V> b) { out.lengths.push_back(b.size()); });
+    agent.for_each_checkpoint_counter([&](const std::uint64_t&) { ++out.counters; });
+  } else {
+    (void)m;
+  }
+  return out;
+}
+
 inline std::string plural(std::uint64_t n, const char* what) {
   return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
 }
@@ -229,11 +270,10 @@ constexpr void require_checkpointable() {
 
 }  // namespace detail::checkpoint
 
-// Writes `strategy`'s parameters and optimizer state, and `step` (the caller's training
-// step, returned by load_checkpoint), to `path` atomically (see the top of this file).
-// Not collective: in a job of several ranks call it on rank 0 only.
-template <concepts::checkpoint_model Model>
-void save_checkpoint(const std::filesystem::path& path, const Model& strategy, std::uint64_t step = 0) {
+namespace detail::checkpoint {
+
+template <class Model>
+void save(const std::filesystem::path& path, const Model& strategy, std::uint64_t step) {
   using V = typename Model::value_type;
   using Optimizer = typename Model::optimizer_type;
   detail::checkpoint::require_checkpointable<Optimizer, V>();
@@ -241,6 +281,9 @@ void save_checkpoint(const std::filesystem::path& path, const Model& strategy, s
   const ck::layout layout = ck::layout_of(strategy);
   if (layout.optimizer.size() > 255)
     ck::fail(path, "optimizer name '" + layout.optimizer + "' is longer than 255 bytes; shorten Optimizer::name");
+  const ck::agent_layout agent = ck::agent_layout_of(strategy);  // refused here while its state is not final
+  if (agent.kind.size() > ck::max_kind)
+    ck::fail(path, "the aggregation's kind is longer than " + std::to_string(ck::max_kind) + " bytes");
 
   const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
   // O_TRUNC: a stale temporary of an earlier crashed save with our pid is overwritten.
@@ -250,7 +293,7 @@ void save_checkpoint(const std::filesystem::path& path, const Model& strategy, s
   try {
     ck::sink out(f.get(), tmp);
     out.put_value(checkpoint_magic);
-    out.put_value(checkpoint_format_version);
+    out.put_value(agent.present ? checkpoint_aggregation_format_version : checkpoint_format_version);
     out.put_value(static_cast<std::uint8_t>(layout.type));
     out.put_value(static_cast<std::uint8_t>(layout.optimizer.size()));
     out.put_value(step);
@@ -259,12 +302,23 @@ void save_checkpoint(const std::filesystem::path& path, const Model& strategy, s
     out.put_value(layout.counters);
     out.put(layout.optimizer.data(), layout.optimizer.size());
     for (std::uint64_t n : layout.lengths) out.put_value(n);
+    if (agent.present) {
+      out.put_value(static_cast<std::uint32_t>(agent.kind.size()));
+      out.put(agent.kind.data(), agent.kind.size());
+      out.put_value(static_cast<std::uint64_t>(agent.lengths.size()));
+      out.put_value(agent.counters);
+      for (std::uint64_t n : agent.lengths) out.put_value(n);
+    }
     const auto params = strategy.parameters();
     const auto states = strategy.optimizer_states();
     for (std::size_t i = 0; i < params.size(); ++i) {
       out.put(params[i].data(), params[i].size() * sizeof(V));
       states[i].for_each_buffer([&](std::span<const V> b) { out.put(b.data(), b.size_bytes()); });
       states[i].for_each_counter([&](const long& c) { out.put_value(static_cast<std::int64_t>(c)); });
+    }
+    if constexpr (concepts::checkpoint_model_with_agent_state<Model>) {
+      strategy.aggregation().for_each_checkpoint_buffer([&](std::span<const V> b) { out.put(b.data(), b.size_bytes()); });
+      strategy.aggregation().for_each_checkpoint_counter([&](const std::uint64_t& c) { out.put_value(c); });
     }
     const std::uint32_t crc = out.crc();
     out.put_value(crc);
@@ -283,6 +337,28 @@ void save_checkpoint(const std::filesystem::path& path, const Model& strategy, s
   if (d.get() < 0) ck::fail_errno(path, "saved, but cannot open its directory to fsync it", errno);
   if (::fsync(d.get()) != 0 && errno != EINVAL)  // some filesystems cannot sync directories
     ck::fail_errno(path, "saved, but fsync of its directory failed", errno);
+}
+
+}  // namespace detail::checkpoint
+
+// Writes `strategy`'s parameters and optimizer state, and `step` (the caller's training
+// step, returned by load_checkpoint), to `path` atomically (see the top of this file).
+// Not collective: in a job of several ranks call it on rank 0 only (or, where replicas
+// differ, on each rank with a file of its own). An aggregation that keeps state of its own
+// (DiLoCo) has it saved too; on a const strategy, its background all-reduces must have been
+// waited for (aggregation().wait_in_flight(communicator())), else errc::invalid_argument.
+template <concepts::checkpoint_model Model>
+void save_checkpoint(const std::filesystem::path& path, const Model& strategy, std::uint64_t step = 0) {
+  detail::checkpoint::save(path, strategy, step);
+}
+// ... and on a strategy that may be changed, they are waited for here (each is a collective
+// every rank started, so the other ranks need not be saving; their updates still land at
+// their steps).
+template <concepts::checkpoint_model_with_agent_state Model>
+  requires(!std::is_const_v<Model>)
+void save_checkpoint(const std::filesystem::path& path, Model& strategy, std::uint64_t step = 0) {
+  strategy.aggregation().wait_in_flight(strategy.communicator());
+  detail::checkpoint::save(path, strategy, step);
 }
 
 // Restores the parameters and optimizer state saved by save_checkpoint into `strategy`
@@ -320,9 +396,10 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
   if (size < ck::fixed_header + 4) fail(path, "too short for a checkpoint header" + truncated);
   ck::read_at(f.get(), fixed, ck::fixed_header, 0, path);
   const auto version = ck::load_value<std::uint16_t>(fixed + 4);
-  if (version != checkpoint_format_version)
-    fail(path, "format version " + std::to_string(version) + ", but this gradwire reads version " +
-                   std::to_string(checkpoint_format_version) + "; load it with the gradwire that wrote it");
+  if (version != checkpoint_format_version && version != checkpoint_aggregation_format_version)
+    fail(path, "format version " + std::to_string(version) + ", but this gradwire reads versions " +
+                   std::to_string(checkpoint_format_version) + " and " +
+                   std::to_string(checkpoint_aggregation_format_version) + "; load it with the gradwire that wrote it");
   const auto type_byte = ck::load_value<std::uint8_t>(fixed + 6);
   const auto name_length = ck::load_value<std::uint8_t>(fixed + 7);
   const auto step = ck::load_value<std::uint64_t>(fixed + 8);
@@ -338,6 +415,29 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
   if (tensors > (size - 4) / 8 / per_tensor || header + tensors * per_tensor * 8 > size - 4)
     fail(path, "its header lists " + plural(tensors, "tensor") + ", more than the file can hold" + truncated);
   header += tensors * per_tensor * 8;
+  // Version 2: the aggregation's state described after the tensors' (kind length u32, kind,
+  // buffers u64, counters u64, each buffer's length u64).
+  const std::uint64_t agent_header = header;
+  std::uint32_t kind_length = 0;
+  std::uint64_t agent_buffers = 0, agent_counters = 0;
+  if (version == checkpoint_aggregation_format_version) {
+    std::byte word[8];
+    if (header + 4 > size - 4) fail(path, "its header ends before the aggregation's state" + truncated);
+    ck::read_at(f.get(), word, 4, header, path);
+    kind_length = ck::load_value<std::uint32_t>(word);
+    if (kind_length > ck::max_kind)
+      fail(path, "its header is corrupt (an implausible aggregation kind); the file is damaged");
+    if (header + 4 + kind_length + 16 > size - 4) fail(path, "its header ends before the aggregation's state" + truncated);
+    ck::read_at(f.get(), word, 8, header + 4 + kind_length, path);
+    agent_buffers = ck::load_value<std::uint64_t>(word);
+    ck::read_at(f.get(), word, 8, header + 4 + kind_length + 8, path);
+    agent_counters = ck::load_value<std::uint64_t>(word);
+    header += 4 + kind_length + 16;
+    if (agent_buffers > (size - 4) / 8 || header + agent_buffers * 8 > size - 4)
+      fail(path, "its header lists " + plural(agent_buffers, "aggregation buffer") + ", more than the file can hold" +
+                     truncated);
+    header += agent_buffers * 8;
+  }
   std::vector<std::byte> header_bytes(static_cast<std::size_t>(header));
   ck::read_at(f.get(), header_bytes.data(), header_bytes.size(), 0, path);
   ck::layout saved{static_cast<dtype>(type_byte),
@@ -357,6 +457,23 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
   if (tensors * counters > size / 8 || expected + tensors * counters * 8 > size)
     fail(path, "its header describes more data than the file holds" + truncated);
   expected += tensors * counters * 8;
+  ck::agent_layout saved_agent;
+  if (version == checkpoint_aggregation_format_version) {
+    const std::byte* at = header_bytes.data() + agent_header;
+    saved_agent.present = true;
+    saved_agent.kind.assign(reinterpret_cast<const char*>(at + 4), kind_length);
+    saved_agent.counters = agent_counters;
+    for (std::uint64_t i = 0; i < agent_buffers; ++i) {
+      const auto n = ck::load_value<std::uint64_t>(at + 4 + kind_length + 16 + 8 * i);
+      if (n > size / element || expected + n * element > size)
+        fail(path, "its header describes more data than the file holds" + truncated);
+      saved_agent.lengths.push_back(n);
+      expected += n * element;
+    }
+    if (agent_counters > size / 8 || expected + agent_counters * 8 > size)
+      fail(path, "its header describes more data than the file holds" + truncated);
+    expected += agent_counters * 8;
+  }
   if (expected != size)
     fail(path, "its header describes " + plural(expected, "byte") + " but the file has " + std::to_string(size) +
                    "; the file is truncated or corrupt");
@@ -377,7 +494,10 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
   if (ck::load_value<std::uint32_t>(trailer) != crc)
     fail(path, "checksum mismatch (CRC-32C): the file is corrupt; load an earlier checkpoint");
 
-  // Intact: now it must fit this strategy.
+  // Intact: now it must fit this strategy. An aggregation's background all-reduces end
+  // first (their results are overwritten; until they end its state is not final).
+  if constexpr (concepts::checkpoint_model_with_agent_state<Model>)
+    strategy.aggregation().wait_in_flight(strategy.communicator());
   const ck::layout model = ck::layout_of(strategy);
   if (saved.type != model.type)
     fail(path, std::string("saved with dtype ") + name_of(saved.type) + ", the model is " + name_of(model.type));
@@ -399,6 +519,27 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
                        " has " + plural(saved.lengths[i], "element") + " in the checkpoint, " +
                        std::to_string(model.lengths[i]) + " in the model; load it into the model it was saved from");
     }
+  const ck::agent_layout model_agent = ck::agent_layout_of(strategy);
+  if (saved_agent.present && !model_agent.present)
+    fail(path, "holds the state of an aggregation, " + saved_agent.kind +
+                   ", but this strategy's aggregation keeps none; load it into a strategy built as the one that saved it");
+  if (!saved_agent.present && model_agent.present)
+    fail(path, "holds no aggregation state, but this strategy's aggregation, " + model_agent.kind +
+                   ", keeps some (a version 1 file: saved by a strategy without it, or by a gradwire that did not save "
+                   "it); load a checkpoint this strategy saved");
+  if (saved_agent.kind != model_agent.kind)
+    fail(path, "saved by " + saved_agent.kind + ", this strategy's aggregation is " + model_agent.kind +
+                   "; build the strategy with the settings the checkpoint was saved with");
+  if (saved_agent.lengths.size() != model_agent.lengths.size() || saved_agent.counters != model_agent.counters)
+    fail(path, "its aggregation state holds " + plural(saved_agent.lengths.size(), "buffer") + " and " +
+                   plural(saved_agent.counters, "counter") + ", this strategy's " +
+                   std::to_string(model_agent.lengths.size()) + " and " + std::to_string(model_agent.counters) +
+                   "; load it into the model it was saved from");
+  for (std::size_t k = 0; k < model_agent.lengths.size(); ++k)
+    if (saved_agent.lengths[k] != model_agent.lengths[k])
+      fail(path, "aggregation buffer " + std::to_string(k) + " has " + plural(saved_agent.lengths[k], "element") +
+                     " in the checkpoint, " + std::to_string(model_agent.lengths[k]) +
+                     " in the strategy; load it into the model it was saved from");
 
   // Read straight into the strategy's memory, checksumming again: only a file rewritten
   // between the two passes can fail here, and then the strategy is partly loaded.
@@ -419,6 +560,10 @@ std::uint64_t load_checkpoint(const std::filesystem::path& path, Model& strategy
       read_into(&v, sizeof v);
       c = static_cast<long>(v);
     });
+  }
+  if constexpr (concepts::checkpoint_model_with_agent_state<Model>) {
+    strategy.aggregation().for_each_checkpoint_buffer([&](std::span<V> b) { read_into(b.data(), b.size_bytes()); });
+    strategy.aggregation().for_each_checkpoint_counter([&](std::uint64_t& c) { read_into(&c, sizeof c); });
   }
   if (again != crc)
     fail(path, "the file changed while it was being loaded; the strategy is partly loaded, load again");

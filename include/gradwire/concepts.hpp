@@ -512,10 +512,51 @@ concept updates_only_through_apply = requires {
 };
 
 // A replica that leaves the job says so (a parameter-server worker tells the servers,
-// which stop waiting for it). strategy<>'s destructor calls it.
+// which stop waiting for it; streaming DiLoCo warns of updates never flushed).
+// strategy<>'s destructor calls it.
 //   void finish(comm)
 template <class G, class Transport>
 concept finishing_agent = requires(G& g, collective::communicator<Transport>& comm) { g.finish(comm); };
+
+// Owes updates when training stops (streaming DiLoCo: fragments whose all-reduce has run and
+// whose update lands some steps later): flush applies them now. strategy<>::flush() forwards
+// here, between steps.
+//   void flush(comm, params)      params: the host view, as finish_step's
+template <class G, class V, class Transport>
+concept flushing_agent = requires(G& g, collective::communicator<Transport>& comm, std::span<const std::span<V>> params) {
+  g.flush(comm, params);
+};
+
+// Keeps state of its own that training needs to go on exactly after a restore (DiLoCo: the
+// anchor, the outer optimizer's state, the pending fragments, the step count):
+// save_checkpoint and load_checkpoint carry it in the strategy's file (checkpoint.hpp,
+// format version 2; a strategy without such an agent writes version 1).
+//   std::string checkpoint_kind() const   the state and the settings it fits (a file of
+//                                         another kind is refused)
+//   void for_each_checkpoint_buffer(f)    f(span<V>) per buffer; f(span<const V>) when const
+//   void for_each_checkpoint_counter(f)   f(uint64_t&) per counter; f(const uint64_t&) when const
+//   void wait_in_flight(comm)             waits for what it runs in the background, after
+//                                         which the state is final (until then the visitors
+//                                         may refuse with errc::invalid_argument)
+template <class G, class Transport>
+concept checkpointing_agent = requires(G& g, const G& cg, collective::communicator<Transport>& comm) {
+  { cg.checkpoint_kind() } -> std::convertible_to<std::string>;
+  g.for_each_checkpoint_buffer(detail::state_visitor_archetype{});
+  cg.for_each_checkpoint_buffer(detail::state_visitor_archetype{});
+  g.for_each_checkpoint_counter(detail::state_visitor_archetype{});
+  cg.for_each_checkpoint_counter(detail::state_visitor_archetype{});
+  g.wait_in_flight(comm);
+};
+
+// A checkpoint_model whose aggregation keeps such state (strategy<> over a
+// checkpointing_agent): aggregation() gives the agent, communicator() what it runs on.
+template <class M>
+concept checkpoint_model_with_agent_state = checkpoint_model<M> && requires(M& m, const M& cm) {
+  typename M::transport_type;
+  m.communicator();
+  cm.aggregation();
+  requires checkpointing_agent<std::remove_cvref_t<decltype(cm.aggregation())>, typename M::transport_type>;
+};
 
 // Some ranks serve instead of stepping (parameter servers): says which. strategy<>::is_server()
 // forwards here; it needs no optimizer, unlike serve().

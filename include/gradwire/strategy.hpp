@@ -216,6 +216,16 @@ class strategy {
       return serve();  // not reached: the static_assert above stops the build
   }
 
+  // Applies now the updates the aggregation still owes (streaming DiLoCo with a delay:
+  // fragments whose all-reduce has run and whose outer update would land after a later
+  // step), after waiting for its background communication. Call it on every rank after the
+  // last step, before reading, evaluating or saving the final parameters; between steps,
+  // every rank after the same one. Aggregations that owe nothing make it a no-op.
+  void flush() {
+    if constexpr (concepts::flushing_agent<agent_type, value_type, Transport>)
+      replica_.on_host([&] { agent_.flush(comm_, replica_.parameters()); });
+  }
+
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   std::span<Tensor> parameters() noexcept { return parameters_; }

@@ -1,12 +1,13 @@
 // DiLoCo (aggregation::averaging<H, Outer>): outer SGD at lr 1 is local SGD, Nesterov and streaming against float64 references.
 #include <catch2/catch.hpp>
 
-#include "helpers/least_squares.hpp"
+#include "aggregation/diloco_support.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <gradwire/aggregation/diloco.hpp>
@@ -18,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 #if GRADWIRE_HAS_ASIO
 #include "helpers/tcp_threads.hpp"
@@ -40,50 +42,9 @@ static_assert(std::is_constructible_v<agg::averaging<4, gw::optim::momentum>, gw
 static_assert(std::is_constructible_v<agg::averaging<>, int>);  // today's run-time period, unchanged
 
 namespace {
-constexpr std::size_t inputs = 7, outputs = 3, batch = 5;
-constexpr std::size_t total = outputs * inputs + outputs;  // 24 parameter elements: W, then b
-
+using namespace gradwire::testing::diloco;  // the model, its data, each rank's parameters
 using gradwire::testing::batch_data;
-const gradwire::testing::least_squares model{inputs, outputs, batch};
-
-// data[step][rank], fresh random every run.
-std::vector<std::vector<batch_data>> make_data(int steps, int ranks) {
-  std::mt19937 gen(std::random_device{}());
-  std::vector<std::vector<batch_data>> data(steps);
-  for (auto& step : data)
-    for (int r = 0; r < ranks; ++r) step.push_back(model.random_batch(gen));
-  return data;
-}
-
-// Rank r starts elsewhere: the strategy's setup must broadcast rank 0's parameters.
-template <class T>
-std::vector<T> initial(int rank) {
-  std::vector<T> p(total);
-  for (std::size_t i = 0; i < outputs * inputs; ++i) p[i] = T(0.05 * std::sin(double(i) + 1.0) + 3.0 * rank);
-  for (std::size_t i = 0; i < outputs; ++i) p[outputs * inputs + i] = T(0.1 * double(i) - 3.0 * rank);
-  return p;
-}
-
-std::vector<gw::host_tensor<float>> make_params(int rank) {
-  const auto flat = initial<float>(rank);
-  std::vector<gw::host_tensor<float>> out;
-  out.emplace_back(gw::shape{outputs * inputs});
-  out.emplace_back(gw::shape{outputs});
-  std::copy_n(flat.begin(), outputs * inputs, out[0].data());
-  std::copy_n(flat.begin() + outputs * inputs, outputs, out[1].data());
-  return out;
-}
-
-using flat_t = std::vector<float>;                       // one replica's parameters, W then b
-using history_t = std::vector<std::vector<flat_t>>;      // [step][rank]
 using reference_t = std::vector<std::vector<std::vector<double>>>;  // [step][rank][element]
-
-template <class Strategy>
-flat_t snapshot(Strategy& s) {
-  flat_t out;
-  for (auto& t : s.parameters()) out.insert(out.end(), t.data(), t.data() + t.size());
-  return out;
-}
 
 // One replica's run: `steps` steps on its own data, its parameters after each.
 template <class Strategy, class Transport, class MakeAggregation>
@@ -96,6 +57,7 @@ void replica(Transport t, const std::vector<std::vector<batch_data>>& data, cons
     s.step(model.gradients(p[0].data(), p[1].data(), data[k][static_cast<std::size_t>(rank)]));
     history[k][static_cast<std::size_t>(rank)] = snapshot(s);
   }
+  s.flush();  // streamed: the updates still pending land (after the last snapshot), so it ends without a warning
 }
 
 // Trains on `ranks` inproc threads; the aggregation is built on each rank by make().
@@ -111,7 +73,8 @@ history_t train(int ranks, const std::vector<std::vector<batch_data>>& data,
 // implementation: inner SGD on every replica; fragment f (elements [f*T/F, (f+1)*T/F))
 // takes its pseudo-gradient mean_r(theta - theta_r) after step s when s % H == f*H/F; the
 // outer SGD with (Nesterov) momentum steps theta with it after step s + delay, and every
-// replica's fragment becomes theta's.
+// replica's fragment becomes theta's. flush_at_end: after the last step, the updates still
+// pending land too (strategy::flush()), one entry more at the end.
 struct schedule {
   int period, fragments = 1, delay = 0;
   double inner_lr = 0.1, outer_lr = 0.7, momentum = 0.9;
@@ -120,7 +83,8 @@ struct schedule {
   bool starts(int f, int step) const { return step % period == f * period / fragments; }
 };
 
-reference_t reference(int ranks, const std::vector<std::vector<batch_data>>& data, const schedule& c) {
+reference_t reference(int ranks, const std::vector<std::vector<batch_data>>& data, const schedule& c,
+                      bool flush_at_end = false) {
   std::vector<double> theta = initial<double>(0), velocity(total, 0.0);
   std::vector<std::vector<double>> replicas(static_cast<std::size_t>(ranks), theta);
   struct pending {
@@ -146,9 +110,8 @@ reference_t reference(int ranks, const std::vector<std::vector<batch_data>>& dat
       }
       flight[static_cast<std::size_t>(f)] = p;
     }
-    for (int f = 0; f < c.fragments; ++f) {
+    auto land = [&](int f) {
       auto& p = flight[static_cast<std::size_t>(f)];
-      if (!p || p->lands != s) continue;
       for (std::size_t e = c.lo(f); e < c.lo(f + 1); ++e) {
         const double d = p->delta[e - c.lo(f)];
         velocity[e] = c.momentum * velocity[e] + d;
@@ -156,8 +119,15 @@ reference_t reference(int ranks, const std::vector<std::vector<batch_data>>& dat
         for (auto& w : replicas) w[e] = theta[e];
       }
       p.reset();
-    }
+    };
+    for (int f = 0; f < c.fragments; ++f)
+      if (flight[static_cast<std::size_t>(f)] && flight[static_cast<std::size_t>(f)]->lands == s) land(f);
     out.push_back(replicas);
+    if (flush_at_end && s == static_cast<int>(data.size())) {
+      for (int f = 0; f < c.fragments; ++f)
+        if (flight[static_cast<std::size_t>(f)]) land(f);
+      out.push_back(replicas);
+    }
   }
   return out;
 }
@@ -354,6 +324,94 @@ TEST_CASE("streaming DiLoCo: fragments at staggered steps, updates landing after
   require_landed_fragments_identical(history, c);
   // Before anything lands the replicas differ (each steps on its own data): not vacuous.
   REQUIRE_FALSE(all_equal(history.front()));
+}
+
+// Training that ends with fragments pending (their all-reduce has run, their update would
+// land after a later step): strategy::flush() lands them, as the float64 reference does after
+// its last step, and the replicas then agree on those fragments. Without it they are lost,
+// and a strategy destroyed with updates pending says so (a warning per rank).
+TEST_CASE("streaming DiLoCo: flush() after the last step lands the pending updates as the float64 reference does") {
+  struct setting {
+    int ranks, period, fragments, delay, steps;
+  };
+  const auto [ranks, period, fragments, delay, steps] =
+      GENERATE(setting{3, 4, 4, 2, 14}, setting{2, 6, 3, 3, 13}, setting{1, 4, 2, 3, 7});
+  CAPTURE(ranks, period, fragments, delay, steps);
+  const schedule c{.period = period, .fragments = fragments, .delay = delay};
+  // The fragments whose all-reduce started in the last `delay` steps: still pending at the end.
+  std::vector<int> pending;
+  for (int f = 0; f < fragments; ++f)
+    for (int s = std::max(1, steps - delay + 1); s <= steps; ++s)
+      if (c.starts(f, s)) pending.push_back(f);
+  REQUIRE_FALSE(pending.empty());  // not vacuous
+
+  const auto data = make_data(steps, ranks);
+  const auto n = static_cast<std::size_t>(ranks);
+  history_t history(static_cast<std::size_t>(steps), std::vector<flat_t>(n)), flushed(1, std::vector<flat_t>(n));
+  std::vector<std::size_t> before(n), after(n);
+  gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+    const int rank = t.rank();
+    const auto r = static_cast<std::size_t>(rank);
+    gw::diloco<gw::host_tensor<float>, sgd_inner, agg::dynamic_period> s(
+        t, make_params(rank), sgd_inner({.lr = 0.1}), agg::diloco(period, {.fragments = fragments, .delay = delay}));
+    for (int k = 0; k < steps; ++k) {
+      train_step(s, data, static_cast<std::size_t>(k), rank);
+      history[static_cast<std::size_t>(k)][r] = snapshot(s);
+    }
+    before[r] = s.aggregation().pending_updates();
+    s.flush();
+    after[r] = s.aggregation().pending_updates();
+    flushed[0][r] = snapshot(s);
+  });
+  REQUIRE(before == std::vector<std::size_t>(n, pending.size()));
+  REQUIRE(after == std::vector<std::size_t>(n, 0));
+  const reference_t want = reference(ranks, data, c, /*flush_at_end=*/true);
+  REQUIRE(want.size() == static_cast<std::size_t>(steps) + 1);
+  compare(history, want);
+  INFO("largest relative difference from float64 after flush(): " << compare(flushed, {want.back()}));
+  for (int f : pending) {
+    CAPTURE(f);
+    for (const auto& w : flushed[0])
+      REQUIRE(std::equal(w.begin() + static_cast<std::ptrdiff_t>(c.lo(f)), w.begin() + static_cast<std::ptrdiff_t>(c.lo(f + 1)),
+                         flushed[0][0].begin() + static_cast<std::ptrdiff_t>(c.lo(f))));
+  }
+  REQUIRE(flushed[0][0] != history.back()[0]);  // flush() changed the parameters: the updates were owed
+}
+
+TEST_CASE("a streaming DiLoCo strategy destroyed with updates pending warns once per rank, a flushed one does not") {
+  constexpr int ranks = 2, period = 4, steps = 6;  // fragment 1 of 2 starts after step 6, would land after 7
+  const auto data = make_data(steps, ranks);
+  std::FILE* sink = std::tmpfile();
+  REQUIRE(sink != nullptr);
+  gw::observe::set_log_sink(sink);
+  auto run = [&](bool flush) {
+    gw::transport::run_inproc(ranks, [&](gw::transport::inproc t) {
+      gw::diloco<gw::host_tensor<float>, sgd_inner, period> s(t, make_params(t.rank()), sgd_inner({.lr = 0.1}),
+                                                            agg::diloco<period>({.fragments = 2, .delay = 1}));
+      for (int k = 0; k < steps; ++k) train_step(s, data, static_cast<std::size_t>(k), t.rank());
+      if (flush) s.flush();
+    });
+  };
+  auto warnings = [&] {
+    std::fflush(sink);
+    std::rewind(sink);
+    std::string text;
+    for (int ch; (ch = std::fgetc(sink)) != EOF;) text += static_cast<char>(ch);
+    std::size_t count = 0;
+    for (std::size_t at = 0; (at = text.find("call strategy.flush() after the last step", at)) != std::string::npos; ++at)
+      ++count;
+    return std::pair{count, text};
+  };
+  run(true);
+  const auto [quiet, quiet_text] = warnings();
+  run(false);
+  const auto [loud, loud_text] = warnings();
+  gw::observe::set_log_sink(nullptr);
+  std::fclose(sink);
+  INFO(loud_text);
+  REQUIRE(quiet == 0);
+  REQUIRE(loud == std::size_t{ranks});
+  REQUIRE_THAT(loud_text, Catch::Contains("the strategy ended with 1 fragment's outer update pending"));
 }
 
 TEST_CASE("DiLoCo with its all-reduces cut into calls of bucket_bytes equals the float64 reference") {

@@ -276,9 +276,9 @@ TEST_CASE("load_checkpoint refuses bad files with a config error naming the file
   }
   SECTION("another format version") {
     auto other = good;
-    other[4] = 2;  // version u16 at offset 4
+    other[4] = 3;  // version u16 at offset 4 (2 is version 1 with an aggregation's state: test_diloco_checkpoint)
     write_file(file, other);
-    require_refused(load(), file, "format version 2, but this gradwire reads version 1");
+    require_refused(load(), file, "format version 3, but this gradwire reads versions 1 and 2");
   }
   SECTION("another optimizer") {
     gw::one_device<gw::host_tensor<float>, gw::optim::adamw> adamw(make_params<float>(1.0));

@@ -43,7 +43,10 @@
 // fragment's update lands before its next all-reduce starts. F = 1, D = 0 is the
 // non-streaming algorithm, the same code. While an all-reduce is in flight only the
 // engine may use the communicator: call wait_in_flight(comm) on the agent before running
-// collectives of your own between steps.
+// collectives of your own between steps. Updates still pending after the last step land
+// with strategy.flush() (a strategy destroyed with some pending warns: they are lost).
+// Checkpoints carry the step count, the anchor, the outer state and the pending fragments
+// (checkpoint.hpp, concepts::checkpointing_agent): a restored job goes on bit for bit.
 #pragma once
 
 #include <algorithm>
@@ -52,6 +55,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -62,6 +66,7 @@
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../observe/log.hpp"
 #include "../tensor/aligned_buffer.hpp"
 #include "../tensor/flat_layout.hpp"
 #include "detail/outer_step.hpp"
@@ -259,6 +264,77 @@ class averaging_agent {
     if constexpr (has_outer) outer_.wait_in_flight(comm);
   }
 
+  // Streaming with a delay: the fragments whose all-reduce has started and whose outer
+  // update has not landed yet (0 otherwise, and after flush).
+  std::size_t pending_updates() const noexcept {
+    if constexpr (has_outer)
+      return outer_.pending();
+    else
+      return 0;
+  }
+  // Lands those updates now, each after its all-reduce (strategy<>::flush(), after the last
+  // step): the outer step they owe is applied as if their delay had ended with the latest
+  // step, so no communicated update is lost and the communicator is free afterwards. Every
+  // rank calls it after the same step; training may go on (each fragment then starts again
+  // at its next scheduled step).
+  void flush(collective::communicator<Tr>& comm, std::span<const std::span<V>> params)
+    requires(has_outer)
+  {
+    outer_.flush(comm, params);
+  }
+  // strategy<>'s destructor: updates still pending there are never applied; say so, once.
+  void finish(collective::communicator<Tr>& comm)
+    requires(has_outer)
+  {
+    if (const std::size_t n = pending_updates(); n > 0)
+      observe::log(comm.time(), observe::log_level::warning, comm.rank(), comm.size(),
+                   "averaging (DiLoCo): the strategy ended with ", n,
+                   n == 1 ? " fragment's outer update" : " fragments' outer updates",
+                   " pending: all-reduced, not applied to its parameters (a checkpoint saved after the last step "
+                   "keeps them for a resumed run); call strategy.flush() after the last step to apply them");
+  }
+
+  // Checkpoints (concepts::checkpointing_agent), with an outer optimizer: save_checkpoint and
+  // load_checkpoint carry the local step count, the anchor, the outer optimizer's state, the
+  // pending fragments (their mean pseudo-gradient and the step they land after) and the
+  // codec's state, so a job restored at any step goes on bit for bit. The kind names the
+  // settings they fit; a file of another kind is refused.
+  std::string checkpoint_kind() const
+    requires(has_outer)
+  {
+    return "averaging (period " + std::to_string(policy_.every()) + ", " + std::to_string(policy_.fragments()) +
+           (policy_.fragments() == 1 ? " fragment" : " fragments") + ", delay " + std::to_string(policy_.delay()) +
+           ", outer optimizer '" + outer_name() + "')";
+  }
+  template <class F>
+  void for_each_checkpoint_buffer(F&& f)
+    requires(has_outer)
+  {
+    require_checkpointable_outer();
+    outer_.for_each_buffer(f);
+  }
+  template <class F>
+  void for_each_checkpoint_buffer(F&& f) const
+    requires(has_outer)
+  {
+    require_checkpointable_outer();
+    outer_.for_each_buffer(f);
+  }
+  template <class F>
+  void for_each_checkpoint_counter(F&& f)
+    requires(has_outer)
+  {
+    f(steps_);
+    outer_.for_each_counter(f);
+  }
+  template <class F>
+  void for_each_checkpoint_counter(F&& f) const
+    requires(has_outer)
+  {
+    f(steps_);
+    outer_.for_each_counter(f);
+  }
+
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     detail::refuse_min_replicas("aggregation::averaging (local_sgd)", "every averaging waits for every rank");
     for (auto p : params) collective::broadcast(comm, p, 0);
@@ -318,6 +394,21 @@ class averaging_agent {
  private:
   bool averaging_step() const noexcept {
     return steps_ > 0 && steps_ % static_cast<std::uint64_t>(policy_.every()) == 0;
+  }
+
+  static constexpr void require_checkpointable_outer() {
+    static_assert(concepts::checkpointable_optimizer<Outer, V>,
+                  "gradwire checkpoints of averaging<H, Outer> (DiLoCo): the outer optimizer needs a name and "
+                  "state<V>::for_each_buffer(f) / for_each_counter(f) (concepts::checkpointable_optimizer; "
+                  "gradwire/optim/momentum.hpp has both)");
+  }
+  std::string outer_name() const
+    requires(has_outer)
+  {
+    if constexpr (concepts::named_by_type<Outer>)
+      return std::string(std::string_view(Outer::name));
+    else
+      return std::string(policy_.outer_optimizer().name());
   }
 
   static outer_type make_outer(const policy_type& policy) {

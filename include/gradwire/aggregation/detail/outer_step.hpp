@@ -25,6 +25,7 @@
 #include "../../collective/async_engine.hpp"
 #include "../../collective/communicator.hpp"
 #include "../../collective/compressed_all_reduce.hpp"
+#include "../../concepts.hpp"
 #include "../../kernels/host.hpp"
 #include "../../error.hpp"
 #include "../../tensor/aligned_buffer.hpp"
@@ -135,6 +136,41 @@ class outer_step {
   bool in_flight() const noexcept {
     return std::any_of(handles_.begin(), handles_.end(), [](const collective::async_handle& h) { return h.valid(); });
   }
+  // Fragments whose all-reduce has started and whose outer update has not landed yet.
+  std::size_t pending() const noexcept {
+    return static_cast<std::size_t>(std::count_if(flight_.begin(), flight_.end(), [](const flight& x) { return x.started; }));
+  }
+
+  // Lands every update still owed now (each waits for its all-reduce first), in fragment
+  // order, as if its delay had ended with the latest step: nothing is pending afterwards.
+  template <class Tr>
+  void flush(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
+    for (std::size_t f = 0; f < flight_.size(); ++f)
+      if (flight_[f].started) land(comm, params, f);
+  }
+
+  // What a checkpoint carries (averaging_agent's checkpoint hooks), so that a restored job
+  // goes on bit for bit. Buffers: the anchor, the pseudo-gradients (a pending fragment's
+  // slice holds its mean, which its update lands with), each piece's outer state, each
+  // all-reduce call's codec state. Counters: each fragment's flight (started, the step it
+  // lands after), then the outer and codec states' counters. Refused while an all-reduce
+  // runs: its slice of the pseudo-gradients is not final until it is waited for.
+  template <class F>
+  void for_each_buffer(F&& f) {
+    visit_buffers(*this, f);
+  }
+  template <class F>
+  void for_each_buffer(F&& f) const {
+    visit_buffers(*this, f);
+  }
+  template <class F>
+  void for_each_counter(F&& f) {
+    visit_counters(*this, f);
+  }
+  template <class F>
+  void for_each_counter(F&& f) const {
+    visit_counters(*this, f);
+  }
 
  private:
   struct piece {
@@ -182,6 +218,57 @@ class outer_step {
         collective::all_reduce(comm, part, collective::reduce_op::average);
       }
     }
+  }
+
+  template <class Self, class F>
+  static void visit_buffers(Self& self, F& f) {
+    refuse_while_in_flight(self);
+    f(self.anchor_.span());
+    f(self.delta_.span());
+    for (auto& s : self.states_) s.for_each_buffer(f);
+    if constexpr (compressed && codec_state_shown())  // else refuse_while_in_flight's static_assert says why
+      for (auto& calls : self.buffers_)
+        for (auto& b : calls) b.state().for_each_buffer(f);
+  }
+  // Counters are u64 in a checkpoint; each is copied out and, when loading, back.
+  template <class Self, class F>
+  static void visit_counters(Self& self, F& f) {
+    refuse_while_in_flight(self);
+    constexpr bool loading = !std::is_const_v<Self>;
+    auto as_u64 = [&f](auto& c) {
+      std::uint64_t v = static_cast<std::uint64_t>(c);
+      f(v);
+      if constexpr (loading) c = static_cast<std::remove_cvref_t<decltype(c)>>(v);
+    };
+    for (auto& x : self.flight_) {
+      std::uint64_t started = x.started ? 1 : 0;
+      f(started);
+      if constexpr (loading) x.started = started != 0;
+      f(x.lands);
+    }
+    for (auto& s : self.states_) s.for_each_counter(as_u64);
+    if constexpr (compressed && codec_state_shown())
+      for (auto& calls : self.buffers_)
+        for (auto& b : calls) b.state().for_each_counter(as_u64);
+  }
+  static constexpr bool codec_state_shown() {
+    if constexpr (compressed)
+      return concepts::buffer_visiting_state<typename buffer_type::state_type> &&
+             concepts::counter_visiting_state<typename buffer_type::state_type>;
+    else
+      return true;
+  }
+  static void refuse_while_in_flight(const outer_step& self) {
+    static_assert(codec_state_shown(),
+                  "gradwire checkpoints of averaging<H, Outer, Codec> (DiLoCo with compressed pseudo-gradients): the "
+                  "codec's state keeps something between steps (error feedback's residual, PowerSGD's factors, "
+                  "top-k's order) and shows it to no checkpoint (for_each_buffer / for_each_counter); use fp16, bf16 "
+                  "or int8, whose state keeps nothing, or no codec");
+    if (self.in_flight())
+      throw error(errc::invalid_argument,
+                  "checkpoint of averaging with an outer optimizer (DiLoCo): a fragment's all-reduce is still running "
+                  "in the background (streaming with a delay); save_checkpoint on a non-const strategy waits for it, "
+                  "or call strategy.aggregation().wait_in_flight(strategy.communicator()) before saving");
   }
 
   // This replica's pseudo-gradient theta - theta_r of fragment f, then its mean over ranks:

@@ -26,6 +26,12 @@ inline void check_payload(const char* codec, std::size_t bytes, std::size_t expe
 template <class V>
 struct length_state {
   std::size_t n = 0;
+  // Nothing for a checkpoint to carry (DiLoCo's compressed pseudo-gradients save each
+  // call's codec state through these).
+  template <class F>
+  void for_each_buffer(F&&) const noexcept {}
+  template <class F>
+  void for_each_counter(F&&) const noexcept {}
 };
 
 inline void check_state(const char* codec, std::size_t state_elements, std::size_t n) {
