@@ -28,10 +28,12 @@ struct cuda_run {
   const int* train_labels = nullptr;
   const float* test_images = nullptr;
   const int* test_labels = nullptr;
-  // The initial parameters W1, b1, W2, b2, W3, b3 (column-major, as mlp<float> makes them)
-  // and their rows and columns.
+  // The initial parameters W1, b1, W2, b2, W3, b3 (column-major, as mlp<float> makes them),
+  // their rows and columns (Eigen's: a bias is rows x 1) and their gradwire shapes
+  // (row-major: a weight's is cols x rows, mlp::view).
   std::vector<std::vector<float>> initial;
   std::vector<std::size_t> rows, cols;
+  std::vector<gradwire::shape> shapes;
 };
 
 struct cuda_result {

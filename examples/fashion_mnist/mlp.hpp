@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -101,6 +102,11 @@ class mlp {
   std::vector<gradwire::tensor_view<T>> parameter_views() {
     return {view(w1_), view(b1_), view(w2_), view(b2_), view(w3_), view(b3_)};
   }
+  // A view's shape back to Eigen's rows and columns (view() transposes a matrix's): a bias
+  // is rows x 1.
+  static std::array<std::size_t, 2> eigen_extents(const gradwire::shape& s) {
+    return s.rank() > 1 ? std::array<std::size_t, 2>{s[1], s[0]} : std::array<std::size_t, 2>{s[0], 1};
+  }
   std::vector<gradwire::tensor_view<T>> gradient_views() {
     return {view(gw1_), view(gb1_), view(gw2_), view(gb2_), view(gw3_), view(gb3_)};
   }
@@ -122,7 +128,11 @@ class mlp {
  private:
   template <class Derived>
   static gradwire::tensor_view<T> view(Eigen::PlainObjectBase<Derived>& m) {
-    return {m.data(), {static_cast<std::size_t>(m.rows()), static_cast<std::size_t>(m.cols())}};
+    // gradwire's shapes are row-major (as NumPy's and LibTorch's); Eigen stores a matrix
+    // column by column, so its memory is the row-major (cols x rows) matrix, the transpose.
+    // Named the other way, a codec that reads a tensor as a matrix (PowerSGD) would see a
+    // reshuffle of the weight, not the weight, and lose its low rank.
+    return {m.data(), {static_cast<std::size_t>(m.cols()), static_cast<std::size_t>(m.rows())}};
   }
   static gradwire::tensor_view<T> view(vector& v) { return {v.data(), {static_cast<std::size_t>(v.size())}}; }
 

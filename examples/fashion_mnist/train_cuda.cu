@@ -141,7 +141,7 @@ cuda_result train(const cuda_run& run, const Optimizer& optimizer) {
   auto initial_parameters = [&](cudaStream_t stream) {
     std::vector<tensor> parameters;
     for (std::size_t i = 0; i < run.initial.size(); ++i)
-      parameters.emplace_back(gradwire::shape{run.rows[i], run.cols[i]}, run.initial[i], stream);
+      parameters.emplace_back(run.shapes[i], run.initial[i], stream);
     return parameters;
   };
   auto replica = [&]<class Transport>(Transport transport) {

@@ -301,6 +301,9 @@ void train_replica(Strategy& strategy, model_type& model, const data_set& data, 
                      std::chrono::duration<double>(time.now() - start).count(), o.target_accuracy);
       }
     }
+    // After the last step, the updates an aggregation still owes (streaming DiLoCo's delayed
+    // fragments) land before the final evaluation and checkpoint; a no-op for the others.
+    if (epoch == o.epochs) strategy.flush();
     const double train_seconds = std::chrono::duration<double>(time.now() - epoch_start).count();
 
     // {sum of per-step mean losses, steps, correct test predictions, compute and step

@@ -37,8 +37,10 @@ fashion_mnist::summary fashion_mnist::train_on_gpu(const options& o, const data_
   mlp<float> model({}, o.seed);
   for (const auto& p : model.parameter_views()) {
     run.initial.emplace_back(p.data(), p.data() + p.size());
-    run.rows.push_back(p.shape()[0]);
-    run.cols.push_back(p.shape().rank() > 1 ? p.shape()[1] : 1);
+    const auto [rows, cols] = mlp<float>::eigen_extents(p.shape());
+    run.rows.push_back(rows);
+    run.cols.push_back(cols);
+    run.shapes.push_back(p.shape());
   }
   if (uses_tcp(o)) {  // one replica per process: the transport is built here and handed over erased
 #if GRADWIRE_HAS_ASIO

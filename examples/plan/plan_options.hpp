@@ -17,6 +17,7 @@
 #include <gradwire/error.hpp>
 #include <gradwire/plan/cluster_model.hpp>
 #include <gradwire/plan/cost_model.hpp>
+#include <gradwire/tensor/shape.hpp>
 
 namespace planner {
 
@@ -27,7 +28,8 @@ inline constexpr const char* usage_text =
     "  --params P                 float32 parameters of the model (default: the Fashion-MNIST MLP,\n"
     "                             784-256-128-10: 235146 in 6 tensors)\n"
     "  --tensors N,N,...          the model's tensor sizes (their sum is P): exact PS shards and buckets;\n"
-    "                             without it, a --params model is priced as many small tensors\n"
+    "                             without it, a --params model is priced as many small tensors; shapes\n"
+    "                             (784x256,256,...: row-major) let PowerSGD read each weight as a matrix\n"
     "  --step-compute TIME        compute per step per worker at speed 1, measured: 2ms, 350us, 0.01s\n"
     "  --flops-per-sample X       ... or modelled: X flop per sample (default 6 x P: forward and backward)\n"
     "  --device-flops RATE        ... on a device of RATE flop/s: 50G, 2.5T (default 50G)\n"
@@ -59,8 +61,12 @@ inline constexpr const char* usage_text =
     "  --local-lr LR              ... for local SGD (default 0.002)\n"
     "  --help                     this text\n";
 
-// Fashion-MNIST's MLP (examples/fashion_mnist/mlp.hpp): weights and biases of 784-256-128-10.
+// Fashion-MNIST's MLP (examples/fashion_mnist/mlp.hpp): weights and biases of 784-256-128-10,
+// their sizes and their shapes (row-major, as mlp::parameter_views names them).
 inline const std::vector<std::size_t> fashion_mnist_tensors = {784 * 256, 256, 256 * 128, 128, 128 * 10, 10};
+inline const std::vector<gradwire::shape> fashion_mnist_shapes = {
+    gradwire::shape{784, 256}, gradwire::shape{256}, gradwire::shape{256, 128},
+    gradwire::shape{128},      gradwire::shape{128, 10}, gradwire::shape{10}};
 
 // --simulate: how each strategy's Fashion-MNIST run is set up (simulate.hpp). The
 // defaults are benchmarks/simulate_strategies.py's; keep the two alike.
@@ -142,15 +148,26 @@ inline double positive(std::string_view flag, std::string_view text) {
   return scaled(flag, text, {{"", 1}}, "a number > 0");
 }
 
-inline std::vector<std::size_t> sizes(std::string_view flag, std::string_view text) {
-  std::vector<std::size_t> out;
+// "200704,256,32768" (sizes) or "784x256,256,256x128" (shapes, row-major extents joined by x).
+inline std::vector<gradwire::shape> tensor_shapes(std::string_view flag, std::string_view text) {
+  std::vector<gradwire::shape> out;
   while (!text.empty()) {
     const auto comma = text.find(',');
-    out.push_back(static_cast<std::size_t>(integer(flag, text.substr(0, comma), 0)));
+    std::string_view item = text.substr(0, comma);
+    std::vector<std::size_t> extents;
+    while (true) {
+      const auto x = item.find('x');
+      extents.push_back(static_cast<std::size_t>(integer(flag, item.substr(0, x), 0)));
+      if (x == std::string_view::npos) break;
+      item.remove_prefix(x + 1);
+    }
+    if (extents.size() > gradwire::shape::max_rank)
+      usage(std::string(flag) + ": a tensor of more than " + std::to_string(gradwire::shape::max_rank) + " extents");
+    out.emplace_back(extents);
     if (comma == std::string_view::npos) break;
     text.remove_prefix(comma + 1);
   }
-  if (out.empty()) usage(std::string(flag) + " expects tensor sizes such as 200704,256,32768");
+  if (out.empty()) usage(std::string(flag) + " expects tensor sizes such as 200704,256 or shapes such as 784x256,256");
   return out;
 }
 
@@ -201,7 +218,7 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
   using namespace std::string_literals;
   plan_options o;
   std::optional<long long> params, workers, servers, backups;
-  std::optional<std::vector<std::size_t>> tensors;
+  std::optional<std::vector<gradwire::shape>> tensors;
   std::optional<double> step, flops_per_sample;
   double device_flops = 50e9;
   std::optional<std::string> cluster_text, cluster_file;
@@ -219,7 +236,7 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
     } else if (flag == "--params") {
       params = detail::integer(flag, a.value(), 1);
     } else if (flag == "--tensors") {
-      tensors = detail::sizes(flag, a.value());
+      tensors = detail::tensor_shapes(flag, a.value());
     } else if (flag == "--step-compute") {
       step = detail::seconds(flag, a.value());
     } else if (flag == "--flops-per-sample") {
@@ -277,16 +294,22 @@ inline plan_options parse_plan_options(int argc, const char* const* argv) {
   // The model: tensors, parameters, or Fashion-MNIST's MLP.
   if (tensors) {
     std::size_t sum = 0;
-    for (auto t : *tensors) sum += t;
+    bool matrices = false;  // shapes given: PowerSGD reads each matrix as the codec does
+    for (const auto& t : *tensors) {
+      o.work.tensors.push_back(t.elements());
+      sum += t.elements();
+      matrices = matrices || t.rank() > 1;
+    }
     if (params && static_cast<std::size_t>(*params) != sum)
       detail::usage("--tensors add up to " + std::to_string(sum) + " parameters but --params says " +
                     std::to_string(*params) + ": give one of them, or make them agree");
-    o.work.tensors = *tensors;
+    if (matrices) o.work.shapes = *tensors;
     o.work.parameters = sum;
   } else if (params) {
     o.work.parameters = static_cast<std::size_t>(*params);
   } else {
     o.work.tensors = fashion_mnist_tensors;
+    o.work.shapes = fashion_mnist_shapes;
     o.work.parameters = 0;
     for (auto t : fashion_mnist_tensors) o.work.parameters += t;
   }

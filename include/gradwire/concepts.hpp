@@ -624,6 +624,12 @@ concept sharding_agent = requires(const G& cg, std::size_t i) {
   { cg.owned(i) } -> std::convertible_to<element_range>;
 };
 
+// Takes the parameters' shapes, in the tensors' order, before setup (strategy<> hands them
+// over): a low-rank codec then reads each matrix-shaped tensor as a matrix of its own.
+//   void use_shapes(span<const shape>)
+template <class G>
+concept shape_aware_agent = requires(G& g, std::span<const shape> shapes) { g.use_shapes(shapes); };
+
 // Reports whether the latest step closed without this replica's gradients (K of N: the
 // all-reduce's backup workers), for the step's stats.
 //   bool last_step_dropped() const
@@ -710,6 +716,15 @@ concept compressor =
        { c.low_rank_middle(s) } -> std::same_as<std::span<V>>;
        c.low_rank_end(s, out);
      });
+
+// A compressor that plans a buffer from the shapes of the tensors packed in it, in order
+// (PowerSGD: a matrix per tensor of two or more axes, the rest sent plain). Its state from
+// this init serves the all-reduce's rounds; a single encode needs init<V>(n).
+//   state<V> init<V>(span<const shape> tensors) const    elements: the sum of theirs
+template <class C, class V>
+concept shape_aware_compressor = compressor<C, V> && requires(const C& c, std::span<const shape> tensors) {
+  { c.template init<V>(tensors) } -> std::same_as<typename C::template state<V>>;
+};
 
 // Replica: where strategy<> keeps this replica's parameter tensors and optimizer state, and
 // the host view of the parameters (a span per tensor) that every aggregation reads and

@@ -76,12 +76,11 @@ class strategy {
     // Before anything else that communicates: ranks with different models fail here, all
     // of them, naming both models, not later in some collective (or never: a hang).
     // (A replacement of a lost worker joins a running job: the others checked long ago.)
-    if (!concepts::rejoined(comm_.transport())) {
-      std::vector<shape> shapes;
-      shapes.reserve(parameters_.size());
-      for (const auto& p : parameters_) shapes.push_back(p.shape());
-      collective::check_same_model(comm_, dtype_of_v<value_type>, shapes);
-    }
+    std::vector<shape> shapes;
+    shapes.reserve(parameters_.size());
+    for (const auto& p : parameters_) shapes.push_back(p.shape());
+    if (!concepts::rejoined(comm_.transport())) collective::check_same_model(comm_, dtype_of_v<value_type>, shapes);
+    if constexpr (concepts::shape_aware_agent<agent_type>) agent_.use_shapes(shapes);
     check_finite_gradients(driver_.checks_finite());  // GRADWIRE_CHECK_FINITE=1: refused where the replica cannot check
     replica_.setup(agent_, comm_, std::span<Tensor>(parameters_), optimizer_);
     const auto took = driver_.meter().setup_finished(comm_, setup_began);

@@ -325,7 +325,8 @@ struct reference_powersgd {
 template <class V>
 reference_powersgd reference_from(const compress::powersgd& codec, const typename compress::powersgd::state<V>& s,
                                   std::size_t job) {
-  reference_powersgd ref{s.n, s.shape.rows, s.shape.cols, s.shape.rank, {}, {}};
+  const auto& shape = s.plan.matrices.front().shape;  // init<V>(n): one near-square matrix
+  reference_powersgd ref{s.n, shape.rows, shape.cols, shape.rank, {}, {}};
   ref.q.assign(ref.cols, std::vector<double>(ref.rank));
   for (std::size_t j = 0; j < ref.cols; ++j)
     for (std::size_t c = 0; c < ref.rank; ++c) ref.q[j][c] = static_cast<double>(s.q.data()[c * ref.cols + j]);
@@ -369,13 +370,14 @@ TEMPLATE_TEST_CASE("compress::powersgd at full rank reconstructs M within float 
     const auto full = compress::low_rank::matrix_shape::of(n, n).rows;
     const compress::powersgd codec({.rank = static_cast<int>(std::max<std::size_t>(full, 1)), .start_step = 0});
     auto s = codec.init<V>(n);
-    REQUIRE(s.shape.rank == full);
+    REQUIRE(s.plan.matrices.front().shape.rank == full);
     for (int step = 0; step < 4; ++step) {  // warm-started steps too
       auto x = normal<V>(n, gen);
       // The last step's rows graded over six decades: P = M Q is then ill-conditioned, and
       // one Gram-Schmidt pass in float leaves P far from orthonormal.
       if (step == 3)
-        for (std::size_t k = 0; k < n; ++k) x[k] *= static_cast<V>(std::pow(10.0, -6.0 * double(k / s.shape.cols) / double(full)));
+        for (std::size_t k = 0; k < n; ++k)
+          x[k] *= static_cast<V>(std::pow(10.0, -6.0 * double(k / s.plan.matrices.front().shape.cols) / double(full)));
       // M is x plus the residual carried in (the last step's rounding, error feedback's): a
       // tolerance from x alone fails when x is much smaller than the last step's (n = 1).
       std::vector<V> m(n);
@@ -480,6 +482,147 @@ TEMPLATE_TEST_CASE("compress::powersgd below full rank matches a float64 referen
       }
     }
   }
+}
+
+TEST_CASE("compress::low_rank::buffer_plan from tensor shapes: a matrix per weight worth compressing, the rest plain",
+          "[compress]") {
+  using gw::shape;
+  // [13, 77] at rank 2 sends 2 (13 + 77) = 180 of 1001: a matrix. [17] and [6] are vectors,
+  // [3, 4] would send 2 (3 + 4) = 14 of 12, [1, 50] has one row: plain. [0, 5] is empty.
+  // [2, 3, 20] is 2 rows of 60: 2 (2 + 60) = 124 of 120, plain at rank 2; at rank 1 it sends 62,
+  // 120 >= 2 x 62 fails too, and with min_compression_rate 1 it is a matrix of rank 1.
+  const std::vector<shape> tensors = {shape{13, 77}, shape{17}, shape{40, 30}, shape{3, 4}, shape{1, 50},
+                                      shape{0, 5}, shape{6}, shape{2, 3, 20}};
+  const auto plan = compress::low_rank::buffer_plan::of_tensors(tensors, 2, 2.0);
+  REQUIRE(plan.n == 1001 + 17 + 1200 + 12 + 50 + 6 + 120);
+  REQUIRE(plan.m_size == plan.n);
+  REQUIRE(plan.matrices.size() == 2);
+  CHECK((plan.matrices[0].offset == 0 && plan.matrices[0].count == 1001));
+  CHECK((plan.matrices[0].shape.rows == 13 && plan.matrices[0].shape.cols == 77 && plan.matrices[0].shape.rank == 2));
+  CHECK((plan.matrices[1].offset == 1018 && plan.matrices[1].shape.rows == 40 && plan.matrices[1].shape.cols == 30));
+  CHECK((plan.matrices[0].p_offset == 0 && plan.matrices[1].p_offset == 26));
+  CHECK((plan.matrices[0].q_offset == 0 && plan.matrices[1].q_offset == 154));
+  REQUIRE(plan.plain.size() == 5);
+  const std::size_t offsets[] = {1001, 2218, 2230, 2280, 2286}, counts[] = {17, 12, 50, 6, 120};
+  std::size_t p_offset = 26 + 80;  // the plain stretches follow the P factors, in order
+  for (std::size_t k = 0; k < plan.plain.size(); ++k) {
+    CAPTURE(k);
+    CHECK(plan.plain[k].offset == offsets[k]);
+    CHECK(plan.plain[k].count == counts[k]);
+    CHECK(plan.plain[k].p_offset == p_offset);
+    p_offset += counts[k];
+  }
+  CHECK(plan.p_size == p_offset);
+  CHECK(plan.q_size == 154 + 60);
+  // The rank is capped by the smaller side (then the factors outgrow the tensor: only a rate of
+  // 0 keeps it a matrix); the rate rule is what decides [2, 3, 20].
+  CHECK(compress::low_rank::buffer_plan::of_tensors(std::vector<shape>{shape{3, 400}}, 8, 1.0).matrices.empty());
+  const auto capped = compress::low_rank::buffer_plan::of_tensors(std::vector<shape>{shape{3, 400}}, 8, 0.0);
+  REQUIRE(capped.matrices.size() == 1);
+  CHECK(capped.matrices[0].shape.rank == 3);
+  CHECK(compress::low_rank::buffer_plan::of_tensors(std::vector<shape>{shape{2, 3, 20}}, 1, 2.0).matrices.empty());
+  const auto loose = compress::low_rank::buffer_plan::of_tensors(std::vector<shape>{shape{2, 3, 20}}, 1, 1.0);
+  REQUIRE(loose.matrices.size() == 1);
+  CHECK((loose.matrices[0].shape.rows == 2 && loose.matrices[0].shape.cols == 60 && loose.matrices[0].shape.rank == 1));
+}
+
+TEMPLATE_TEST_CASE("compress::powersgd planned from tensor shapes: each weight's own matrix against a float64 "
+                   "reference, plain tensors summed exactly",
+                   "[compress]", float, double) {
+  using V = TestType;
+  const std::uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 gen(seed);
+  const double tolerance = std::is_same_v<V, float> ? 2e-3 : 1e-9;  // relative to the matrix's largest element
+  constexpr int job = 3;
+  const std::vector<gw::shape> tensors = {gw::shape{13, 77}, gw::shape{17}, gw::shape{40, 30}, gw::shape{3, 4}};
+  const compress::powersgd codec({.rank = 2, .start_step = 1});
+  std::vector<typename compress::powersgd::state<V>> states;
+  for (int w = 0; w < job; ++w) states.push_back(codec.init<V>(std::span<const gw::shape>(tensors)));
+  const auto& plan = states[0].plan;
+  REQUIRE(plan.matrices.size() == 2);
+  REQUIRE(plan.plain.size() == 2);
+  const std::size_t n = plan.n;
+  // Each matrix's float64 algorithm from the codec's first Q (which the ranks share).
+  std::vector<reference_powersgd> refs;
+  std::vector<std::vector<double>> left, right;  // each matrix's low-rank direction
+  for (const auto& a : plan.matrices) {
+    reference_powersgd ref{a.count, a.shape.rows, a.shape.cols, a.shape.rank, {}, {}};
+    ref.q.assign(ref.cols, std::vector<double>(ref.rank));
+    for (std::size_t j = 0; j < ref.cols; ++j)
+      for (std::size_t c = 0; c < ref.rank; ++c)
+        ref.q[j][c] = static_cast<double>(states[0].q.data()[a.q_offset + c * ref.cols + j]);
+    ref.residual.assign(job, std::vector<double>(a.count, 0.0));
+    refs.push_back(ref);
+    left.push_back(normal<double>(a.shape.rows, gen));
+    right.push_back(normal<double>(a.shape.cols, gen));
+  }
+  // Matrices of different shapes start from different Q: not one seed's values cut twice.
+  REQUIRE(refs[0].q[0][0] != refs[1].q[0][0]);
+  auto all_reduce = [&](std::vector<std::span<V>> parts) {
+    std::vector<V> sum(parts[0].size(), V(0));
+    for (const auto& part : parts)
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    for (auto& part : parts) std::copy(sum.begin(), sum.end(), part.begin());
+  };
+  for (int step = 0; step < 4; ++step) {
+    CAPTURE(step);
+    std::vector<std::vector<V>> x;
+    for (int w = 0; w < job; ++w) {
+      auto g = normal<V>(n, gen, 0.1);
+      for (std::size_t k = 0; k < plan.matrices.size(); ++k) {
+        const auto& a = plan.matrices[k];
+        for (std::size_t e = 0; e < a.count; ++e)
+          g[a.offset + e] += static_cast<V>(3 * left[k][e / a.shape.cols] * right[k][e % a.shape.cols]);
+      }
+      x.push_back(std::move(g));
+    }
+    std::vector<std::span<V>> first, second;
+    for (int w = 0; w < job; ++w) first.push_back(codec.low_rank_begin(states[w], std::span<const V>(x[w])));
+    REQUIRE(first[0].size() == (step == 0 ? n : plan.p_size));
+    all_reduce(first);
+    for (int w = 0; w < job; ++w) second.push_back(codec.low_rank_middle(states[w]));
+    REQUIRE(second[0].size() == (step == 0 ? 0 : plan.q_size));
+    if (!second[0].empty()) all_reduce(second);
+    std::vector<std::vector<V>> out(job, std::vector<V>(n));
+    for (int w = 0; w < job; ++w) codec.low_rank_end(states[w], std::span<V>(out[w]));
+    for (int w = 1; w < job; ++w) REQUIRE(std::memcmp(out[w].data(), out[0].data(), n * sizeof(V)) == 0);
+    // Plain tensors (and every element before the start step): the sum, in rank order.
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool in_matrix = std::any_of(plan.matrices.begin(), plan.matrices.end(),
+                                         [&](const auto& a) { return i >= a.offset && i < a.offset + a.count; });
+      if (step == 0 || !in_matrix) {
+        CAPTURE(i);
+        REQUIRE(out[0][i] == (x[0][i] + x[1][i]) + x[2][i]);
+        if (step > 0)
+          for (int w = 0; w < job; ++w) REQUIRE(states[w].residual.data()[i] == V(0));
+      }
+    }
+    if (step == 0) continue;
+    for (std::size_t k = 0; k < plan.matrices.size(); ++k) {
+      CAPTURE(k);
+      const auto& a = plan.matrices[k];
+      std::vector<std::vector<double>> grads;
+      for (const auto& g : x) grads.emplace_back(g.begin() + static_cast<std::ptrdiff_t>(a.offset),
+                                                 g.begin() + static_cast<std::ptrdiff_t>(a.offset + a.count));
+      const auto want = refs[k].step(grads);
+      const double scale = largest_magnitude(want);
+      for (std::size_t e = 0; e < a.count; ++e) {
+        CAPTURE(e);
+        REQUIRE(std::fabs(static_cast<double>(out[0][a.offset + e]) - want[e]) <= tolerance * scale);
+        for (int w = 0; w < job; ++w)
+          REQUIRE(std::fabs(static_cast<double>(states[w].residual.data()[a.offset + e]) - refs[k].residual[w][e]) <=
+                  tolerance * scale);
+      }
+    }
+  }
+  // A single encode reads the near-square matrix, which this state does not hold.
+  std::vector<std::byte> payload(codec.encoded_bytes<V>(n));
+  const auto x = normal<V>(n, gen);
+  const auto [kind, what] =
+      gw::testing::error_of([&] { codec.encode(states[0], std::span<const V>(x), std::span<std::byte>(payload)); });
+  CHECK(kind == gw::errc::invalid_argument);
+  CHECK_THAT(what, Catch::Contains("init<V>(n)"));
 }
 
 TEMPLATE_TEST_CASE("compress::powersgd: a zero gradient comes back as zeros, and the next low-rank gradient is found again",

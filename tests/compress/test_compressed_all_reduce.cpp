@@ -16,6 +16,7 @@
 #if GRADWIRE_HAS_ASIO
 #include "helpers/tcp_threads.hpp"
 #endif
+#include "helpers/errors.hpp"
 
 namespace gw = gradwire;
 namespace compress = gradwire::compress;
@@ -145,7 +146,9 @@ namespace {
 
 // Trains `steps` SGD steps of three tensors on `ranks` inproc threads with aggregation A;
 // params[step][rank][tensor]. Gradients depend on step, rank and seed alone.
+// The second is a matrix (13 x 77): PowerSGD under strategy<> reads it as one, the others go plain.
 constexpr std::size_t tensor_sizes[] = {5, 1001, 17};
+const gw::shape tensor_shapes[] = {gw::shape{5}, gw::shape{13, 77}, gw::shape{17}};
 using params_t = std::vector<std::vector<float>>;
 
 std::vector<std::vector<float>> gradients_of(int step, int rank, std::uint64_t seed) {
@@ -161,9 +164,9 @@ std::vector<std::vector<float>> gradients_of(int step, int rank, std::uint64_t s
 
 std::vector<gw::host_tensor<float>> initial_params(int rank) {
   std::vector<gw::host_tensor<float>> params;
-  for (std::size_t n : tensor_sizes) {
-    params.emplace_back(gw::shape{n});
-    for (std::size_t i = 0; i < n; ++i) params.back().data()[i] = float(0.01 * double(i) + rank);
+  for (const gw::shape& t : tensor_shapes) {
+    params.emplace_back(t);
+    for (std::size_t i = 0; i < t.elements(); ++i) params.back().data()[i] = float(0.01 * double(i) + rank);
   }
   return params;
 }
@@ -262,7 +265,8 @@ TEST_CASE("aggregation::compressed_all_reduce: bit-identical replicas, fp16 with
     const auto plain = train(ranks, steps, seed, gw::aggregation::all_reduce(small_buckets));
     const auto low = train(ranks, steps, seed,
                            gw::aggregation::compressed_all_reduce<compress::powersgd>(
-                               compress::powersgd({.rank = 1000, .start_step = 1}), small_buckets));
+                               compress::powersgd({.rank = 1000, .start_step = 1, .min_compression_rate = 0}),
+                               small_buckets));
     for (int k = 0; k < steps; ++k) {
       REQUIRE(all_equal(low[static_cast<std::size_t>(k)]));
       for (std::size_t t = 0; t < ref.size(); ++t)
@@ -280,6 +284,47 @@ TEST_CASE("aggregation::compressed_all_reduce: bit-identical replicas, fp16 with
       REQUIRE(all_equal(bytes[static_cast<std::size_t>(k)]));
     }
   }
+}
+
+TEST_CASE("aggregation::compressed_all_reduce: strategy<> gives PowerSGD the tensors' shapes, an agent without them "
+          "plans near-square, shapes that do not fit are refused",
+          "[compress]") {
+  using codec_t = compress::powersgd;
+  using policy_t = gw::aggregation::compressed_all_reduce<codec_t>;
+  const policy_t policy(codec_t({.rank = 2, .start_step = 0}));  // one bucket of 1023 elements
+  gw::transport::run_inproc(2, [&](gw::transport::inproc endpoint) {
+    gw::strategy<gw::host_tensor<float>, gw::optim::sgd, policy_t, gw::transport::inproc> s(
+        endpoint, initial_params(endpoint.rank()), gw::optim::sgd({.lr = 0.1}), policy);
+    const auto& plan = s.aggregation().codec_state(0).plan;
+    REQUIRE(plan.n == 1023);
+    REQUIRE(plan.matrices.size() == 1);
+    CHECK(plan.matrices[0].count == 1001);
+    CHECK((plan.matrices[0].shape.rows == 13 && plan.matrices[0].shape.cols == 77 && plan.matrices[0].shape.rank == 2));
+    CHECK(plan.matrices[0].offset == s.aggregation().layout().offset(1));
+    CHECK(plan.plain.size() == 2);
+    CHECK(plan.p_size == 13 * 2 + 5 + 17);
+  });
+  gw::transport::run_inproc(2, [&](gw::transport::inproc endpoint) {
+    gw::collective::communicator comm(endpoint);
+    std::vector<std::vector<float>> storage;
+    for (std::size_t n : tensor_sizes) storage.emplace_back(n, 1.0f);
+    std::vector<std::span<float>> params(storage.begin(), storage.end());
+    {  // by hand, no shapes: the bucket is one near-square matrix, 32 x 32 for 1023 elements
+      policy_t::agent<float, gw::transport::inproc> agent(policy);
+      agent.setup(comm, params);
+      const auto& plan = agent.codec_state(0).plan;
+      REQUIRE(plan.matrices.size() == 1);
+      CHECK((plan.matrices[0].shape.rows == 32 && plan.matrices[0].shape.cols == 32 && plan.plain.empty()));
+    }
+    {  // a shape per tensor, but not the tensors' sizes
+      policy_t::agent<float, gw::transport::inproc> agent(policy);
+      const std::vector<gw::shape> wrong = {gw::shape{5}, gw::shape{13, 70}, gw::shape{17}};
+      agent.use_shapes(wrong);
+      const auto [kind, what] = gw::testing::error_of([&] { agent.setup(comm, params); });
+      CHECK(kind == gw::errc::invalid_argument);
+      CHECK_THAT(what, Catch::Contains("one shape per tensor, in the tensors' order"));
+    }
+  });
 }
 
 #if GRADWIRE_HAS_ASIO

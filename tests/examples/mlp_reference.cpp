@@ -16,8 +16,9 @@ mlp_shapes make_mlp(std::size_t inputs, std::size_t hidden1, std::size_t hidden2
   mlp_shapes out;
   for (const auto& p : m.parameter_views()) {
     out.parameters.emplace_back(p.data(), p.data() + p.size());
-    out.rows.push_back(p.shape()[0]);
-    out.cols.push_back(p.shape().rank() > 1 ? p.shape()[1] : 1);
+    const auto [rows, cols] = fashion_mnist::mlp<float>::eigen_extents(p.shape());
+    out.rows.push_back(rows);
+    out.cols.push_back(cols);
   }
   return out;
 }

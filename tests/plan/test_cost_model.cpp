@@ -281,7 +281,7 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
   const std::size_t p = 250'000;
   const double n = p * 4.0, step = 2e-3, o = 1e-6, a = 10e-6, bw = 1e9;
-  const plan::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
+  const plan::strategy_costs costs(c, {p, {}, 32, step, {}}, unchecked());
 
   const auto ring = costs.all_reduce(all_reduce_algorithm::ring);
   CHECK(ring.compute == Approx(step));
@@ -318,7 +318,7 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
   // on its ingress, so at most bw / (n + 64) gradients per second.
   {
     const auto four = plan::parse_cluster_model("hosts=4 bandwidth=1GB latency=10us overhead=1us");
-    const plan::strategy_costs fast(four, {p, {}, 32, 0.5e-3}, unchecked());
+    const plan::strategy_costs fast(four, {p, {}, 32, 0.5e-3, {}}, unchecked());
     // Alone, the push (header, gradient, request: the request leaves behind the gradient)
     // takes 3 overhead + latency + (n + 32) / bw, the reply 2 overhead + latency + (n + 40) / bw.
     const double alone = 0.5e-3 + (3 * o + a + (n + header) / bw) + (o + a + (n + reply) / bw + o);
@@ -360,7 +360,7 @@ TEST_CASE("strategies: sync all-reduce, parameter servers, local SGD and central
 
   // Stragglers slow every synchronous step, not the asynchronous workers' own pace.
   const auto slow = plan::parse_cluster_model("hosts=2 bandwidth=100GB latency=0s slow=1:3");
-  const plan::strategy_costs slowed(slow, {p, {}, 32, step}, unchecked());
+  const plan::strategy_costs slowed(slow, {p, {}, 32, step, {}}, unchecked());
   CHECK(slowed.all_reduce(all_reduce_algorithm::ring).compute == Approx(3 * step));
   CHECK(slowed.ps_async(1).compute == Approx(2 * step));  // the mean of 1 and 3
 }
@@ -371,7 +371,7 @@ TEST_CASE("ZeRO-1, compressed all-reduce and DiLoCo by hand: the ring's phases, 
   const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
   const std::size_t p = 250'000;
   const double n = p * 4.0, step = 2e-3, o = 1e-6, a = 10e-6, bw = 1e9;
-  const plan::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
+  const plan::strategy_costs costs(c, {p, {}, 32, step, {}}, unchecked());
   auto ring_step = [&](double bytes) { return 2 * o + a + bytes / bw; };
 
   const auto ring = costs.all_reduce(all_reduce_algorithm::ring);
@@ -405,6 +405,27 @@ TEST_CASE("ZeRO-1, compressed all-reduce and DiLoCo by hand: the ring's phases, 
   CHECK(power.compute == Approx(step + plan::low_rank_seconds_per_element * 4 * p));
   // No codec: the plain ring.
   CHECK(costs.compressed_all_reduce(plan::parse_codec("none")).communication == Approx(ring.communication));
+  // With the tensors' shapes, PowerSGD's plan under strategy<>: the 400 x 500 weight and the
+  // 40 x 50 one are matrices of their own (P 1600 + 160, Q 2000 + 200), the 500-element bias
+  // goes plain in P's round, and the codec's compute covers the matrices alone.
+  const std::size_t shaped_p = 400 * 500 + 500 + 40 * 50;
+  const plan::strategy_costs shaped(c,
+                                    {shaped_p, {400 * 500, 500, 40 * 50}, 32, step,
+                                     {gw::shape{400, 500}, gw::shape{500}, gw::shape{40, 50}}},
+                                    unchecked());
+  const auto by_tensor = shaped.compressed_all_reduce(plan::parse_codec("powersgd:4"));
+  CHECK(by_tensor.communication == Approx(predicted(c, all_reduce_algorithm::auto_, 1600 + 160 + 500) +
+                                          predicted(c, all_reduce_algorithm::auto_, 2000 + 200)));
+  CHECK(by_tensor.bytes_per_step == Approx((1600 + 160 + 500 + 2000 + 200) * 4.0));
+  CHECK(by_tensor.compute == Approx(step + plan::low_rank_seconds_per_element * 4 * (400 * 500 + 40 * 50)));
+  {  // shapes that are not the tensors' are refused
+    const auto [kind, what] = gw::testing::error_of([&] {
+      (void)plan::strategy_costs(c, {shaped_p, {400 * 500, 500, 40 * 50}, 32, step, {gw::shape{400, 500}}},
+                                 unchecked());
+    });
+    CHECK(kind == gw::errc::invalid_argument);
+    CHECK_THAT(what, Catch::Matchers::Contains("one per tensor"));
+  }
 
   // DiLoCo: local SGD's all-reduce every H steps; streamed, each fragment's all-reduce
   // hides behind `delay` steps of compute.
@@ -453,7 +474,7 @@ TEST_CASE("all-reduce with backup workers: the (W-k)-th compute, a round of one-
   const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
   const std::size_t p = 250'000;
   const double step = 2e-3, o = 1e-6, a = 10e-6, bw = 1e9;
-  const plan::strategy_costs costs(c, {p, {}, 32, step}, unchecked());
+  const plan::strategy_costs costs(c, {p, {}, 32, step, {}}, unchecked());
   const auto ring = costs.all_reduce(all_reduce_algorithm::ring);
   const auto backup = costs.all_reduce_backup_workers(all_reduce_algorithm::ring, 1);
   CHECK(backup.compute == Approx(step));
@@ -471,7 +492,7 @@ TEST_CASE("all-reduce with backup workers: the (W-k)-th compute, a round of one-
   // all-reduce waits for the slowest of 20 draws (almost always one slow); dropping the
   // slowest few gains more time than samples, and the compute is that order statistic.
   const auto tail = plan::parse_cluster_model("hosts=20 bandwidth=10Gbit latency=10us tail=0.1:1.5:10 seed=5");
-  const plan::strategy_costs slow(tail, {p, {}, 32, step});
+  const plan::strategy_costs slow(tail, {p, {}, 32, step, {}});
   const int best = slow.best_all_reduce_backups();
   CHECK(best >= 1);
   CHECK(best <= 10);
@@ -489,7 +510,7 @@ TEST_CASE("a parameter server holding nothing of the model costs the step nothin
   // anything: the step costs what it costs with one server.
   const auto c = plan::parse_cluster_model("hosts=2 bandwidth=1GB latency=10us overhead=1us");
   const std::size_t p = 50'000;
-  const plan::strategy_costs costs(c, {p, {p}, 32, 2e-3}, unchecked());
+  const plan::strategy_costs costs(c, {p, {p}, 32, 2e-3, {}}, unchecked());
   REQUIRE(costs.shards(2) == std::vector<std::size_t>{p, 0});
   const auto one = costs.ps_sync(1), two = costs.ps_sync(2);
   // The same arithmetic either way: equal to rounding (three empty messages per worker
@@ -501,11 +522,11 @@ TEST_CASE("a parameter server holding nothing of the model costs the step nothin
 
 TEST_CASE("shards and buckets follow the library's sharding and bucket plans") {
   const auto c = plan::parse_cluster_model("hosts=4");
-  const plan::strategy_costs flat(c, {1000, {}, 8, 1e-3});
+  const plan::strategy_costs flat(c, {1000, {}, 8, 1e-3, {}});
   CHECK(flat.shards(3) == std::vector<std::size_t>{333, 333, 334});
   CHECK(flat.buckets(1000) == std::vector<std::size_t>{250, 250, 250, 250});
   // Fashion-MNIST's MLP: the 784x256 weights split over 4 servers (256 KiB pieces), the rest whole.
-  const plan::strategy_costs mlp(c, {235146, planner::fashion_mnist_tensors, 8, 1e-3});
+  const plan::strategy_costs mlp(c, {235146, planner::fashion_mnist_tensors, 8, 1e-3, planner::fashion_mnist_shapes});
   std::size_t total = 0;
   for (auto s : mlp.shards(4)) total += s;
   CHECK(total == 235146);
@@ -518,7 +539,7 @@ TEST_CASE("shards and buckets follow the library's sharding and bucket plans") {
   // they reach only 4 servers (docs/planning.md), and the last server holds nothing.
   CHECK(mlp.shards(10) == std::vector<std::size_t>{50176, 50176, 50176, 50176, 32768, 1280, 256, 128, 10, 0});
   CHECK(mlp.buckets() == std::vector<std::size_t>{235146});
-  const auto [kind, what] = gw::testing::error_of([&] { plan::strategy_costs bad(c, {10, {4, 5}, 8, 1e-3}); });
+  const auto [kind, what] = gw::testing::error_of([&] { plan::strategy_costs bad(c, {10, {4, 5}, 8, 1e-3, {}}); });
   CHECK(kind == gw::errc::invalid_argument);
   CHECK(what.find("add up to 9") != std::string::npos);
 }
@@ -603,6 +624,19 @@ TEST_CASE("the planner's options: defaults, and usage errors that say what to ch
   usage_error({"--device-flops", "5X"}, errc::invalid_argument, "optional K, M, G or T");
   usage_error({"--step-compute", "2ms", "--flops-per-sample", "1M"}, errc::invalid_argument, "give one of them");
   usage_error({"--params", "10", "--tensors", "4,5"}, errc::invalid_argument, "--tensors add up to 9");
+  usage_error({"--tensors", "4x,5"}, errc::invalid_argument, "--tensors");
+  {  // sizes alone: no shapes (PowerSGD priced near-square); a shape anywhere: the shapes
+    const auto sizes = parse({"--tensors", "20,5"});
+    CHECK(sizes.work.tensors == std::vector<std::size_t>{20, 5});
+    CHECK(sizes.work.shapes.empty());
+    const auto shapes = parse({"--tensors", "4x5,5,2x3x4"});
+    CHECK(shapes.work.tensors == std::vector<std::size_t>{20, 5, 24});
+    CHECK(shapes.work.parameters == 49);
+    REQUIRE(shapes.work.shapes.size() == 3);
+    CHECK(shapes.work.shapes[0] == gw::shape{4, 5});
+    CHECK(shapes.work.shapes[2] == gw::shape{2, 3, 4});
+    CHECK(d.work.shapes == planner::fashion_mnist_shapes);  // the default model's, as the example names them
+  }
   usage_error({"--batch", "0"}, errc::invalid_argument, "--batch expects an integer >= 1");
   usage_error({"--backup-workers", "8"}, errc::invalid_argument, "below the 8 workers");
   usage_error({"--servers"}, errc::invalid_argument, "--servers needs a value");

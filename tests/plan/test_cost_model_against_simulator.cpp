@@ -154,7 +154,7 @@ TEST_CASE("a synchronous all-reduce step against the simulator: the slowest comp
     });
     std::size_t p = 0;
     for (auto n : tensors) p += n;
-    const plan::strategy_costs costs(c, {p, tensors, 64, compute});
+    const plan::strategy_costs costs(c, {p, tensors, 64, compute, {}});
     const plan::strategy_cost predicted = costs.all_reduce(all_reduce_algorithm::auto_);
     CAPTURE(sim::describe(c), predicted.step, seconds(measured));
     CHECK(predicted.step == Approx(seconds(measured)).epsilon(0.03));

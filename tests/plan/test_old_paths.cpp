@@ -32,7 +32,7 @@ TEST_CASE("the simulation:: spellings of the planner call the plan:: functions")
   CHECK(old.runs == now.runs);
   CHECK(std::string(sim::name_of(old.runs)) == plan::name_of(now.runs));
   CHECK(sim::describe(sim::with_servers(c, 1)) == plan::describe(plan::with_servers(c, 1)));
-  const sim::strategy_costs costs(c, {235146, {}, 8, 1e-3});
+  const sim::strategy_costs costs(c, {235146, {}, 8, 1e-3, {}});
   const std::vector<sim::strategy_cost> all{costs.all_reduce(sim::all_reduce_algorithm::ring), costs.ps_sync(1)};
   CHECK(sim::recommend(all).best == plan::recommend(all).best);
 }

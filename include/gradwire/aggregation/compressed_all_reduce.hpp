@@ -10,12 +10,15 @@
 // rank 0's parameters) stay bit-identical. What differs from all_reduce: the sum is the
 // codec's approximation (docs/strategies/compression.md gives each one's error), and the
 // bucket plan stays the one made at setup (all_reduce re-plans once in the order rank 0's
-// gradients came), because a bucket's codec state belongs to its elements. A job of one rank
-// applies its gradients as they are: nothing travels, so nothing is compressed.
+// gradients came), because a bucket's codec state belongs to its elements. A codec that plans
+// from shapes (PowerSGD) gets each bucket's tensors' shapes from strategy<> (use_shapes): a
+// matrix per weight, biases plain. A job of one rank applies its gradients as they are:
+// nothing travels, so nothing is compressed.
 #pragma once
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,6 +28,7 @@
 #include "../collective/compressed_all_reduce.hpp"
 #include "../compress/fp16.hpp"
 #include "../concepts.hpp"
+#include "../error.hpp"
 #include "detail/bucketed_reduction.hpp"
 #include "min_replicas.hpp"
 
@@ -74,13 +78,29 @@ class compressed_all_reduce_agent {
   // Bucket k's codec state (its residual, PowerSGD's Q), for tests and checkpoints.
   const typename Codec::template state<V>& codec_state(std::size_t k) const noexcept { return states_[k].state(); }
 
+  // The tensors' shapes (strategy<> gives them before setup): a codec that plans from them
+  // (concepts::shape_aware_compressor: PowerSGD) gets each bucket's, in the bucket's order.
+  // Without them (an agent driven by hand) it plans from each bucket's element count.
+  void use_shapes(std::span<const shape> shapes) { shapes_.assign(shapes.begin(), shapes.end()); }
+
   void setup(collective::communicator<Tr>& comm, std::span<const std::span<V>> params) {
     detail::refuse_min_replicas("aggregation::compressed_all_reduce", "a lost rank ends every step of the job");
+    const bool shaped = !shapes_.empty();
+    if (shaped) check_shapes(params);
     for (auto p : params) collective::broadcast(comm, p, 0);
     buckets_.setup(params, comm.size() > 1);
     states_.clear();
-    if (comm.size() > 1)
-      for (const collective::bucket& b : buckets_.schedule().buckets()) states_.emplace_back(codec_, b.count, comm.size());
+    if (comm.size() == 1) return;
+    std::vector<shape> in_bucket;
+    for (const collective::bucket& b : buckets_.schedule().buckets()) {
+      if (!shaped) {
+        states_.emplace_back(codec_, b.count, comm.size());
+        continue;
+      }
+      in_bucket.clear();
+      for (std::size_t p = b.first_tensor; p < b.end_tensor; ++p) in_bucket.push_back(shapes_[layout().order()[p]]);
+      states_.emplace_back(codec_, std::span<const shape>(in_bucket), comm.size());
+    }
   }
 
   void begin_step(collective::communicator<Tr>&) { buckets_.begin_step(); }
@@ -107,6 +127,16 @@ class compressed_all_reduce_agent {
   }
 
  private:
+  void check_shapes(std::span<const std::span<V>> params) const {
+    bool fits = shapes_.size() == params.size();
+    for (std::size_t i = 0; fits && i < params.size(); ++i) fits = shapes_[i].elements() == params[i].size();
+    if (!fits)
+      throw error(errc::invalid_argument,
+                  "gradwire::aggregation::compressed_all_reduce: use_shapes gave " + std::to_string(shapes_.size()) +
+                      " shapes that do not match the " + std::to_string(params.size()) +
+                      " parameter tensors' sizes; give one shape per tensor, in the tensors' order");
+  }
+
   void reduce(collective::communicator<Tr>& comm, std::size_t k) {
     const collective::bucket& b = buckets_.schedule().buckets()[k];
     auto trace = collective::trace_bucket<Tr, V>(comm, b, k);
@@ -124,12 +154,15 @@ class compressed_all_reduce_agent {
   }
 
   Codec codec_;
+  std::vector<shape> shapes_;  // [tensor], from use_shapes
   std::vector<collective::compressed_buffer<Codec, V>> states_;  // [bucket], made at setup
   detail::bucketed_reduction<V, Tr> buckets_;  // last: its reductions in flight end before the states go
 };
 
 static_assert(concepts::incremental_aggregation<compressed_all_reduce<compress::fp16>, float,
                                                 concepts::detail::transport_archetype>);
+static_assert(concepts::shape_aware_agent<
+              compressed_all_reduce_agent<compress::fp16, float, concepts::detail::transport_archetype>>);
 static_assert(concepts::updates_only_through_apply<
               compressed_all_reduce_agent<compress::fp16, float, concepts::detail::transport_archetype>>);
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../concepts.hpp"
@@ -47,18 +48,11 @@ class compressed_buffer {
   using state_type = typename Codec::template state<V>;
 
   compressed_buffer(const Codec& codec, std::size_t n, int ranks)
-      : n_(n), ranks_(ranks), state_(codec.template init<V>(n)) {
-    const auto count = static_cast<std::size_t>(ranks);
-    offsets_.assign(count + 1, 0);
-    if constexpr (Codec::kind == concepts::compression_kind::linear) {
-      const detail::chunking chunks{n, count};
-      for (std::size_t i = 0; i < count; ++i) offsets_[i + 1] = offsets_[i] + codec.template encoded_bytes<V>(chunks.length(i));
-      own_ = aligned_buffer<std::byte>(codec.template encoded_bytes<V>(n));
-    } else if constexpr (Codec::kind == concepts::compression_kind::gathered) {
-      for (std::size_t i = 0; i < count; ++i) offsets_[i + 1] = offsets_[i] + codec.template encoded_bytes<V>(n);
-    }
-    slots_ = aligned_buffer<std::byte>(offsets_.back());
-  }
+      : compressed_buffer(codec, n, ranks, codec.template init<V>(n)) {}
+  // A buffer that packs tensors of these shapes, in order: a concepts::shape_aware_compressor
+  // plans its state from them (PowerSGD: a matrix per tensor), any other codec from their sum.
+  compressed_buffer(const Codec& codec, std::span<const shape> tensors, int ranks)
+      : compressed_buffer(codec, elements_of(tensors), ranks, state_for(codec, tensors)) {}
 
   std::size_t size() const noexcept { return n_; }
   int ranks() const noexcept { return ranks_; }
@@ -71,6 +65,31 @@ class compressed_buffer {
   std::span<std::byte> own() noexcept { return own_.span(); }
 
  private:
+  compressed_buffer(const Codec& codec, std::size_t n, int ranks, state_type state)
+      : n_(n), ranks_(ranks), state_(std::move(state)) {
+    const auto count = static_cast<std::size_t>(ranks);
+    offsets_.assign(count + 1, 0);
+    if constexpr (Codec::kind == concepts::compression_kind::linear) {
+      const detail::chunking chunks{n, count};
+      for (std::size_t i = 0; i < count; ++i) offsets_[i + 1] = offsets_[i] + codec.template encoded_bytes<V>(chunks.length(i));
+      own_ = aligned_buffer<std::byte>(codec.template encoded_bytes<V>(n));
+    } else if constexpr (Codec::kind == concepts::compression_kind::gathered) {
+      for (std::size_t i = 0; i < count; ++i) offsets_[i + 1] = offsets_[i] + codec.template encoded_bytes<V>(n);
+    }
+    slots_ = aligned_buffer<std::byte>(offsets_.back());
+  }
+  static std::size_t elements_of(std::span<const shape> tensors) noexcept {
+    std::size_t n = 0;
+    for (const shape& t : tensors) n += t.elements();
+    return n;
+  }
+  static state_type state_for(const Codec& codec, std::span<const shape> tensors) {
+    if constexpr (concepts::shape_aware_compressor<Codec, V>)
+      return codec.template init<V>(tensors);
+    else
+      return codec.template init<V>(elements_of(tensors));
+  }
+
   std::size_t n_;
   int ranks_;
   state_type state_;

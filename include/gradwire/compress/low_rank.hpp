@@ -14,8 +14,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
+#include "../error.hpp"
 #include "../kernels/host.hpp"
+#include "../tensor/shape.hpp"
 
 namespace gradwire::compress::low_rank {
 
@@ -36,8 +39,81 @@ struct matrix_shape {
     const std::size_t rows = (n + cols - 1) / cols;
     return {rows, cols, std::min(wanted_rank, rows)};
   }
+  // A tensor's own matrix: `rows` by `cols` (shape[0] by the product of the other extents),
+  // rank at most min(rows, cols).
+  static matrix_shape of_matrix(std::size_t rows, std::size_t cols, std::size_t wanted_rank) noexcept {
+    return {rows, cols, std::min({wanted_rank, rows, cols})};
+  }
   std::size_t p_size() const noexcept { return rows * rank; }
   std::size_t q_size() const noexcept { return cols * rank; }
+};
+
+// A tensor is a matrix of its own only where its elements are at least this many times its
+// factors' r (rows + cols) (PyTorch's PowerSGDState.min_compression_rate, the same default).
+inline constexpr double default_min_compression_rate = 2;
+
+// How a buffer is reduced as factors: matrices (each a stretch of the buffer, its factors
+// at their own places in the two rounds) and stretches sent plain, summed in the first
+// round after the P factors. A plan of one near-square matrix (near_square) needs nothing
+// but n; a plan from the tensors' shapes (of_tensors) follows PyTorch's PowerSGD hook: each
+// tensor of two or more axes is its own matrix, shape[0] rows, if its factors save at least
+// `min_compression_rate` times its elements, and vectors (biases) and small matrices go plain.
+// A tensor's own matrix keeps its rows and columns apart, where a bucket read as one matrix
+// mixes tensors in its rows and spends the rank on their boundaries.
+struct buffer_plan {
+  struct matrix {
+    std::size_t offset = 0, count = 0;  // the stretch of the buffer (count <= rows cols: padded)
+    matrix_shape shape;
+    std::size_t p_offset = 0, q_offset = 0;  // where its P and Q sit in the rounds
+  };
+  struct stretch {
+    std::size_t offset = 0, count = 0, p_offset = 0;
+  };
+  std::size_t n = 0;
+  std::vector<matrix> matrices;
+  std::vector<stretch> plain;
+  std::size_t m_size = 0;  // M's elements: n, or rows cols of a padded near-square matrix
+  std::size_t p_size = 0;  // the first round: the P factors, then the plain stretches
+  std::size_t q_size = 0;  // the second round: the Q factors (0: no second round)
+
+  // (n = 0: one empty matrix.)
+  static buffer_plan near_square(std::size_t n, std::size_t wanted_rank) {
+    buffer_plan plan;
+    plan.n = n;
+    const matrix_shape s = matrix_shape::of(n, wanted_rank);
+    plan.matrices.push_back({0, n, s, 0, 0});
+    plan.m_size = s.rows * s.cols;
+    plan.p_size = s.p_size();
+    plan.q_size = s.q_size();
+    return plan;
+  }
+
+  static buffer_plan of_tensors(std::span<const shape> tensors, std::size_t wanted_rank,
+                                double min_compression_rate = default_min_compression_rate) {
+    buffer_plan plan;
+    std::size_t offset = 0;
+    for (const shape& t : tensors) {
+      const std::size_t count = t.elements();
+      if (count == 0) continue;
+      const std::size_t rows = t.rank() >= 2 ? t[0] : 0, cols = rows ? count / rows : 0;
+      const matrix_shape s = matrix_shape::of_matrix(rows, cols, wanted_rank);
+      const double sent = static_cast<double>(s.p_size() + s.q_size());
+      if (rows >= 2 && cols >= 2 && static_cast<double>(count) >= min_compression_rate * sent) {
+        plan.matrices.push_back({offset, count, s, plan.p_size, plan.q_size});
+        plan.p_size += s.p_size();
+        plan.q_size += s.q_size();
+      } else {
+        plan.plain.push_back({offset, count, 0});
+      }
+      offset += count;
+    }
+    for (stretch& p : plan.plain) {
+      p.p_offset = plan.p_size;
+      plan.p_size += p.count;
+    }
+    plan.n = plan.m_size = offset;
+    return plan;
+  }
 };
 
 // sum_j a[j] b[j] in double (a product of two floats is exact there): sixteen running sums,

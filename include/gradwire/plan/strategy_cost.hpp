@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <cstddef>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,8 @@ struct workload {
                                      // many small tensors (even shards, buckets cut anywhere)
   int batch = 64;                    // samples per worker per step
   double step_seconds = 0;           // compute per step per worker at speed 1 (forward, backward, optimizer)
+  std::vector<shape> shapes;         // their shapes, when known (one per entry of tensors, row-major): PowerSGD
+                                     // reads each weight as its own matrix; empty: one near-square matrix per bucket
 
   // Throws errc::invalid_argument naming what is wrong.
   void validate() const {
@@ -77,6 +80,11 @@ struct workload {
           std::to_string(parameters) + " parameters");
     if (batch < 1) bad("the batch must be >= 1 sample per worker");
     if (!(step_seconds >= 0)) bad("the step compute time must be >= 0 seconds");
+    if (!shapes.empty()) {
+      bool fits = shapes.size() == tensors.size();
+      for (std::size_t i = 0; fits && i < shapes.size(); ++i) fits = shapes[i].elements() == tensors[i];
+      if (!fits) bad("the shapes are not one per tensor, each of its tensor's size");
+    }
   }
 };
 
@@ -148,16 +156,20 @@ class strategy_costs {
   // the tensors as collective::plan_buckets plans them, or the flat model cut into buckets.
   std::vector<std::size_t> buckets(std::size_t bucket_bytes = collective::default_bucket_bytes) const {
     std::vector<std::size_t> sizes;
+    for (const auto& b : bucket_plan(bucket_bytes)) sizes.push_back(b.count);
+    return sizes;
+  }
+  // The same buckets with the tensors in each (none when the tensors are not known).
+  std::vector<collective::bucket> bucket_plan(std::size_t bucket_bytes = collective::default_bucket_bytes) const {
+    std::vector<collective::bucket> plan;
     if (!w_.tensors.empty()) {
-      std::vector<collective::bucket> plan;
       collective::plan_buckets(w_.tensors, o_.element_bytes, bucket_bytes, plan);
-      for (const auto& b : plan) sizes.push_back(b.count);
-      return sizes;
+      return plan;
     }
     const std::size_t per_bucket = std::max<std::size_t>(1, bucket_bytes / o_.element_bytes);
-    for (std::size_t left = w_.parameters; left > 0; left -= std::min(left, per_bucket))
-      sizes.push_back(std::min(left, per_bucket));
-    return sizes;
+    for (std::size_t offset = 0; offset < w_.parameters; offset += per_bucket)
+      plan.push_back({0, 0, offset, std::min(per_bucket, w_.parameters - offset)});
+    return plan;
   }
 
   // Each server's shard in elements: ps::sharding over the tensors (tensors above
@@ -350,7 +362,8 @@ class strategy_costs {
     }
     const auto n = static_cast<std::size_t>(workers());
     double comm = 0, bytes = 0, codec_seconds = 0;
-    for (std::size_t b : buckets(bucket_bytes)) {
+    for (const collective::bucket& bucket : bucket_plan(bucket_bytes)) {
+      const std::size_t b = bucket.count;
       switch (codec.path) {
         case codec_model::route::ring: {
           const double part = longest_chunk_bytes(b, n, 1) * codec.bytes_per_element;
@@ -367,14 +380,16 @@ class strategy_costs {
           break;
         }
         case codec_model::route::low_rank: {
-          // The codec's own rule for the matrix and the rank it can use (rank <= rows).
-          const auto m = compress::low_rank::matrix_shape::of(b, static_cast<std::size_t>(codec.rank));
-          const std::size_t r = m.rank;
-          for (std::size_t factor : {m.p_size(), m.q_size()}) {
+          // The codec's own plan: a matrix per weight when the shapes are known (the rank
+          // each can use, the small ones and the vectors plain), else one near-square matrix.
+          const auto plan = low_rank_plan(bucket, static_cast<std::size_t>(codec.rank));
+          for (std::size_t factor : {plan.p_size, plan.q_size}) {
+            if (factor == 0) continue;
             comm += predict_all_reduce(c_, all_reduce_algorithm::auto_, factor, o_).seconds;
             bytes += 2.0 * (workers() - 1) / workers() * double(factor) * double(o_.element_bytes);
           }
-          codec_seconds += codec.seconds_per_element * double(r) * double(b);
+          for (const auto& m : plan.matrices)
+            codec_seconds += codec.seconds_per_element * double(m.shape.rank) * double(m.count);
           break;
         }
       }
@@ -437,6 +452,13 @@ class strategy_costs {
   }
 
  private:
+  // PowerSGD's plan of a bucket (compress::low_rank::buffer_plan), as the codec makes it.
+  compress::low_rank::buffer_plan low_rank_plan(const collective::bucket& bucket, std::size_t rank) const {
+    if (w_.shapes.empty()) return compress::low_rank::buffer_plan::near_square(bucket.count, rank);
+    return compress::low_rank::buffer_plan::of_tensors(
+        std::span<const shape>(w_.shapes).subspan(bucket.first_tensor, bucket.end_tensor - bucket.first_tensor), rank);
+  }
+
   template <class T>
   static T validated(T t) {
     t.validate();
