@@ -322,6 +322,16 @@ struct reference_powersgd {
   }
 };
 
+// PowerSGD's all-reduce of a factor, serially: the sum over the ranks' parts in rank order,
+// the same bits handed to every rank.
+template <class V>
+void sum_in_rank_order(std::vector<std::span<V>> parts) {
+  std::vector<V> sum(parts[0].size(), V(0));
+  for (const auto& part : parts)
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  for (auto& part : parts) std::copy(sum.begin(), sum.end(), part.begin());
+}
+
 template <class V>
 reference_powersgd reference_from(const compress::powersgd& codec, const typename compress::powersgd::state<V>& s,
                                   std::size_t job) {
@@ -443,23 +453,16 @@ TEMPLATE_TEST_CASE("compress::powersgd below full rank matches a float64 referen
         std::vector<typename compress::powersgd::state<V>> states;
         for (int w = 0; w < job; ++w) states.push_back(codec.init<V>(n));
         auto ref = reference_from<V>(codec, states[0], job);
-        // Sums a factor over the ranks in rank order and hands every rank the same bits.
-        auto all_reduce = [&](std::vector<std::span<V>> parts) {
-          std::vector<V> sum(parts[0].size(), V(0));
-          for (const auto& part : parts)
-            for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
-          for (auto& part : parts) std::copy(sum.begin(), sum.end(), part.begin());
-        };
         for (int step = 0; step < 5; ++step) {
           CAPTURE(step);
           std::vector<std::vector<V>> x;
           for (int w = 0; w < job; ++w) x.push_back(gradient(0.1));
           std::vector<std::span<V>> first, second;
           for (int w = 0; w < job; ++w) first.push_back(codec.low_rank_begin(states[w], std::span<const V>(x[w])));
-          all_reduce(first);
+          sum_in_rank_order(first);
           for (int w = 0; w < job; ++w) second.push_back(codec.low_rank_middle(states[w]));
           REQUIRE(second[0].empty() == (step < 2));
-          if (!second[0].empty()) all_reduce(second);
+          if (!second[0].empty()) sum_in_rank_order(second);
           std::vector<std::vector<V>> out(job, std::vector<V>(n));
           for (int w = 0; w < job; ++w) codec.low_rank_end(states[w], std::span<V>(out[w]));
           for (int w = 1; w < job; ++w) REQUIRE(std::memcmp(out[w].data(), out[0].data(), n * sizeof(V)) == 0);
@@ -559,12 +562,6 @@ TEMPLATE_TEST_CASE("compress::powersgd planned from tensor shapes: each weight's
   }
   // Matrices of different shapes start from different Q: not one seed's values cut twice.
   REQUIRE(refs[0].q[0][0] != refs[1].q[0][0]);
-  auto all_reduce = [&](std::vector<std::span<V>> parts) {
-    std::vector<V> sum(parts[0].size(), V(0));
-    for (const auto& part : parts)
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
-    for (auto& part : parts) std::copy(sum.begin(), sum.end(), part.begin());
-  };
   for (int step = 0; step < 4; ++step) {
     CAPTURE(step);
     std::vector<std::vector<V>> x;
@@ -580,10 +577,10 @@ TEMPLATE_TEST_CASE("compress::powersgd planned from tensor shapes: each weight's
     std::vector<std::span<V>> first, second;
     for (int w = 0; w < job; ++w) first.push_back(codec.low_rank_begin(states[w], std::span<const V>(x[w])));
     REQUIRE(first[0].size() == (step == 0 ? n : plan.p_size));
-    all_reduce(first);
+    sum_in_rank_order(first);
     for (int w = 0; w < job; ++w) second.push_back(codec.low_rank_middle(states[w]));
     REQUIRE(second[0].size() == (step == 0 ? 0 : plan.q_size));
-    if (!second[0].empty()) all_reduce(second);
+    if (!second[0].empty()) sum_in_rank_order(second);
     std::vector<std::vector<V>> out(job, std::vector<V>(n));
     for (int w = 0; w < job; ++w) codec.low_rank_end(states[w], std::span<V>(out[w]));
     for (int w = 1; w < job; ++w) REQUIRE(std::memcmp(out[w].data(), out[0].data(), n * sizeof(V)) == 0);
@@ -680,12 +677,6 @@ TEMPLATE_TEST_CASE("compress::powersgd: a zero gradient comes back as zeros, and
       {  // the rounds of three ranks
         std::vector<typename compress::powersgd::state<V>> states;
         for (int w = 0; w < job; ++w) states.push_back(codec.init<V>(n));
-        auto all_reduce = [&](std::vector<std::span<V>> parts) {
-          std::vector<V> sum(parts[0].size(), V(0));
-          for (const auto& part : parts)
-            for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
-          for (auto& part : parts) std::copy(sum.begin(), sum.end(), part.begin());
-        };
         for (int step = 0; step < 3; ++step) {
           CAPTURE(step);
           std::vector<std::vector<V>> x;
@@ -696,9 +687,9 @@ TEMPLATE_TEST_CASE("compress::powersgd: a zero gradient comes back as zeros, and
           }
           std::vector<std::span<V>> first, second;
           for (int w = 0; w < job; ++w) first.push_back(codec.low_rank_begin(states[w], std::span<const V>(x[w])));
-          all_reduce(first);
+          sum_in_rank_order(first);
           for (int w = 0; w < job; ++w) second.push_back(codec.low_rank_middle(states[w]));
-          all_reduce(second);
+          sum_in_rank_order(second);
           std::vector<std::vector<V>> out(job, std::vector<V>(n));
           for (int w = 0; w < job; ++w) codec.low_rank_end(states[w], std::span<V>(out[w]));
           if (step == 0) {
