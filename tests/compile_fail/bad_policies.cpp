@@ -67,6 +67,24 @@ struct optimizer_without_set_lr {
 };
 inline constexpr auto schedule = [](std::uint64_t, std::uint64_t applied) { return 1.0 / double(applied + 1); };
 
+struct codec_without_decode_add {  // CASE 12: a parameter server's push codec without decode_add
+  static constexpr auto kind = gw::concepts::compression_kind::gathered;
+  template <class V>
+  struct state {};
+  template <class V>
+  state<V> init(std::size_t) const {
+    return {};
+  }
+  template <class V>
+  std::size_t encoded_bytes(std::size_t n) const {
+    return n * sizeof(V);
+  }
+  template <class V>
+  void encode(state<V>&, std::span<const V>, std::span<std::byte>) const {}
+  template <class V>
+  void decode(std::span<const std::byte>, std::span<V>) const {}
+};
+
 #if CASE == 0
 using S = gw::one_device<gw::host_tensor<float>, gw::optim::sgd>;
 // The control: each broken policy above misses exactly one member, so the concept
@@ -111,6 +129,10 @@ void serve(S& s) { s.serve(schedule); }
 // Elastic all-reduce over a transport that cannot go on without a lost peer.
 #include <gradwire/aggregation/elastic_all_reduce.hpp>
 using S = gw::strategy<gw::host_tensor<float>, gw::optim::sgd, gw::aggregation::elastic_all_reduce, gw::transport::inproc>;
+static_assert(sizeof(S) > 0);
+#elif CASE == 12
+using S = gw::parameter_server<gw::host_tensor<float>, gw::optim::sgd, gw::ps::sync, gw::transport::inproc,
+                               codec_without_decode_add>;
 static_assert(sizeof(S) > 0);
 #endif
 

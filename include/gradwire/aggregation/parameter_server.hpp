@@ -30,9 +30,24 @@
 // workers switch to it (ps/replica.hpp); servers checkpoint their shards every K steps and
 // at exit, and a job restarted with the same checkpoint directory resumes from them.
 //
-// This header is the policy the user names; the per-job state is ps::agent.
+// Compressed pushes: parameter_server<Mode, Codec>, e.g. parameter_server<ps::sync>(o)
+// .compress(compress::error_feedback<compress::top_k>(compress::top_k(0.01))). Each worker
+// encodes every piece of a push with the codec's single encode, through a state of that
+// piece's own that it keeps (error feedback's residual, PowerSGD's Q), and the server decodes
+// the piece before it applies or sums it (ps/push_codec.hpp): the server's update is the
+// mean (sync) or each (async) of decode(encode(g_w)), in every mode, over messages and
+// one-sided windows alike (a window's gradient zone is sized for the payload). Standbys
+// mirror the decoded updates in V, and pulls carry the parameters in V: only the push is
+// compressed, so a step's traffic falls at most to half. What a push costs a worker and a
+// server in compute is one encode and one decode; the codecs' costs are on their own pages.
+// Setup refuses (errc::mismatch, on every rank) ranks that lay pushes out differently.
+// Without a codec (no_codec, the default) none of this is compiled: the push is the pieces in V.
+//
+// This header is the policy the user names; the per-job state is ps::agent. It does not
+// include the codecs (gradwire/compress/): a program includes the one it uses.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "../concepts.hpp"
@@ -41,11 +56,15 @@
 #include "../ps/modes.hpp"
 #include "../ps/options.hpp"
 #include "../ps/stats.hpp"
+#include "no_codec.hpp"
 
 namespace gradwire::aggregation {
 
 // Mode: concepts::ps_mode (ps::sync, ps::async, ps::bounded_staleness<s>, ps::backup_workers<b>).
-template <class Mode>
+// Codec: no_codec, or the concepts::compressor the workers' pushes go through (compress(codec):
+// compress::fp16, bf16, int8, top_k, powersgd, error_feedback<...>, or a user's), checked
+// for the parameters' value type where strategy<> builds the agent.
+template <class Mode, class Codec = no_codec>
 class parameter_server {
   static_assert(concepts::ps_mode<Mode>,
                 "aggregation::parameter_server<Mode>: Mode needs static name, on_arrival, backups and max_lead "
@@ -53,11 +72,28 @@ class parameter_server {
 
  public:
   using mode = Mode;
+  using codec_type = Codec;
+  static constexpr bool has_codec = !std::is_same_v<Codec, no_codec>;
   // What strategy<> builds on each rank: a worker's links and step, or a server's loop.
   template <class V, class Tr>
-  using agent = ps::agent<Mode, V, Tr>;
+  using agent = ps::agent<Mode, V, Tr, Codec>;
 
   explicit parameter_server(ps::options o = {}) : options_(std::move(o)) {}
+  parameter_server(ps::options o, Codec codec)
+    requires(has_codec)
+      : options_(std::move(o)), codec_(std::move(codec)) {}
+
+  // The same policy with the workers' pushes through `codec` (a concepts::compressor; the
+  // pulls stay in V). A codec given again replaces the first.
+  template <class C>
+  parameter_server<Mode, C> compress(C codec) const {
+    return parameter_server<Mode, C>(options_, std::move(codec));
+  }
+  const Codec& codec() const noexcept
+    requires(has_codec)
+  {
+    return codec_;
+  }
 
   const ps::options& options() const noexcept { return options_; }
   int servers() const noexcept { return options_.servers; }
@@ -67,6 +103,7 @@ class parameter_server {
 
  private:
   ps::options options_;
+  [[no_unique_address]] Codec codec_{};
 };
 
 namespace detail {

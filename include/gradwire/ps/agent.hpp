@@ -5,6 +5,9 @@
 // (begin_step / ready / finish_step, through ps::worker: each server's shard is pushed as
 // soon as its tensors are ready) and a server rank serves (ps::server) until the workers
 // are done.
+//
+// With a codec (aggregation::parameter_server<Mode, Codec>) the workers' pushes go through
+// it (push_codec.hpp); setup first checks that every rank lays pushes out as the chief does.
 #pragma once
 
 #include <algorithm>
@@ -20,12 +23,14 @@
 #include <utility>
 #include <vector>
 
+#include "../aggregation/no_codec.hpp"
 #include "../collective/broadcast.hpp"
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../tensor/flat_layout.hpp"
 #include "options.hpp"
+#include "push_codec.hpp"
 #include "server.hpp"
 #include "sharding.hpp"
 #include "stats.hpp"
@@ -36,23 +41,31 @@
 namespace gradwire::ps {
 
 // Mode: concepts::ps_mode; V: the parameters' value type; Tr: a transport with wait_any
-// (concepts::multiplexing_transport), so that a server answers workers in arrival order.
-template <concepts::ps_mode Mode, class V, class Tr>
+// (concepts::multiplexing_transport), so that a server answers workers in arrival order;
+// Codec: aggregation::no_codec, or the concepts::compressor<Codec, V> the pushes go through.
+template <concepts::ps_mode Mode, class V, class Tr, class Codec = aggregation::no_codec>
 class agent {
+  static constexpr bool compressed = !std::is_same_v<Codec, aggregation::no_codec>;
+  static_assert(!compressed || concepts::compressor<Codec, V>,
+                "aggregation::parameter_server<Mode, Codec>: Codec does not satisfy gradwire::concepts::compressor for "
+                "this value type (kind, state<V>, init<V>(n), encoded_bytes<V>(n), encode(state, in, out), decode, "
+                "decode_add; see concepts.hpp and gradwire/compress/)");
+
  public:
   using mode = Mode;
   using value_type = V;
   using transport_type = Tr;
+  using codec_type = Codec;
   using communicator_type = collective::communicator<Tr>;
-  using push_handle = typename worker<Mode, V, Tr>::push_handle;
-  using pull_handle = typename worker<Mode, V, Tr>::pull_handle;
+  using push_handle = typename worker<Mode, V, Tr, Codec>::push_handle;
+  using pull_handle = typename worker<Mode, V, Tr, Codec>::pull_handle;
 
-  explicit agent(ps::options o) : options_(std::move(o)) {}
-  // From the policy (aggregation::parameter_server<Mode>): its options.
+  explicit agent(ps::options o, Codec codec = Codec()) : options_(std::move(o)), codec_(std::move(codec)) {}
+  // From the policy (aggregation::parameter_server<Mode, Codec>): its options, and its codec.
   template <class Policy>
     requires(!std::same_as<std::remove_cvref_t<Policy>, agent>) &&
             requires(const Policy& p) { { p.options() } -> std::convertible_to<const ps::options&>; }
-  explicit agent(const Policy& policy) : agent(policy.options()) {}
+  explicit agent(const Policy& policy) : agent(policy.options(), codec_of(policy)) {}
 
   const ps::options& options() const noexcept { return options_; }
   int servers() const noexcept { return options_.servers; }
@@ -109,7 +122,7 @@ class agent {
     for (auto p : params) sizes.push_back(p.size());
     shards_ = sharding(sizes, options_.servers, std::max<std::size_t>(1, options_.split_bytes / sizeof(V)));
     if (rejoining(comm, me, n)) {  // a worker's replacement: the job is running; pull and go on
-      worker_.emplace(options_, shards_, first_server(n));
+      worker_.emplace(options_, shards_, first_server(n), codec_);
       try {
         worker_->pull(comm, params).wait();
       } catch (const error& e) {
@@ -119,6 +132,7 @@ class agent {
       return;
     }
     broadcast_chiefs(comm, params);
+    if constexpr (compressed) check_codec(comm);
     if constexpr (concepts::loss_tolerant_transport<Tr>)
       if (options_.standby)  // a server or a standby may be lost: the others go on
         for (int r = first_server(n); r < n; ++r)
@@ -137,13 +151,20 @@ class agent {
           comm.transport().tolerate_loss(r);
         }
     if (is_server(me, n)) {
-      if constexpr (concepts::one_sided_transport<Tr>)  // servers only: workers reach standbys by message
-        if (me - first_server(n) < options_.servers && shards_.elements(me - first_server(n)) > 0)
-          window_ = server_window<V, Tr>::expose(comm, shards_.elements(me - first_server(n)), first_server(n),
-                                                 comm.time().deadline_after(options_.timeout));
+      if constexpr (concepts::one_sided_transport<Tr>) {  // servers only: workers reach standbys by message
+        const int s = me - first_server(n);
+        if (s < options_.servers && shards_.elements(s) > 0) {
+          const auto until = comm.time().deadline_after(options_.timeout);
+          if constexpr (compressed)  // its gradient zones hold payloads
+            window_ = server_window<V, Tr>::expose(comm, shards_.elements(s), first_server(n), until,
+                                                   detail::payload_offsets<V>(codec_, shards_.shard(s)).back());
+          else
+            window_ = server_window<V, Tr>::expose(comm, shards_.elements(s), first_server(n), until);
+        }
+      }
       return;
     }
-    worker_.emplace(options_, shards_, first_server(n));
+    worker_.emplace(options_, shards_, first_server(n), codec_);
     if constexpr (concepts::one_sided_transport<Tr>) worker_->attach_windows(comm);
     worker_->pull(comm, params).wait();
   }
@@ -196,10 +217,58 @@ class agent {
       throw error(errc::invalid_argument, "parameter_server: rank " + std::to_string(comm.rank()) +
                                               " is a worker: serve() is for the server ranks (the last " +
                                               std::to_string(options_.serving_ranks()) + ")");
-    return server<Mode, V, Tr, Optimizer>(comm, params, optimizer, options_, shards_, window_, std::move(schedule)).run();
+    return server<Mode, V, Tr, Optimizer, Codec>(comm, params, optimizer, options_, shards_, window_,
+                                                 std::move(schedule), codec_)
+        .run();
   }
 
-  worker<Mode, V, Tr>& worker_for(const char* what) {
+  template <class Policy>
+  static Codec codec_of(const Policy& policy) {
+    if constexpr (compressed)
+      return policy.codec();
+    else
+      return {};
+  }
+
+  // Setup, with a codec: every rank lays pushes out as the chief does (the codec's and the
+  // value's types, each server's payload bytes: push_fingerprint), or every rank stops here
+  // with errc::mismatch naming the first rank that differs, before a payload is decoded by
+  // other rules than it was encoded by. Each rank sends the chief its fingerprint; the chief
+  // broadcasts which differ (rank + 1, and how many: exact in V).
+  void check_codec(communicator_type& comm) const {
+    auto& t = comm.transport();
+    const int n = comm.size();
+    const auto until = comm.time().deadline_after(options_.timeout);
+    std::uint64_t mine = detail::push_fingerprint<V>(codec_, shards_);
+    V verdict[2] = {V(0), V(0)};  // the first rank that differs + 1 (0: none), how many differ
+    if (comm.rank() == 0) {
+      std::vector<std::uint64_t> theirs(static_cast<std::size_t>(n), mine);
+      std::vector<typename Tr::request> receives;
+      for (int r = 1; r < n; ++r)
+        receives.push_back(t.async_recv(r, detail::codec_check_tag, detail::writable_bytes_of(theirs[std::size_t(r)])));
+      for (auto& r : receives) t.wait(r, until);
+      for (int r = n - 1; r > 0; --r)
+        if (theirs[std::size_t(r)] != mine) verdict[0] = static_cast<V>(r + 1), verdict[1] += V(1);
+    } else {
+      auto sent = t.async_send(0, detail::codec_check_tag, detail::bytes_of(mine));
+      t.wait(sent, until);
+    }
+    collective::broadcast(comm, std::span<V>(verdict), 0);
+    if (verdict[0] == V(0)) return;
+    const auto first = static_cast<long long>(verdict[0]) - 1, others = static_cast<long long>(verdict[1]) - 1;
+    std::string sizes;
+    for (int s = 0; s < shards_.servers(); ++s)
+      sizes += (s ? ", " : "") + std::to_string(detail::payload_offsets<V>(codec_, shards_.shard(s)).back());
+    throw error(errc::mismatch, "parameter_server: rank " + std::to_string(first) +
+                                    (others > 0 ? " (and " + std::to_string(others) + " other rank(s))" : "") +
+                                    " pushes through another codec or other codec settings than the chief (rank 0): "
+                                    "every rank must build aggregation::parameter_server<Mode, Codec> with the same "
+                                    "codec, codec settings and ps::options (rank " + std::to_string(comm.rank()) +
+                                    ": codec " + detail::codec_name<Codec>() + ", payloads of " + sizes +
+                                    " bytes to the servers)");
+  }
+
+  worker<Mode, V, Tr, Codec>& worker_for(const char* what) {
     if (worker_) return *worker_;
     if (rank_ < 0)
       throw error(errc::invalid_argument, std::string("parameter_server: ") + what +
@@ -249,7 +318,8 @@ class agent {
   int rank_ = -1;                           // this rank, once set up
   sharding shards_;                         // the same on every rank
   server_window<V, Tr> window_;             // a server's, when its transport has one-sided access
-  std::optional<worker<Mode, V, Tr>> worker_;  // a worker rank's links and step, after setup
+  std::optional<worker<Mode, V, Tr, Codec>> worker_;  // a worker rank's links and step, after setup
+  [[no_unique_address]] Codec codec_;  // the pushes' (none: aggregation::no_codec)
 };
 
 }  // namespace gradwire::ps

@@ -26,6 +26,8 @@ inline constexpr std::uint64_t window_size_tag = tag_base | 4, window_key_tag = 
 // server: the acknowledgement of each update it applied.
 inline constexpr std::uint64_t replica_tag = tag_base | 6, replica_gradient_tag = tag_base | 7,
                                replica_ack_tag = tag_base | 8, replica_hello_tag = tag_base | 9;
+// Setup with a push codec: every rank -> the chief, what its pushes' layout is (push_codec.hpp).
+inline constexpr std::uint64_t codec_check_tag = tag_base | 10;
 
 // request_header::flags. push: the gradient is already in the worker's landing zone of
 // the server's window; pull: answer with the reply header only, the worker gets the
@@ -197,13 +199,19 @@ inline constexpr std::size_t reply_header_elements = sizeof(reply_header) / size
 static_assert(sizeof(reply_header) % sizeof(double) == 0 && sizeof(reply_header) % sizeof(float) == 0);
 
 // A server's window: per worker, [reply header][its shard's parameters] then [gradient],
-// each block 64-byte aligned. Both sides compute it from the sharding.
+// each block 64-byte aligned. Both sides compute it from the sharding (and, for pushes
+// through a codec, the payload's bytes: push_codec.hpp).
 struct window_layout {
   std::size_t reply_bytes = 0, gradient_bytes = 0;
 
   template <class V>
   static window_layout of(std::size_t elements) noexcept {
     return {sizeof(reply_header) + elements * sizeof(V), elements * sizeof(V)};
+  }
+  // The gradient zone holds a push's payload of `gradient_bytes` instead of its elements in V.
+  template <class V>
+  static window_layout of(std::size_t elements, std::size_t gradient_bytes) noexcept {
+    return {sizeof(reply_header) + elements * sizeof(V), gradient_bytes};
   }
   static constexpr std::size_t round_up(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
   std::size_t stride() const noexcept { return round_up(reply_bytes) + round_up(gradient_bytes); }

@@ -12,6 +12,10 @@
 // (replica.hpp), and a standby rank runs the same class: it follows its server's updates
 // until the server finishes, or takes the shard over when it is lost (standby.hpp) and
 // then serves the workers as its server did.
+//
+// With a codec (push_codec.hpp) a push's payload is decoded into the shard's order before
+// anything else sees it (take_gradient, add_gradient): updates, what the standby mirrors,
+// checkpoints and replies are in V, as without one.
 #pragma once
 
 #include <chrono>
@@ -21,9 +25,11 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "../aggregation/no_codec.hpp"
 #include "../checkpoint.hpp"
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
@@ -33,6 +39,7 @@
 #include "membership.hpp"
 #include "options.hpp"
 #include "protocol.hpp"
+#include "push_codec.hpp"
 #include "replica.hpp"
 #include "shard.hpp"
 #include "sharding.hpp"
@@ -45,10 +52,14 @@ namespace gradwire::ps {
 
 // Mode: concepts::ps_mode; V: the parameters' value type; Tr: a multiplexing transport;
 // Optimizer: concepts::optimizer for V (concepts::schedulable_optimizer to run a learning-rate
-// schedule: agent::serve takes one only then; options::learning_rate is checked at start).
-template <concepts::ps_mode Mode, class V, class Tr, class Optimizer>
+// schedule: agent::serve takes one only then; options::learning_rate is checked at start);
+// Codec: aggregation::no_codec, or the concepts::compressor<Codec, V> pushes come through.
+template <concepts::ps_mode Mode, class V, class Tr, class Optimizer, class Codec = aggregation::no_codec>
 class server {
   using rule = step_rule<Mode>;
+  static constexpr bool compressed = !std::is_same_v<Codec, aggregation::no_codec>;
+  struct no_decoder {};
+  using decoder_type = std::conditional_t<compressed, detail::push_decoder<Codec, V>, no_decoder>;
 
  public:
   using mode = Mode;
@@ -60,10 +71,11 @@ class server {
   // `params`: this rank's parameter tensors (the shard is a view into them, so they hold
   // the final values when run() returns); `window`: what setup exposed (may be none);
   // `schedule`: the learning-rate schedule given to serve(schedule), if any (agent::serve
-  // gives one only for a schedulable optimizer), else options::learning_rate.
+  // gives one only for a schedulable optimizer), else options::learning_rate; `codec`: the
+  // workers' (with a codec, `window`'s gradient zones hold its payloads).
   server(communicator_type& comm, std::span<const std::span<V>> params, const Optimizer& optimizer,
          const options& o, const sharding& shards, server_window<V, Tr>& window,
-         learning_rate_schedule schedule = {})
+         learning_rate_schedule schedule = {}, const Codec& codec = Codec())
       : comm_(comm),
         t_(comm.transport()),
         options_(o),
@@ -78,7 +90,9 @@ class server {
         incoming_(shard_.elements()),
         sum_(rule::step_elements(shard_.elements())),
         pending_(static_cast<std::size_t>(workers_) + 1),
-        schedule_(one_schedule(std::move(schedule), o)) {
+        schedule_(one_schedule(std::move(schedule), o)),
+        window_(window),
+        decoder_(make_decoder(codec, shards, index_)) {
     // The options do not know the optimizer: a schedule there is checked here, before
     // serving (serve(schedule) checks it at compile time).
     if constexpr (!concepts::schedulable_optimizer<Optimizer>)
@@ -247,11 +261,40 @@ class server {
   }
 
   // A push's gradient: a one-sided one is in the window already, a tagged one arrives now.
+  // Through a codec: its payload, decoded into incoming_.
   std::span<const V> take_gradient(int w, bool in_window) {
-    if (in_window) return members_.slot(w).window_gradient;
-    auto r = t_.async_recv(w, detail::gradient_tag, std::as_writable_bytes(std::span<V>(incoming_)));
+    if constexpr (compressed) {
+      decoder_.template decode<false>(take_payload(w, in_window), std::span<V>(incoming_), worker_named(w));
+      return incoming_;
+    } else {
+      if (in_window) return members_.slot(w).window_gradient;
+      auto r = t_.async_recv(w, detail::gradient_tag, std::as_writable_bytes(std::span<V>(incoming_)));
+      t_.wait(r, wait_deadline());
+      return incoming_;
+    }
+  }
+  // Through a codec, a sync step's: the payload decoded and added into `sum` in one pass.
+  void add_gradient(int w, bool in_window, std::span<V> sum)
+    requires compressed
+  {
+    decoder_.template decode<true>(take_payload(w, in_window), sum, worker_named(w));
+  }
+  std::span<const std::byte> take_payload(int w, bool in_window)
+    requires compressed
+  {
+    if (in_window) return window_.payload(w);
+    auto r = t_.async_recv(w, detail::gradient_tag, decoder_.landing());
     t_.wait(r, wait_deadline());
-    return incoming_;
+    return decoder_.landing();
+  }
+  auto worker_named(int w) const {
+    return [this, w] { return members_.worker_name(w); };
+  }
+  static decoder_type make_decoder(const Codec& codec, const sharding& shards, int index) {
+    if constexpr (compressed)
+      return decoder_type(codec, shards.shard(index));
+    else
+      return {};
   }
 
   void on_pull(int w) {
@@ -363,6 +406,8 @@ class server {
   detail::replica_link<V, Tr> replica_;          // a server's standby (inactive without one)
   bool served_since_promotion_ = false;  // a push or pull came (after a standby took over)
   const learning_rate_schedule schedule_;  // empty: the optimizer's own lr throughout
+  server_window<V, Tr>& window_;           // where one-sided pushes land (payloads, with a codec)
+  [[no_unique_address]] decoder_type decoder_;  // with a codec: the payload's layout and landing buffer
 };
 
 }  // namespace gradwire::ps

@@ -11,7 +11,8 @@
 // The server's loop (server.hpp) is the same for both: it sizes its step's sum and its
 // standby's ring from the rule, and calls on_push, on_leave, may_answer and on_answer. The
 // handlers take the server (its friend) and use its stats_, options_, members_
-// (membership.hpp) and replica_, the step's sum_ and in_step_, and take_gradient and apply.
+// (membership.hpp) and replica_, the step's sum_ and in_step_, and take_gradient (through a
+// codec, add_gradient too) and apply.
 #pragma once
 
 #include <algorithm>
@@ -154,13 +155,15 @@ struct step_rule<Mode> {
     ++stats.dropped_by[static_cast<std::size_t>(w)];
   }
 
-  // Summed into the open step (received and added in one pass where the transport can),
-  // which closes once full.
+  // Summed into the open step (received and added in one pass where the transport can;
+  // through a codec, decoded and added in one pass), which closes once full.
   template <class Server>
   static void add_to_step(Server& s, int w, bool in_window) {
     using V = typename Server::value_type;
     auto& sum = s.sum_;
-    if (in_window) {
+    if constexpr (Server::compressed) {
+      s.add_gradient(w, in_window, std::span<V>(sum));
+    } else if (in_window) {
       const auto gradient = s.members_.slot(w).window_gradient;
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += gradient[i];
     } else if constexpr (concepts::accumulating_transport<typename Server::transport_type, V>) {

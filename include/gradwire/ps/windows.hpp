@@ -53,18 +53,29 @@ class server_window {
 
   bool exposed() const noexcept { return registration_.has_value(); }
 
-  // Worker w's reply block, [reply header][parameters], and its gradient landing zone.
+  // Worker w's reply block, [reply header][parameters], and its gradient landing zone: in V
+  // (empty when it holds a codec's payload instead), and as the payload's bytes.
   std::span<V> reply(int w) noexcept {
     return {memory_.data() + zones_.reply(w) / sizeof(V), detail::reply_header_elements<V> + elements_};
   }
   std::span<const V> gradient(int w) const noexcept {
-    return {memory_.data() + zones_.gradient(w) / sizeof(V), elements_};
+    return {memory_.data() + zones_.gradient(w) / sizeof(V), zones_.gradient_bytes == elements_ * sizeof(V) ? elements_ : 0};
+  }
+  std::span<const std::byte> payload(int w) const noexcept {
+    return std::as_bytes(std::span<const V>(memory_.span())).subspan(zones_.gradient(w), zones_.gradient_bytes);
   }
 
   // A server's half of the setup handshake, collective with worker::attach_windows():
   // exposes the window when some worker's transport prefers one-sided access to this
-  // server, and sends every worker its key (empty: no window).
+  // server, and sends every worker its key (empty: no window). `gradient_bytes`: a push's
+  // payload through a codec (push_codec.hpp); without one, the elements in V.
   static server_window expose(collective::communicator<Tr>& comm, std::size_t elements, int workers, deadline until)
+    requires concepts::one_sided_transport<Tr>
+  {
+    return expose(comm, elements, workers, until, elements * sizeof(V));
+  }
+  static server_window expose(collective::communicator<Tr>& comm, std::size_t elements, int workers, deadline until,
+                              std::size_t gradient_bytes)
     requires concepts::one_sided_transport<Tr>
   {
     auto& t = comm.transport();
@@ -73,7 +84,7 @@ class server_window {
     for (int r = 0; r < workers; ++r) wanted = wanted || t.prefers_one_sided(r);
     std::span<const std::byte> key;
     if (wanted) {
-      w.zones_ = detail::window_layout::of<V>(elements);
+      w.zones_ = detail::window_layout::of<V>(elements, gradient_bytes);
       w.elements_ = elements;
       w.memory_ = aligned_buffer<V>(w.zones_.size(workers) / sizeof(V));
       w.registration_.emplace(t.expose(std::as_writable_bytes(w.memory_.span())));

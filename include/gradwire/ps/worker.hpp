@@ -13,6 +13,10 @@
 // that server's requests to its standby from then on (fail_over), resends the step's
 // gradient in sync modes (the standby drops it if the step closed with it) and pulls
 // again (recover).
+//
+// With a codec (push_codec.hpp) a push is each piece encoded through its own state (kept
+// here, per server and piece) into one payload, sent as the gradient message or put into
+// the server's window whole; a resend to a standby sends the same payload again.
 #pragma once
 
 #include <algorithm>
@@ -23,9 +27,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "../aggregation/no_codec.hpp"
 #include "../collective/communicator.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
@@ -34,6 +40,7 @@
 #include "../timeouts.hpp"
 #include "options.hpp"
 #include "protocol.hpp"
+#include "push_codec.hpp"
 #include "shard.hpp"
 #include "sharding.hpp"
 #include "windows.hpp"
@@ -62,25 +69,34 @@ void rethrow_server_loss(F&& f, bool had_standby = false) {
 }
 }  // namespace detail
 
-// Mode: concepts::ps_mode; V: the parameters' value type; Tr: concepts::transport.
-template <concepts::ps_mode Mode, class V, class Tr>
+// Mode: concepts::ps_mode; V: the parameters' value type; Tr: concepts::transport; Codec:
+// aggregation::no_codec, or the concepts::compressor<Codec, V> pushes go through.
+template <concepts::ps_mode Mode, class V, class Tr, class Codec = aggregation::no_codec>
 class worker {
+  static constexpr bool compressed = !std::is_same_v<Codec, aggregation::no_codec>;
+  struct no_encoder {};
+  using encoder_type = std::conditional_t<compressed, detail::push_encoder<Codec, V>, no_encoder>;
+
  public:
   using communicator_type = collective::communicator<Tr>;
 
   // `first_server`: the rank of server 0 (the servers, then their standbys, are the last ranks).
-  worker(const options& o, sharding shards, int first_server)
+  worker(const options& o, sharding shards, int first_server, Codec codec = Codec())
       : timeout_(o.timeout),
         report_(o.report),
         first_server_(first_server),
         standby_lag_(o.standby_lag),
-        shards_(std::move(shards)) {
+        shards_(std::move(shards)),
+        codec_(std::move(codec)) {
     links_.resize(static_cast<std::size_t>(shards_.servers()));
     for (int s = 0; s < shards_.servers(); ++s) {
       auto& l = link_to(s);
       l.rank = first_server + s;
       l.standby = o.standby ? first_server + o.servers + s : -1;
-      l.gradient = aligned_buffer<V>(shards_.elements(s));
+      if constexpr (compressed)  // the payload replaces the gathered pieces
+        l.encoder = encoder_type(codec_, shards_.shard(s));
+      else
+        l.gradient = aligned_buffer<V>(shards_.elements(s));
       l.reply = aligned_buffer<V>(detail::reply_header_elements<V> + shards_.elements(s));
     }
     grads_.resize(shards_.tensors());
@@ -285,7 +301,8 @@ class worker {
     int standby = -1;            // its standby's rank, until it fails over to it (-1: none)
     bool recovering = false;     // failed over while a pull to the lost server was due: pull again
     bool pulling = false;        // a pull is in flight or its reply not yet taken
-    aligned_buffer<V> gradient;  // a tagged push's pieces, gathered
+    aligned_buffer<V> gradient;  // a tagged push's pieces, gathered (without a codec)
+    [[no_unique_address]] encoder_type encoder;  // with a codec: a state per piece and the payload
     aligned_buffer<V> reply;     // [reply header][shard parameters], as the server sends it
     detail::request_header push, pull;
     std::uint64_t version = 0, updates = 0;  // from the server's latest reply
@@ -300,7 +317,12 @@ class worker {
   };
 
   link& link_to(int s) noexcept { return links_[static_cast<std::size_t>(s)]; }
-  detail::window_layout zones(int s) const noexcept { return detail::window_layout::of<V>(shards_.elements(s)); }
+  detail::window_layout zones(int s) const noexcept {
+    if constexpr (compressed)  // the gradient zone holds the payload
+      return detail::window_layout::of<V>(shards_.elements(s), links_[static_cast<std::size_t>(s)].encoder.bytes());
+    else
+      return detail::window_layout::of<V>(shards_.elements(s));
+  }
 
   // Starts server s's push of this clock's gradient: its pieces put into the server's
   // window (header held back until they are there), or gathered and sent.
@@ -311,26 +333,39 @@ class worker {
     if constexpr (concepts::one_sided_transport<Tr>) {
       if (l.remote && l.taken_clock >= l.put_clock) {
         const std::size_t zone = zones(s).gradient(comm.rank());
-        detail::for_each_piece_at<V>(shards_.shard(s), zone, [&](const piece& p, std::size_t at) {
-          l.puts.push_back(t.async_put(*l.remote, at, std::as_bytes(grads[p.tensor].subspan(p.begin, p.size()))));
-        });
+        if constexpr (compressed) {  // one put of the payload, which stays for a resend
+          l.encoder.encode(codec_, shards_.shard(s), grads);
+          if (l.encoder.bytes() > 0) l.puts.push_back(t.async_put(*l.remote, zone, l.encoder.payload()));
+        } else {
+          detail::for_each_piece_at<V>(shards_.shard(s), zone, [&](const piece& p, std::size_t at) {
+            l.puts.push_back(t.async_put(*l.remote, at, std::as_bytes(grads[p.tensor].subspan(p.begin, p.size()))));
+          });
+        }
         l.put_clock = clock_;
         l.push = {detail::request_kind::push, detail::in_window, l.version, clock_, l.updates};
         l.header_held = true;
         // Sync modes with a standby: a copy to resend if the server is lost before the step
         // closes (the caller may reuse its gradient once the puts are done).
-        if (!Mode::on_arrival && l.standby >= 0) detail::gather(shards_.shard(s), grads, l.gradient.data());
+        if constexpr (!compressed)
+          if (!Mode::on_arrival && l.standby >= 0) detail::gather(shards_.shard(s), grads, l.gradient.data());
         return;
       }
     }
     // Async modes, failed over but not yet told the standby's counters: none (the standby's
     // may be behind the lost server's, and a push may not claim more than its server has).
     const bool counters_unknown = Mode::on_arrival && l.recovering;
+    // Encoded before the header goes: a codec that refuses the gradient fails here, before
+    // the server waits for it.
+    if constexpr (compressed) l.encoder.encode(codec_, shards_.shard(s), grads);
     l.push = {detail::request_kind::push, 0, counters_unknown ? 0 : l.version, clock_, counters_unknown ? 0 : l.updates};
     sends_.push_back({s, server, t.async_send(server, detail::request_tag, detail::bytes_of(l.push))});
-    detail::gather(shards_.shard(s), grads, l.gradient.data());
-    sends_.push_back({s, server, t.async_send(server, detail::gradient_tag,
-                                              std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
+    if constexpr (compressed) {
+      sends_.push_back({s, server, t.async_send(server, detail::gradient_tag, l.encoder.payload())});
+    } else {
+      detail::gather(shards_.shard(s), grads, l.gradient.data());
+      sends_.push_back({s, server, t.async_send(server, detail::gradient_tag,
+                                                std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
+    }
   }
 
   // Server s's pull: its reply header (and parameters, without a window) into l.reply.
@@ -389,8 +424,11 @@ class worker {
     auto& t = comm.transport();
     std::vector<sent> resend;
     resend.push_back({s, l.rank, t.async_send(l.rank, detail::request_tag, detail::bytes_of(l.push))});
-    resend.push_back({s, l.rank, t.async_send(l.rank, detail::gradient_tag,
-                                              std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
+    if constexpr (compressed)  // the payload sent before: encoding again would move the states twice
+      resend.push_back({s, l.rank, t.async_send(l.rank, detail::gradient_tag, l.encoder.payload())});
+    else
+      resend.push_back({s, l.rank, t.async_send(l.rank, detail::gradient_tag,
+                                                std::as_bytes(l.gradient.span().first(shards_.elements(s))))});
     for (auto& q : resend) detail::rethrow_server_loss([&] { t.wait(q.request, comm.time().deadline_after(timeout_)); });
   }
 
@@ -506,6 +544,7 @@ class worker {
   int first_server_ = 0;
   std::uint32_t standby_lag_ = 0;  // async modes: updates a standby may trail its server by
   sharding shards_;
+  [[no_unique_address]] Codec codec_;           // pushes go through it (none: aggregation::no_codec)
   std::vector<link> links_;                     // [server]
   std::vector<std::span<const V>> grads_;       // this step's gradients, as ready() gave them
   std::vector<bool> ready_;                     // [tensor]: ready in this step

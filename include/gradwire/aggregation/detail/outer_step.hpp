@@ -30,11 +30,7 @@
 #include "../../error.hpp"
 #include "../../tensor/aligned_buffer.hpp"
 #include "../../tensor/flat_layout.hpp"
-
-namespace gradwire::aggregation {
-// averaging's Codec when there is none: pseudo-gradients travel as V.
-struct no_codec {};
-}  // namespace gradwire::aggregation
+#include "../no_codec.hpp"
 
 namespace gradwire::aggregation::detail {
 
