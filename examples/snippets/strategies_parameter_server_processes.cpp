@@ -16,13 +16,16 @@
 // The alias as the page states it, checked against gradwire's.
 namespace gradwire::docs {
 // [docs:alias]
-template <class Tensor, class Optimizer, class Mode, class Transport = transport::inproc>
-using parameter_server = strategy<Tensor, Optimizer, aggregation::parameter_server<Mode>, Transport>;
+template <class Tensor, class Optimizer, class Mode, class Transport = transport::inproc,
+          class Codec = aggregation::no_codec>  // the workers' pushes through Codec: compress(codec)
+using parameter_server = strategy<Tensor, Optimizer, aggregation::parameter_server<Mode, Codec>, Transport>;
 // [/docs:alias]
 static_assert(std::is_same_v<parameter_server<host_tensor<float>, optim::adam, ps::sync>,
                              gradwire::parameter_server<host_tensor<float>, optim::adam, ps::sync>>);
 static_assert(std::is_same_v<parameter_server<tensor_view<float>, optim::sgd, ps::async, transport::asio_tcp>,
                              gradwire::parameter_server<tensor_view<float>, optim::sgd, ps::async, transport::asio_tcp>>);
+static_assert(std::is_same_v<parameter_server<tensor_view<float>, optim::sgd, ps::sync, transport::asio_tcp, int>,
+                             gradwire::parameter_server<tensor_view<float>, optim::sgd, ps::sync, transport::asio_tcp, int>>);
 }  // namespace gradwire::docs
 
 using snippets::Model;
