@@ -1,6 +1,9 @@
 // The parameter_server family: the last ranks serve, the others push gradients and pull parameters.
 #pragma once
 
+#include <string>
+#include <type_traits>
+
 #include <gradwire/strategies/parameter_server.hpp>
 
 #include "train_loop.hpp"
@@ -21,7 +24,7 @@ void train_ps_replica(Strategy& strategy, model_type& model, const data_set& dat
     for (auto p : st.pushes) pushes += p;
     std::printf("ps rank %d: mode %s version %llu updates %llu gradients %llu applied %llu dropped %llu "
                 "staleness mean %.2f p50 %llu p99 %llu max %llu update_lag mean %.2f p50 %llu p99 %llu max %llu "
-                "max_lead %llu lost_workers %zu rejoined_workers %zu\n",
+                "max_lead %llu lost_workers %zu rejoined_workers %zu one_sided %llu\n",
                 strategy.rank(), mode::name, (unsigned long long)st.version, (unsigned long long)st.updates,
                 (unsigned long long)pushes, (unsigned long long)st.applied, (unsigned long long)st.dropped,
                 gradwire::ps::histogram_mean(st.staleness),
@@ -32,7 +35,8 @@ void train_ps_replica(Strategy& strategy, model_type& model, const data_set& dat
                 (unsigned long long)gradwire::ps::histogram_quantile(st.update_lag, 0.5),
                 (unsigned long long)gradwire::ps::histogram_quantile(st.update_lag, 0.99),
                 (unsigned long long)(st.update_lag.empty() ? 0 : st.update_lag.size() - 1),
-                (unsigned long long)st.max_lead, st.lost_workers.size(), st.rejoined_workers.size());
+                (unsigned long long)st.max_lead, st.lost_workers.size(), st.rejoined_workers.size(),
+                (unsigned long long)st.one_sided);
     std::fflush(stdout);
     return;
   }
@@ -50,9 +54,11 @@ void train_ps_replica(Strategy& strategy, model_type& model, const data_set& dat
                             : double(ps.version()) / double(steps);
   };
   if (rank == 0) {
-    std::printf("strategy parameter_server (%s) over %s, %d workers + %d servers, optimizer %s, lr %g (%s), "
+    const std::string pushes = o.compress == "none" ? "" : " (compress " + o.compress + ")";  // the pushes
+    std::printf("strategy parameter_server (%s)%s over %s, %d workers + %d servers, optimizer %s, lr %g (%s), "
                 "batch %zu per worker (%zu global), %zu steps/epoch, %zu parameters\n",
-                o.ps_mode.c_str(), o.transport.c_str(), workers, strategy.aggregation().servers(), o.optimizer.c_str(),
+                o.ps_mode.c_str(), pushes.c_str(), o.transport.c_str(), workers, strategy.aggregation().servers(),
+                o.optimizer.c_str(),
                 *o.lr, o.schedule.c_str(), batch, global_batch, steps, model.parameter_count());
     if (o.straggler_rank >= 0) std::printf("straggler: rank %d runs %g x slower\n", o.straggler_rank, o.straggler_factor);
     std::fflush(stdout);
@@ -143,11 +149,12 @@ struct many_backup_modes {  // backup:4, backup:8
   }
 };
 
-// Modes: sync_modes, bounded_modes, backup_modes or many_backup_modes.
+// Modes: sync_modes, bounded_modes, backup_modes or many_backup_modes. Codec: the workers'
+// pushes through it (family_ps_compressed.hpp: --compress), or none.
 template <class Modes>
 struct parameter_server {
-  template <class Transport, class Optimizer>
-  static void replica(Transport transport, const Optimizer& optimizer, const run_context& run) {
+  template <class Transport, class Optimizer, class Codec = gradwire::aggregation::no_codec>
+  static void replica(Transport transport, const Optimizer& optimizer, const run_context& run, Codec codec = {}) {
     const options& o = run.o;
     const data_set& data = run.data;
     model_type model({}, o.seed);
@@ -170,8 +177,14 @@ struct parameter_server {
       };
     }
     Modes::dispatch(o.ps_mode, [&]<class Mode>(Mode) {
-      gradwire::parameter_server<view, Optimizer, Mode, Transport> strategy(
-          std::move(transport), model.parameter_views(), optimizer, gradwire::aggregation::parameter_server<Mode>(ps));
+      auto policy = [&] {
+        if constexpr (std::is_same_v<Codec, gradwire::aggregation::no_codec>)
+          return gradwire::aggregation::parameter_server<Mode>(ps);
+        else
+          return gradwire::aggregation::parameter_server<Mode>(ps).compress(codec);
+      };
+      gradwire::parameter_server<view, Optimizer, Mode, Transport, Codec> strategy(
+          std::move(transport), model.parameter_views(), optimizer, policy());
       train_ps_replica(strategy, model, data, o, run.out);
     });
   }

@@ -95,7 +95,9 @@ constexpr const char* usage_text =
     "  --compress CODEC                 mirrored / multi_worker_mirrored: all-reduce compressed gradients: none\n"
     "                                   (default), fp16, bf16, int8, topk:FRACTION (with error feedback) or\n"
     "                                   powersgd:RANK (plain for its first 10 steps; docs/strategies/compression.md);\n"
-    "                                   diloco: its pseudo-gradients in fp16, bf16 or int8\n"
+    "                                   diloco: its pseudo-gradients in fp16, bf16 or int8; parameter_server\n"
+    "                                   (--ps-mode sync or async): the workers' pushes through any of the five\n"
+    "                                   (PowerSGD from the first push; pulls stay float)\n"
     "  --backup-workers B               mirrored / multi_worker_mirrored: K of N, a step closes when all but B\n"
     "                                   replicas have their gradients in; the late ones' are dropped (default 0;\n"
     "                                   docs/elastic.md)\n"
@@ -309,10 +311,18 @@ options parse(int argc, char** argv) {
     if (o.compress != "fp16" && o.compress != "bf16" && o.compress != "int8")
       throw usage_error("--strategy diloco takes --compress fp16, bf16 or int8 for its pseudo-gradients, not " +
                         o.compress);
+  } else if (o.compress != "none" && o.strategy == "parameter_server") {
+    if (o.ps_mode != "sync" && o.ps_mode != "async")
+      throw usage_error("--compress with --strategy parameter_server takes --ps-mode sync or async in this example, "
+                        "not " + o.ps_mode + " (each mode and codec is a strategy to compile, and the example builds "
+                        "these two; the library takes every mode: aggregation::parameter_server<Mode>::compress)");
+    if (o.device == "cuda")
+      throw usage_error("--compress with --strategy parameter_server does not combine with --device cuda yet");
   } else if (o.compress != "none") {
     if (o.strategy != "mirrored" && o.strategy != "multi_worker_mirrored")
       throw usage_error("--compress is for --strategy mirrored or multi_worker_mirrored (all-reduce of compressed "
-                        "gradients) or diloco (its pseudo-gradients), not " + o.strategy);
+                        "gradients), diloco (its pseudo-gradients) or parameter_server (the workers' pushes), not " +
+                        o.strategy);
     if (o.backup_workers > 0 || o.min_replicas > 0 || o.device == "cuda" || o.transport == "ucx")
       throw usage_error("--compress does not combine with --backup-workers, --min-replicas, --device cuda or "
                         "--transport ucx yet");

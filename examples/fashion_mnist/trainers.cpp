@@ -39,6 +39,8 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"parameter_server bounded", "simulated", train_ps_bounded_simulated},
       {"parameter_server backup", "simulated", train_ps_backup_simulated},
       {"parameter_server many_backup", "simulated", train_ps_many_backup_simulated},
+      {"parameter_server sync compressed", "inproc", train_ps_compressed_inproc},
+      {"parameter_server sync compressed", "simulated", train_ps_compressed_simulated},
 #if GRADWIRE_HAS_ASIO
       {"multi_worker_mirrored", "tcp", train_all_reduce_tcp},
       {"multi_worker_mirrored elastic", "tcp", train_elastic_tcp},
@@ -51,6 +53,7 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"parameter_server bounded", "tcp", train_ps_bounded_tcp},
       {"parameter_server backup", "tcp", train_ps_backup_tcp},
       {"parameter_server many_backup", "tcp", train_ps_many_backup_tcp},
+      {"parameter_server sync compressed", "tcp", train_ps_compressed_tcp},
 #endif
 #if GRADWIRE_HAS_UCX
       {"multi_worker_mirrored", "ucx", train_all_reduce_ucx},
@@ -61,6 +64,7 @@ fashion_mnist::trainer fashion_mnist::find_trainer(const options& o) {
       {"parameter_server bounded", "ucx", train_ps_bounded_ucx},
       {"parameter_server backup", "ucx", train_ps_backup_ucx},
       {"parameter_server many_backup", "ucx", train_ps_many_backup_ucx},
+      {"parameter_server sync compressed", "ucx", train_ps_compressed_ucx},
 #endif
   };
   // parameter_server's trainers are split by --ps-mode (family_ps.hpp): sync and async,

@@ -129,6 +129,10 @@ summary train_ps_many_backup_inproc(const options&, const data_set&);
 summary train_ps_many_backup_simulated(const options&, const data_set&);
 summary train_ps_many_backup_tcp(const options&, const data_set&);
 summary train_ps_many_backup_ucx(const options&, const data_set&);
+summary train_ps_compressed_inproc(const options&, const data_set&);  // parameter_server --compress CODEC
+summary train_ps_compressed_simulated(const options&, const data_set&);
+summary train_ps_compressed_tcp(const options&, const data_set&);
+summary train_ps_compressed_ucx(const options&, const data_set&);
 
 // --device cuda (train_on_gpu.cpp, in builds with gradwire::cuda).
 summary train_on_gpu(const options& o, const data_set& data);

@@ -376,6 +376,36 @@ class ShardedAndCompressed(Case):
         self.assertEqual(sorted(hashes), [0, 1], out)
         self.assertEqual(hashes[0], hashes[1], out)  # 8 steps: the last one an outer step
 
+    def test_parameter_server_pushes_through_each_codec_on_threads_and_processes(self):
+        """--strategy parameter_server --compress CODEC: the sync workers end with one hash (they
+        pull the same parameters), the same over TCP processes (a step's sum of 2 workers' decoded
+        pushes is the same in either order: 0 + a + b, element by element; not PowerSGD's, whose
+        decode_add adds r products into the sum, so the order the pushes arrive in shows in the
+        last bits), and async trains through a codec too."""
+        for codec in ("fp16", "bf16", "int8", "topk:0.05", "powersgd:2"):
+            with self.subTest(codec=codec):
+                args = ["--strategy", "parameter_server", "--batch", "16", "--compress", codec]
+                rc, out, err = self.run_example(*args, "--replicas", "2", "--ps", "1", env=clean_env())
+                self.assertEqual(rc, 0, out + err)
+                self.assertIn(f"strategy parameter_server (sync) (compress {codec}) over inproc", out)
+                threads = self.hashes(out)
+                self.assertEqual(sorted(threads), [0, 1], out)
+                self.assertEqual(threads[0], threads[1], out)
+                outputs, text = self.run_processes(3, [*args, "--transport", "tcp", "--epochs", "1"],
+                                                   GRADWIRE_NUM_PS="1", GRADWIRE_TIMEOUT="60")
+                self.assertEqual([rc for rc, _, _ in outputs], [0, 0, 0], text)
+                processes = {}
+                for _, o, _ in outputs:
+                    processes.update(self.hashes(o))
+                self.assertEqual(sorted(processes), [0, 1], text)
+                self.assertEqual(processes[0], processes[1], text)
+                if not codec.startswith("powersgd"):
+                    self.assertEqual(processes, threads, text)
+        rc, out, err = self.run_example("--strategy", "parameter_server", "--replicas", "2", "--ps", "1", "--batch",
+                                        "16", "--ps-mode", "async", "--compress", "int8", env=clean_env())
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("strategy parameter_server (async) (compress int8) over inproc", out)
+
     def test_bad_codecs_and_misplaced_compress_are_refused(self):
         for args, words in ((["--strategy", "mirrored", "--compress", "zstd"], "--compress zstd: unknown codec"),
                             (["--strategy", "mirrored", "--compress", "topk:0"], "the fraction kept must be in (0, 1]"),
@@ -386,6 +416,8 @@ class ShardedAndCompressed(Case):
                              "--strategy diloco takes --compress fp16, bf16 or int8"),
                             (["--strategy", "mirrored", "--compress", "fp16", "--backup-workers", "1"],
                              "--compress does not combine with --backup-workers"),
+                            (["--strategy", "parameter_server", "--ps-mode", "bounded:2", "--compress", "int8"],
+                             "--compress with --strategy parameter_server takes --ps-mode sync or async"),
                             (["--strategy", "sharded", "--transport", "ucx"],
                              "--strategy sharded runs over --transport inproc, tcp or simulated")):
             with self.subTest(args=args):
