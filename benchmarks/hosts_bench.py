@@ -3,8 +3,10 @@ hosts can be emulated, make its results folder, say when and on what it ran, hol
 cluster (taken down on Ctrl-C, SIGTERM or SIGHUP too) and write its CSVs.
 (k_of_n_hosts.py, state_transfer_hosts.py, straggler_hosts.py.)"""
 import csv
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -70,6 +72,14 @@ def write_csv(path, header, rows):
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(rows)
+
+
+def tx_bytes(cluster, host):
+    """Bytes host `host`'s eth0 has sent (its kernel counter: payload, headers of every layer and
+    retransmissions, whatever program sent them)."""
+    out = subprocess.run(["ip", "-n", cluster.host_ns(host), "-s", "-j", "link", "show", "eth0"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
 
 
 def run_job(argv, cluster, env, port, stem, timeout, ranks, launcher_args=()):
