@@ -269,6 +269,14 @@ TEST_CASE("DiLoCo's checkpoints are refused where they do not fit, with a config
             "saved by " + kind + ", this strategy's aggregation is averaging (period 4, 2 fragments, delay 2, outer "
                                  "optimizer 'momentum'); build the strategy with the settings");
   }
+  SECTION("into DiLoCo of the same settings but int8 pseudo-gradients") {
+    using int8_diloco = agg::diloco_averaging<agg::dynamic_period, gw::compress::int8>;
+    gw::strategy<gw::host_tensor<float>, inner, int8_diloco, gw::transport::local> s(
+        make_params(0), inner_optimizer, agg::diloco(4, {.fragments = 4, .delay = 2}, gw::compress::int8{}));
+    refused(error_of([&] { gw::load_checkpoint(file, s); }),
+            "saved by " + kind + ", this strategy's aggregation is averaging (period 4, 4 fragments, delay 2, outer "
+                                 "optimizer 'momentum', codec 'int8')");
+  }
   SECTION("a corrupt or truncated file, and the strategy is left as it was") {
     auto s = trained(4);
     const flat_t params = snapshot(s);

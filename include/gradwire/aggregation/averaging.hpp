@@ -304,7 +304,7 @@ class averaging_agent {
   {
     return "averaging (period " + std::to_string(policy_.every()) + ", " + std::to_string(policy_.fragments()) +
            (policy_.fragments() == 1 ? " fragment" : " fragments") + ", delay " + std::to_string(policy_.delay()) +
-           ", outer optimizer '" + outer_name() + "')";
+           ", outer optimizer '" + outer_name() + "'" + codec_kind() + ")";
   }
   template <class F>
   void for_each_checkpoint_buffer(F&& f)
@@ -401,6 +401,15 @@ class averaging_agent {
                   "gradwire checkpoints of averaging<H, Outer> (DiLoCo): the outer optimizer needs a name and "
                   "state<V>::for_each_buffer(f) / for_each_counter(f) (concepts::checkpointable_optimizer; "
                   "gradwire/optim/momentum.hpp has both)");
+  }
+  // A file saved with another codec (or none) resumes on another path: its kind differs.
+  static std::string codec_kind() {
+    if constexpr (!policy_type::has_codec)
+      return "";
+    else if constexpr (requires { Codec::name; })
+      return std::string(", codec '") + Codec::name + "'";
+    else
+      return ", a codec without a name";
   }
   std::string outer_name() const
     requires(has_outer)

@@ -2,9 +2,10 @@
 //
 // The same layout as the host (M row-major, zero-padded to fill its last row; P rows x r and
 // Q cols x r column-major), so a device state and a host state are interchangeable, and the
-// same arithmetic: dot products and norms in double, Q's seed values bit for bit (splitmix64
-// of the seed and the element's place). Where the host sums in V (Q = M^T P and P Q^T are
-// axpys there) the device sums in double and rounds once: closer, not the same bits.
+// same kind of arithmetic: dot products and norms in double (in another order: 32 lanes and a
+// shuffle tree against the host's 16 lanes, so not the same bits), Q's seed values bit for bit
+// (splitmix64 of the seed and the element's place). Where the host sums in V (Q = M^T P and
+// P Q^T are axpys there) the device sums in double and rounds once: closer, not the same bits.
 //
 // Layers, as in kernels/cuda.cuh: warp and block sums in double (shuffles, no CUB) -> one
 // kernel per operation, over a table of matrices, each thread block (or warp) finding its
@@ -385,7 +386,8 @@ void seed_empty_columns(V* q, const matrix_shape& s, std::uint64_t seed, cudaStr
 // --- every matrix of a bucket's plan, one launch per operation ---------------------------
 
 // A buffer_plan's matrices in device memory (their offsets and where each kernel's work for
-// them starts), uploaded once on `stream` and freed there. Pointers passed with it are the
+// them starts), uploaded once on `stream` (waited for: any stream may then use the plan) and
+// freed there: destroy it only after the work queued with it on other streams has finished. Pointers passed with it are the
 // bases of the plan's buffers: M (m_size elements), P (the first round, p_size), Q (the
 // second, q_size), out and minuend (n): each matrix is at its own offsets in them, as
 // compress::powersgd's m_of, p_of and q_of. Plain stretches are not touched.
@@ -405,6 +407,9 @@ class device_plan {
     gradwire::cuda::check(cudaMemcpyAsync(table_.data(), table.data(), table.size() * sizeof(detail::matrix_desc),
                                           cudaMemcpyHostToDevice, stream),
                           "compress::low_rank::cuda::device_plan: upload");
+    // Once, at setup: the table is in place before any stream's kernel reads it (a launch on
+    // another stream is not ordered after this one's upload).
+    gradwire::cuda::check(cudaStreamSynchronize(stream), "compress::low_rank::cuda::device_plan: upload");
   }
 
   int matrices() const noexcept { return matrices_; }
