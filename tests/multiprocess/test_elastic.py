@@ -266,7 +266,12 @@ class Abandon(unittest.TestCase):
         self.assertEqual(got[0], ("-", "-"), out)
         over_tcp = "ucx" not in os.path.basename(WORKER) or os.environ.get("UCX_TLS") == "tcp"
         if over_tcp:
-            self.assertEqual(got[1], ("abandoned", "2"), out)
+            # Dropped mid-message, the sender is cut off. The message may also have arrived
+            # whole before the sender stopped: its 5 ms of progress are a deadline between
+            # progress calls, and with rank 1 reading along one call of UCX on TCP once moved
+            # all 64 MiB (a CI run on a loaded machine). Nothing was dropped then, and nobody
+            # is cut off.
+            self.assertIn(got[1], (("abandoned", "2"), ("received", "-")), out)
 
 
 if __name__ == "__main__":
