@@ -332,16 +332,17 @@ void sum_in_rank_order(std::vector<std::span<V>> parts) {
   for (auto& part : parts) std::copy(sum.begin(), sum.end(), part.begin());
 }
 
+// The float64 algorithm for matrix k of a state's plan, from the codec's first Q for it
+// (which every rank shares); init<V>(n) plans one near-square matrix, k = 0.
 template <class V>
-reference_powersgd reference_from(const compress::powersgd& codec, const typename compress::powersgd::state<V>& s,
-                                  std::size_t job) {
-  const auto& shape = s.plan.matrices.front().shape;  // init<V>(n): one near-square matrix
-  reference_powersgd ref{s.n, shape.rows, shape.cols, shape.rank, {}, {}};
+reference_powersgd reference_from(const typename compress::powersgd::state<V>& s, std::size_t job, std::size_t k = 0) {
+  const auto& a = s.plan.matrices[k];
+  reference_powersgd ref{a.count, a.shape.rows, a.shape.cols, a.shape.rank, {}, {}};
   ref.q.assign(ref.cols, std::vector<double>(ref.rank));
   for (std::size_t j = 0; j < ref.cols; ++j)
-    for (std::size_t c = 0; c < ref.rank; ++c) ref.q[j][c] = static_cast<double>(s.q.data()[c * ref.cols + j]);
-  ref.residual.assign(job, std::vector<double>(s.n, 0.0));
-  (void)codec;
+    for (std::size_t c = 0; c < ref.rank; ++c)
+      ref.q[j][c] = static_cast<double>(s.q.data()[a.q_offset + c * ref.cols + j]);
+  ref.residual.assign(job, std::vector<double>(a.count, 0.0));
   return ref;
 }
 
@@ -431,7 +432,7 @@ TEMPLATE_TEST_CASE("compress::powersgd below full rank matches a float64 referen
       {  // single encodes (a parameter-server push)
         const compress::powersgd codec({.rank = rank, .start_step = 0});
         auto s = codec.init<V>(n);
-        auto ref = reference_from<V>(codec, s, 1);
+        auto ref = reference_from<V>(s, 1);
         for (int step = 0; step < 4; ++step) {
           CAPTURE(step);
           const auto x = gradient(0.1);
@@ -452,7 +453,7 @@ TEMPLATE_TEST_CASE("compress::powersgd below full rank matches a float64 referen
         const compress::powersgd codec({.rank = rank, .start_step = 2});
         std::vector<typename compress::powersgd::state<V>> states;
         for (int w = 0; w < job; ++w) states.push_back(codec.init<V>(n));
-        auto ref = reference_from<V>(codec, states[0], job);
+        auto ref = reference_from<V>(states[0], job);
         for (int step = 0; step < 5; ++step) {
           CAPTURE(step);
           std::vector<std::vector<V>> x;
@@ -549,14 +550,9 @@ TEMPLATE_TEST_CASE("compress::powersgd planned from tensor shapes: each weight's
   // Each matrix's float64 algorithm from the codec's first Q (which the ranks share).
   std::vector<reference_powersgd> refs;
   std::vector<std::vector<double>> left, right;  // each matrix's low-rank direction
-  for (const auto& a : plan.matrices) {
-    reference_powersgd ref{a.count, a.shape.rows, a.shape.cols, a.shape.rank, {}, {}};
-    ref.q.assign(ref.cols, std::vector<double>(ref.rank));
-    for (std::size_t j = 0; j < ref.cols; ++j)
-      for (std::size_t c = 0; c < ref.rank; ++c)
-        ref.q[j][c] = static_cast<double>(states[0].q.data()[a.q_offset + c * ref.cols + j]);
-    ref.residual.assign(job, std::vector<double>(a.count, 0.0));
-    refs.push_back(ref);
+  for (std::size_t k = 0; k < plan.matrices.size(); ++k) {
+    const auto& a = plan.matrices[k];
+    refs.push_back(reference_from<V>(states[0], job, k));
     left.push_back(normal<double>(a.shape.rows, gen));
     right.push_back(normal<double>(a.shape.cols, gen));
   }
